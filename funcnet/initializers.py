@@ -1,0 +1,123 @@
+"""Initializers: ``jax.nn.initializers`` plus the few that other frameworks use by default.
+
+Every initializer has the ``jax.nn.initializers`` signature ``init(key, shape, dtype)``
+and reads fans with the same convention: the input axis is ``in_axis=-2`` and the
+output axis ``out_axis=-1``; the other axes form the receptive field. That is the
+``(in, out)`` Dense kernel and the ``(*spatial, in, out)`` conv kernel funcnet uses.
+
+Defaults in funcnet's layers, and why:
+
+* ``Dense`` and ``Conv``/``ConvTranspose``: :func:`torch_default` weights and
+  :func:`torch_default_bias` biases. It is what PyTorch users get from
+  ``nn.Linear``/``nn.Conv2d``, so a model ported from PyTorch starts from the same
+  distribution and trains the same way. tinynn's default is :func:`xavier_uniform`
+  with zero bias; pass ``W_init=xavier_uniform(), b_init=zeros`` to get it
+  (``examples/mnist_mlp.py`` does).
+* ``Embedding``: ``normal(1.0)``, as ``torch.nn.Embedding``.
+* ``RNN``/``LSTM``/``GRU``: ``U(-1/sqrt(hidden), 1/sqrt(hidden))`` for every
+  weight and bias, as ``torch.nn.RNN``/``LSTM``/``GRU``.
+* ``BatchNorm``/``LayerNorm``: scale ones, bias zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.nn.initializers import (  # re-exported: use these rather than re-writing them
+    constant,
+    glorot_normal,
+    glorot_uniform,
+    he_normal,
+    he_uniform,
+    lecun_normal,
+    lecun_uniform,
+    normal,
+    ones,
+    orthogonal,
+    truncated_normal,
+    uniform,
+    variance_scaling,
+    zeros,
+)
+
+__all__ = [
+    "constant", "glorot_normal", "glorot_uniform", "he_normal", "he_uniform", "lecun_normal",
+    "lecun_uniform", "normal", "ones", "orthogonal", "truncated_normal", "uniform",
+    "variance_scaling", "zeros", "xavier_uniform", "xavier_normal", "kaiming_uniform",
+    "kaiming_normal", "torch_default", "torch_default_bias", "uniform_symmetric", "calculate_gain",
+]
+
+
+def calculate_gain(nonlinearity: str = "leaky_relu", negative_slope: float = 0.0) -> float:
+    """``torch.nn.init.calculate_gain`` for the nonlinearities kaiming init uses."""
+    if nonlinearity in ("linear", "sigmoid") or nonlinearity.startswith("conv"):
+        return 1.0
+    if nonlinearity == "tanh":
+        return 5.0 / 3.0
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        return math.sqrt(2.0 / (1.0 + negative_slope ** 2))
+    if nonlinearity == "selu":
+        return 3.0 / 4.0
+    raise ValueError(f"calculate_gain: unknown nonlinearity {nonlinearity!r}; expected one of "
+                     f"linear, sigmoid, tanh, relu, leaky_relu, selu.")
+
+
+def xavier_uniform(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
+    """``U(-a, a)``, ``a = gain * sqrt(6 / (fan_in + fan_out))``.
+
+    tinynn's default and ``torch.nn.init.xavier_uniform_``; with ``gain=1`` it is
+    ``jax.nn.initializers.glorot_uniform``.
+    """
+    return variance_scaling(gain ** 2, "fan_avg", "uniform", in_axis=in_axis, out_axis=out_axis)
+
+
+def xavier_normal(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
+    """``N(0, std²)``, ``std = gain * sqrt(2 / (fan_in + fan_out))`` (``torch.nn.init.xavier_normal_``)."""
+    return variance_scaling(gain ** 2, "fan_avg", "normal", in_axis=in_axis, out_axis=out_axis)
+
+
+def kaiming_uniform(negative_slope: float = 0.0, mode: str = "fan_in",
+                    nonlinearity: str = "leaky_relu", in_axis: int = -2, out_axis: int = -1):
+    """``U(-b, b)``, ``b = gain * sqrt(3 / fan)``, ``gain = calculate_gain(nonlinearity, negative_slope)``.
+
+    Matches ``torch.nn.init.kaiming_uniform_(w, a=negative_slope, mode, nonlinearity)``.
+    """
+    gain = calculate_gain(nonlinearity, negative_slope)
+    return variance_scaling(gain ** 2, mode, "uniform", in_axis=in_axis, out_axis=out_axis)
+
+
+def kaiming_normal(negative_slope: float = 0.0, mode: str = "fan_in",
+                   nonlinearity: str = "leaky_relu", in_axis: int = -2, out_axis: int = -1):
+    """``N(0, std²)``, ``std = gain / sqrt(fan)`` (not truncated), as ``torch.nn.init.kaiming_normal_``."""
+    gain = calculate_gain(nonlinearity, negative_slope)
+    return variance_scaling(gain ** 2, mode, "normal", in_axis=in_axis, out_axis=out_axis)
+
+
+def torch_default(in_axis: int = -2, out_axis: int = -1):
+    """PyTorch's ``nn.Linear``/``nn.Conv*`` weight init: ``kaiming_uniform(a=sqrt(5))``.
+
+    The gain is ``sqrt(2 / (1 + 5)) = sqrt(1/3)``, so the bound is
+    ``sqrt(1/3) * sqrt(3 / fan_in) = 1 / sqrt(fan_in)``: ``W ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
+    """
+    return kaiming_uniform(math.sqrt(5.0), "fan_in", "leaky_relu", in_axis, out_axis)
+
+
+def uniform_symmetric(bound: float):
+    """``U(-bound, bound)``."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+def torch_default_bias(fan_in: int):
+    """PyTorch's ``nn.Linear``/``nn.Conv*`` bias init: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
+
+    The bias has no fan of its own, so the layer passes the weight's ``fan_in``.
+    """
+    return uniform_symmetric(1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0)

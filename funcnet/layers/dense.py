@@ -1,0 +1,43 @@
+"""Dense (fully connected) layer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from funcnet import initializers
+from funcnet.core import Layer, check_input, check_known, check_shape, named
+
+
+def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Layer:
+    """``y = x @ W + b`` over the last axis; ``W`` has shape ``(in_dim, out_dim)``.
+
+    Defaults are PyTorch's ``nn.Linear`` init: ``W_init=initializers.torch_default()``
+    (``U(±1/sqrt(in_dim))``) and, when ``b_init`` is None,
+    ``initializers.torch_default_bias(in_dim)``. Leading axes are batch axes.
+    """
+    if not isinstance(out_dim, int) or isinstance(out_dim, bool) or out_dim < 1:
+        raise ValueError(f"Dense: out_dim must be a positive int, got {out_dim!r}.")
+    name = f"Dense({out_dim})"
+    W_init = W_init or initializers.torch_default()
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=1)
+        check_known(name, shape, [-1], "feature dimension")
+        in_dim = shape[-1]
+        k1, k2 = jax.random.split(rng)
+        params = {"W": W_init(k1, (in_dim, out_dim), jnp.float32)}
+        if use_bias:
+            params["b"] = (b_init or initializers.torch_default_bias(in_dim))(k2, (out_dim,), jnp.float32)
+        return shape[:-1] + (out_dim,), params, ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        W = params["W"]
+        check_input(name, inputs, min_rank=1, axis=-1, size=W.shape[0])
+        out = inputs @ W
+        if "b" in params:
+            out = out + params["b"]
+        return out, state
+
+    return named(name, init, apply)
+
