@@ -1,5 +1,22 @@
-"""Layers, one module per family. Each constructor returns a :class:`funcnet.Layer`."""
+"""Layers, one module per family. Each constructor returns a :class:`funcnet.Layer`.
 
+Constructors take arguments (``Dense(10)``, ``Dropout(0.5)``); parameter-free
+layers that need no configuration are values, as in stax (``Relu``, ``Flatten``,
+``GlobalAvgPool``).
+"""
+
+from funcnet.layers.activations import (Elu, Gelu, LeakyRelu, LogSoftmax, Relu, Selu, Sigmoid,
+                                        Softmax, Softplus, Tanh)
+from funcnet.layers.conv import Conv, ConvTranspose
 from funcnet.layers.dense import Dense
+from funcnet.layers.dropout import Dropout
+from funcnet.layers.embedding import Embedding
+from funcnet.layers.normalization import BatchNorm, LayerNorm
+from funcnet.layers.pooling import AvgPool, GlobalAvgPool, MaxPool
+from funcnet.layers.recurrent import GRU, LSTM, RNN
+from funcnet.layers.shape import Flatten, Reshape
 
-__all__ = ["Dense"]
+__all__ = ["Dense", "Conv", "ConvTranspose", "MaxPool", "AvgPool", "GlobalAvgPool", "Flatten",
+           "Reshape", "Dropout", "BatchNorm", "LayerNorm", "Embedding", "RNN", "LSTM", "GRU",
+           "Relu", "LeakyRelu", "Elu", "Selu", "Gelu", "Sigmoid", "Tanh", "Softplus", "Softmax",
+           "LogSoftmax"]

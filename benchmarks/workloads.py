@@ -1,0 +1,154 @@
+"""The workload registry: what runs, with which peers, cases and reported columns.
+
+This module is data only (no jax/torch import): the orchestrator reads it, and each
+(workload, case, peer) runs in a child process that imports ``Peer.target`` and calls
+``fn(peer_name, cfg, case) -> {"values": [seconds, ...], "extra": {...}}``.
+
+Adding a workload is one function plus one entry in ``WORKLOADS``. For example the
+planned workload 6 (``funcnet.train.fit`` end to end against a bare step loop) would be a
+``run(peer, cfg, case)`` in ``benchmarks/fit.py`` returning seconds per epoch for the peers
+"fit" and "step-loop", registered as::
+
+    Workload("fit", "6. fit() end-to-end vs a bare step loop (workload 1's MLP)", "s/epoch",
+             peers=[Peer("fit", "benchmarks.fit:run"), Peer("step-loop", "benchmarks.fit:run")],
+             cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam")], reference="fit")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    target: str  # "module:function", called as function(name, cfg, case)
+    xla_flags: str = ""  # appended to XLA_FLAGS for this peer's process only
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # command-line id, for --only
+    title: str
+    unit: str  # what the returned values measure, e.g. "s/epoch"; lower is better
+    peers: Sequence[Peer]
+    cases: Sequence[Dict]  # each has a "name"; the rest is passed to the peer
+    reference: str = "funcnet"  # the ratio column is reference time / peer time
+    throughput: Optional[str] = None  # e.g. "steps/s": also show 1 / median
+    columns: Sequence[Tuple[str, str, str]] = ()  # (extra key, header, format)
+    check: Optional[str] = None  # extra key that must agree across peers (same init, same data)
+    check_rtol: float = 1e-4
+    notes: str = ""
+
+
+MLP_COLUMNS = (("first_step_s", "compile + 1st step (s)", "{:.2f}"),
+               ("first_epoch_s", "1st epoch incl. compile (s)", "{:.2f}"),
+               ("loss_first", "loss, step 1", "{:.6f}"))
+
+
+def _mlp_peers(target: str) -> List[Peer]:
+    return [Peer("funcnet", target, note="funcnet.serial(Dense, Relu, ...), jax.jit"),
+            Peer("jax", target, note="hand-written jnp + optax, jax.jit"),
+            Peer("stax", target, note="jax.example_libraries.stax, jax.jit"),
+            Peer("flax-linen", target, note="flax.linen.Dense, jax.jit"),
+            Peer("flax-nnx", target, note="flax.nnx.Linear + nnx.Optimizer, nnx.jit"),
+            Peer("haiku", target, note="hk.nets.MLP, jax.jit"),
+            Peer("equinox", target, note="eqx.nn.Linear + vmap, eqx.filter_jit"),
+            Peer("torch", target, note="torch.nn eager, torch.optim")]
+
+
+MLP_CASE = dict(sizes=(784, 400, 100, 10), batch=128, opt="adam", lr=1e-3,
+                reps=5, quick_reps=2, quick_steps=40)
+
+DISPATCH_CASE = dict(sizes=(784, 64, 10), batch=32, opt="sgd", lr=0.1,
+                     reps=7, quick_reps=2, quick_steps=150)
+
+CNN_CASE = dict(batch=128, lr=1e-3, padding="VALID", steps=20, reps=7, quick_steps=3, quick_reps=2)
+
+WORKLOADS: List[Workload] = [
+    Workload(
+        "mlp", "1. MNIST MLP 784-400-100-10, ReLU, softmax CE, Adam(1e-3), batch 128", "s/epoch",
+        peers=_mlp_peers("benchmarks.mlp:run"),
+        cases=[dict(MLP_CASE, name="468 steps/epoch")],
+        columns=MLP_COLUMNS, check="loss_first",
+        notes="Steady-state seconds per epoch (60000 // 128 = 468 steps), after a first epoch "
+              "that includes tracing and compilation. Same initial weights and batches for "
+              "every peer; 'loss, step 1' must agree across peers."),
+    Workload(
+        "dispatch", "2. Dispatch-bound MLP 784-64-10, SGD(0.1), batch 32", "s/epoch",
+        peers=_mlp_peers("benchmarks.mlp:run"),
+        cases=[dict(DISPATCH_CASE, name="1875 steps/epoch")],
+        columns=MLP_COLUMNS, check="loss_first",
+        notes="Each step is tiny, so this measures per-step Python and dispatch overhead."),
+    Workload(
+        "cnn", "3. LeNet-style CNN: conv5x5x32-maxpool2-conv5x5x64-maxpool2-dense128-dense10, "
+               "batch 128, Adam(1e-3)", "s/step",
+        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC)"),
+               Peer("funcnet-im2col", "benchmarks.cnn:run",
+                    note="funcnet serial with a benchmark-local im2col Conv layer"),
+               Peer("funcnet-reshapepool", "benchmarks.cnn:run",
+                    note="funcnet Conv, with a benchmark-local reshape+max MaxPool"),
+               Peer("jax-nhwc", "benchmarks.cnn:run",
+                    note="lax.conv_general_dilated NHWC/HWIO, reduce_window max pool"),
+               Peer("jax-nhwc-reshapepool", "benchmarks.cnn:run",
+                    note="lax.conv_general_dilated NHWC/HWIO, reshape+max pool"),
+               Peer("jax-nchw", "benchmarks.cnn:run",
+                    note="lax.conv_general_dilated NCHW/OIHW, reduce_window max pool"),
+               Peer("jax-im2col", "benchmarks.cnn:run",
+                    note="im2col conv (shifted slices + dot, autodiff), reduce_window max pool"),
+               Peer("jax-im2col-reshapepool", "benchmarks.cnn:run",
+                    note="im2col conv (shifted slices + dot), reshape+max pool"),
+               Peer("jax-im2col-vjp", "benchmarks.cnn:run",
+                    note="im2col conv with a custom_vjp (dW = patchesᵀ·dy, dx = col2im), reduce_window pool"),
+               Peer("jax-patches", "benchmarks.cnn:run",
+                    note="conv_general_dilated_patches + dot (autodiff), reduce_window pool"),
+               Peer("torch", "benchmarks.cnn:run", note="torch.nn.Conv2d NCHW eager")],
+        cases=[dict(CNN_CASE, name="28x28x1, VALID convs")],
+        throughput="steps/s", check="loss_first", check_rtol=1e-3,
+        columns=(("first_step_s", "compile + 1st step (s)", "{:.2f}"),
+                 ("loss_first", "loss, step 1", "{:.6f}")),
+        notes="ReLU after each conv and after dense128; 2x2/2 max pooling. See "
+              "benchmarks/CONV_NOTES.md for the layout/flag/im2col investigation."),
+    Workload(
+        "softmax_output", "4. funcnet.outputs.softmax_output (custom_vjp) vs autodiff "
+                          "through log_softmax + NLL", "s/step",
+        peers=[Peer("softmax_output", "benchmarks.softmax_output:run"),
+               Peer("log_softmax-autodiff", "benchmarks.softmax_output:run")],
+        cases=[dict(name="MLP 784-400-100-10, b128", sizes=(784, 400, 100, 10), batch=128,
+                    steps=50, reps=7, quick_steps=5, quick_reps=2),
+               dict(name="MLP 784-512-10000, b1024", sizes=(784, 512, 10000), batch=1024,
+                    steps=5, reps=5, quick_steps=1, quick_reps=2, quick_batch=256)],
+        reference="softmax_output", check="loss_first", check_rtol=1e-4,
+        columns=(("temp_bytes", "XLA temp bytes", "{:,}"),
+                 ("peak_bytes", "XLA peak bytes", "{:,}"),
+                 ("loss_first", "loss, step 1", "{:.6f}")),
+        notes="Whole Adam step jitted; memory from the compiled step's memory_analysis()."),
+    Workload(
+        "center_loss", "5. Center loss: funcnet.losses.center_loss (vectorised, jitted) vs a "
+                       "per-sample Python loop (NumPy)", "s/call",
+        peers=[Peer("funcnet", "benchmarks.center_loss:run"),
+               Peer("python-loop", "benchmarks.center_loss:run")],
+        cases=[dict(name=f"B=512, C={c}, d={d}", batch=512, classes=c, dim=d, reps=7, quick_reps=2)
+               for d in (2, 128) for c in (10, 1000)],
+        check="loss", check_rtol=1e-4,
+        columns=(("loss", "loss", "{:.6f}"),),
+        notes="One call = loss and updated centers for one batch of features."),
+    Workload(
+        "pmap", "7. pmap over 4 simulated CPU devices vs jit on 1 device (MLP 784-400-100-10, "
+                "global batch 512, Adam)", "s/step",
+        peers=[Peer("pmap-4", "benchmarks.pmap:run",
+                    xla_flags="--xla_force_host_platform_device_count=4"),
+               Peer("jit-1", "benchmarks.pmap:run")],
+        cases=[dict(name="global batch 512", sizes=(784, 400, 100, 10), batch=512,
+                    steps=30, reps=5, quick_steps=3, quick_reps=2)],
+        reference="pmap-4", throughput="steps/s", check="loss_first", check_rtol=1e-4,
+        columns=(("loss_first", "loss, step 1", "{:.6f}"),),
+        notes="Correctness-level only: the 4 'devices' are simulated and share this machine's "
+              "cores and one thread pool, so no speed-up is expected."),
+]
+
+
+def by_name() -> Dict[str, Workload]:
+    return {w.name: w for w in WORKLOADS}

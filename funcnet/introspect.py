@@ -1,0 +1,67 @@
+"""Looking inside a network without running it: parameter counts and ``summary``."""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from funcnet.core import InitRecord, as_layer, record_inits
+
+
+def count(tree) -> int:
+    """Number of scalars in a pytree of arrays (typed PRNG keys count as one each)."""
+    return int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(tree)))
+
+
+class Summary(NamedTuple):
+    """What :func:`summary` found: one row per layer, the totals, and the printed table."""
+
+    rows: tuple
+    output_shape: object
+    total_params: int
+    total_state: int
+    table: str
+
+    def __str__(self):
+        return self.table
+
+
+def summary(layer, input_shape, *, rng=None, print_fn: Optional[Callable[[str], None]] = print) -> Summary:
+    """Tabulates every layer: name, output shape, parameter count, state count, and totals.
+
+    Like Keras' ``model.summary()`` and MXNet's ``print_summary``. Runs ``init``
+    once (shapes only matter, so any ``rng`` will do) and nothing else. Children
+    of combinators are indented under them; a combinator's counts include its
+    children's. Pass ``print_fn=None`` to get the table without printing it.
+    """
+    layer = as_layer(layer, "summary")
+    rng = jax.random.key(0) if rng is None else rng
+    with record_inits() as rows:
+        out_shape, params, state = layer.init(rng, input_shape)
+    rows = tuple(r for r in rows if isinstance(r, InitRecord))
+    total_params, total_state = count(params), count(state)
+
+    header = ("Layer", "Output shape", "Params", "State")
+    body = [("  " * r.depth + r.name, _fmt_shape(r.output_shape), f"{count(r.params):,}",
+             f"{count(r.state):,}") for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
+              for i, h in enumerate(header)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    rule = "-" * len(line(header))
+    table = "\n".join([line(header), rule, *map(line, body), rule,
+                       f"Total params: {total_params:,}", f"Total state: {total_state:,}",
+                       f"Input shape: {_fmt_shape(input_shape)} -> output shape: {_fmt_shape(out_shape)}"])
+    if print_fn is not None:
+        print_fn(table)
+    return Summary(rows, out_shape, total_params, total_state, table)
+
+
+def _fmt_shape(shape) -> str:
+    if isinstance(shape, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in shape):
+        return "(" + ", ".join("?" if d == -1 else str(int(d)) for d in shape) + ")"
+    return "(" + ", ".join(_fmt_shape(s) for s in shape) + ")"

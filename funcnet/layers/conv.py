@@ -1,0 +1,390 @@
+"""Convolutions: ``Conv`` and ``ConvTranspose`` for 1-D, 2-D and 3-D inputs.
+
+Both wrap ``jax.lax`` (``conv_general_dilated`` / ``conv_transpose``). The number
+of spatial dimensions is ``len(filter_shape)``. Layouts are channels-last by
+default, as in stax and flax:
+
+==========  ===========  ===========
+dims        input/output kernel
+==========  ===========  ===========
+1           ``NWC``      ``WIO``
+2           ``NHWC``     ``HWIO``
+3           ``NDHWC``    ``DHWIO``
+==========  ===========  ===========
+
+``dimension_numbers=(lhs, rhs, out)`` overrides them with lax's spec strings, e.g.
+``("NCHW", "OIHW", "NCHW")`` for PyTorch's layout. As in lax, the order of the
+spatial letters in the *kernel* spec is the order in which ``filter_shape``,
+``strides``, ``dilation`` and ``padding`` list the spatial axes.
+
+The helpers :func:`normalize_padding` and :func:`output_size` are shared with
+:mod:`funcnet.layers.pooling`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from funcnet import initializers
+from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
+
+PADDING_STRINGS = ("VALID", "SAME", "SAME_LOWER")
+
+_DEFAULT_SPECS = {
+    1: ("NWC", "WIO", "NWC"),
+    2: ("NHWC", "HWIO", "NHWC"),
+    3: ("NDHWC", "DHWIO", "NDHWC"),
+}
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+# --------------------------------------------------------------------------- #
+# Argument normalisation shared by the conv and pooling layers.
+# --------------------------------------------------------------------------- #
+
+def window_tuple(layer: str, value, what: str, max_dims: int = 3) -> Tuple[int, ...]:
+    """A ``filter_shape``/``window_shape``: a tuple of 1 to ``max_dims`` positive ints."""
+    if _is_int(value) or not isinstance(value, (tuple, list)):
+        raise TypeError(f"{layer}: {what} must be a tuple of 1 to {max_dims} ints, one per "
+                        f"spatial axis (e.g. (3, 3) for 2-D), got {value!r}.")
+    if not all(_is_int(v) for v in value):
+        raise TypeError(f"{layer}: {what} must contain only ints, got {tuple(value)!r}.")
+    if not 1 <= len(value) <= max_dims or not all(v > 0 for v in value):
+        raise ValueError(f"{layer}: {what} must be 1 to {max_dims} positive ints, got "
+                         f"{tuple(value)!r}.")
+    return tuple(int(v) for v in value)
+
+
+def normalize_padding(layer: str, padding, n: int, strings: Sequence[str] = PADDING_STRINGS):
+    """Returns an upper-case padding string from ``strings`` or ``n`` ``(low, high)`` int pairs.
+
+    Accepted: a string (case-insensitive), an int ``p`` (``(p, p)`` on every
+    spatial axis, PyTorch's ``padding=p``), or ``n`` entries that are each an int
+    ``p`` or a ``(low, high)`` pair. Entries must be non-negative.
+    """
+    choices = ", ".join(repr(s) for s in strings)
+    if isinstance(padding, str):
+        if padding.upper() not in strings:
+            raise ValueError(f"{layer}: unknown padding {padding!r}; expected one of {choices}, "
+                             f"an int, or {n} (low, high) int pairs.")
+        return padding.upper()
+    if _is_int(padding):
+        padding = [padding] * n
+    bad = ValueError(f"{layer}: padding must be one of {choices}, a non-negative int, or {n} "
+                     f"(low, high) pairs of non-negative ints (one per spatial axis), got "
+                     f"{padding!r}.")
+    if not isinstance(padding, (tuple, list)) or len(padding) != n:
+        raise bad
+    pairs = []
+    for entry in padding:
+        if _is_int(entry):
+            entry = (entry, entry)
+        if (not isinstance(entry, (tuple, list)) or len(entry) != 2
+                or not all(_is_int(p) and p >= 0 for p in entry)):
+            raise bad
+        pairs.append((int(entry[0]), int(entry[1])))
+    return tuple(pairs)
+
+
+def output_size(layer: str, size: int, window: int, stride: int, padding, axis: int) -> int:
+    """Spatial output size of a strided window op: ``(size + lo + hi - window) // stride + 1``.
+
+    ``padding`` is a string from :data:`PADDING_STRINGS` or a ``(lo, hi)`` pair;
+    ``window`` is the effective (dilated) window. An unknown size (-1) stays -1.
+    """
+    if size == -1:
+        return -1
+    lo, hi = (lax.padtype_to_pads([size], [window], [stride], padding)[0]
+              if isinstance(padding, str) else padding)
+    out = (size + lo + hi - window) // stride + 1
+    if out < 1:
+        raise ValueError(f"{layer}: input size {size} on axis {axis} is too small for a window "
+                         f"of {window} (after dilation) with padding {(lo, hi)}: the output would "
+                         f"be empty. Use a larger input, a smaller filter/window, or more "
+                         f"padding.")
+    return out
+
+
+def _specs(layer: str, dimension_numbers, n: int):
+    if dimension_numbers is None:
+        return _DEFAULT_SPECS[n]
+    specs = tuple(dimension_numbers) if isinstance(dimension_numbers, (tuple, list)) else ()
+    example = "(\"NCHW\", \"OIHW\", \"NCHW\")"
+    if len(specs) != 3 or not all(isinstance(s, str) and len(s) == n + 2 for s in specs):
+        raise ValueError(f"{layer}: dimension_numbers must be three spec strings (lhs, rhs, out) "
+                         f"of length {n + 2} for a {n}-D filter, e.g. {example}; got "
+                         f"{dimension_numbers!r}.")
+    try:
+        lax.conv_general_permutations(specs)
+    except TypeError as err:
+        raise ValueError(f"{layer}: invalid dimension_numbers {specs!r}: {err} The input and "
+                         f"output specs need 'N' and 'C', the kernel spec 'O' and 'I', and all "
+                         f"three the same spatial letters.") from None
+    return specs
+
+
+def _spatial(spec: str, chars: str) -> list:
+    return [c for c in spec if c not in chars]
+
+
+def _check_out_chan(layer: str, out_chan) -> int:
+    if not _is_int(out_chan) or out_chan < 1:
+        raise ValueError(f"{layer}: out_chan must be a positive int, got {out_chan!r}.")
+    return int(out_chan)
+
+
+def _layout_perm(spatial_letters, rhs_spec: str, in_letter: str, out_letter: str):
+    """Permutation taking a canonical ``(*spatial, in, out)`` kernel to ``rhs_spec``."""
+    canonical = "".join(spatial_letters) + in_letter + out_letter
+    return tuple(canonical.index(c) for c in rhs_spec)
+
+
+def _add_bias(out, params, out_spec: str):
+    if "b" not in params:
+        return out
+    shape = [1] * out.ndim
+    shape[out_spec.index("C")] = -1
+    return out + params["b"].reshape(shape).astype(out.dtype)
+
+
+# --------------------------------------------------------------------------- #
+# Conv
+# --------------------------------------------------------------------------- #
+
+def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=None,
+         feature_group_count: int = 1, dimension_numbers=None, W_init=None, b_init=None,
+         use_bias: bool = True) -> Layer:
+    """N-d convolution (cross-correlation), as ``torch.nn.Conv{1,2,3}d`` / ``lax.conv_general_dilated``.
+
+    ``y[n, p, o] = b[o] + sum_{k, i} x[n, p * s + k * d - pad_lo, g(o) * I + i] * W[k, i, o]``
+    with ``I = in_chan / groups`` and ``g(o)`` the group of output channel ``o``.
+
+    Args:
+      out_chan: number of output channels.
+      filter_shape: spatial kernel size, e.g. ``(3, 3)``; its length (1, 2, 3)
+        sets the dimensionality and the input rank (``len + 2``).
+      strides: int or one int per spatial axis (default 1).
+      padding: ``"VALID"`` (none), ``"SAME"`` (output size ``ceil(in / stride)``,
+        the odd extra pad at the end, like TF), ``"SAME_LOWER"`` (extra pad at the
+        start), an int ``p`` (PyTorch's ``padding=p``), or per-axis ints or
+        ``(low, high)`` pairs.
+      dilation: int or one int per spatial axis (``rhs_dilation``; default 1).
+      feature_group_count: PyTorch's ``groups``; must divide both the input and
+        the output channels. ``groups == in_chan`` is a depthwise convolution.
+      dimension_numbers: ``(lhs, rhs, out)`` lax spec strings; default
+        channels-last (``NHWC``, ``HWIO``, ``NHWC`` in 2-D).
+      W_init: called as ``W_init(key, (*filter_shape, in_chan // groups, out_chan),
+        float32)`` (the canonical layout, whose fans every ``jax.nn.initializers``
+        function reads correctly); the result is transposed to the ``rhs`` layout.
+        Default :func:`funcnet.initializers.torch_default`.
+      b_init: bias initializer for shape ``(out_chan,)``; default
+        ``torch_default_bias(fan_in)`` with ``fan_in = prod(filter_shape) * in_chan /
+        groups``. Together these match ``nn.ConvNd.reset_parameters``.
+      use_bias: whether to add the bias ``b``.
+
+    Params are ``{"W": kernel in the rhs layout, "b": (out_chan,)}``. To port a
+    PyTorch ``Conv2d`` weight ``w`` (``OIHW``) to the default layout use
+    ``W = w.permute(2, 3, 1, 0)``. Input sizes of -1 (batch, or an unknown spatial
+    size) stay -1 in the output shape; the channel size must be known.
+    """
+    name = f"Conv({out_chan}, {filter_shape!r})"
+    out_chan = _check_out_chan(name, out_chan)
+    filter_shape = window_tuple(name, filter_shape, "filter_shape")
+    n = len(filter_shape)
+    strides = as_tuple(name, 1 if strides is None else strides, n, "strides")
+    dilation = as_tuple(name, 1 if dilation is None else dilation, n, "dilation")
+    padding = normalize_padding(name, padding, n)
+    if not _is_int(feature_group_count) or feature_group_count < 1:
+        raise ValueError(f"{name}: feature_group_count must be a positive int, got "
+                         f"{feature_group_count!r}.")
+    groups = int(feature_group_count)
+    if out_chan % groups:
+        raise ValueError(f"{name}: feature_group_count={groups} must divide out_chan={out_chan}.")
+    lhs_spec, rhs_spec, out_spec = _specs(name, dimension_numbers, n)
+    spatial = _spatial(rhs_spec, "OI")
+    perm = _layout_perm(spatial, rhs_spec, "I", "O")
+    c_axis = lhs_spec.index("C")
+    window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
+    W_init = W_init or initializers.torch_default()
+
+    def out_shape(shape):
+        sizes = {c: output_size(name, shape[lhs_spec.index(c)], w, s,
+                                padding if isinstance(padding, str) else padding[i],
+                                lhs_spec.index(c))
+                 for i, (c, w, s) in enumerate(zip(spatial, window, strides))}
+        sizes["N"], sizes["C"] = shape[lhs_spec.index("N")], out_chan
+        return tuple(sizes[c] for c in out_spec)
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, rank=n + 2)
+        check_known(name, shape, [c_axis], "channel dimension")
+        in_chan = shape[c_axis]
+        if in_chan % groups:
+            raise ValueError(f"{name}: feature_group_count={groups} must divide the input "
+                             f"channels, got {in_chan} channels (input shape {shape}).")
+        output_shape = out_shape(shape)
+        k1, k2 = jax.random.split(rng)
+        W = W_init(k1, filter_shape + (in_chan // groups, out_chan), jnp.float32)
+        params = {"W": jnp.transpose(W, perm)}
+        if use_bias:
+            fan_in = math.prod(filter_shape) * (in_chan // groups)
+            params["b"] = (b_init or initializers.torch_default_bias(fan_in))(
+                k2, (out_chan,), jnp.float32)
+        return output_shape, params, ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        W = params["W"]
+        check_input(name, inputs, rank=n + 2, axis=c_axis,
+                    size=W.shape[rhs_spec.index("I")] * groups, what="channels")
+        out_shape(tuple(inputs.shape))  # a readable error for inputs smaller than the window
+        dtype = jnp.result_type(inputs, W)
+        out = lax.conv_general_dilated(
+            inputs.astype(dtype), W.astype(dtype), strides, padding, rhs_dilation=dilation,
+            dimension_numbers=(lhs_spec, rhs_spec, out_spec), feature_group_count=groups)
+        return _add_bias(out, params, out_spec), state
+
+    return named(name, init, apply)
+
+
+# --------------------------------------------------------------------------- #
+# ConvTranspose
+# --------------------------------------------------------------------------- #
+
+def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=None,
+                  dimension_numbers=None, W_init=None, b_init=None, use_bias: bool = True,
+                  output_padding=0) -> Layer:
+    """N-d transposed convolution, as ``torch.nn.ConvTranspose{1,2,3}d`` (``groups=1``).
+
+    ``ConvTranspose`` with kernel ``W`` is the transpose (the input gradient) of
+    the ``Conv`` whose kernel is ``W`` with its in/out channel axes swapped: each
+    input pixel scatters ``x[n, p, i] * W[k, i, o]`` to output position
+    ``p * stride + k * dilation - pad_lo``. It is computed with
+    ``lax.conv_transpose(..., transpose_kernel=True, use_consistent_padding=True)``,
+    so no kernel flip is needed to port weights: PyTorch's ``w`` (``(in, out, *k)``)
+    is ``W = w.permute(*spatial, 0, 1)``, e.g. ``w.permute(2, 3, 0, 1)`` in 2-D.
+    This is also Keras' ``Conv2DTranspose``; flax's ``ConvTranspose`` (default
+    ``transpose_kernel=False``) equals it with the kernel flipped spatially.
+
+    Padding is that of the corresponding forward convolution. With per-axis
+    stride ``s``, effective kernel ``k = dilation * (filter - 1) + 1`` and input
+    size ``i``, the output size is
+
+    * ``(low, high)`` pairs (or an int ``p`` = ``(p, p)``):
+      ``(i - 1) * s + k - low - high + output_padding``. ``padding=p`` and
+      ``output_padding=op`` give exactly ``torch.nn.ConvTranspose*d(padding=p,
+      output_padding=op)``, whose size is ``(i-1)*s - 2p + dilation*(filter-1) + op + 1``.
+    * ``"SAME"``: ``i * s`` (the inverse of a ``SAME`` forward conv's ``ceil(i / s)``).
+    * ``"VALID"``: ``i * s + max(k - s, 0)``; equal to torch's ``padding=0``
+      size ``(i - 1) * s + k`` when ``k >= s``, while for ``k < s`` it ends with
+      ``s - k`` extra positions (bias only), as Keras/lax do.
+
+    Args:
+      out_chan, filter_shape, strides, dilation, dimension_numbers, use_bias:
+        as in :func:`Conv` (``groups`` is not supported).
+      padding: ``"VALID"``, ``"SAME"``, an int, or per-axis ints or
+        ``(low, high)`` pairs, all as forward-conv padding (see above).
+      output_padding: int or one int per spatial axis, added to the end of each
+        output axis (PyTorch's ``output_padding``; resolves the size ambiguity of
+        strided transposes). Only with explicit padding; each entry must be
+        smaller than the stride or the dilation of its axis, as in PyTorch.
+      W_init: called with the canonical shape ``(*filter_shape, in_chan,
+        out_chan)``, then transposed to the rhs layout. Default
+        ``torch_default(in_axis=-1, out_axis=-2)``: PyTorch computes a transposed
+        conv's fan-in from its *output* channels, ``fan_in = out_chan *
+        prod(filter_shape)``, so ``W ~ U(±1/sqrt(fan_in))``.
+      b_init: default ``torch_default_bias(out_chan * prod(filter_shape))``,
+        also PyTorch's.
+    """
+    name = f"ConvTranspose({out_chan}, {filter_shape!r})"
+    out_chan = _check_out_chan(name, out_chan)
+    filter_shape = window_tuple(name, filter_shape, "filter_shape")
+    n = len(filter_shape)
+    strides = as_tuple(name, 1 if strides is None else strides, n, "strides")
+    dilation = as_tuple(name, 1 if dilation is None else dilation, n, "dilation")
+    padding = normalize_padding(name, padding, n, strings=("VALID", "SAME"))
+    if _is_int(output_padding):
+        output_padding = (output_padding,) * n
+    if (not isinstance(output_padding, (tuple, list)) or len(output_padding) != n
+            or not all(_is_int(p) and p >= 0 for p in output_padding)):
+        raise ValueError(f"{name}: output_padding must be a non-negative int or {n} of them, "
+                         f"got {output_padding!r}.")
+    output_padding = tuple(int(p) for p in output_padding)
+    if any(output_padding):
+        if isinstance(padding, str):
+            raise ValueError(f"{name}: output_padding={output_padding} needs explicit padding "
+                             f"(ints or (low, high) pairs), got padding={padding!r}.")
+        for op, s, d in zip(output_padding, strides, dilation):
+            if op >= max(s, d):
+                raise ValueError(f"{name}: output_padding {output_padding} must be smaller than "
+                                 f"the stride {strides} or the dilation {dilation} on each axis.")
+    lhs_spec, rhs_spec, out_spec = _specs(name, dimension_numbers, n)
+    spatial = _spatial(rhs_spec, "OI")
+    perm = _layout_perm(spatial, rhs_spec, "I", "O")
+    # lax's transpose_kernel=True reads the kernel as the forward conv's, whose
+    # "O" is our input channel axis: hand it the spec with I and O swapped.
+    lax_rhs_spec = rhs_spec.translate(str.maketrans("IO", "OI"))
+    lax_padding = padding if isinstance(padding, str) else tuple(
+        (lo, hi - op) for (lo, hi), op in zip(padding, output_padding))
+    c_axis = lhs_spec.index("C")
+    window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
+    W_init = W_init or initializers.torch_default(in_axis=-1, out_axis=-2)
+
+    def size_out(size, k, s, pad, op, axis):
+        if size == -1:
+            return -1
+        if pad == "SAME":
+            out = size * s
+        elif pad == "VALID":
+            out = size * s + max(k - s, 0)
+        else:
+            out = (size - 1) * s + k - pad[0] - pad[1] + op
+        if out < 1:
+            raise ValueError(f"{name}: padding {pad} on axis {axis} is larger than the output "
+                             f"({(size - 1) * s + k} before padding) for input size {size}.")
+        return out
+
+    def out_shape(shape):
+        sizes = {c: size_out(shape[lhs_spec.index(c)], k, s,
+                             padding if isinstance(padding, str) else padding[i],
+                             output_padding[i], lhs_spec.index(c))
+                 for i, (c, k, s) in enumerate(zip(spatial, window, strides))}
+        sizes["N"], sizes["C"] = shape[lhs_spec.index("N")], out_chan
+        return tuple(sizes[c] for c in out_spec)
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, rank=n + 2)
+        check_known(name, shape, [c_axis], "channel dimension")
+        in_chan = shape[c_axis]
+        output_shape = out_shape(shape)
+        k1, k2 = jax.random.split(rng)
+        W = W_init(k1, filter_shape + (in_chan, out_chan), jnp.float32)
+        params = {"W": jnp.transpose(W, perm)}
+        if use_bias:
+            fan_in = math.prod(filter_shape) * out_chan
+            params["b"] = (b_init or initializers.torch_default_bias(fan_in))(
+                k2, (out_chan,), jnp.float32)
+        return output_shape, params, ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        W = params["W"]
+        check_input(name, inputs, rank=n + 2, axis=c_axis, size=W.shape[rhs_spec.index("I")],
+                    what="channels")
+        out_shape(tuple(inputs.shape))
+        dtype = jnp.result_type(inputs, W)
+        out = lax.conv_transpose(
+            inputs.astype(dtype), W.astype(dtype), strides, lax_padding, rhs_dilation=dilation,
+            dimension_numbers=(lhs_spec, lax_rhs_spec, out_spec), transpose_kernel=True,
+            use_consistent_padding=True)
+        return _add_bias(out, params, out_spec), state
+
+    return named(name, init, apply)

@@ -1,0 +1,59 @@
+"""Embedding: a lookup table from integer ids to vectors."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from funcnet import initializers
+from funcnet.core import Layer, check_input, check_shape, named
+
+
+def _check_positive_int(layer: str, what: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{layer}: {what} must be a positive int, got {value!r}.")
+    return value
+
+
+def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
+    """``y[..., :] = E[ids[...], :]``: integer ids of any shape ``S`` -> ``S + (dim,)``.
+
+    As ``torch.nn.Embedding(vocab_size, dim)``: params ``{"E": (vocab_size, dim)}``
+    (torch's ``weight``, copied as is), drawn from ``E_init`` (default
+    ``initializers.normal(1.0)``, i.e. ``N(0, 1)`` like torch).
+
+    Inputs must have an integer dtype; anything else (floats, bool) is a TypeError
+    at trace time rather than a silent cast.
+
+    Out-of-range ids. PyTorch raises ``IndexError`` for an id outside
+    ``[0, vocab_size)``; a jitted function cannot raise on values, and a plain
+    ``E[ids]`` would silently read another row (negative ids wrap around NumPy
+    style, ids past either end are clamped to the first/last row). Here the
+    lookup is ``jnp.take(..., mode="fill", fill_value=nan)`` with negative ids sent
+    out of range first (``jnp.take`` alone would wrap ``-1`` to the last row, NumPy
+    style): every id outside ``[0, vocab_size)``, negative ones included, yields a
+    row of NaN, so the mistake shows up as a NaN loss instead of a wrong but
+    plausible vector. Such rows get no gradient.
+    """
+    _check_positive_int("Embedding", "vocab_size", vocab_size)
+    _check_positive_int("Embedding", "dim", dim)
+    name = f"Embedding({vocab_size}, {dim})"
+    E_init = E_init or initializers.normal(1.0)
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=0)
+        return shape + (dim,), {"E": E_init(rng, (vocab_size, dim), jnp.float32)}, ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs)
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            raise TypeError(f"{name}: expected integer token ids, got dtype {inputs.dtype}. "
+                            f"Cast them, e.g. ids.astype(jnp.int32).")
+        table = params["E"]
+        n = table.shape[0]
+        # int32 indices unless the ids are 64-bit: `n` must fit (uint8 ids, vocab 256), and
+        # uint32 ids past 2**31 wrap negative, which the range check below catches.
+        ids = inputs if inputs.dtype.itemsize >= 8 else inputs.astype(jnp.int32)
+        ids = jnp.where((ids >= 0) & (ids < n), ids, n)
+        return jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan), state
+
+    return named(name, init, apply)

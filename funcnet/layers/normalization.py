@@ -1,0 +1,199 @@
+"""Normalization layers: BatchNorm (optionally synced across devices) and LayerNorm."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Hashable, Optional
+
+import jax.numpy as jnp
+from jax import lax
+
+from funcnet.core import Layer, check_input, check_known, check_shape, named, normalize_axis
+
+
+def _check_real(layer: str, what: str, value, lo: float, hi: float, hi_open: bool = False):
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+          and lo <= value and (value < hi if hi_open else value <= hi))
+    if not ok:
+        interval = f"[{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        raise ValueError(f"{layer}: {what} must be a real number in {interval}, got {value!r}.")
+    return float(value)
+
+
+def _check_axes(layer: str, axis):
+    axes = (axis,) if isinstance(axis, numbers.Integral) and not isinstance(axis, bool) else axis
+    if not isinstance(axes, (tuple, list)) or not axes or not all(
+            isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in axes):
+        raise ValueError(f"{layer}: axis must be an int or a non-empty tuple of ints, got {axis!r}.")
+    return tuple(int(a) for a in axes)
+
+
+def _normalized_axes(layer: str, axes, rank: int):
+    norm = sorted(normalize_axis(layer, a, rank) for a in axes)
+    if len(set(norm)) != len(norm):
+        raise ValueError(f"{layer}: axis {axes} names the same axis twice for a rank-{rank} input.")
+    return tuple(norm)
+
+
+def _compute_dtype(dtype):
+    """Statistics in at least float32: half-precision means/variances lose too much."""
+    return jnp.promote_types(dtype, jnp.float32) if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
+
+
+def _out_dtype(dtype):
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
+
+
+def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, center: bool = True,
+              scale: bool = True, axis_name: Optional[Hashable] = None) -> Layer:
+    """Batch normalization over every axis except the feature ``axis``.
+
+    ``train=True`` normalises with the statistics of the batch::
+
+        mean = E[x],  var = E[(x - mean)^2]          (biased, over all axes but `axis`)
+        y    = (x - mean) / sqrt(var + epsilon) * scale + bias
+        running_mean <- momentum * running_mean + (1 - momentum) * mean
+        running_var  <- momentum * running_var  + (1 - momentum) * var
+
+    and returns the updated running statistics as the new state. ``train=False``
+    normalises with the running statistics and returns the state unchanged.
+
+    params ``{"scale", "bias"}`` (ones, zeros; ``scale=False``/``center=False`` drop
+    them) and state ``{"mean", "var"}`` (zeros, ones) have the size of the feature
+    axis. ``axis=-1`` suits ``(N, C)`` and channels-last ``(N, H, W, C)``; use
+    ``axis=1`` for channels-first ``(N, C, L)``/``(N, C, H, W)`` like PyTorch.
+
+    Conventions, versus ``torch.nn.BatchNorm1d/2d``:
+
+    * ``momentum`` is the weight of the *old* running value, as in Keras, MXNet and
+      Flax. PyTorch's ``momentum`` is the weight of the *new* batch value: torch
+      ``momentum=0.1`` (its default) is ``momentum=0.9`` here.
+    * the state stores the *biased* batch variance (the one used to normalise);
+      PyTorch's ``running_var`` accumulates the *unbiased* one, ``var * n / (n - 1)``
+      with ``n`` the number of reduced elements per feature. Train-mode outputs and
+      running means agree with torch; running variances differ by that factor (it
+      vanishes for large batches). To load torch buffers, copy ``running_mean`` and
+      ``running_var`` into ``state["mean"]``/``state["var"]`` as they are.
+
+    Synced BatchNorm: with ``axis_name`` set and ``apply`` run under ``jax.pmap``
+    (or ``shard_map``) with that axis name, the batch mean and variance are averaged
+    with ``lax.pmean`` over the devices, so every device normalises with -- and
+    stores -- the statistics of the global batch (all devices' batches have the same
+    size under pmap, so the mean of means is the global mean). The variance is
+    computed in two passes, ``pmean(E[(x - pmean(E[x]))^2])``, rather than from
+    ``pmean(E[x^2]) - mean^2``: one more all-reduce of ``C`` numbers, but no
+    float32 cancellation when ``|mean| >> std``. Calling a synced BatchNorm in train
+    mode outside a pmap over ``axis_name`` fails with JAX's "unbound axis name" error.
+
+    Statistics are computed in at least float32; the output has the input's dtype.
+    """
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise ValueError(f"BatchNorm: axis must be an int (the feature axis), got {axis!r}.")
+    momentum = _check_real("BatchNorm", "momentum (weight of the old running value)", momentum,
+                           0.0, 1.0)
+    epsilon = _check_real("BatchNorm", "epsilon", epsilon, 0.0, math.inf)
+    name = f"BatchNorm(axis={axis})" if axis != -1 else "BatchNorm"
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=2)
+        ax = normalize_axis(name, axis, len(shape))
+        check_known(name, shape, [ax], "feature dimension")
+        c = shape[ax]
+        params = {}
+        if scale:
+            params["scale"] = jnp.ones((c,), jnp.float32)
+        if center:
+            params["bias"] = jnp.zeros((c,), jnp.float32)
+        state = {"mean": jnp.zeros((c,), jnp.float32), "var": jnp.ones((c,), jnp.float32)}
+        return shape, params, state
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs, min_rank=2)
+        rank = inputs.ndim
+        ax = normalize_axis(name, axis, rank)
+        check_input(name, inputs, axis=ax, size=state["mean"].shape[0], what="features")
+        bshape = [1] * rank
+        bshape[ax] = inputs.shape[ax]
+        reduce_axes = tuple(i for i in range(rank) if i != ax)
+        x = inputs.astype(_compute_dtype(inputs.dtype))
+
+        if train:
+            mean = jnp.mean(x, axis=reduce_axes)
+            if axis_name is not None:
+                mean = lax.pmean(mean, axis_name)
+            var = jnp.mean(jnp.square(x - mean.reshape(bshape)), axis=reduce_axes)
+            if axis_name is not None:
+                var = lax.pmean(var, axis_name)
+            new_state = {
+                "mean": (momentum * state["mean"] + (1.0 - momentum) * mean).astype(state["mean"].dtype),
+                "var": (momentum * state["var"] + (1.0 - momentum) * var).astype(state["var"].dtype),
+            }
+        else:
+            mean, var, new_state = state["mean"], state["var"], state
+
+        mul = lax.rsqrt(var + epsilon)
+        if "scale" in params:
+            mul = mul * params["scale"]
+        y = (x - mean.reshape(bshape)) * mul.reshape(bshape)
+        if "bias" in params:
+            y = y + params["bias"].reshape(bshape)
+        return y.astype(_out_dtype(inputs.dtype)), new_state
+
+    return named(name, init, apply)
+
+
+def LayerNorm(axis=-1, epsilon: float = 1e-5, center: bool = True, scale: bool = True) -> Layer:
+    """Layer normalization, as ``torch.nn.LayerNorm``: per example, over ``axis``.
+
+    ::
+
+        mean = E[x],  var = E[(x - mean)^2]          (biased, over `axis`)
+        y    = (x - mean) / sqrt(var + epsilon) * scale + bias
+
+    ``axis`` is an int or a tuple of ints. ``torch.nn.LayerNorm(normalized_shape)``
+    normalises the last ``len(normalized_shape)`` axes: that is ``axis=-1`` (the
+    default) or ``axis=(-2, -1)`` etc. here. Other axes work too (e.g. ``axis=1`` on
+    ``(N, C, L)``). params ``{"scale", "bias"}`` (ones, zeros; elementwise affine, as
+    torch's ``weight``/``bias``) have the shape of the normalised axes in increasing
+    axis order, so torch's ``weight`` copies over unchanged. Stateless. Statistics
+    are computed in at least float32; the output has the input's dtype.
+    """
+    axes = _check_axes("LayerNorm", axis)
+    epsilon = _check_real("LayerNorm", "epsilon", epsilon, 0.0, math.inf)
+    name = f"LayerNorm(axis={axis})" if axis != -1 else "LayerNorm"
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=max(max(axes) + 1, -min(axes)))
+        norm = _normalized_axes(name, axes, len(shape))
+        check_known(name, shape, norm, "normalised dimension")
+        pshape = tuple(shape[a] for a in norm)
+        params = {}
+        if scale:
+            params["scale"] = jnp.ones(pshape, jnp.float32)
+        if center:
+            params["bias"] = jnp.zeros(pshape, jnp.float32)
+        return shape, params, ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs, min_rank=max(max(axes) + 1, -min(axes)))
+        rank = inputs.ndim
+        norm = _normalized_axes(name, axes, rank)
+        pshape = tuple(inputs.shape[a] for a in norm)
+        for key, p in params.items():
+            if p.shape != pshape:
+                raise ValueError(f"{name}: input shape {tuple(inputs.shape)} has {pshape} on the "
+                                 f"normalised axes {norm}, but params[{key!r}] was built for "
+                                 f"{tuple(p.shape)}. Re-run init with the right input_shape.")
+        bshape = [inputs.shape[i] if i in norm else 1 for i in range(rank)]
+        x = inputs.astype(_compute_dtype(inputs.dtype))
+        mean = jnp.mean(x, axis=norm, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=norm, keepdims=True)
+        y = (x - mean) * lax.rsqrt(var + epsilon)
+        if "scale" in params:
+            y = y * params["scale"].reshape(bshape)
+        if "bias" in params:
+            y = y + params["bias"].reshape(bshape)
+        return y.astype(_out_dtype(inputs.dtype)), state
+
+    return named(name, init, apply)

@@ -1,0 +1,67 @@
+"""Shape layers: ``Flatten`` and ``Reshape``. The first axis is the batch and is kept."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from funcnet.core import Layer, check_input, check_known, check_shape, named
+
+
+def _flatten_init(rng, input_shape):
+    shape = check_shape("Flatten", input_shape, min_rank=2)
+    check_known("Flatten", shape, range(1, len(shape)), "non-batch size")
+    return (shape[0], math.prod(shape[1:])), (), ()
+
+
+def _flatten_apply(params, state, inputs, *, rng=None, train=False):
+    check_input("Flatten", inputs, min_rank=2)
+    return inputs.reshape(inputs.shape[0], math.prod(inputs.shape[1:])), state
+
+
+# (N, d1, ..., dk) -> (N, d1 * ... * dk), in row-major (C) order like torch.nn.Flatten().
+# A layer value: use Flatten, not Flatten().
+Flatten: Layer = named("Flatten", _flatten_init, _flatten_apply)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def Reshape(shape) -> Layer:
+    """``(N, ...) -> (N, *shape)`` in row-major order, as ``x.reshape(x.shape[0], *shape)``.
+
+    ``shape`` excludes the batch axis; at most one entry may be -1, inferred from
+    the input size. The non-batch input sizes must be known at ``init``.
+    """
+    name = f"Reshape({shape!r})"
+    target = (shape,) if _is_int(shape) else shape
+    if not isinstance(target, (tuple, list)) or not all(_is_int(d) for d in target):
+        raise TypeError(f"{name}: shape must be an int or a tuple of ints (excluding the batch "
+                        f"axis), got {shape!r}.")
+    target = tuple(int(d) for d in target)
+    if any(d < 1 and d != -1 for d in target) or target.count(-1) > 1:
+        raise ValueError(f"{name}: shape entries must be positive, with at most one -1 to infer, "
+                         f"got {target}.")
+
+    def resolve(in_shape):
+        size = math.prod(in_shape[1:])
+        known = math.prod(d for d in target if d != -1)
+        if (-1 in target and size % known) or (-1 not in target and size != known):
+            raise ValueError(f"{name}: cannot reshape an input of shape {tuple(in_shape)} "
+                             f"({size} elements per example) to (batch, *{target}) "
+                             f"({'a multiple of ' if -1 in target else ''}{known} elements).")
+        return tuple(size // known if d == -1 else d for d in target)
+
+    def init(rng, input_shape):
+        in_shape = check_shape(name, input_shape, min_rank=1)
+        check_known(name, in_shape, range(1, len(in_shape)), "non-batch size")
+        return (in_shape[0],) + resolve(in_shape), (), ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs, min_rank=1)
+        return inputs.reshape((inputs.shape[0],) + resolve(inputs.shape)), state
+
+    return named(name, init, apply)

@@ -1,0 +1,562 @@
+"""Loss functions: small pure functions of arrays, usable under ``jit``, ``grad`` and ``pmap``.
+
+Conventions
+-----------
+* **Classes are on the last axis** (``axis=-1``), the JAX / channels-last layout:
+  logits of shape ``(N, C)`` or ``(N, d1, ..., C)`` with integer labels of shape
+  ``(N,)`` / ``(N, d1, ...)``. PyTorch puts the classes on axis 1 (``(N, C, d1, ...)``);
+  pass ``axis=1`` to use that layout unchanged. Every other semantic of
+  :func:`cross_entropy` and :func:`nll_loss` is PyTorch's.
+* ``reduction`` is ``"mean"`` (default), ``"sum"`` or ``"none"`` (the per-element loss).
+* Bad inputs fail early: a wrong dtype raises ``TypeError`` and a wrong shape or rank
+  ``ValueError``, at trace time. Integer labels that are concrete (not traced, i.e.
+  outside ``jit``) are checked too: a class id outside ``[0, C)`` that is not
+  ``ignore_index`` raises ``ValueError``.
+* **Out-of-range labels under jit.** Their values cannot be checked while tracing, so
+  they have a defined, loud result instead: such an element's loss is **NaN**, which
+  makes a ``"mean"``/``"sum"`` NaN too (and its gradients). Negative ids are never
+  wrapped around NumPy-style, and nothing is read out of bounds.
+
+Center loss keeps its class centers as explicit state: :func:`center_loss_init` makes
+them and :func:`center_loss` returns ``(loss, new_centers)``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+__all__ = [
+    "cross_entropy", "nll_loss", "sigmoid_binary_cross_entropy", "mse", "mae", "huber",
+    "hinge", "multiclass_hinge", "smooth_l1", "center_loss_init", "center_loss",
+]
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+# --------------------------------------------------------------------------- #
+# Argument checks. They look only at static shapes and dtypes (free under jit),
+# plus label values when those are concrete.
+# --------------------------------------------------------------------------- #
+
+def _array(fn: str, x, what: str):
+    if x is None or isinstance(x, (str, bytes, dict, set)):
+        raise TypeError(f"{fn}: {what} must be an array, got {type(x).__name__}.")
+    try:
+        return jnp.asarray(x)
+    except TypeError as e:
+        raise TypeError(f"{fn}: {what} must be an array, got {type(x).__name__}: {e}") from None
+
+
+def _float_array(fn: str, x, what: str):
+    x = _array(fn, x, what)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{fn}: {what} must have a floating dtype, got {x.dtype}. "
+                        f"Cast it, e.g. {what}.astype(jnp.float32).")
+    return x
+
+
+def _int_labels(fn: str, labels, what: str = "labels"):
+    labels = _array(fn, labels, what)
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"{fn}: {what} must be integer class ids, got dtype {labels.dtype}. "
+                        f"Cast them, e.g. {what}.astype(jnp.int32).")
+    return labels
+
+
+def _check_reduction(fn: str, reduction) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{fn}: reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
+
+
+def _reduce(loss, reduction):
+    if reduction == "mean":
+        return jnp.mean(loss)
+    if reduction == "sum":
+        return jnp.sum(loss)
+    return loss
+
+
+def _same_shape(fn: str, a, b, what_a: str, what_b: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{fn}: {what_b} must have the shape of {what_a} {a.shape}, got "
+                         f"{b.shape}. funcnet does not broadcast losses implicitly.")
+
+
+def _concrete(x):
+    """``x`` as a NumPy array when its value is known now, else None (traced)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def _check_label_range(fn: str, labels, num_classes: int, ignore_index=None) -> None:
+    """ValueError for concrete class ids outside ``[0, num_classes)`` (except ignore_index)."""
+    values = _concrete(labels)
+    if values is None or values.size == 0:
+        return
+    bad = (values < 0) | (values >= num_classes)
+    if ignore_index is not None:
+        bad &= values != ignore_index
+    if bad.any():
+        found = np.unique(values[bad])[:8].tolist()
+        skip = "" if ignore_index is None else f" (or ignore_index={ignore_index})"
+        raise ValueError(f"{fn}: labels must be class ids in [0, {num_classes}){skip}, found "
+                         f"{found}. Check num_classes or the class axis.")
+
+
+def _check_number(fn: str, value, what: str, low=None, high=None, low_open=False):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        if isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0:
+            value_c = _concrete(value)
+            if value_c is None:
+                return value  # traced scalar: cannot range-check, trust the caller
+            value = value_c.item()
+        else:
+            raise TypeError(f"{fn}: {what} must be a real number, got {type(value).__name__}.")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and value > high
+    if too_low or too_high or value != value:
+        lo = "" if low is None else ("(" if low_open else "[") + f"{low}, "
+        hi = "inf)" if high is None else f"{high}]"
+        raise ValueError(f"{fn}: {what} must be in {lo or '(-inf, '}{hi}, got {value}.")
+    return value
+
+
+def _is_zero(value) -> bool:
+    """True for a static zero; a traced value counts as non-zero (the general path)."""
+    return isinstance(value, numbers.Real) and value == 0
+
+
+def _class_weight(fn: str, weight, num_classes: int, dtype):
+    if weight is None:
+        return None
+    weight = _float_array(fn, weight, "weight")
+    if weight.shape != (num_classes,):
+        raise ValueError(f"{fn}: weight must hold one value per class, shape ({num_classes},), "
+                         f"got {weight.shape}.")
+    return weight.astype(dtype)
+
+
+def _class_axis(fn: str, logits, axis) -> int:
+    if logits.ndim == 0:
+        raise ValueError(f"{fn}: logits must have a class axis, got a scalar.")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) \
+            or not -logits.ndim <= axis < logits.ndim:
+        raise ValueError(f"{fn}: axis {axis!r} is out of range for logits of shape "
+                         f"{logits.shape}.")
+    return int(axis) % logits.ndim
+
+
+def _check_index_labels(fn: str, logits, labels, axis: int) -> None:
+    expected = logits.shape[:axis] + logits.shape[axis + 1:]
+    if labels.shape != expected:
+        hint = ""
+        if labels.shape == logits.shape:
+            hint = " If these are one-hot or probability targets, pass them as floats."
+        raise ValueError(f"{fn}: integer labels must have the logits' shape {logits.shape} "
+                         f"without the class axis {axis}, i.e. {expected}, got {labels.shape}."
+                         f"{hint}")
+
+
+# --------------------------------------------------------------------------- #
+# Classification.
+# --------------------------------------------------------------------------- #
+
+def _nll_from_log_probs(log_probs, labels, weight, ignore_index, reduction, label_smoothing):
+    """torch's nll_loss (plus cross_entropy's smoothing term), classes on the last axis.
+
+    Per element n with target y_n (w = weight, ε = label_smoothing, C classes)::
+
+        l_n = valid_n * ((1 - ε) * (-w[y_n] log p_n[y_n]) + ε/C * Σ_c (-w[c] log p_n[c]))
+
+    ``"mean"`` divides Σ l_n by Σ_n valid_n * w[y_n], as torch does for both terms.
+    """
+    num_classes = log_probs.shape[-1]
+    dtype = log_probs.dtype
+    valid = labels != ignore_index
+    in_range = (labels >= 0) & (labels < num_classes)
+    safe = jnp.where(in_range, labels, 0)
+    picked = jnp.take_along_axis(log_probs, safe[..., None], axis=-1)[..., 0]
+    w_y = jnp.ones(labels.shape, dtype) if weight is None else weight[safe]
+    # NaN marks a class id that is neither a class nor ignore_index (see module doc).
+    w_y = jnp.where(valid, jnp.where(in_range, w_y, jnp.nan), 0.0).astype(dtype)
+    loss = jnp.where(valid, -w_y * picked, 0.0)
+    if not _is_zero(label_smoothing):
+        weighted = log_probs if weight is None else log_probs * weight
+        smooth = jnp.where(valid, -jnp.sum(weighted, axis=-1), 0.0)
+        smooth = jnp.where(in_range | ~valid, smooth, jnp.nan)
+        loss = (1.0 - label_smoothing) * loss + (label_smoothing / num_classes) * smooth
+    if reduction == "mean":
+        return jnp.sum(loss) / jnp.sum(w_y)
+    return _reduce(loss, reduction)
+
+
+def nll_loss(inputs, labels, *, weight=None, ignore_index: int = -100, reduction: str = "mean",
+             axis: int = -1):
+    r"""Negative log-likelihood of integer labels under log-probabilities.
+
+    Matches ``torch.nn.functional.nll_loss`` except that classes are on ``axis=-1`` by
+    default (pass ``axis=1`` for torch's ``(N, C, d1, ...)`` layout). ``inputs`` are
+    log-probabilities (e.g. ``jax.nn.log_softmax`` output); no log is taken here.
+
+    .. math::
+        l_n = -w_{y_n}\, x_{n, y_n} \cdot [y_n \ne \text{ignore\_index}], \qquad
+        \text{mean} = \frac{\sum_n l_n}{\sum_n w_{y_n} [y_n \ne \text{ignore\_index}]}
+
+    so a weighted mean divides by the summed weights of the non-ignored targets (NaN
+    when every target is ignored, as in torch).
+
+    Args:
+      inputs: float log-probabilities ``(..., C, ...)`` with the classes on ``axis``.
+      labels: integer class ids, ``inputs``' shape without ``axis``.
+      weight: optional per-class rescaling weights, shape ``(C,)``.
+      ignore_index: targets with this value contribute neither loss nor weight.
+      reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+      axis: the class axis of ``inputs``.
+    """
+    fn = "funcnet.losses.nll_loss"
+    inputs = _float_array(fn, inputs, "inputs")
+    labels = _int_labels(fn, labels)
+    _check_reduction(fn, reduction)
+    axis = _class_axis(fn, inputs, axis)
+    _check_index_labels(fn, inputs, labels, axis)
+    num_classes = inputs.shape[axis]
+    weight = _class_weight(fn, weight, num_classes, inputs.dtype)
+    _check_label_range(fn, labels, num_classes, ignore_index)
+    log_probs = jnp.moveaxis(inputs, axis, -1)
+    return _nll_from_log_probs(log_probs, labels, weight, ignore_index, reduction, 0.0)
+
+
+def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, axis: int = -1):
+    r"""Softmax cross-entropy, matching ``torch.nn.functional.cross_entropy``.
+
+    The one difference from torch is the class axis: ``axis=-1`` by default
+    (channels-last), ``axis=1`` gives torch's ``(N, C, d1, ...)`` layout.
+
+    **Integer labels** (class ids, ``logits``' shape without ``axis``), with
+    :math:`\log p = \text{log\_softmax}(x)`, :math:`\varepsilon` = ``label_smoothing``:
+
+    .. math::
+        l_n = [y_n \ne \text{ignore}]\Big((1-\varepsilon)(-w_{y_n}\log p_{n,y_n})
+              + \frac{\varepsilon}{C}\sum_c -w_c \log p_{n,c}\Big)
+
+    and ``"mean"`` is :math:`\sum_n l_n / \sum_n w_{y_n}[y_n \ne \text{ignore}]` — torch
+    divides the smoothing term by the same target-weight sum.
+
+    **Float labels** (probabilities or one-hot, ``logits``' shape): targets are first
+    smoothed, :math:`t \leftarrow (1-\varepsilon)t + \varepsilon/C`, then
+    :math:`l_n = -\sum_c w_c t_{n,c} \log p_{n,c}`; ``"mean"`` divides by the number
+    of elements ``l_n`` (not by weights). ``ignore_index`` is not supported there:
+    as in torch it must be negative (the default).
+
+    Args:
+      logits: float unnormalised scores with the classes on ``axis``.
+      labels: integer class ids, or float targets of ``logits``' shape.
+      weight: optional per-class weights, shape ``(C,)``.
+      ignore_index: integer targets equal to this are skipped (no loss, no weight).
+      reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+      label_smoothing: :math:`\varepsilon \in [0, 1]`.
+      axis: the class axis of ``logits``.
+    """
+    fn = "funcnet.losses.cross_entropy"
+    logits = _float_array(fn, logits, "logits")
+    labels = _array(fn, labels, "labels")
+    _check_reduction(fn, reduction)
+    axis = _class_axis(fn, logits, axis)
+    label_smoothing = _check_number(fn, label_smoothing, "label_smoothing", 0.0, 1.0)
+    num_classes = logits.shape[axis]
+    weight = _class_weight(fn, weight, num_classes, logits.dtype)
+
+    if jnp.issubdtype(labels.dtype, jnp.floating):
+        if labels.shape != logits.shape:
+            raise ValueError(f"{fn}: float labels are probability targets and must have the "
+                             f"logits' shape {logits.shape}, got {labels.shape}. For class ids "
+                             f"use an integer dtype.")
+        if ignore_index >= 0:
+            raise ValueError(f"{fn}: ignore_index is not supported for probability (float) "
+                             f"labels, as in torch; got ignore_index={ignore_index}. Leave it "
+                             f"at the default or give the ignored rows zero targets.")
+        targets = labels.astype(logits.dtype)
+        if not _is_zero(label_smoothing):
+            targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
+        if weight is not None:
+            shape = [1] * logits.ndim
+            shape[axis] = num_classes
+            targets = targets * weight.reshape(shape)
+        loss = optax.losses.softmax_cross_entropy(logits, targets, axis=axis)
+        return _reduce(loss, reduction)
+
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"{fn}: labels must be integer class ids or float probabilities, got "
+                        f"dtype {labels.dtype}.")
+    _check_index_labels(fn, logits, labels, axis)
+    _check_label_range(fn, labels, num_classes, ignore_index)
+    log_probs = jax.nn.log_softmax(jnp.moveaxis(logits, axis, -1), axis=-1)
+    return _nll_from_log_probs(log_probs, labels, weight, ignore_index, reduction,
+                               label_smoothing)
+
+
+def sigmoid_binary_cross_entropy(logits, labels, *, pos_weight=None, weight=None,
+                                 reduction: str = "mean"):
+    r"""Binary cross-entropy on logits, matching ``torch.nn.functional.binary_cross_entropy_with_logits``.
+
+    .. math::
+        l = -w\,\big(p\, y \log\sigma(x) + (1-y)\log(1-\sigma(x))\big)
+
+    computed stably with ``log_sigmoid``. ``labels`` (0/1 or probabilities, any real or
+    bool dtype) must have ``logits``' shape; ``weight`` (per element) and ``pos_weight``
+    (per class, usually shape ``(C,)`` for the last axis) broadcast against it.
+    ``"mean"`` averages over all elements.
+    """
+    fn = "funcnet.losses.sigmoid_binary_cross_entropy"
+    logits = _float_array(fn, logits, "logits")
+    labels = _array(fn, labels, "labels")
+    _check_reduction(fn, reduction)
+    if not (jnp.issubdtype(labels.dtype, jnp.floating) or jnp.issubdtype(labels.dtype, jnp.integer)
+            or labels.dtype == jnp.bool_):
+        raise TypeError(f"{fn}: labels must be real or bool, got dtype {labels.dtype}.")
+    _same_shape(fn, logits, labels, "logits", "labels")
+    labels = labels.astype(logits.dtype)
+
+    def broadcastable(x, what):
+        x = _array(fn, x, what)
+        if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+            raise TypeError(f"{fn}: {what} must be real, got dtype {x.dtype}.")
+        x = x.astype(logits.dtype)
+        try:
+            fits = jnp.broadcast_shapes(x.shape, logits.shape) == logits.shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{fn}: {what} of shape {x.shape} does not broadcast to logits "
+                             f"of shape {logits.shape}.")
+        return x
+
+    if pos_weight is None:
+        loss = optax.losses.sigmoid_binary_cross_entropy(logits, labels)
+    else:
+        pos_weight = broadcastable(pos_weight, "pos_weight")
+        loss = -(pos_weight * labels * jax.nn.log_sigmoid(logits)
+                 + (1.0 - labels) * jax.nn.log_sigmoid(-logits))
+    if weight is not None:
+        loss = loss * broadcastable(weight, "weight")
+    return _reduce(loss, reduction)
+
+
+# --------------------------------------------------------------------------- #
+# Regression.
+# --------------------------------------------------------------------------- #
+
+def _regression_args(fn, predictions, targets, reduction):
+    predictions = _float_array(fn, predictions, "predictions")
+    targets = _array(fn, targets, "targets")
+    if not (jnp.issubdtype(targets.dtype, jnp.floating) or jnp.issubdtype(targets.dtype, jnp.integer)):
+        raise TypeError(f"{fn}: targets must be real numbers, got dtype {targets.dtype}.")
+    _same_shape(fn, predictions, targets, "predictions", "targets")
+    _check_reduction(fn, reduction)
+    return predictions, targets.astype(predictions.dtype)
+
+
+def mse(predictions, targets, *, reduction: str = "mean"):
+    r"""Squared error :math:`(x - y)^2`, matching ``torch.nn.functional.mse_loss``.
+
+    Unlike torch, shapes must be equal (no silent broadcasting).
+    """
+    predictions, targets = _regression_args("funcnet.losses.mse", predictions, targets, reduction)
+    return _reduce(optax.losses.squared_error(predictions, targets), reduction)
+
+
+def mae(predictions, targets, *, reduction: str = "mean"):
+    r"""Absolute error :math:`|x - y|`, matching ``torch.nn.functional.l1_loss``."""
+    predictions, targets = _regression_args("funcnet.losses.mae", predictions, targets, reduction)
+    return _reduce(jnp.abs(predictions - targets), reduction)
+
+
+def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
+    r"""Huber loss, matching ``torch.nn.functional.huber_loss``.
+
+    .. math::
+        l = \begin{cases} \tfrac12 (x-y)^2 & |x-y| < \delta \\
+                          \delta\,(|x-y| - \tfrac12\delta) & \text{otherwise} \end{cases}
+    """
+    fn = "funcnet.losses.huber"
+    predictions, targets = _regression_args(fn, predictions, targets, reduction)
+    delta = _check_number(fn, delta, "delta", 0.0, low_open=True)
+    return _reduce(optax.losses.huber_loss(predictions, targets, delta=delta), reduction)
+
+
+def smooth_l1(data, *, scalar: float = 1.0):
+    r"""MXNet's elementwise ``smooth_l1`` (no reduction), with :math:`\sigma` = ``scalar``:
+
+    .. math::
+        f(x) = \begin{cases} \tfrac12 (\sigma x)^2 & |x| < 1/\sigma^2 \\
+                             |x| - \tfrac{1}{2\sigma^2} & \text{otherwise} \end{cases}
+
+    With ``scalar=1`` this is :func:`huber` with ``delta=1`` applied to ``data``.
+    """
+    fn = "funcnet.losses.smooth_l1"
+    data = _float_array(fn, data, "data")
+    scalar = _check_number(fn, scalar, "scalar", 0.0, low_open=True)
+    s2 = scalar * scalar
+    return jnp.where(jnp.abs(data) < 1.0 / s2, 0.5 * s2 * data * data, jnp.abs(data) - 0.5 / s2)
+
+
+# --------------------------------------------------------------------------- #
+# Margin losses.
+# --------------------------------------------------------------------------- #
+
+def hinge(scores, labels, *, reduction: str = "mean"):
+    r"""Binary hinge loss :math:`\max(0, 1 - y\,s)` (``optax.losses.hinge_loss``).
+
+    ``labels`` have ``scores``' shape and may use either convention, ``{-1, 1}`` or
+    ``{0, 1}``: any label ``> 0`` is the positive class (``y = +1``) and any label
+    ``<= 0`` the negative one (``y = -1``). Concrete labels are checked: values other
+    than -1, 0, 1, or a mix of -1 and 0, raise ``ValueError``.
+    """
+    fn = "funcnet.losses.hinge"
+    scores = _float_array(fn, scores, "scores")
+    labels = _array(fn, labels, "labels")
+    _check_reduction(fn, reduction)
+    _same_shape(fn, scores, labels, "scores", "labels")
+    values = _concrete(labels)
+    if values is not None and values.size:
+        found = set(np.unique(values).tolist())
+        if not found <= {-1, 0, 1} or {-1, 0} <= found:
+            raise ValueError(f"{fn}: labels must be in {{-1, 1}} or in {{0, 1}}, found "
+                             f"{sorted(found)[:8]}.")
+    signs = jnp.where(labels > 0, 1.0, -1.0).astype(scores.dtype)
+    return _reduce(optax.losses.hinge_loss(scores, signs), reduction)
+
+
+def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
+                     reduction: str = "mean"):
+    r"""Multi-class hinge loss, matching ``torch.nn.functional.multi_margin_loss`` with ``p=1``.
+
+    For scores :math:`x` ``(..., C)`` (classes last) and class ids :math:`y` ``(...)``:
+
+    .. math::
+        l = \frac{1}{C}\sum_{i \ne y} w_y \max(0, \text{margin} - x_y + x_i)
+
+    ``"mean"`` averages over samples (not weight-normalised, as torch). This sums over
+    the wrong classes; ``optax.losses.multiclass_hinge_loss`` (Crammer–Singer) takes the
+    max instead.
+    """
+    fn = "funcnet.losses.multiclass_hinge"
+    scores = _float_array(fn, scores, "scores")
+    labels = _int_labels(fn, labels)
+    _check_reduction(fn, reduction)
+    axis = _class_axis(fn, scores, -1)
+    _check_index_labels(fn, scores, labels, axis)
+    num_classes = scores.shape[-1]
+    weight = _class_weight(fn, weight, num_classes, scores.dtype)
+    _check_label_range(fn, labels, num_classes)
+    in_range = (labels >= 0) & (labels < num_classes)
+    safe = jnp.where(in_range, labels, 0)
+    one_hot = jax.nn.one_hot(safe, num_classes, dtype=scores.dtype)
+    target = jnp.take_along_axis(scores, safe[..., None], axis=-1)
+    terms = jnp.maximum(0.0, margin - target + scores) * (1.0 - one_hot)
+    if weight is not None:
+        terms = terms * weight[safe][..., None]
+    loss = jnp.sum(terms, axis=-1) / num_classes
+    loss = jnp.where(in_range, loss, jnp.nan)
+    return _reduce(loss, reduction)
+
+
+# --------------------------------------------------------------------------- #
+# Center loss (Wen et al. 2016), centers as explicit state.
+# --------------------------------------------------------------------------- #
+
+def center_loss_init(num_classes: int, feature_dim: int, dtype=jnp.float32):
+    """Initial class centers: zeros of shape ``(num_classes, feature_dim)``."""
+    for what, n in (("num_classes", num_classes), ("feature_dim", feature_dim)):
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"funcnet.losses.center_loss_init: {what} must be a positive int, "
+                             f"got {n!r}.")
+    return jnp.zeros((int(num_classes), int(feature_dim)), dtype)
+
+
+def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None):
+    r"""Center loss and the updated centers: ``(loss, new_centers)``.
+
+    With :math:`B` samples :math:`x_i` of classes :math:`y_i` and centers :math:`c`
+    (held under ``stop_gradient``):
+
+    .. math::
+        L = \frac{1}{2B}\sum_i \lVert x_i - c_{y_i}\rVert^2, \qquad
+        \frac{\partial L}{\partial x_i} = \frac{x_i - c_{y_i}}{B},
+
+    and the centers follow MXNet's center-loss rule, computed from the centers passed in:
+
+    .. math::
+        c_j \leftarrow c_j + \alpha\,\frac{\sum_{i: y_i = j} (x_i - c_j)}{1 + n_j},
+
+    :math:`n_j` the number of samples of class :math:`j`. ``centers`` never receive a
+    gradient (and ``new_centers`` carry none): they are state, not parameters. Use it
+    inside ``jax.value_and_grad(loss_fn, has_aux=True)`` returning the new centers as aux.
+
+    **Data parallel** (``axis_name`` set, inside ``pmap``): the per-class sums, counts
+    and squared distances are ``psum``-ed, so every device returns the same
+    ``new_centers`` and the same ``loss``, both equal to the single-device result on the
+    global batch. Each device's gradient w.r.t. its own features is
+    :math:`(x_i - c_{y_i})/B_\text{local}`: the usual per-device-mean convention, so
+    ``lax.pmean`` of the parameter gradients (as for any local-mean loss) gives the
+    gradient of the global-batch loss.
+
+    Labels out of ``[0, num_classes)`` raise ``ValueError`` when concrete; under jit
+    they make the loss NaN and are left out of the center update.
+
+    Args:
+      centers: ``(num_classes, feature_dim)`` from :func:`center_loss_init` or a previous call.
+      features: ``(B, feature_dim)`` float features.
+      labels: ``(B,)`` integer class ids.
+      alpha: center learning rate.
+      axis_name: the ``pmap`` axis to reduce over, or None on one device.
+    """
+    fn = "funcnet.losses.center_loss"
+    centers = _float_array(fn, centers, "centers")
+    features = _float_array(fn, features, "features")
+    labels = _int_labels(fn, labels)
+    if centers.ndim != 2:
+        raise ValueError(f"{fn}: centers must be (num_classes, feature_dim), got shape "
+                         f"{centers.shape}. Make them with center_loss_init.")
+    num_classes, dim = centers.shape
+    if features.ndim != 2 or features.shape[1] != dim:
+        raise ValueError(f"{fn}: features must be (batch, {dim}) to match centers "
+                         f"{centers.shape}, got {features.shape}.")
+    if labels.shape != features.shape[:1]:
+        raise ValueError(f"{fn}: labels must be ({features.shape[0]},), one class id per "
+                         f"feature row, got {labels.shape}.")
+    alpha = _check_number(fn, alpha, "alpha", 0.0)
+    _check_label_range(fn, labels, num_classes)
+
+    batch = features.shape[0]
+    in_range = (labels >= 0) & (labels < num_classes)
+    # Invalid ids go to segment `num_classes`, which segment_sum drops.
+    segments = jnp.where(in_range, labels, num_classes)
+    c = lax.stop_gradient(centers)
+    diff = features - c[jnp.where(in_range, labels, 0)]
+    sq = jnp.where(in_range, jnp.sum(diff * diff, axis=-1), jnp.nan)
+    local = jnp.sum(sq) / (2 * batch)
+
+    delta = jax.ops.segment_sum(lax.stop_gradient(diff), segments, num_segments=num_classes)
+    counts = jax.ops.segment_sum(jnp.ones((batch,), centers.dtype), segments,
+                                 num_segments=num_classes)
+    if axis_name is None:
+        loss = local
+    else:
+        delta = lax.psum(delta, axis_name)
+        counts = lax.psum(counts, axis_name)
+        total = lax.psum(lax.stop_gradient(jnp.sum(sq)), axis_name)
+        global_batch = lax.psum(jnp.asarray(batch, sq.dtype), axis_name)
+        # The value is the global-batch loss; the gradient is that of the local mean
+        # (see docstring), independent of how psum happens to be transposed.
+        loss = local + lax.stop_gradient(total / (2 * global_batch) - local)
+    new_centers = c + alpha * delta / (1.0 + counts)[:, None]
+    return loss, lax.stop_gradient(new_centers.astype(centers.dtype))

@@ -1,0 +1,487 @@
+"""Apache MXNet's output layers: forward ops whose backward is a built-in loss gradient.
+
+MXNet (1.x) ends a network with an *output operator* such as ``SoftmaxOutput``:
+its forward returns predictions (softmax probabilities, the regression value)
+and its backward ignores the head gradient and writes the hand-derived gradient
+of the matching loss straight into ``data``. Training is ``executor.backward()``
+with no head gradients. This module reproduces those operators as
+``jax.custom_vjp`` functions:
+
+* the forward value is exactly MXNet's forward;
+* the VJP **ignores the incoming cotangent** and returns MXNet's loss gradient
+  for ``data`` (so ``grad(7 * op(x))`` equals ``grad(op(x))``, as in MXNet);
+* ``label`` always gets a zero gradient.
+
+Use :func:`grad` / :func:`value_and_grad` to differentiate a function whose
+outputs are output-op results: every output leaf is seeded with ones and the
+gradients are summed, the JAX spelling of MXNet's ``executor.backward()`` over a
+``Group`` of heads. ``jax.grad`` of ``jnp.sum(op(...))`` gives the same result
+for a single head.
+
+The semantics were checked against real MXNet 1.9.1 (``tests/golden``). Labels
+are compared after MXNet's C cast ``static_cast<int>(label)``, i.e. truncation
+toward zero; labels outside ``[0, C)`` match no class.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "softmax_output",
+    "linear_regression_output",
+    "logistic_regression_output",
+    "mae_regression_output",
+    "svm_output",
+    "make_loss",
+    "block_grad",
+    "grad",
+    "value_and_grad",
+]
+
+_NORMALIZATIONS = ("null", "batch", "valid")
+
+
+# --------------------------------------------------------------------------- #
+# Shared machinery.
+# --------------------------------------------------------------------------- #
+
+def _loss_op(forward: Callable, data_grad: Callable, data, *extra):
+    """Builds ``forward(data)`` whose VJP is ``data_grad(out, data, *extra)``.
+
+    The cotangent is dropped on purpose (MXNet output layers do the same), and
+    every extra input (the label) receives a zero cotangent.
+    """
+
+    @jax.custom_vjp
+    def op(data, *extra):
+        return forward(data)
+
+    def fwd(data, *extra):
+        out = forward(data)
+        return out, (out, data, extra)
+
+    def bwd(res, _cotangent):
+        out, data, extra = res
+        g = data_grad(out, data, *extra).astype(data.dtype)
+        return (g,) + (None,) * len(extra)
+
+    op.defvjp(fwd, bwd)
+    return op(data, *extra)
+
+
+def _as_float_data(fn: str, data):
+    data = jnp.asarray(data)
+    if not jnp.issubdtype(data.dtype, jnp.floating):
+        raise TypeError(f"{fn}: data must be a floating-point array, got dtype {data.dtype}. "
+                        f"Cast it first, e.g. data.astype(jnp.float32).")
+    if data.ndim == 0:
+        raise ValueError(f"{fn}: data must have a batch axis, got a scalar (shape ()).")
+    return data
+
+
+def _as_label(fn: str, label):
+    label = jnp.asarray(label)
+    if not (jnp.issubdtype(label.dtype, jnp.floating)
+            or jnp.issubdtype(label.dtype, jnp.integer)):
+        raise TypeError(f"{fn}: label must be a float or integer array, got dtype {label.dtype}.")
+    return label
+
+
+def _class_index(label):
+    """``static_cast<int>(label)``: truncation toward zero, as MXNet compares labels."""
+    return label.astype(jnp.int32)  # XLA's float->int convert truncates toward zero
+
+
+def _check_normalization(fn: str, normalization) -> None:
+    if normalization not in _NORMALIZATIONS:
+        raise ValueError(f"{fn}: normalization must be one of {_NORMALIZATIONS}, "
+                         f"got {normalization!r}.")
+
+
+def _check_number(fn: str, name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(f"{fn}: {name} must be a Python number, got {value!r}.")
+    return float(value)
+
+
+def _check_bool(fn: str, name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} must be True or False, got {value!r}.")
+    return bool(value)
+
+
+# --------------------------------------------------------------------------- #
+# SoftmaxOutput.
+# --------------------------------------------------------------------------- #
+
+def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float = -1.0,
+                   use_ignore: bool = False, normalization: str = "null",
+                   multi_output: bool = False, preserve_shape: bool = False,
+                   smooth_alpha: float = 0.0):
+    r"""Softmax forward with the softmax-cross-entropy gradient (MXNet ``SoftmaxOutput``).
+
+    Layouts (``C`` classes; MXNet's label-shape rules):
+
+    * default: ``data (N, C)``, ``label (N,)``; softmax over the last axis.
+    * ``multi_output=True``: ``data (N, C, d1, ...)``, softmax over axis 1; label
+      ``(N, d1, ...)``, ``(N, d1*...)`` or ``(N, 1, d1, ...)``. Write ``D = d1*...``
+      (``D = 1`` for 2-D data).
+    * ``preserve_shape=True``: ``data (..., C)``, softmax over the last axis,
+      ``label data.shape[:-1]``.
+    * probability label: ``label.shape == data.shape`` (any layout above).
+
+    Forward: ``out = softmax(data)`` along the class axis.
+
+    Backward for integer labels, with ``k = trunc(label)`` (labels outside
+    ``[0, C)`` hit no class) and ``t`` the target distribution::
+
+        t_c  = 1[c == k]                                   (smooth_alpha == 0)
+        t_c  = 1 - alpha if c == k else alpha / (C - 1)    (label smoothing)
+        grad = (out - t) * grad_scale / norm
+        grad = 0 on every position with k == trunc(ignore_label)   if use_ignore
+
+    ``norm`` (``L`` = number of labels, ``valid = max(1, #{k != trunc(ignore_label)})``;
+    ``valid`` counts ignore_label even when ``use_ignore`` is False, as MXNet does):
+
+    ============  ==========================  =========================
+    normalization  default / preserve_shape     multi_output
+    ============  ==========================  =========================
+    ``"null"``     1                            D
+    ``"batch"``    L  (N, or prod(shape[:-1]))  N * D
+    ``"valid"``    valid                        valid
+    ============  ==========================  =========================
+
+    Note MXNet's ``multi_output`` divides by ``D`` even with ``"null"``.
+
+    Backward for a probability label: ``grad = (out - label) * grad_scale``; as in
+    MXNet, ``use_ignore`` and ``normalization`` have no effect there.
+
+    ``label`` gets a zero gradient; the incoming cotangent is ignored.
+
+    Differences from MXNet, made errors instead of silent no-ops: ``smooth_alpha``
+    with ``multi_output`` or with a probability label (MXNet ignores it), both
+    ``multi_output`` and ``preserve_shape`` (MXNet picks ``multi_output``), and
+    default-layout data of rank > 2 (MXNet pairs only the first ``N`` of its
+    ``N*d1*...`` labels with rows; use ``multi_output`` or ``preserve_shape``).
+    The ``out_grad`` option is not provided.
+    """
+    fn = "softmax_output"
+    data = _as_float_data(fn, data)
+    label = _as_label(fn, label)
+    _check_normalization(fn, normalization)
+    grad_scale = _check_number(fn, "grad_scale", grad_scale)
+    ignore_label = _check_number(fn, "ignore_label", ignore_label)
+    smooth_alpha = _check_number(fn, "smooth_alpha", smooth_alpha)
+    use_ignore = _check_bool(fn, "use_ignore", use_ignore)
+    multi_output = _check_bool(fn, "multi_output", multi_output)
+    preserve_shape = _check_bool(fn, "preserve_shape", preserve_shape)
+    if multi_output and preserve_shape:
+        raise ValueError(f"{fn}: multi_output=True (softmax over axis 1) and "
+                         f"preserve_shape=True (softmax over the last axis) conflict; "
+                         f"set only one.")
+    shape = data.shape
+    if data.ndim < 2:
+        raise ValueError(f"{fn}: data must be at least 2-D (N, C, ...), got shape {shape}.")
+    axis = 1 if multi_output else data.ndim - 1
+    num_classes = shape[axis]
+    probability_label = label.shape == shape
+
+    if multi_output:
+        spatial = shape[2:]
+        d = math.prod(spatial)
+        accepted = [(shape[0],) + spatial, (shape[0], d), (shape[0], 1) + spatial]
+        if not probability_label and label.shape not in accepted:
+            raise ValueError(
+                f"{fn}: with multi_output=True and data of shape {shape}, label must have "
+                f"shape {accepted[0]}, {accepted[1]} or {accepted[2]} (class indices) or "
+                f"{shape} (probabilities); got {label.shape}.")
+    else:
+        if data.ndim > 2 and not preserve_shape:
+            raise ValueError(
+                f"{fn}: data of shape {shape} has rank > 2; pass multi_output=True for "
+                f"classes on axis 1 (data (N, C, d1, ...)) or preserve_shape=True for "
+                f"classes on the last axis.")
+        if not probability_label and label.shape != shape[:-1]:
+            raise ValueError(
+                f"{fn}: data of shape {shape} needs label of shape {shape[:-1]} (class "
+                f"indices) or {shape} (probabilities); got {label.shape}.")
+
+    if smooth_alpha != 0.0:
+        if multi_output or probability_label:
+            raise ValueError(
+                f"{fn}: smooth_alpha is only supported for class-index labels without "
+                f"multi_output (MXNet silently ignores it otherwise); got "
+                f"multi_output={multi_output}, label shape {label.shape} for data {shape}.")
+        if num_classes < 2:
+            raise ValueError(f"{fn}: smooth_alpha needs at least 2 classes, data has "
+                             f"{num_classes} on axis {axis}.")
+
+    def forward(x):
+        return jax.nn.softmax(x, axis=axis)
+
+    if probability_label:
+        def data_grad(out, x, lab):
+            return (out - lab.astype(out.dtype)) * grad_scale
+        return _loss_op(forward, data_grad, data, label)
+
+    if multi_output:
+        label_shape = (shape[0],) + shape[2:]
+        per_norm = {"null": d, "batch": shape[0] * d}
+    else:
+        label_shape = shape[:-1]
+        per_norm = {"null": 1, "batch": math.prod(label_shape)}
+    ignore_index = int(ignore_label)
+
+    def data_grad(out, x, lab):
+        k = _class_index(lab.reshape(label_shape))
+        hit = jax.nn.one_hot(k, num_classes, axis=axis, dtype=out.dtype)
+        if smooth_alpha != 0.0:
+            off = smooth_alpha / (num_classes - 1)
+            target = hit * (1.0 - smooth_alpha) + (1.0 - hit) * off
+        else:
+            target = hit
+        g = out - target
+        ignored = k == ignore_index
+        if use_ignore:
+            g = jnp.where(jnp.expand_dims(ignored, axis), jnp.zeros_like(g), g)
+        if normalization == "valid":
+            count = jnp.maximum(k.size - jnp.sum(ignored), 1)
+            scale = jnp.asarray(grad_scale, out.dtype) / count.astype(out.dtype)
+        else:
+            scale = grad_scale / per_norm[normalization]
+        return g * scale
+
+    return _loss_op(forward, data_grad, data, label)
+
+
+# --------------------------------------------------------------------------- #
+# Regression outputs.
+# --------------------------------------------------------------------------- #
+
+def _regression(fn: str, forward: Callable, residual_grad: Callable, data, label, grad_scale):
+    data = _as_float_data(fn, data)
+    label = _as_label(fn, label)
+    grad_scale = _check_number(fn, "grad_scale", grad_scale)
+    if label.ndim == 0 or label.shape[0] != data.shape[0] or label.size != data.size:
+        raise ValueError(
+            f"{fn}: label must have the batch size of data and as many elements "
+            f"(MXNet reshapes it to data's shape): data {data.shape}, label {label.shape}. "
+            f"Use label of shape {data.shape}.")
+    num_output = data.size // data.shape[0] if data.shape[0] else 1
+
+    def data_grad(out, x, lab):
+        lab = lab.reshape(out.shape).astype(out.dtype)
+        return residual_grad(out, lab) * (grad_scale / num_output)
+
+    return _loss_op(forward, data_grad, data, label)
+
+
+def linear_regression_output(data, label, *, grad_scale: float = 1.0):
+    r"""Identity forward with the squared-error gradient (MXNet ``LinearRegressionOutput``).
+
+    ``out = data``;  ``grad = (out - label) * grad_scale / num_output`` with
+    ``num_output = data.size / data.shape[0]`` (outputs per sample), i.e. the
+    gradient of ``grad_scale * sum((out - label)**2) / (2 * num_output)``.
+    ``label`` may have any shape with ``data``'s batch size and element count (MXNet
+    reads it in data's memory order), e.g. ``(N,)`` for ``data (N, 1)``. ``label``
+    gets a zero gradient; the incoming cotangent is ignored.
+    """
+    return _regression("linear_regression_output", lambda x: x,
+                       lambda out, lab: out - lab, data, label, grad_scale)
+
+
+def logistic_regression_output(data, label, *, grad_scale: float = 1.0):
+    r"""Sigmoid forward with the logistic-loss gradient (MXNet ``LogisticRegressionOutput``).
+
+    ``out = sigmoid(data)``;  ``grad = (out - label) * grad_scale / num_output`` with
+    ``num_output = data.size / data.shape[0]``: the gradient of binary cross-entropy
+    with respect to the logit. Label rules as :func:`linear_regression_output`.
+    """
+    return _regression("logistic_regression_output", jax.nn.sigmoid,
+                       lambda out, lab: out - lab, data, label, grad_scale)
+
+
+def mae_regression_output(data, label, *, grad_scale: float = 1.0):
+    r"""Identity forward with the absolute-error gradient (MXNet ``MAERegressionOutput``).
+
+    ``out = data``;  ``grad = s * grad_scale / num_output`` with
+    ``num_output = data.size / data.shape[0]`` and ``s = +1 if out - label > 0 else -1``
+    (MXNet's ``minus_sign``: a tie gives -1, not 0). Label rules as
+    :func:`linear_regression_output`.
+    """
+    def sign(out, lab):
+        return jnp.where(out - lab > 0, jnp.ones_like(out), -jnp.ones_like(out))
+
+    return _regression("mae_regression_output", lambda x: x, sign, data, label, grad_scale)
+
+
+# --------------------------------------------------------------------------- #
+# SVMOutput.
+# --------------------------------------------------------------------------- #
+
+def svm_output(data, label, *, margin: float = 1.0, regularization_coefficient: float = 1.0,
+               use_linear: bool = False):
+    r"""Identity forward with a one-vs-all hinge gradient (MXNet ``SVMOutput``).
+
+    ``data (..., C)`` scores with classes on the last axis, ``label data.shape[:-1]``
+    class indices, ``k = trunc(label)``; ``m = margin``, ``r = regularization_coefficient``.
+    ``out = data``. Per score ``o`` (no ``grad_scale``, no normalization):
+
+    * L2-SVM (default), loss ``r * sum(max(0, m - y*o)**2)`` with ``y = +1`` for the
+      label class and ``-1`` elsewhere::
+
+          label class:  grad = -2 r (m - o)   if m > o   else 0
+          other class:  grad = +2 r (m + o)   if m > -o  else 0
+
+    * L1-SVM (``use_linear=True``), loss ``r * sum(max(0, m - y*o))``::
+
+          label class:  grad = -r   if m > o   else 0
+          other class:  grad = +r   if m > -o  else 0
+
+    Labels outside ``[0, C)`` make every score an "other class" score. ``label`` gets
+    a zero gradient; the incoming cotangent is ignored.
+    """
+    fn = "svm_output"
+    data = _as_float_data(fn, data)
+    label = _as_label(fn, label)
+    margin = _check_number(fn, "margin", margin)
+    reg = _check_number(fn, "regularization_coefficient", regularization_coefficient)
+    use_linear = _check_bool(fn, "use_linear", use_linear)
+    if label.shape != data.shape[:-1]:
+        raise ValueError(f"{fn}: data of shape {data.shape} (classes on the last axis) needs "
+                         f"label of shape {data.shape[:-1]}, got {label.shape}.")
+    num_classes = data.shape[-1]
+
+    def data_grad(out, x, lab):
+        is_label = jax.nn.one_hot(_class_index(lab), num_classes, dtype=jnp.bool_)
+        zero = jnp.zeros_like(out)
+        if use_linear:
+            g_label = jnp.where(margin > out, -reg + zero, zero)
+            g_other = jnp.where(margin > -out, reg + zero, zero)
+        else:
+            g_label = jnp.where(margin > out, -2.0 * reg * (margin - out), zero)
+            g_other = jnp.where(margin > -out, 2.0 * reg * (margin + out), zero)
+        return jnp.where(is_label, g_label, g_other)
+
+    return _loss_op(lambda x: x, data_grad, data, label)
+
+
+# --------------------------------------------------------------------------- #
+# MakeLoss and BlockGrad.
+# --------------------------------------------------------------------------- #
+
+def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
+              valid_thresh: float = 0.0):
+    r"""Marks ``data`` as a loss (MXNet ``MakeLoss``): identity forward, constant gradient.
+
+    ``out = data``;  ``grad = grad_scale / norm`` for every element, where
+
+    * ``"null"``:  ``norm = 1``;
+    * ``"batch"``: ``norm = prod(data.shape[:-1])`` - MXNet flattens data to 2-D
+      keeping the last axis, so ``(N, K)`` divides by ``N`` but a per-sample loss
+      vector ``(N,)`` divides by **1** and ``(N, d, K)`` by ``N * d``;
+    * ``"valid"``: ``norm = max(1, #{data > valid_thresh})`` (strict ``>``, over all
+      elements).
+
+    The incoming cotangent is ignored.
+    """
+    fn = "make_loss"
+    data = jnp.asarray(data)
+    if not jnp.issubdtype(data.dtype, jnp.floating):
+        raise TypeError(f"{fn}: data must be a floating-point array, got dtype {data.dtype}.")
+    _check_normalization(fn, normalization)
+    grad_scale = _check_number(fn, "grad_scale", grad_scale)
+    valid_thresh = _check_number(fn, "valid_thresh", valid_thresh)
+    rows = math.prod(data.shape[:-1])
+
+    def data_grad(out, x):
+        if normalization == "valid":
+            count = jnp.maximum(jnp.sum(x > valid_thresh), 1).astype(out.dtype)
+            return jnp.full_like(out, grad_scale) / count
+        norm = rows if normalization == "batch" else 1
+        return jnp.full_like(out, grad_scale / norm)
+
+    return _loss_op(lambda x: x, data_grad, data)
+
+
+def block_grad(x):
+    """Identity forward, zero gradient (MXNet ``BlockGrad`` = ``jax.lax.stop_gradient``)."""
+    return jax.tree.map(jax.lax.stop_gradient, x)
+
+
+# --------------------------------------------------------------------------- #
+# Differentiating networks that end in output ops.
+# --------------------------------------------------------------------------- #
+
+def _seeded(fun: Callable, has_aux: bool) -> Callable:
+    """Wraps ``fun`` as ``args -> (sum of all floating output leaves, (outputs, aux))``.
+
+    Differentiating that sum is a VJP with a ones cotangent on every output leaf
+    (summing the gradients of all heads); output ops ignore the ones anyway.
+    """
+
+    @functools.wraps(fun)
+    def scalar_fun(*args, **kwargs):
+        result = fun(*args, **kwargs)
+        if has_aux:
+            if not (isinstance(result, tuple) and len(result) == 2):
+                raise TypeError("funcnet.outputs.grad(has_aux=True): the function must "
+                                f"return a pair (outputs, aux), got {type(result).__name__}.")
+            outputs, aux = result
+        else:
+            outputs, aux = result, None
+        leaves = [leaf for leaf in jax.tree.leaves(outputs)
+                  if jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
+        total = sum((jnp.sum(leaf).astype(jnp.float32) for leaf in leaves),
+                    jnp.zeros((), jnp.float32))
+        return total, (outputs, aux)
+
+    return scalar_fun
+
+
+def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0,
+                   has_aux: bool = False) -> Callable:
+    """Like :func:`jax.value_and_grad` for networks whose outputs are output ops.
+
+    ``fun`` may return any pytree of arrays (several heads, like an MXNet
+    ``Group``). Every floating output leaf is seeded with a cotangent of ones and
+    the gradients are summed - MXNet's ``executor.backward()`` without head
+    gradients. Output ops ignore that seed and inject their loss gradient; a
+    plain (non-output-op) head contributes the gradient of its sum (MXNet would
+    demand an explicit head gradient there). Integer leaves are not differentiated.
+
+    Returns ``(outputs, grads)``, or ``((outputs, aux), grads)`` with ``has_aux``;
+    ``grads`` has the structure of ``args[argnums]``. Works under ``jax.jit``.
+    """
+    inner = jax.value_and_grad(_seeded(fun, has_aux), argnums=argnums, has_aux=True)
+
+    @functools.wraps(fun)
+    def wrapped(*args, **kwargs):
+        (_, (outputs, aux)), grads = inner(*args, **kwargs)
+        return ((outputs, aux) if has_aux else outputs), grads
+
+    return wrapped
+
+
+def grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0,
+         has_aux: bool = False) -> Callable:
+    """Like :func:`jax.grad` for networks whose outputs are output ops.
+
+    See :func:`value_and_grad` for the seeding rule. Returns ``grads``, or
+    ``(grads, aux)`` with ``has_aux`` (the order :func:`jax.grad` uses).
+    """
+    vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux)
+
+    @functools.wraps(fun)
+    def wrapped(*args, **kwargs):
+        value, grads = vg(*args, **kwargs)
+        return (grads, value[1]) if has_aux else grads
+
+    return wrapped

@@ -1,0 +1,160 @@
+"""Data parallelism: ``jax.pmap`` over local devices, ``jax.distributed`` across processes.
+
+One device holds one replica of the :class:`funcnet.train.TrainState`; each gets
+a slice of the batch; gradients are averaged with ``lax.pmean`` inside the step
+(:func:`funcnet.train.make_train_step` with ``axis_name``), so every replica
+applies the same optax update and the replicas never drift apart.
+
+Coming from MXNet: the KVStore's push (gradients) / pull (weights) / updater is
+exactly what that one ``pmean`` followed by the optax update does, in a single
+all-reduce inside the compiled step, with no parameter server.
+
+Beyond one machine, :func:`initialize` starts JAX's own multi-process runtime
+(``jax.distributed``); ``pmap`` then spans every process's devices, each process
+feeds its local devices with its own part of the global batch
+(:func:`process_slice`), and collectives run across all of them.
+
+``funcnet.parallel`` is also callable: ``funcnet.parallel(f, g)`` is the
+:func:`funcnet.combinators.parallel` combinator, so ``funcnet.serial`` and
+``funcnet.parallel`` read alike while this module keeps the data-parallel tools.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from funcnet import combinators
+
+__all__ = ["initialize", "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
+           "local_device_count"]
+
+
+def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
+               process_id: Optional[int] = None, local_device_ids: Optional[Sequence[int]] = None,
+               **kwargs) -> None:
+    """Starts JAX's multi-process runtime (a thin wrapper over ``jax.distributed.initialize``).
+
+    Arguments left as None come from the environment, as ``jax.distributed`` reads it
+    on clusters it knows (SLURM, Open MPI, TPU pods) or from funcnet's own variables
+    ``FUNCNET_COORDINATOR`` (``host:port``), ``FUNCNET_NUM_PROCESSES`` and
+    ``FUNCNET_PROCESS_ID``. On CPU it selects the gloo collectives, without which
+    cross-process collectives on CPU are unavailable. Call it before any other jax
+    call that touches devices.
+    """
+    env = os.environ
+    coordinator_address = coordinator_address or env.get("FUNCNET_COORDINATOR")
+    if num_processes is None and "FUNCNET_NUM_PROCESSES" in env:
+        num_processes = int(env["FUNCNET_NUM_PROCESSES"])
+    if process_id is None and "FUNCNET_PROCESS_ID" in env:
+        process_id = int(env["FUNCNET_PROCESS_ID"])
+    platforms = (env.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
+    if platforms in ("", "cpu") or platforms.startswith("cpu"):
+        # Harmless on GPU/TPU backends; required for CPU all-reduce across processes.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id, local_device_ids=local_device_ids, **kwargs)
+
+
+def local_device_count(devices: Optional[int] = None) -> int:
+    """``devices`` checked against what this process has, or all local devices."""
+    available = jax.local_device_count()
+    if devices is None:
+        return available
+    if not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a positive int, got {devices!r}.")
+    if devices > available:
+        raise ValueError(f"asked for {devices} devices but this process has {available} "
+                         f"({jax.local_devices()}). On CPU, simulate more with "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} set "
+                         f"before jax is imported.")
+    return devices
+
+
+def replicate(tree, devices=None):
+    """Puts one copy of every leaf on each local device (leading axis = device).
+
+    ``devices`` is a device count or a list of devices (default: all local ones).
+    The result is what ``jax.pmap`` expects for arguments that every replica shares.
+    """
+    devices = _devices(devices)
+    n = len(devices)
+    return jax.tree.map(lambda x: _put(jnp.broadcast_to(jnp.asarray(x)[None], (n,) + jnp.shape(x)),
+                                       devices), tree)
+
+
+def unreplicate(tree):
+    """The first replica of every leaf (inverse of :func:`replicate`)."""
+    return jax.tree.map(lambda x: x[0], tree)
+
+
+def shard(batch, n_devices: Optional[int] = None):
+    """Splits every leaf's leading (batch) axis into ``(n_devices, batch // n_devices, ...)``.
+
+    A batch that does not divide evenly raises a ValueError that gives the sizes:
+    drop the remainder (``funcnet.data.batches(..., drop_remainder=True)``) or pick a
+    batch size that is a multiple of the device count.
+    """
+    n = local_device_count(n_devices)
+
+    def split(x):
+        x = np.asarray(x) if not isinstance(x, jax.Array) else x
+        if x.ndim == 0 or x.shape[0] % n:
+            size = x.shape[0] if x.ndim else "a scalar"
+            raise ValueError(f"shard: a batch of {size} examples cannot be split evenly over {n} "
+                             f"devices. Use a batch size that is a multiple of {n} (e.g. "
+                             f"{max(n, (x.shape[0] // n) * n) if x.ndim else n}), or drop the "
+                             f"last partial batch (drop_remainder=True).")
+        return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def process_slice(num_examples: int, process_index: Optional[int] = None,
+                  process_count: Optional[int] = None) -> slice:
+    """This process's contiguous part of a global batch of ``num_examples``.
+
+    Every process builds the same global batch order (same seed) and keeps its
+    slice, so the union over processes is the global batch and no two overlap.
+    """
+    i = jax.process_index() if process_index is None else process_index
+    p = jax.process_count() if process_count is None else process_count
+    if num_examples % p:
+        raise ValueError(f"process_slice: a global batch of {num_examples} cannot be split evenly "
+                         f"over {p} processes; use a multiple of {p}.")
+    per = num_examples // p
+    return slice(i * per, (i + 1) * per)
+
+
+def is_main_process() -> bool:
+    """True on process 0: the one that writes checkpoints and logs."""
+    return jax.process_index() == 0
+
+
+def _devices(devices):
+    if devices is None:
+        return jax.local_devices()
+    if isinstance(devices, int):
+        return jax.local_devices()[:local_device_count(devices)]
+    return list(devices)
+
+
+def _put(x, devices):
+    mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
+    return jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices")))
+
+
+class _ParallelModule(types.ModuleType):
+    """This module, callable as the ``parallel`` combinator (see the module docstring)."""
+
+    def __call__(self, *layers):
+        return combinators.parallel(*layers)
+
+
+sys.modules[__name__].__class__ = _ParallelModule

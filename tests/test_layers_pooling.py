@@ -1,0 +1,155 @@
+"""MaxPool, AvgPool, GlobalAvgPool: PyTorch and explicit-loop references, shapes, errors."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from funcnet.layers.pooling import AvgPool, GlobalAvgPool, MaxPool
+from funcnet.testing import check_layer
+
+RNG = np.random.default_rng(0)
+
+
+def _randn(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _run(layer, x_last):
+    """Applies a pooling layer to channels-last x and checks init's shape against apply's."""
+    out_shape, params, state = layer.init(jax.random.key(0), (-1,) + x_last.shape[1:])
+    assert params == () and state == ()
+    y, new_state = layer.apply(params, state, jnp.asarray(x_last))
+    assert new_state == ()
+    assert out_shape == (-1,) + y.shape[1:]
+    return np.asarray(y)
+
+
+def _first(x):
+    return np.moveaxis(np.asarray(x), -1, 1)
+
+
+def _last(x):
+    return np.moveaxis(np.asarray(x), 1, -1)
+
+
+TORCH_POOL = {
+    ("max", 1): F.max_pool1d, ("max", 2): F.max_pool2d, ("max", 3): F.max_pool3d,
+    ("avg", 1): F.avg_pool1d, ("avg", 2): F.avg_pool2d, ("avg", 3): F.avg_pool3d,
+}
+
+# (spatial input, window, strides or None, torch padding (symmetric ints))
+POOL_CASES = [
+    ((9,), (3,), 2, 1),
+    ((7, 8), (2, 2), None, 0),
+    ((7, 8), (3, 3), 2, 1),
+    ((9, 6), (3, 2), (2, 1), (1, 0)),
+    ((5, 6, 4), (2, 3, 2), (1, 2, 2), (1, 1, 0)),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=str)
+def test_pools_match_torch(case):
+    spatial, window, strides, pad = case
+    n = len(window)
+    x = _randn(2, 3, *spatial)  # NC*
+    xt = torch.tensor(x)
+    stride_t = window if strides is None else strides
+    got = _first(_run(MaxPool(window, strides, padding=pad), _last(x)))
+    want = TORCH_POOL["max", n](xt, window, stride_t, pad).numpy()
+    np.testing.assert_array_equal(got, want)
+    for include in (True, False):
+        got = _first(_run(AvgPool(window, strides, padding=pad, count_include_pad=include), _last(x)))
+        want = TORCH_POOL["avg", n](xt, window, stride_t, pad, count_include_pad=include).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _loop_pool(x, window, strides, pads, op, include_pad):
+    """Explicit loops over a channels-last (N, H, W, C) input with (lo, hi) pads."""
+    (plh, phh), (plw, phw) = pads
+    N, H, W, C = x.shape
+    oh = (H + plh + phh - window[0]) // strides[0] + 1
+    ow = (W + plw + phw - window[1]) // strides[1] + 1
+    out = np.zeros((N, oh, ow, C), np.float64)
+    for i, j in itertools.product(range(oh), range(ow)):
+        rows = [r for r in range(i * strides[0] - plh, i * strides[0] - plh + window[0]) if 0 <= r < H]
+        cols = [c for c in range(j * strides[1] - plw, j * strides[1] - plw + window[1]) if 0 <= c < W]
+        patch = x[:, rows][:, :, cols].reshape(N, -1, C)
+        if op == "max":
+            out[:, i, j] = patch.max(1)
+        else:
+            out[:, i, j] = patch.sum(1) / (window[0] * window[1] if include_pad else patch.shape[1])
+    return out
+
+
+@pytest.mark.parametrize("padding,pads", [
+    ("SAME", [(0, 1), (0, 1)]),  # TF rule: out = ceil(in / s), the odd pad at the end
+    ("same_lower", [(1, 0), (1, 0)]),
+    ([(1, 0), (0, 2)], [(1, 0), (0, 2)]),
+])
+def test_pools_asymmetric_padding_match_loops(padding, pads):
+    x = _randn(2, 7, 6, 3)
+    window, strides = (2, 3), (2, 2)
+    for layer, op, include in [(MaxPool(window, strides, padding), "max", None),
+                               (AvgPool(window, strides, padding), "avg", True),
+                               (AvgPool(window, strides, padding, count_include_pad=False), "avg", False)]:
+        got = _run(layer, x)
+        np.testing.assert_allclose(got, _loop_pool(x, window, strides, pads, op, include),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_global_avg_pool():
+    for shape in [(2, 5, 3), (2, 4, 5, 3), (2, 2, 3, 4, 3)]:
+        x = _randn(*shape)
+        got = _run(GlobalAvgPool, x)
+        assert got.shape == (2, 3)
+        want = F.adaptive_avg_pool1d(torch.tensor(_first(x)).flatten(2), 1)[..., 0].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert GlobalAvgPool.init(None, (-1, 7, 7, 16))[0] == (-1, 16)
+
+
+def test_integer_inputs():
+    x = np.arange(2 * 4 * 4 * 1, dtype=np.int32).reshape(2, 4, 4, 1)
+    y, _ = MaxPool((2, 2)).apply((), (), jnp.asarray(x))
+    assert y.dtype == jnp.int32
+    np.testing.assert_array_equal(y[0, :, :, 0], [[5, 7], [13, 15]])
+    y, _ = AvgPool((2, 2)).apply((), (), jnp.asarray(x))
+    assert jnp.issubdtype(y.dtype, jnp.floating)
+    np.testing.assert_allclose(y[0, :, :, 0], [[2.5, 4.5], [10.5, 12.5]])
+
+
+def test_contract():
+    check_layer(MaxPool((2, 3), strides=(2, 1), padding="SAME"), (-1, 5, 6, 2), train_modes=(False,))
+    check_layer(AvgPool((3,), strides=2, padding=1, count_include_pad=False), (-1, 8, 2),
+                train_modes=(False,))
+    check_layer(GlobalAvgPool, (-1, 3, 4, 2), train_modes=(False,), grad_check=False)
+
+
+def test_errors():
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match=r"MaxPool.*unknown padding 'FULL'.*'VALID', 'SAME', 'SAME_LOWER'"):
+        MaxPool((2, 2), padding="FULL")
+    with pytest.raises(ValueError, match=r"AvgPool.*padding .* must be smaller than the window"):
+        AvgPool((2, 2), padding=2)
+    with pytest.raises(TypeError, match=r"window_shape must be a tuple"):
+        MaxPool(2)
+    with pytest.raises(TypeError, match=r"window_shape must contain only ints"):
+        AvgPool((2, 2.0))
+    with pytest.raises(ValueError, match=r"strides must be"):
+        MaxPool((2, 2), strides=(2,))
+    with pytest.raises(ValueError, match=r"MaxPool\(\(2, 2\)\).*rank-4"):
+        MaxPool((2, 2)).init(key, (-1, 8, 3))
+    with pytest.raises(TypeError, match=r"only ints"):
+        AvgPool((2, 2)).init(key, (-1, 8, None, 3))
+    with pytest.raises(ValueError, match=r"input size 1 on axis 2 is too small"):
+        AvgPool((2, 2)).init(key, (-1, 8, 1, 3))
+    with pytest.raises(ValueError, match=r"expected a rank-4 input, got shape \(8, 8, 3\)"):
+        MaxPool((2, 2)).apply((), (), jnp.ones((8, 8, 3)))
+    with pytest.raises(ValueError, match=r"GlobalAvgPool.*rank >= 3"):
+        GlobalAvgPool.init(key, (-1, 3))
+    with pytest.raises(ValueError, match=r"GlobalAvgPool.*rank >= 3"):
+        GlobalAvgPool.apply((), (), jnp.ones((2, 3)))

@@ -1,0 +1,303 @@
+"""funcnet.losses against PyTorch (the reference semantics) and explicit formulas."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from jax.test_util import check_grads
+
+from funcnet import losses
+
+RNG = np.random.default_rng(0)
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+def t(x):
+    return torch.from_numpy(np.array(x))
+
+
+def close(ours, ref, **tol):
+    np.testing.assert_allclose(np.asarray(ours), ref.detach().numpy(), **(tol or TOL))
+
+
+# --------------------------------------------------------------------------- #
+# cross_entropy / nll_loss with class ids
+# --------------------------------------------------------------------------- #
+
+N, D1, C = 6, 3, 5
+LOGITS = RNG.normal(size=(N, D1, C)).astype(np.float32) * 2
+LABELS = RNG.integers(0, C, size=(N, D1))
+WEIGHT = RNG.uniform(0.2, 2.0, size=(C,)).astype(np.float32)
+
+
+def _labels_with_ignored(ignore_index):
+    labels = LABELS.copy()
+    if ignore_index is not None:
+        labels[0, 0] = labels[2, 1] = labels[5, 2] = ignore_index
+    return labels
+
+
+CE_CASES = list(itertools.product(["mean", "sum", "none"], [False, True],
+                                  [None, -100, 1], [0.0, 0.3]))
+
+
+@pytest.mark.parametrize("reduction,weighted,ignore_index,smoothing", CE_CASES)
+def test_cross_entropy_class_ids_match_torch(reduction, weighted, ignore_index, smoothing):
+    labels = _labels_with_ignored(ignore_index)
+    kw = dict(reduction=reduction, label_smoothing=smoothing)
+    if ignore_index is not None:
+        kw["ignore_index"] = ignore_index
+    weight = WEIGHT if weighted else None
+    # funcnet: classes last, (N, d1, C); torch: classes on axis 1, (N, C, d1).
+    ours = losses.cross_entropy(LOGITS, labels, weight=weight, **kw)
+    ref = F.cross_entropy(t(LOGITS).movedim(-1, 1), t(labels),
+                          weight=None if weight is None else t(weight), **kw)
+    close(ours, ref)
+    # axis=1 takes torch's layout unchanged.
+    ours_ax1 = losses.cross_entropy(np.moveaxis(LOGITS, -1, 1), labels, weight=weight, axis=1,
+                                    **kw)
+    close(ours_ax1, ref)
+
+
+@pytest.mark.parametrize("reduction,weighted,ignore_index", [
+    (r, w, i) for r, w, i, s in CE_CASES if s == 0.0])
+def test_nll_loss_matches_torch(reduction, weighted, ignore_index):
+    labels = _labels_with_ignored(ignore_index)
+    log_probs = np.asarray(jax.nn.log_softmax(LOGITS, axis=-1))
+    kw = dict(reduction=reduction)
+    if ignore_index is not None:
+        kw["ignore_index"] = ignore_index
+    weight = WEIGHT if weighted else None
+    ours = losses.nll_loss(log_probs, labels, weight=weight, **kw)
+    ref = F.nll_loss(t(log_probs).movedim(-1, 1), t(labels),
+                     weight=None if weight is None else t(weight), **kw)
+    close(ours, ref)
+
+
+def test_nll_loss_takes_no_log():
+    # Arbitrary (non-normalised) inputs: nll is just -x[y], so the log must not be taken.
+    x = RNG.normal(size=(4, 3)).astype(np.float32)
+    y = np.array([0, 2, 1, 2])
+    close(losses.nll_loss(x, y, reduction="none"), torch.tensor(-x[np.arange(4), y]))
+
+
+def test_cross_entropy_2d_and_1d_inputs():
+    x = LOGITS[:, 0]
+    y = LABELS[:, 0]
+    close(losses.cross_entropy(x, y, weight=WEIGHT, label_smoothing=0.1),
+          F.cross_entropy(t(x), t(y), weight=t(WEIGHT), label_smoothing=0.1))
+    close(losses.cross_entropy(x[0], y[0]), F.cross_entropy(t(x[0]), t(y[0])))
+
+
+def test_all_ignored_mean_is_nan_like_torch():
+    y = np.full((N, D1), -100)
+    ours = losses.cross_entropy(LOGITS, y)
+    ref = F.cross_entropy(t(LOGITS).movedim(-1, 1), t(y))
+    assert np.isnan(float(ours)) and torch.isnan(ref)
+    assert float(losses.cross_entropy(LOGITS, y, reduction="sum")) == 0.0
+
+
+@pytest.mark.parametrize("reduction,weighted,smoothing", list(itertools.product(
+    ["mean", "sum", "none"], [False, True], [0.0, 0.25])))
+def test_cross_entropy_probability_targets_match_torch(reduction, weighted, smoothing):
+    probs = RNG.dirichlet(np.ones(C), size=(N, D1)).astype(np.float32)
+    weight = WEIGHT if weighted else None
+    ours = losses.cross_entropy(LOGITS, probs, weight=weight, reduction=reduction,
+                                label_smoothing=smoothing)
+    ref = F.cross_entropy(t(LOGITS).movedim(-1, 1), t(probs).movedim(-1, 1),
+                          weight=None if weight is None else t(weight), reduction=reduction,
+                          label_smoothing=smoothing)
+    close(ours, ref)
+    ours_ax1 = losses.cross_entropy(np.moveaxis(LOGITS, -1, 1), np.moveaxis(probs, -1, 1),
+                                    weight=weight, reduction=reduction,
+                                    label_smoothing=smoothing, axis=1)
+    close(ours_ax1, ref)
+
+
+def test_one_hot_targets_equal_class_ids():
+    y = LABELS[:, 0]
+    one_hot = np.eye(C, dtype=np.float32)[y]
+    np.testing.assert_allclose(losses.cross_entropy(LOGITS[:, 0], one_hot),
+                               losses.cross_entropy(LOGITS[:, 0], y), rtol=1e-6)
+
+
+def test_cross_entropy_grad_matches_torch():
+    labels = _labels_with_ignored(1)
+    g = jax.grad(lambda x: losses.cross_entropy(x, labels, weight=WEIGHT, ignore_index=1,
+                                                label_smoothing=0.2))(LOGITS)
+    x = t(LOGITS.copy()).movedim(-1, 1).requires_grad_()
+    F.cross_entropy(x, t(labels), weight=t(WEIGHT), ignore_index=1,
+                    label_smoothing=0.2).backward()
+    close(g, x.grad.movedim(1, -1))
+
+
+# --------------------------------------------------------------------------- #
+# Invalid labels
+# --------------------------------------------------------------------------- #
+
+def test_bad_labels_raise():
+    x = LOGITS[:, 0]
+    with pytest.raises(ValueError, match=r"class ids in \[0, 5\)"):
+        losses.cross_entropy(x, np.array([0, 1, 5, 2, 0, 1]))
+    with pytest.raises(ValueError, match=r"\[-1\]"):
+        losses.nll_loss(x, np.array([0, 1, -1, 2, 0, 1]))
+    with pytest.raises(ValueError, match="without the class axis"):
+        losses.cross_entropy(x, np.zeros((6, 1), np.int32))
+    with pytest.raises(ValueError, match="pass them as floats"):
+        losses.cross_entropy(x, np.zeros((6, C), np.int32))
+    with pytest.raises(ValueError, match="probability targets"):
+        losses.cross_entropy(x, np.zeros((6,), np.float32))
+    with pytest.raises(TypeError, match="integer class ids"):
+        losses.nll_loss(x, np.zeros((6,), np.float32))
+    with pytest.raises(TypeError, match="integer class ids or float"):
+        losses.cross_entropy(x, np.zeros((6,), bool))
+    with pytest.raises(TypeError, match="floating dtype"):
+        losses.cross_entropy(np.zeros((6, C), np.int32), np.zeros((6,), np.int32))
+    with pytest.raises(ValueError, match="weight must hold one value per class"):
+        losses.cross_entropy(x, LABELS[:, 0], weight=np.ones(C + 1, np.float32))
+    with pytest.raises(ValueError, match="reduction"):
+        losses.cross_entropy(x, LABELS[:, 0], reduction="avg")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        losses.cross_entropy(x, LABELS[:, 0], label_smoothing=1.5)
+    with pytest.raises(ValueError, match="axis"):
+        losses.cross_entropy(x, LABELS[:, 0], axis=2)
+    with pytest.raises(ValueError, match="ignore_index is not supported"):
+        losses.cross_entropy(x, np.full((6, C), 0.2, np.float32), ignore_index=0)
+    with pytest.raises(ValueError, match="class ids"):
+        losses.multiclass_hinge(x, np.array([0, 1, 7, 2, 0, 1]))
+
+
+def test_out_of_range_labels_under_jit_are_nan():
+    x = LOGITS[:, 0]
+    y = jnp.array([0, 1, 5, -1, -100, 2])
+    ce = jax.jit(lambda x, y: losses.cross_entropy(x, y, reduction="none", label_smoothing=0.1))
+    out = np.asarray(ce(x, y))
+    assert np.isnan(out[2]) and np.isnan(out[3])     # out of range, negative not wrapped
+    assert out[4] == 0.0                              # ignore_index
+    ref = F.cross_entropy(t(x[[0, 1, 5]]), t(np.array([0, 1, 2])), reduction="none",
+                          label_smoothing=0.1)
+    close(out[[0, 1, 5]], ref)
+    mean = jax.jit(lambda x, y: losses.nll_loss(x, y, weight=WEIGHT))(x, y)
+    assert np.isnan(float(mean))
+    mh = jax.jit(lambda x, y: losses.multiclass_hinge(x, y, reduction="none"))(x, y)
+    assert np.isnan(mh[2]) and np.isnan(mh[3]) and np.isfinite(mh[0])
+
+
+def test_jit_matches_eager():
+    labels = _labels_with_ignored(-100)
+    f = lambda x, y: losses.cross_entropy(x, y, weight=WEIGHT, label_smoothing=0.1)
+    np.testing.assert_allclose(jax.jit(f)(LOGITS, labels), f(LOGITS, labels), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- #
+# Binary cross-entropy, regression and margin losses
+# --------------------------------------------------------------------------- #
+
+@pytest.mark.parametrize("reduction,pos,weighted", list(itertools.product(
+    ["mean", "sum", "none"], [False, True], [False, True])))
+def test_sigmoid_bce_matches_torch(reduction, pos, weighted):
+    x = RNG.normal(size=(7, 4)).astype(np.float32) * 3
+    y = RNG.uniform(size=(7, 4)).astype(np.float32)
+    y[:3] = np.round(y[:3])
+    pw = RNG.uniform(0.5, 3, size=(4,)).astype(np.float32) if pos else None
+    w = RNG.uniform(0.5, 2, size=(7, 1)).astype(np.float32) if weighted else None
+    ours = losses.sigmoid_binary_cross_entropy(x, y, pos_weight=pw, weight=w,
+                                               reduction=reduction)
+    ref = F.binary_cross_entropy_with_logits(t(x), t(y), pos_weight=None if pw is None else t(pw),
+                                             weight=None if w is None else t(w),
+                                             reduction=reduction)
+    close(ours, ref)
+
+
+def test_sigmoid_bce_checks():
+    x = np.zeros((3, 2), np.float32)
+    with pytest.raises(ValueError, match="shape"):
+        losses.sigmoid_binary_cross_entropy(x, np.zeros((3,), np.float32))
+    with pytest.raises(ValueError, match="pos_weight"):
+        losses.sigmoid_binary_cross_entropy(x, x, pos_weight=np.ones(3, np.float32))
+    # bool labels and integer weights are accepted
+    close(losses.sigmoid_binary_cross_entropy(x, x > 1, pos_weight=2), torch.tensor(np.log(2.0)))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_losses_match_torch(reduction):
+    p = RNG.normal(size=(5, 3)).astype(np.float32) * 2
+    y = RNG.normal(size=(5, 3)).astype(np.float32)
+    close(losses.mse(p, y, reduction=reduction), F.mse_loss(t(p), t(y), reduction=reduction))
+    close(losses.mae(p, y, reduction=reduction), F.l1_loss(t(p), t(y), reduction=reduction))
+    for delta in (0.5, 1.0, 2.5):
+        close(losses.huber(p, y, delta=delta, reduction=reduction),
+              F.huber_loss(t(p), t(y), delta=delta, reduction=reduction))
+    with pytest.raises(ValueError, match="same shape|shape of predictions"):
+        losses.mse(p, y[:, :1])
+    with pytest.raises(ValueError, match="delta"):
+        losses.huber(p, y, delta=0.0)
+
+
+@pytest.mark.parametrize("reduction,margin,weighted", list(itertools.product(
+    ["mean", "sum", "none"], [1.0, 0.5], [False, True])))
+def test_multiclass_hinge_matches_torch_multi_margin(reduction, margin, weighted):
+    x = RNG.normal(size=(8, C)).astype(np.float32)
+    y = RNG.integers(0, C, size=(8,))
+    w = WEIGHT if weighted else None
+    ours = losses.multiclass_hinge(x, y, margin=margin, weight=w, reduction=reduction)
+    ref = F.multi_margin_loss(t(x), t(y), p=1, margin=margin,
+                              weight=None if w is None else t(w), reduction=reduction)
+    close(ours, ref)
+
+
+def test_hinge_both_label_conventions():
+    s = RNG.normal(size=(10,)).astype(np.float32) * 2
+    signs = np.where(RNG.uniform(size=10) > 0.5, 1, -1)
+    expected = np.mean([max(0.0, 1.0 - yi * si) for yi, si in zip(signs, s)])
+    np.testing.assert_allclose(losses.hinge(s, signs), expected, rtol=1e-6)
+    np.testing.assert_allclose(losses.hinge(s, (signs + 1) // 2), expected, rtol=1e-6)
+    np.testing.assert_allclose(losses.hinge(s, (signs > 0).astype(np.float32), reduction="sum"),
+                               expected * 10, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"\{-1, 1\} or in \{0, 1\}"):
+        losses.hinge(s, np.arange(10) % 3 - 1)
+    with pytest.raises(ValueError, match=r"\{-1, 1\} or in \{0, 1\}"):
+        losses.hinge(s, np.full(10, 2))
+
+
+def test_smooth_l1_matches_mxnet_formula():
+    x = np.array([-3.0, -1.0, -0.3, 0.0, 0.2, 0.24, 0.26, 0.9, 1.0, 2.0], np.float32)
+    for sigma in (1.0, 2.0, 0.5):
+        expected = [0.5 * (sigma * v) ** 2 if abs(v) < 1 / sigma ** 2 else abs(v) - 0.5 / sigma ** 2
+                    for v in x.astype(np.float64)]
+        np.testing.assert_allclose(losses.smooth_l1(x, scalar=sigma), expected, rtol=1e-6,
+                                   atol=1e-7)
+    assert losses.smooth_l1(x.reshape(2, 5)).shape == (2, 5)
+    with pytest.raises(ValueError, match="scalar"):
+        losses.smooth_l1(x, scalar=-1.0)
+
+
+# --------------------------------------------------------------------------- #
+# Gradients (float64, central differences)
+# --------------------------------------------------------------------------- #
+
+def test_gradients_float64():
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(1)
+        x = rng.normal(size=(4, 2, 3))
+        y = rng.integers(0, 3, size=(4, 2))
+        y[0, 0] = -100
+        w = rng.uniform(0.5, 2, size=(3,))
+        probs = rng.dirichlet(np.ones(3), size=(4, 2))
+        grad = lambda f, *a: check_grads(jax.jit(f), a, order=1, modes=["rev"], atol=1e-6, rtol=1e-6)
+        grad(lambda x: losses.cross_entropy(x, y, weight=w, label_smoothing=0.2), x)
+        grad(lambda x: losses.cross_entropy(x, probs, weight=w, label_smoothing=0.1), x)
+        grad(lambda x: losses.nll_loss(x, y, weight=w, reduction="sum"), x)
+        p = rng.normal(size=(5, 3))
+        target = rng.normal(size=(5, 3))  # differences are far from the kinks at 0 / ±delta
+        binary = rng.uniform(size=(5, 3))
+        grad(lambda p: losses.sigmoid_binary_cross_entropy(p, binary, pos_weight=w), p)
+        grad(lambda p: losses.mse(p, target), p)
+        grad(lambda p: losses.mae(p, target), p)
+        grad(lambda p: losses.huber(p, target, delta=0.7), p)
+        grad(lambda p: losses.smooth_l1(p - target, scalar=1.5).sum(), p)
+        grad(lambda p: losses.hinge(p, np.sign(target)), p)
+        grad(lambda p: losses.multiclass_hinge(p[:4], y[:, 0].clip(0), weight=w), p)
