@@ -14,6 +14,7 @@ import numbers
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from funcnet.core import Layer, check_input, check_shape, named, normalize_axis
@@ -53,7 +54,7 @@ Gelu = elementwise("Gelu", lambda x: jax.nn.gelu(x, approximate=False))
 # 1 / (1 + exp(-x)): torch.nn.Sigmoid.
 Sigmoid = elementwise("Sigmoid", jax.nn.sigmoid)
 # torch.nn.Tanh.
-Tanh = elementwise("Tanh", jax.numpy.tanh)
+Tanh = elementwise("Tanh", jnp.tanh)
 # log(1 + exp(x)), computed stably. torch.nn.Softplus() returns x itself above
 # x = 20 (threshold); the two differ there by log1p(exp(-x)) < 2.1e-9.
 Softplus = elementwise("Softplus", jax.nn.softplus)

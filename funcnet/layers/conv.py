@@ -272,8 +272,9 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
     ``lax.conv_transpose(..., transpose_kernel=True, use_consistent_padding=True)``,
     so no kernel flip is needed to port weights: PyTorch's ``w`` (``(in, out, *k)``)
     is ``W = w.permute(*spatial, 0, 1)``, e.g. ``w.permute(2, 3, 0, 1)`` in 2-D.
-    This is also Keras' ``Conv2DTranspose``; flax's ``ConvTranspose`` (default
-    ``transpose_kernel=False``) equals it with the kernel flipped spatially.
+    It is the operation of Keras' ``Conv2DTranspose`` too (whose kernel is stored
+    ``(*k, out, in)``); flax's ``ConvTranspose`` (default ``transpose_kernel=False``)
+    equals it with the kernel flipped spatially.
 
     Padding is that of the corresponding forward convolution. With per-axis
     stride ``s``, effective kernel ``k = dilation * (filter - 1) + 1`` and input
