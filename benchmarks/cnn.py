@@ -35,17 +35,37 @@ K = 5  # kernel size of both convolutions
 # --------------------------------------------------------------------------- #
 
 def _shifted(x, kh, kw):
-    """``(N, H-kh+1, W-kw+1, kh*kw*C)``: patch features ordered (i, j, c), matching HWIO."""
+    """``(N, H-kh+1, W-kw+1, kh*kw*C)``: patch features ordered (i, j, c), matching HWIO.
+
+    Built in two stages (the kw column shifts, then the kh row shifts of that), which
+    XLA:CPU runs ~3x faster than one concatenation of kh*kw shifted slices.
+    """
+    import jax.numpy as jnp
     n, h, w, c = x.shape
     ho, wo = h - kh + 1, w - kw + 1
-    return __import__("jax").numpy.concatenate(
-        [x[:, i:i + ho, j:j + wo, :] for i in range(kh) for j in range(kw)], axis=-1)
+    cols = jnp.concatenate([x[:, :, j:j + wo, :] for j in range(kw)], axis=-1)  # (N, H, Wo, kw*C)
+    return jnp.concatenate([cols[:, i:i + ho] for i in range(kh)], axis=-1)
 
 
 def im2col_conv(x, W):
     """VALID stride-1 conv as shifted slices + one matmul; ``W`` is HWIO."""
     kh, kw, c, o = W.shape
     return _shifted(x, kh, kw) @ W.reshape(kh * kw * c, o)
+
+
+def rows_conv(x, W):
+    """VALID stride-1 conv as a width-only im2col and ``kh`` matmuls summed over the rows.
+
+    ``cols = concat_j x[:, :, j:j+Wo]`` (N, H, Wo, kw*C), then
+    ``y = sum_i cols[:, i:i+Ho] @ W[i].reshape(kw*C, O)``: patches are kh times smaller
+    than full im2col; autodiff gives matmuls plus shifted adds.
+    """
+    import jax.numpy as jnp
+    kh, kw, c, o = W.shape
+    n, h, w, _ = x.shape
+    ho, wo = h - kh + 1, w - kw + 1
+    cols = jnp.concatenate([x[:, :, j:j + wo, :] for j in range(kw)], axis=-1)
+    return sum(cols[:, i:i + ho] @ W[i].reshape(kw * c, o) for i in range(kh))
 
 
 def patches_conv(x, W):
@@ -114,6 +134,17 @@ def maxpool_reshape(x):
     """2x2/2 max pool (NHWC, even sizes) as a reshape + max; its gradient is a compare/select."""
     n, h, w, c = x.shape
     return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def maxpool_reshape_first(x):
+    """2x2/2 max pool as reshape + argmax + one-hot select: the gradient goes to the first
+    maximum of each window (torch's and select-and-scatter's tie rule), still elementwise."""
+    import jax
+    import jax.numpy as jnp
+    n, h, w, c = x.shape
+    win = x.reshape(n, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 5, 2, 4).reshape(n, h // 2, w // 2, c, 4)
+    first = jax.nn.one_hot(jnp.argmax(win, axis=-1), 4, dtype=x.dtype)
+    return jnp.sum(win * jax.lax.stop_gradient(first), axis=-1)
 
 
 # --------------------------------------------------------------------------- #
@@ -247,11 +278,11 @@ JAX_VARIANTS = {
     # peer -> (weights builder, forward builder, channels_first)
     "jax-nhwc": lambda w: ({k: v for k, v in w.items()}, _hand_forward(xla_conv, maxpool_reduce_window), False),
     "jax-nhwc-reshapepool": lambda w: (w, _hand_forward(xla_conv, maxpool_reshape), False),
+    "jax-nhwc-firstmaxpool": lambda w: (w, _hand_forward(xla_conv, maxpool_reshape_first), False),
     "jax-nchw": lambda w: (to_channels_first(w), _hand_forward(None, None, channels_first=True), True),
     "jax-im2col": lambda w: (w, _hand_forward(im2col_conv, maxpool_reduce_window), False),
-    "jax-im2col-reshapepool": lambda w: (w, _hand_forward(im2col_conv, maxpool_reshape), False),
     "jax-im2col-vjp": lambda w: (w, _hand_forward(conv_im2col_vjp, maxpool_reduce_window), False),
-    "jax-patches": lambda w: (w, _hand_forward(patches_conv, maxpool_reduce_window), False),
+    "jax-rows-reshapepool": lambda w: (w, _hand_forward(rows_conv, maxpool_reshape), False),
 }
 
 

@@ -47,6 +47,7 @@ def probe_jax(batch, reps):
                                                               dimension_numbers=("NHWC", "HWIO", "NHWC")),
             "xla-nchw": None,
             "im2col-slices": lambda x, W: cnn.im2col_conv(x, W),
+            "rows": lambda x, W: cnn.rows_conv(x, W),
             "im2col-patches": lambda x, W: cnn.patches_conv(x, W),
             "im2col-custom_vjp": lambda x, W: cnn.conv_im2col_vjp(x, W),
         }
@@ -70,7 +71,8 @@ def probe_jax(batch, reps):
     for name, (h, c) in {"pool1": (24, 32), "pool2": (8, 64)}.items():
         x = jnp.asarray(rng.random((batch, h, h, c), dtype=np.float32))
         for variant, f in {"reduce_window": cnn.maxpool_reduce_window,
-                           "reshape-max": cnn.maxpool_reshape}.items():
+                           "reshape-max": cnn.maxpool_reshape,
+                           "reshape-firstmax": cnn.maxpool_reshape_first}.items():
             fwd = jax.jit(f)
             y = fwd(x)
             dy = jnp.ones_like(y)

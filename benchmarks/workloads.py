@@ -65,7 +65,7 @@ MLP_CASE = dict(sizes=(784, 400, 100, 10), batch=128, opt="adam", lr=1e-3,
 DISPATCH_CASE = dict(sizes=(784, 64, 10), batch=32, opt="sgd", lr=0.1,
                      reps=7, quick_reps=2, quick_steps=150)
 
-CNN_CASE = dict(batch=128, lr=1e-3, padding="VALID", steps=20, reps=7, quick_steps=3, quick_reps=2)
+CNN_CASE = dict(batch=128, lr=1e-3, padding="VALID", steps=10, reps=7, quick_steps=2, quick_reps=2)
 
 WORKLOADS: List[Workload] = [
     Workload(
@@ -94,16 +94,16 @@ WORKLOADS: List[Workload] = [
                     note="lax.conv_general_dilated NHWC/HWIO, reduce_window max pool"),
                Peer("jax-nhwc-reshapepool", "benchmarks.cnn:run",
                     note="lax.conv_general_dilated NHWC/HWIO, reshape+max pool"),
+               Peer("jax-nhwc-firstmaxpool", "benchmarks.cnn:run",
+                    note="lax.conv_general_dilated NHWC/HWIO, reshape+argmax pool (gradient to the first max)"),
                Peer("jax-nchw", "benchmarks.cnn:run",
                     note="lax.conv_general_dilated NCHW/OIHW, reduce_window max pool"),
                Peer("jax-im2col", "benchmarks.cnn:run",
                     note="im2col conv (shifted slices + dot, autodiff), reduce_window max pool"),
-               Peer("jax-im2col-reshapepool", "benchmarks.cnn:run",
-                    note="im2col conv (shifted slices + dot), reshape+max pool"),
                Peer("jax-im2col-vjp", "benchmarks.cnn:run",
                     note="im2col conv with a custom_vjp (dW = patchesᵀ·dy, dx = col2im), reduce_window pool"),
-               Peer("jax-patches", "benchmarks.cnn:run",
-                    note="conv_general_dilated_patches + dot (autodiff), reduce_window pool"),
+               Peer("jax-rows-reshapepool", "benchmarks.cnn:run",
+                    note="width-only im2col + kh dots (autodiff), reshape+max pool"),
                Peer("torch", "benchmarks.cnn:run", note="torch.nn.Conv2d NCHW eager")],
         cases=[dict(CNN_CASE, name="28x28x1, VALID convs")],
         throughput="steps/s", check="loss_first", check_rtol=1e-3,

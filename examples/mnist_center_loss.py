@@ -21,8 +21,8 @@ Writes ``--plot`` (PNG): the 2-D test features coloured by class, centers marked
 from __future__ import annotations
 
 import argparse
-import os
-import sys
+
+from _devices import simulate_cpu_devices  # examples/_devices.py
 
 
 def parse_args(argv=None):
@@ -44,11 +44,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.devices and "jax" not in sys.modules and "--xla_force_host_platform_device_count" not in \
-            os.environ.get("XLA_FLAGS", "") and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
-        # Must happen before jax starts: lets a CPU-only machine show the data-parallel run.
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={args.devices}")
+    simulate_cpu_devices(args.devices)  # before jax starts
     import jax
     import jax.numpy as jnp
 
@@ -124,9 +120,10 @@ def plot_features(features, labels, centers, path):
     for c in range(10):
         pts = features[labels == c]
         ax.scatter(pts[:, 0], pts[:, 1], s=1, alpha=0.4, color=plt.cm.tab10(c), label=str(c))
-    ax.scatter(centers[:, 0], centers[:, 1], s=120, marker="X", color="black", label="centers")
     ax.legend(markerscale=6, loc="best", fontsize=8)
-    ax.set(title="MNIST test features (softmax + center loss)", xlabel="f1", ylabel="f2")
+    ax.scatter(centers[:, 0], centers[:, 1], s=120, marker="X", color="black")
+    ax.set(title="MNIST test features, softmax + center loss (X: class centers)",
+           xlabel="feature 1", ylabel="feature 2")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"feature plot written to {path}")

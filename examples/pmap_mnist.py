@@ -27,9 +27,9 @@ optax update that follows it: one all-reduce in the compiled step.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
+
+from _devices import simulate_cpu_devices  # examples/_devices.py
 
 
 def parse_args(argv=None):
@@ -46,10 +46,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.devices and "jax" not in sys.modules and "--xla_force_host_platform_device_count" not in \
-            os.environ.get("XLA_FLAGS", "") and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={args.devices}")
+    simulate_cpu_devices(args.devices)  # before jax starts
     import jax
 
     from funcnet import data, losses, parallel
@@ -63,6 +60,7 @@ def main(argv=None):
     n_local = parallel.local_device_count(args.devices)
     n_total = n_local * jax.process_count()
     main_process = parallel.is_main_process()
+    on_cpu = jax.local_devices()[0].platform == "cpu"
 
     x_train, y_train = data.mnist("train", args.data_dir, flatten=True)
     x_test, y_test = data.mnist("test", args.data_dir, flatten=True)
@@ -89,9 +87,14 @@ def main(argv=None):
             ((x[mine], y[mine]) for x, y in data.batches((x_train, y_train), args.batch_size,
                                                          shuffle=True, rng=args.seed, epoch=epoch)),
             size=2, transform=lambda b: parallel.shard(b, n_local))
-        t0, n = time.perf_counter(), 0
+        t0, n, m = time.perf_counter(), 0, None
         for batch in it:
+            previous = m
             ts, m = step(ts, batch)
+            if previous is not None and on_cpu:
+                # Two steps in flight at most: XLA:CPU collectives can deadlock when
+                # many multi-device executions are queued (simulated devices).
+                jax.block_until_ready(previous)
             n += args.batch_size
         loss = float(m["loss"][0])  # waits for the last step
         seconds = time.perf_counter() - t0

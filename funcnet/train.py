@@ -346,6 +346,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         start_epoch, skip = int(restored["epoch"]), int(restored["batch_in_epoch"])
 
     n_dev = parallel.local_device_count(devices) if devices else None
+    throttle = bool(n_dev) and jax.local_devices()[0].platform == "cpu"
     axis = "batch" if n_dev else None
     raw_step = make_train_step(loss_fn, optimizer, axis_name=axis)
     step_fn = (jax.pmap(raw_step, axis_name=axis, donate_argnums=0) if n_dev
@@ -371,6 +372,11 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
             if epoch == start_epoch and i < skip:
                 continue  # already trained on before the checkpoint we resumed from
             loop.state, metrics = step_fn(loop.state, loop.put_batch(batch))
+            if throttle and step_metrics:
+                # At most two pmap steps in flight: with many multi-device executions
+                # queued, XLA:CPU's collectives can deadlock (seen with 4 simulated
+                # devices on 2 cores). GPUs order executions per stream; no need there.
+                jax.block_until_ready(step_metrics[-1])
             step_metrics.append(metrics)
             seen += _batch_size(batch)
             ctx.batch_in_epoch = i + 1

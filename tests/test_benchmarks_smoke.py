@@ -52,7 +52,7 @@ def test_im2col_convs_match_lax_conv():
     dy = jnp.asarray(rng.standard_normal(ref.shape, dtype=np.float32))
     ref_dx, ref_dw = jax.vjp(lambda x, W: jax.lax.conv_general_dilated(
         x, W, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")), x, W)[1](dy)
-    for conv in (cnn.im2col_conv, cnn.patches_conv, cnn.conv_im2col_vjp):
+    for conv in (cnn.im2col_conv, cnn.rows_conv, cnn.patches_conv, cnn.conv_im2col_vjp):
         y, vjp = jax.vjp(conv, x, W)
         dx, dw = vjp(dy)
         np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
@@ -60,6 +60,11 @@ def test_im2col_convs_match_lax_conv():
         np.testing.assert_allclose(dw, ref_dw, rtol=1e-4, atol=1e-4)
     pool_x = jnp.asarray(rng.standard_normal((2, 4, 6, 3), dtype=np.float32))
     np.testing.assert_array_equal(cnn.maxpool_reshape(pool_x), cnn.maxpool_reduce_window(pool_x))
+    np.testing.assert_array_equal(cnn.maxpool_reshape_first(pool_x), cnn.maxpool_reduce_window(pool_x))
+    # With ties, the first-max pool routes the gradient like select-and-scatter (reduce_window).
+    tied = jnp.zeros((1, 2, 2, 1))
+    grad = lambda pool: jax.grad(lambda x: pool(x).sum())(tied)
+    np.testing.assert_array_equal(grad(cnn.maxpool_reshape_first), grad(cnn.maxpool_reduce_window))
 
 
 def test_cnn_funcnet_one_step():

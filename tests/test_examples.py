@@ -33,10 +33,10 @@ def test_mnist_mlp_one_epoch_and_resume(tmp_path):
 
 def test_center_loss_example_on_four_devices(tmp_path):
     plot = tmp_path / "features.png"
-    text = run("mnist_center_loss.py", "--epochs", "1", "--limit", "8192", "--devices", "4",
-               "--plot", str(plot), "--no-progress")
+    text = run("mnist_center_loss.py", "--epochs", "1", "--devices", "4", "--plot", str(plot),
+               "--no-progress")
     acc = float(text.split("final test accuracy ")[1].split("%")[0])
-    assert acc > 50.0, text
+    assert acc > 60.0, text  # one epoch through a 2-D bottleneck; 10% is chance
     assert plot.stat().st_size > 10_000
 
 

@@ -271,3 +271,30 @@ def test_fit_argument_errors():
         fit(ts, loss_fn, opt, train_data, eval_data=kw["eval_data"])
     with pytest.raises(ValueError, match="asked for 64 devices"):
         fit(ts, loss_fn, opt, train_data, devices=64)
+
+
+def test_each_device_gets_its_own_dropout_key():
+    net = Dense(2)
+    opt = optax.sgd(0.0)
+    ts = TrainState.create(net, opt, KEY, (-1, 8))
+
+    def loss_fn(params, state, batch, rng):
+        y, _ = net.apply(params, (), batch[0])
+        # Integer state is not averaged across devices, so it shows each device's key.
+        return jnp.mean(y), Aux(state=jax.random.randint(rng, (), 0, 2 ** 30))
+
+    ts = ts._replace(state=jnp.int32(0))
+    step = jax.pmap(make_train_step(loss_fn, opt, axis_name="b"), axis_name="b")
+    out, _ = step(funcnet.parallel.replicate(ts), funcnet.parallel.shard((X[:8], Y[:8])))
+    assert len(set(np.asarray(out.state).tolist())) == 4
+    # ...while the carried rng stays identical on every replica.
+    kd = np.asarray(jax.random.key_data(out.rng))
+    np.testing.assert_array_equal(kd, np.broadcast_to(kd[0], kd.shape))
+
+
+def test_progress_bar_shows_loss_and_throughput(capsys):
+    ts, loss_fn, opt, train_data, kw = _fit_setup()
+    kw["progress"] = True
+    fit(ts, loss_fn, opt, train_data, epochs=1, log_every=2, **kw)
+    err = capsys.readouterr().err
+    assert "epoch 1/1" in err and "loss=" in err and "samples_s=" in err
