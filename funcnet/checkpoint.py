@@ -48,7 +48,6 @@ import operator
 import os
 import re
 import socket
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
@@ -57,6 +56,8 @@ from typing import List, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from funcnet.fileio import atomic_write
 
 __all__ = ["save", "restore", "latest_step", "all_steps", "CheckpointError",
            "CheckpointCorruptError", "CheckpointMismatchError"]
@@ -210,19 +211,6 @@ def _crc(arr: np.ndarray) -> int:
     return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _clean_stale_tmp(directory: Path) -> None:
     host = _host()
     for name in os.listdir(directory):
@@ -287,21 +275,8 @@ def save(directory, train_state, step, *, keep: Optional[int] = None) -> Path:
     arrays["header_crc32"] = np.array(zlib.crc32(header), np.uint32)
 
     final = _path(directory, step)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.{_host()}.{os.getpid()}.",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
+    with atomic_write(final, prefix=f".{final.name}.{_host()}.{os.getpid()}.") as (f, _):
+        np.savez(f, **arrays)
 
     if keep is not None:
         for old in all_steps(directory)[:-keep]:

@@ -34,7 +34,6 @@ import hashlib
 import itertools
 import numbers
 import os
-import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -44,6 +43,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import jax
 import numpy as np
+
+from funcnet.fileio import atomic_write
 
 __all__ = [
     "mnist", "read_idx", "batches", "epoch_order", "num_batches", "prefetch_to_device",
@@ -204,25 +205,15 @@ def _find(directory: Path, name: str) -> Optional[Path]:
 def _download(url: str, dest: Path, md5: Optional[str]) -> None:
     """Fetches ``url`` to ``dest`` atomically: temp file, checksum, fsync, rename."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix="." + dest.name + ".", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response:
-                while True:
-                    chunk = response.read(1 << 20)
-                    if not chunk:
-                        break
-                    f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
+    with atomic_write(dest, suffix=".part") as (f, tmp):
+        with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response:
+            while True:
+                chunk = response.read(1 << 20)
+                if not chunk:
+                    break
+                f.write(chunk)
+        f.flush()
         read_idx(tmp, md5=md5)  # verify before it becomes visible
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _fetch(name: str, cache: Path, errors: list) -> bool:

@@ -1,0 +1,53 @@
+"""Atomic file writes, shared by ``checkpoint`` (saves) and ``data`` (downloads).
+
+A reader sees either the old file or the complete new one, never a partial
+write: the bytes go to a temporary file in the destination's directory, are
+flushed and fsync-ed, and ``os.replace`` swaps it in (atomic on POSIX); the
+directory is fsync-ed so the rename itself survives a crash. If the writer
+fails or is killed, only the temporary file is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["atomic_write", "fsync_dir"]
+
+
+def fsync_dir(directory) -> None:
+    """Makes a rename in ``directory`` durable (best effort where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows: directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(dest, *, prefix: str | None = None, suffix: str = ".tmp"):
+    """Yields ``(file, temp_path)`` opened for binary writing; on success it becomes ``dest``.
+
+    Verify the content inside the ``with`` block (flush first) to keep a bad
+    file from ever becoming visible: an exception removes the temporary file.
+    """
+    dest = Path(dest)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=prefix or f".{dest.name}.", suffix=suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f, tmp
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(dest.parent)
