@@ -38,6 +38,9 @@ from benchmarks import common
 from benchmarks.workloads import WORKLOADS, Workload, by_name
 
 RESULT_TAG = "BENCHMARK_RESULT_JSON:"
+# Variables that change the numbers; the report records those that are set.
+ENV_RECORDED = ("XLA_FLAGS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
+                "LD_PRELOAD", "OMP_NUM_THREADS", "JAX_ENABLE_X64")
 CHILD_TIMEOUT_S = 1800
 
 
@@ -194,6 +197,8 @@ def _header(args, cpus, command: str) -> List[str]:
         f"(sizes XLA's thread pool), OMP/MKL_NUM_THREADS and torch.set_num_threads({len(cpus)}).  ",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + "  ",
         f"Extra XLA_FLAGS: `{args.xla_flags}`  " if args.xla_flags else "Extra XLA_FLAGS: none  ",
+        "Environment: " + (", ".join(f"`{k}={os.environ[k]}`" for k in ENV_RECORDED if k in os.environ)
+                           or "no allocator/XLA variables set") + "  ",
         "",
         "Each (workload, case, peer) runs in a fresh process, one at a time. Times are medians "
         "over repetitions after a warm-up that includes compilation; min and max are shown. "

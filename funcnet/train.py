@@ -388,6 +388,10 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
                 bar.update(log_every)
                 bar.set_postfix(loss=f"{float(last['loss']):.4f}",
                                 samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
+        if not step_metrics and not (epoch == start_epoch and skip):
+            raise ValueError(f"fit: train_data gave no batches in epoch {epoch}. A generator or "
+                             f"iterator is used up after one epoch: pass a callable "
+                             f"epoch -> iterable (e.g. lambda epoch: data.batches(...)).")
         skip = 0
         logs = {"epoch": epoch}
         if step_metrics:

@@ -271,6 +271,9 @@ def test_fit_argument_errors():
         fit(ts, loss_fn, opt, train_data, eval_data=kw["eval_data"])
     with pytest.raises(ValueError, match="asked for 64 devices"):
         fit(ts, loss_fn, opt, train_data, devices=64)
+    once = iter(list(train_data(0)))
+    with pytest.raises(ValueError, match="gave no batches in epoch 1.*callable"):
+        fit(ts, loss_fn, opt, once, epochs=2, progress=False)
 
 
 def test_each_device_gets_its_own_dropout_key():
