@@ -9,13 +9,18 @@ their first-step losses agree.
 
 Convolution formulations (NHWC, stride 1, VALID):
 
-* ``xla``: ``lax.conv_general_dilated`` - what funcnet's ``Conv`` and stax use.
+* :func:`xla_conv`: ``lax.conv_general_dilated`` - what funcnet's ``Conv`` and stax use.
 * :func:`im2col_conv`: the ``kh*kw`` shifted views of the input concatenated on the channel
   axis, then one matmul. Autodiff gives matmuls for both gradients, plus pads/adds (the
   transpose of the slices) for the input gradient.
-* :func:`patches_conv`: ``lax.conv_general_dilated_patches`` + matmul (the patches are
-  themselves a grouped convolution with a 0/1 kernel).
-* :func:`conv_im2col_vjp`: ``jax.custom_vjp`` with an explicit matmul backward.
+* :func:`conv_im2col_vjp`: the same with a ``jax.custom_vjp`` and an explicit matmul backward.
+* :func:`rows_conv`, :func:`patches_conv`, :func:`conv_fastdx`: measured by
+  :mod:`benchmarks.conv_probe` / in ``CONV_NOTES.md`` and not kept as peers (slower).
+
+Max-pool formulations (2x2, stride 2): :func:`maxpool_reduce_window` (funcnet's ``MaxPool``;
+its gradient is XLA's slow select-and-scatter), :func:`maxpool_reshape` and
+:func:`maxpool_reshape_first` (reshape + max / argmax; elementwise gradients).
+See ``benchmarks/CONV_NOTES.md`` for the findings.
 """
 
 from __future__ import annotations
@@ -268,26 +273,7 @@ def Im2colConv(out_chan, filter_shape):
     return named(f"Im2colConv({out_chan}, {filter_shape!r})", init, apply)
 
 
-def ReshapeMaxPool2():
-    """A funcnet-contract 2x2/2 VALID max pool (NHWC) computed by :func:`maxpool_reshape_first`.
-
-    Benchmark-local: what ``funcnet.layers.MaxPool`` could do when the window equals the
-    stride and there is no padding. Odd sizes are cropped, as VALID pooling does.
-    """
-    from funcnet.core import named
-
-    def init(rng, input_shape):
-        n, h, w, c = input_shape
-        return (n, h // 2, w // 2, c), (), ()
-
-    def apply(params, state, inputs, *, rng=None, train=False):
-        n, h, w, c = inputs.shape
-        return maxpool_reshape_first(inputs[:, :h - h % 2, :w - w % 2, :]), state
-
-    return named("ReshapeMaxPool2", init, apply)
-
-
-def _funcnet_model(weights, im2col=False, reshape_pool=False):
+def _funcnet_model(weights, im2col=False):
     import jax
     import jax.numpy as jnp
     from funcnet.combinators import serial
@@ -298,10 +284,12 @@ def _funcnet_model(weights, im2col=False, reshape_pool=False):
     from funcnet.layers.shape import Flatten
 
     C = Im2colConv if im2col else Conv
-    P = ReshapeMaxPool2 if reshape_pool else (lambda: MaxPool((2, 2)))
+    P = lambda: MaxPool((2, 2))  # window == stride: funcnet's reshape + argmax path
     init, apply = serial(C(32, (K, K)), Relu, P(), C(64, (K, K)), Relu, P(),
                          Flatten, Dense(128), Relu, Dense(10))
-    _, params, state = init(jax.random.PRNGKey(0), (-1, 28, 28, 1))
+    # Only the tree structure is needed (the shared weights replace the drawn ones), so
+    # init is traced abstractly rather than run op by op.
+    params, state = jax.eval_shape(lambda k: init(k, (-1, 28, 28, 1))[1:], jax.random.PRNGKey(0))
     names = iter([("W1", "b1"), ("W2", "b2"), ("W3", "b3"), ("W4", "b4")])
     loaded = []
     for p in params:
@@ -333,7 +321,7 @@ def _jax_peer(peer, cfg, case):
     w = cnn_weights()
     channels_first = False
     if peer.startswith("funcnet"):
-        params, forward = _funcnet_model(w, im2col="im2col" in peer, reshape_pool="fastpool" in peer)
+        params, forward = _funcnet_model(w, im2col="im2col" in peer)
     else:
         wts, forward, channels_first = JAX_VARIANTS[peer](w)
         params = {k: jnp.asarray(v) for k, v in wts.items()}

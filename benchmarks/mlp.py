@@ -39,7 +39,10 @@ def _funcnet(weights):
         if i < len(weights) - 1:
             layers.append(Relu)
     init, apply = serial(*layers)
-    _, params, state = init(jax.random.PRNGKey(0), (-1, weights[0][0].shape[0]))
+    # Only the tree structure is needed (the shared weights replace the drawn ones), so
+    # init is traced abstractly rather than run op by op.
+    params, state = jax.eval_shape(lambda k: init(k, (-1, weights[0][0].shape[0]))[1:],
+                                   jax.random.PRNGKey(0))
     # Replace the drawn weights with the shared ones, keeping funcnet's own tree structure.
     it, loaded = iter(weights), []
     for p in params:

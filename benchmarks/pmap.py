@@ -17,12 +17,7 @@ def run(peer, cfg, case):
     import jax.numpy as jnp
     import optax
 
-    import importlib
-
-    from funcnet import train
-    # Not `from funcnet import parallel`: the package re-exports the `parallel` combinator
-    # under that name, which shadows the funcnet.parallel module.
-    parallel = importlib.import_module("funcnet.parallel")
+    from funcnet import parallel, train
     from benchmarks.mlp import _funcnet
 
     weights = common.mlp_weights(case["sizes"], seed=0)

@@ -4,19 +4,12 @@ This module is data only (no jax/torch import): the orchestrator reads it, and e
 (workload, case, peer) runs in a child process that imports ``Peer.target`` and calls
 ``fn(peer_name, cfg, case) -> {"values": [seconds, ...], "extra": {...}}``.
 
-Adding a workload is one function plus one entry in ``WORKLOADS``. For example the
-planned workload 6 (``funcnet.train.fit`` end to end against a bare step loop) would be a
-``run(peer, cfg, case)`` in ``benchmarks/fit.py`` returning seconds per epoch for the peers
-"fit" and "step-loop", registered as::
-
-    Workload("fit", "6. fit() end-to-end vs a bare step loop (workload 1's MLP)", "s/epoch",
-             peers=[Peer("fit", "benchmarks.fit:run"), Peer("step-loop", "benchmarks.fit:run")],
-             cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam")], reference="fit")
+Adding a workload is one function plus one entry in ``WORKLOADS``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
@@ -85,11 +78,9 @@ WORKLOADS: List[Workload] = [
     Workload(
         "cnn", "3. LeNet-style CNN: conv5x5x32-maxpool2-conv5x5x64-maxpool2-dense128-dense10, "
                "batch 128, Adam(1e-3)", "s/step",
-        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC)"),
+        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC); MaxPool takes its reshape+argmax path"),
                Peer("funcnet-im2col", "benchmarks.cnn:run",
                     note="funcnet serial with a benchmark-local im2col Conv layer"),
-               Peer("funcnet-fastpool", "benchmarks.cnn:run",
-                    note="funcnet Conv, with a benchmark-local reshape+argmax MaxPool (first-max gradient)"),
                Peer("jax-nhwc", "benchmarks.cnn:run",
                     note="lax.conv_general_dilated NHWC/HWIO, reduce_window max pool"),
                Peer("jax-nhwc-reshapepool", "benchmarks.cnn:run",
@@ -119,10 +110,14 @@ WORKLOADS: List[Workload] = [
                dict(name="MLP 784-512-10000, b1024", sizes=(784, 512, 10000), batch=1024,
                     steps=5, reps=5, quick_steps=1, quick_reps=2, quick_batch=256)],
         reference="softmax_output", check="loss_first", check_rtol=1e-4,
-        columns=(("temp_bytes", "XLA temp bytes", "{:,}"),
-                 ("peak_bytes", "XLA peak bytes", "{:,}"),
+        columns=(("residual_bytes", "bytes kept for backward", "{:,}"),
+                 ("temp_bytes", "XLA temp bytes", "{:,}"),
                  ("loss_first", "loss, step 1", "{:.6f}")),
-        notes="Whole Adam step jitted; memory from the compiled step's memory_analysis()."),
+        notes="Whole Adam step jitted; softmax_output uses normalization='batch' so both heads "
+              "give the gradient of the mean cross-entropy. 'bytes kept for backward' = the "
+              "residuals jax.vjp stores (params -> head) for one batch, including the MLP's "
+              "own; 'XLA temp bytes' = memory_analysis() of the compiled step, which on "
+              "XLA:CPU leaves out per-execution buffers."),
     Workload(
         "center_loss", "5. Center loss: funcnet.losses.center_loss (vectorised, jitted) vs a "
                        "per-sample Python loop (NumPy)", "s/call",
@@ -131,8 +126,23 @@ WORKLOADS: List[Workload] = [
         cases=[dict(name=f"B=512, C={c}, d={d}", batch=512, classes=c, dim=d, reps=7, quick_reps=2)
                for d in (2, 128) for c in (10, 1000)],
         check="loss", check_rtol=1e-4,
-        columns=(("loss", "loss", "{:.6f}"),),
-        notes="One call = loss and updated centers for one batch of features."),
+        columns=(("loss", "loss", "{:.6f}"), ("centers_sum", "sum of new centers", "{:.5f}")),
+        notes="One call = loss and updated centers for one batch of features. The loop is the "
+              "per-sample form of the same update (accumulate each sample's difference into its "
+              "class, then move every center once), so both give the same loss and centers."),
+    Workload(
+        "fit", "6. funcnet.train.fit end to end vs bare step loops (workload 1's MLP)", "s/epoch",
+        peers=[Peer("fit", "benchmarks.fit:run",
+                    note="fit(): numpy shuffling/batching, host-to-device copies, tqdm bar, metrics"),
+               Peer("train-step", "benchmarks.fit:run",
+                    note="loop over jit(make_train_step) on pre-built device batches"),
+               Peer("jax", "benchmarks.fit:run",
+                    note="hand-written jax + optax step on pre-built device batches")],
+        cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam")], reference="fit",
+        columns=(("first_epoch_s", "1st epoch incl. compile (s)", "{:.2f}"),),
+        notes="Ratio = fit's time / the peer's: fit / jax is the whole cost of the loop, the "
+              "data pipeline and the progress bar (target < 1.05); the train-step row is the "
+              "cost of TrainState and make_train_step alone."),
     Workload(
         "pmap", "7. pmap over 4 simulated CPU devices vs jit on 1 device (MLP 784-400-100-10, "
                 "global batch 512, Adam)", "s/step",

@@ -53,10 +53,13 @@ _NORMALIZATIONS = ("null", "batch", "valid")
 # --------------------------------------------------------------------------- #
 
 def _loss_op(forward: Callable, data_grad: Callable, data, *extra):
-    """Builds ``forward(data)`` whose VJP is ``data_grad(out, data, *extra)``.
+    """Builds ``forward(data)`` whose VJP is ``data_grad(out, *extra)``.
 
     The cotangent is dropped on purpose (MXNet output layers do the same), and
-    every extra input (the label) receives a zero cotangent.
+    every extra input (the label) receives a zero cotangent. Every MXNet output
+    gradient is a function of the output alone (the forwards are softmax, sigmoid
+    or the identity), so only ``out`` is kept for the backward pass, not ``data``
+    too: the op holds no more memory than autodiff through the same loss.
     """
 
     @jax.custom_vjp
@@ -65,11 +68,11 @@ def _loss_op(forward: Callable, data_grad: Callable, data, *extra):
 
     def fwd(data, *extra):
         out = forward(data)
-        return out, (out, data, extra)
+        return out, (out, extra)
 
     def bwd(res, _cotangent):
-        out, data, extra = res
-        g = data_grad(out, data, *extra).astype(data.dtype)
+        out, extra = res
+        g = data_grad(out, *extra).astype(out.dtype)
         return (g,) + (None,) * len(extra)
 
     op.defvjp(fwd, bwd)
@@ -227,7 +230,7 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
         return jax.nn.softmax(x, axis=axis)
 
     if probability_label:
-        def data_grad(out, x, lab):
+        def data_grad(out, lab):
             return (out - lab.astype(out.dtype)) * grad_scale
         return _loss_op(forward, data_grad, data, label)
 
@@ -239,7 +242,7 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
         per_norm = {"null": 1, "batch": math.prod(label_shape)}
     ignore_index = int(ignore_label)
 
-    def data_grad(out, x, lab):
+    def data_grad(out, lab):
         k = _class_index(lab.reshape(label_shape))
         hit = jax.nn.one_hot(k, num_classes, axis=axis, dtype=out.dtype)
         if smooth_alpha != 0.0:
@@ -276,7 +279,7 @@ def _regression(fn: str, forward: Callable, residual_grad: Callable, data, label
             f"Use label of shape {data.shape}.")
     num_output = data.size // data.shape[0] if data.shape[0] else 1
 
-    def data_grad(out, x, lab):
+    def data_grad(out, lab):
         lab = lab.reshape(out.shape).astype(out.dtype)
         return residual_grad(out, lab) * (grad_scale / num_output)
 
@@ -359,7 +362,7 @@ def svm_output(data, label, *, margin: float = 1.0, regularization_coefficient: 
                          f"label of shape {data.shape[:-1]}, got {label.shape}.")
     num_classes = data.shape[-1]
 
-    def data_grad(out, x, lab):
+    def data_grad(out, lab):
         is_label = jax.nn.one_hot(_class_index(lab), num_classes, dtype=jnp.bool_)
         zero = jnp.zeros_like(out)
         if use_linear:
@@ -401,9 +404,9 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
     valid_thresh = _check_number(fn, "valid_thresh", valid_thresh)
     rows = math.prod(data.shape[:-1])
 
-    def data_grad(out, x):
+    def data_grad(out):  # out is data: the forward is the identity
         if normalization == "valid":
-            count = jnp.maximum(jnp.sum(x > valid_thresh), 1).astype(out.dtype)
+            count = jnp.maximum(jnp.sum(out > valid_thresh), 1).astype(out.dtype)
             return jnp.full_like(out, grad_scale) / count
         norm = rows if normalization == "batch" else 1
         return jnp.full_like(out, grad_scale / norm)

@@ -153,3 +153,29 @@ def test_errors():
         GlobalAvgPool.init(key, (-1, 3))
     with pytest.raises(ValueError, match=r"GlobalAvgPool.*rank >= 3"):
         GlobalAvgPool.apply((), (), jnp.ones((2, 3)))
+
+
+@pytest.mark.parametrize("window, shape", [((2, 2), (3, 8, 6, 4)), ((3,), (2, 10, 3)),
+                                           ((2, 3), (2, 7, 8, 3)), ((2, 2, 2), (1, 4, 5, 4, 2))])
+def test_tiled_maxpool_fast_path_equals_reduce_window_with_ties(window, shape):
+    """MaxPool with strides == window and VALID padding takes the reshape path; it must give
+    reduce_window's values and gradients, ties (first maximum wins) and -inf included."""
+    from jax import lax
+    rng = np.random.default_rng(0)
+    x = rng.integers(-2, 3, size=shape).astype(np.float32)  # many ties
+    x.flat[::7] = -np.inf
+    layer = MaxPool(window)
+    _, params, state = layer.init(jax.random.key(0), (-1,) + shape[1:])
+    dims = (1,) + window + (1,)
+    ref = lambda x: lax.reduce_window(x, -np.inf, lax.max, dims, dims, "VALID")
+    fast = lambda x: layer.apply(params, state, x)[0]
+    np.testing.assert_array_equal(fast(x), ref(x))
+    ct = rng.normal(size=ref(x).shape).astype(np.float32)
+    g_fast = jax.vjp(fast, x)[1](ct)[0]
+    g_ref = jax.vjp(ref, x)[1](ct)[0]
+    np.testing.assert_array_equal(g_fast, g_ref)
+    # ...and really is the fast path: no select-and-scatter in the gradient.
+    grad_jaxpr = str(jax.make_jaxpr(lambda x: jax.vjp(fast, x)[1](ct))(x))
+    assert "select_and_scatter" not in grad_jaxpr and "reduce_window" not in grad_jaxpr
+    overlapping = MaxPool(window, strides=(1,) * len(window))
+    assert "reduce_window" in str(jax.make_jaxpr(lambda x: overlapping.apply((), (), x)[0])(x))

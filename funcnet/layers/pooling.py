@@ -76,12 +76,37 @@ def MaxPool(window_shape, strides=None, padding="VALID") -> Layer:
     dims, steps = (1,) + window + (1,), (1,) + strides + (1,)
 
     def reduce(x, pads):
+        if strides == window and all(p == (0, 0) for p in pads):
+            return _tiled_max(x, window)
         # -inf (the identity of max) lets lax use its reduce_window_max rule.
         init = -np.inf if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype).min
         return lax.reduce_window(x, np.array(init, x.dtype), lax.max, dims, steps,
                                  ((0, 0),) + pads + ((0, 0),))
 
     return _make_pool(name, window, strides, padding, reduce)
+
+
+def _tiled_max(x, window):
+    """Max over non-overlapping, unpadded windows, as reshape + argmax + select.
+
+    Same values and gradients as ``reduce_window(max)``, ties included: the
+    gradient goes to the first maximum of each window in row-major order, as
+    XLA's select-and-scatter and torch's MaxPool do. The point is speed:
+    select-and-scatter (reduce_window's gradient) is a slow scalar loop on
+    XLA:CPU, tens of ms for a LeNet pool, while this gradient is elementwise
+    (see benchmarks/CONV_NOTES.md).
+    """
+    n = len(window)
+    out = [d // w for d, w in zip(x.shape[1:-1], window)]
+    x = x[(slice(None),) + tuple(slice(0, o * w) for o, w in zip(out, window))]  # VALID drops the rest
+    tiled = x.reshape((x.shape[0],) + tuple(v for o, w in zip(out, window) for v in (o, w))
+                      + (x.shape[-1],))
+    # (N, o1, w1, ..., on, wn, C) -> (N, o1, ..., on, C, w1 * ... * wn)
+    order = (0,) + tuple(1 + 2 * i for i in range(n)) + (2 * n + 1,) + tuple(2 + 2 * i for i in range(n))
+    windows = tiled.transpose(order).reshape(tiled.shape[0], *out, x.shape[-1], -1)
+    first = jnp.argmax(windows, axis=-1)[..., None] == jnp.arange(windows.shape[-1])
+    # where, not a one-hot product: -inf * 0 would be NaN.
+    return jnp.sum(jnp.where(lax.stop_gradient(first), windows, jnp.zeros((), x.dtype)), axis=-1)
 
 
 def AvgPool(window_shape, strides=None, padding="VALID", count_include_pad: bool = True) -> Layer:

@@ -1,0 +1,154 @@
+"""Workload 6: ``funcnet.train.fit`` end to end against bare step loops (workload 1's MLP).
+
+Peers, all on the same weights and the same 60000 synthetic MNIST-shaped examples:
+
+* ``fit``: ``funcnet.train.fit`` with everything it does for a user: shuffling and
+  batching from host numpy arrays (``funcnet.data.batches``), the host-to-device copy,
+  the jitted ``make_train_step`` step, per-epoch metric collection, and a tqdm progress
+  bar (forced on, written to a null stream).
+* ``train-step``: a Python loop over ``jax.jit(make_train_step(...))`` on pre-built,
+  already on-device batches: funcnet's step without the loop around it.
+* ``jax``: the same step written by hand with jax + optax (workload 1's ``jax`` peer) on
+  the same pre-built batches.
+
+All three donate the train state's buffers to the step, as ``fit`` does (on CPU, not
+donating costs fresh allocations and page faults every step, which would flatter ``fit``).
+``fit / jax`` is the whole price of the convenience (target < 1.05); ``train-step / jax``
+is the price of the TrainState step alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import time
+
+from benchmarks import common
+
+
+def _model(weights):
+    import jax.numpy as jnp
+    from funcnet.combinators import serial
+    from funcnet.layers.activations import Relu
+    from funcnet.layers.dense import Dense
+
+    layers = []
+    for i, (W, _) in enumerate(weights):
+        layers += [Dense(W.shape[1])] + ([Relu] if i < len(weights) - 1 else [])
+    net = serial(*layers)
+    params = []
+    it = iter(weights)
+    for layer in layers:
+        if layer is Relu:
+            params.append(())
+        else:
+            W, b = next(it)
+            params.append({"W": jnp.asarray(W), "b": jnp.asarray(b)})
+    return net, tuple(params)
+
+
+def run(peer, cfg, case):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from funcnet import data, losses
+    from funcnet.train import Aux, TrainState, fit, make_train_step
+
+    weights = common.mlp_weights(case["sizes"], seed=0)
+    net, params = _model(weights)
+    tx = optax.adam(case["lr"])
+    batch = case["batch"]
+    steps = common.steps_per_epoch(batch) if not cfg["quick"] else case["quick_steps"]
+    n = steps * batch
+    rng = np.random.default_rng(0)
+    x = rng.random((n, case["sizes"][0]), dtype=np.float32)
+    y = rng.integers(0, case["sizes"][-1], size=n, dtype=np.int32)
+
+    def loss_fn(p, s, b, key):
+        logits, s = net.apply(p, s, b[0], rng=key, train=True)
+        return losses.cross_entropy(logits, b[1]), Aux(state=s)
+
+    ts = TrainState(params, ((),) * len(params), tx.init(params), jnp.zeros((), jnp.int32),
+                    jax.random.key(0))
+    reps = case["quick_reps"] if cfg["quick"] else case["reps"]
+
+    if peer == "fit":
+        import tqdm  # noqa: F401  (the progress bar must really be drawn)
+
+        from funcnet.train import Callback
+
+        class EpochClock(Callback):
+            """Wall time at each epoch end: differences are whole epochs, loop included."""
+
+            def __init__(self):
+                self.stamps = []
+
+            def on_train_begin(self, ctx):
+                self.stamps.append(time.perf_counter())
+
+            def on_epoch_end(self, ctx, epoch, logs):
+                common.block(ctx.train_state.params)
+                self.stamps.append(time.perf_counter())
+
+        clock, sink = EpochClock(), io.StringIO()
+        # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
+        # user's run does; the first epoch (with the compilation) is reported apart.
+        with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
+            fit(ts, loss_fn, tx,
+                lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e),
+                epochs=1 + reps, progress=True, log_every=10 if cfg["quick"] else 50,
+                callbacks=[clock])
+        assert "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
+        epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+        return {"values": epochs[1:], "extra": {"first_epoch_s": epochs[0]}}
+
+    batches = [(jnp.asarray(x[i * batch:(i + 1) * batch]), jnp.asarray(y[i * batch:(i + 1) * batch]))
+               for i in range(steps)]
+    common.block(batches)
+
+    if peer == "train-step":
+        step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0)
+        state = {"ts": ts}
+
+        def one_epoch():
+            t = state["ts"]
+            for b in batches:
+                t, m = step(t, b)
+            common.block(t.params)
+            state["ts"] = t
+            return m
+    elif peer == "jax":
+        def hand_loss(p, xb, yb):
+            h = xb
+            for W, b in [(q["W"], q["b"]) for q in p if q][:-1]:
+                h = jax.nn.relu(h @ W + b)
+            last = [q for q in p if q][-1]
+            return optax.softmax_cross_entropy_with_integer_labels(h @ last["W"] + last["b"], yb).mean()
+
+        @functools.partial(jax.jit, donate_argnums=0)
+        def hand_step(carry, xb, yb):
+            p, o = carry
+            loss, g = jax.value_and_grad(hand_loss)(p, xb, yb)
+            u, o = tx.update(g, o, p)
+            return (optax.apply_updates(p, u), o), loss
+
+        state = {"carry": (params, tx.init(params))}
+
+        def one_epoch():
+            c = state["carry"]
+            for xb, yb in batches:
+                c, loss = hand_step(c, xb, yb)
+            common.block(c[0])
+            state["carry"] = c
+            return loss
+    else:
+        raise ValueError(peer)
+
+    t0 = time.perf_counter()
+    one_epoch()
+    first = time.perf_counter() - t0
+    values = common.measure(one_epoch, reps)
+    return {"values": values, "extra": {"first_epoch_s": first}}
