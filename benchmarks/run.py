@@ -1,6 +1,6 @@
 """Runs the benchmark workloads and writes a markdown report.
 
-    python -m benchmarks.run [--quick] [--only NAME[:PEER] ...] [--threads N] [--out BENCHMARKS.md]
+    python -m benchmarks.run [--quick] [--only NAME[:PEER] ...] [--threads N] [--rounds R] [--out BENCHMARKS.md]
 
 Every (workload, case, peer) runs in its own child process (``python -m benchmarks.run
 --child ...``), one after the other, so no two frameworks share a process or run at the
@@ -104,6 +104,25 @@ def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int])
     return {"error": last[-300:], "stderr_tail": "\n".join(tail[-25:])}
 
 
+def _merge(previous: Optional[Dict], new: Dict) -> Dict:
+    """One peer's results over rounds: repetitions pooled, extras from the first good round."""
+    if previous is None or "values" not in previous:
+        return dict(new) if "values" in new or previous is None else previous
+    if "values" not in new:
+        return previous
+    return {**previous, "values": previous["values"] + new["values"]}
+
+
+def _print_result(case, peer, r, workload) -> None:
+    if "values" in r:
+        s = common.summary(r["values"])
+        print(f"  [{case['name']}] {peer.name:22s} median {_fmt_time(s['median'])} "
+              f"(min {_fmt_time(s['min'])}, max {_fmt_time(s['max'])}, n={s['n']}) {workload.unit}",
+              flush=True)
+    else:
+        print(f"  [{case['name']}] {peer.name:22s} ERROR: {r['error']}", flush=True)
+
+
 def _fmt_time(seconds: float) -> str:
     if seconds >= 1:
         return f"{seconds:.3f} s"
@@ -200,8 +219,9 @@ def _header(args, cpus, command: str) -> List[str]:
         "Environment: " + (", ".join(f"`{k}={os.environ[k]}`" for k in ENV_RECORDED if k in os.environ)
                            or "no allocator/XLA variables set") + "  ",
         "",
-        "Each (workload, case, peer) runs in a fresh process, one at a time. Times are medians "
-        "over repetitions after a warm-up that includes compilation; min and max are shown. "
+        f"Each (workload, case, peer) runs in a fresh process, one at a time, {args.rounds} "
+        f"time(s), in alternating peer order. Times are medians over all repetitions after a "
+        f"warm-up that includes compilation; min and max are shown. "
         "Ratio = reference median time ÷ peer median time (> 1: the reference is slower). "
         "Synthetic MNIST-shaped data, already on the device: no data loading is timed.",
         "",
@@ -218,6 +238,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also dump raw results as JSON here")
     parser.add_argument("--threads", type=int, default=None, help="CPUs per peer process (default: all usable)")
     parser.add_argument("--xla-flags", default="", help="extra XLA_FLAGS for every peer process")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="run every peer this many times, alternating the order (default 2); "
+                             "repetitions are pooled")
     parser.add_argument("--list", action="store_true", help="list workloads and peers, then exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -247,17 +270,15 @@ def main(argv=None) -> int:
             lines += [workload.notes, ""]
         for ci, case in enumerate(workload.cases):
             results: Dict[str, Dict] = {}
-            for peer in peers:
-                r = _run_child(workload, ci, peer, args, cpus)
-                results[peer.name] = r
-                raw.append({"workload": workload.name, "case": case["name"], "peer": peer.name, **r})
-                if "values" in r:
-                    s = common.summary(r["values"])
-                    print(f"  [{case['name']}] {peer.name:22s} median {_fmt_time(s['median'])} "
-                          f"(min {_fmt_time(s['min'])}, max {_fmt_time(s['max'])}, n={s['n']}) {workload.unit}",
-                          flush=True)
-                else:
-                    print(f"  [{case['name']}] {peer.name:22s} ERROR: {r['error']}", flush=True)
+            for rnd in range(args.rounds):
+                # Odd rounds run the peers in reverse order, so no peer always goes first
+                # (between processes, this machine's timings drift by 10-20 %).
+                for peer in (peers if rnd % 2 == 0 else peers[::-1]):
+                    r = _run_child(workload, ci, peer, args, cpus)
+                    raw.append({"workload": workload.name, "case": case["name"], "peer": peer.name,
+                                "round": rnd, **r})
+                    results[peer.name] = _merge(results.get(peer.name), r)
+                    _print_result(case, peer, r, workload)
             table = [f"### {case['name']}", ""] + _table(workload, case, results) + [""]
             print("\n".join(table), flush=True)
             lines += table
