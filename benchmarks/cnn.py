@@ -325,24 +325,14 @@ def _jax_peer(peer, cfg, case):
     else:
         wts, forward, channels_first = JAX_VARIANTS[peer](w)
         params = {k: jnp.asarray(v) for k, v in wts.items()}
-    tx = optax.adam(case["lr"])
-
-    def loss_fn(params, x, y):
-        return optax.softmax_cross_entropy_with_integer_labels(forward(params, x), y).mean()
-
-    @jax.jit
-    def step(carry, x, y):
-        params, opt_state = carry
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
+    carry, step = common.jax_step(params, forward, optax.adam(case["lr"]))
 
     xs, ys = common.mnist_like_batches(case["batch"], 8, seed=1, image=True)
     if channels_first:
         xs = xs.transpose(0, 1, 4, 2, 3).copy()
     batches = [(jnp.asarray(x), jnp.asarray(y)) for x, y in zip(xs, ys)]
     jax.block_until_ready(batches)
-    return _steps_benchmark(cfg, case, (params, tx.init(params)), step, batches,
+    return _steps_benchmark(cfg, case, carry, step, batches,
                             jax.block_until_ready, float)
 
 

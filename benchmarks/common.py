@@ -119,3 +119,24 @@ def package_versions() -> Dict[str, str]:
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out
+
+
+def jax_step(params, forward, tx):
+    """The JAX peers' shared step: mean softmax CE, ``value_and_grad``, optax update, one jit.
+
+    Returns ``(carry, step)`` with ``step(carry, x, y) -> (carry, loss)``; no donation.
+    """
+    import jax
+    import optax
+
+    def loss_fn(params, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(forward(params, x), y).mean()
+
+    @jax.jit
+    def step(carry, x, y):
+        params, opt_state = carry
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    return (params, tx.init(params)), step

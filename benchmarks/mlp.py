@@ -144,23 +144,6 @@ def _optax(case):
     return optax.sgd(case["lr"])
 
 
-def _jax_step(params, forward, tx):
-    import jax
-    import optax
-
-    def loss_fn(params, x, y):
-        return optax.softmax_cross_entropy_with_integer_labels(forward(params, x), y).mean()
-
-    @jax.jit
-    def step(carry, x, y):
-        params, opt_state = carry
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    return (params, tx.init(params)), step
-
-
 def _equinox_step(weights, tx):
     import equinox as eqx
     import jax
@@ -252,7 +235,7 @@ def _jax_peer(peer, cfg, case):
     tx = _optax(case)
     if peer in JAX_BUILDERS:
         params, forward = JAX_BUILDERS[peer](weights)
-        carry, step = _jax_step(params, forward, tx)
+        carry, step = common.jax_step(params, forward, tx)
     elif peer == "equinox":
         carry, step = _equinox_step(weights, tx)
     elif peer == "flax-nnx":

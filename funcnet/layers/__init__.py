@@ -6,7 +6,7 @@ layers that need no configuration are values, as in stax (``Relu``, ``Flatten``,
 """
 
 from funcnet.layers.activations import (Elu, Gelu, LeakyRelu, LogSoftmax, Relu, Selu, Sigmoid,
-                                        Softmax, Softplus, Tanh)
+                                        Softmax, Softplus, Tanh, elementwise)
 from funcnet.layers.conv import Conv, ConvTranspose
 from funcnet.layers.dense import Dense
 from funcnet.layers.dropout import Dropout
@@ -19,4 +19,4 @@ from funcnet.layers.shape import Flatten, Reshape
 __all__ = ["Dense", "Conv", "ConvTranspose", "MaxPool", "AvgPool", "GlobalAvgPool", "Flatten",
            "Reshape", "Dropout", "BatchNorm", "LayerNorm", "Embedding", "RNN", "LSTM", "GRU",
            "Relu", "LeakyRelu", "Elu", "Selu", "Gelu", "Sigmoid", "Tanh", "Softplus", "Softmax",
-           "LogSoftmax"]
+           "LogSoftmax", "elementwise"]
