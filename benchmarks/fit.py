@@ -10,6 +10,8 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
   already on-device batches: funcnet's step without the loop around it.
 * ``jax``: the same step written by hand with jax + optax (workload 1's ``jax`` peer) on
   the same pre-built batches.
+* ``pipeline``: no training, only fit's data work for an epoch: ``funcnet.data.batches``
+  shuffling and gathering the host arrays, and ``jax.device_put`` of every batch.
 
 All three donate the train state's buffers to the step, as ``fit`` does (on CPU, not
 donating costs fresh allocations and page faults every step, which would flatter ``fit``).
@@ -104,6 +106,21 @@ def run(peer, cfg, case):
         assert "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
         epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
         return {"values": epochs[1:], "extra": {"first_epoch_s": epochs[0]}}
+
+    if peer == "pipeline":
+        # fit's data work alone: shuffle-gather the host arrays and hand each batch to
+        # the device, with no step. fit - train-step should be about this much.
+        def one_epoch(epoch=[0]):
+            epoch[0] += 1
+            last = None
+            for b in data.batches((x, y), batch, shuffle=True, rng=0, epoch=epoch[0]):
+                last = jax.device_put(b)
+            common.block(last)
+
+        t0 = time.perf_counter()
+        one_epoch()
+        first = time.perf_counter() - t0
+        return {"values": common.measure(one_epoch, reps), "extra": {"first_epoch_s": first}}
 
     batches = [(jnp.asarray(x[i * batch:(i + 1) * batch]), jnp.asarray(y[i * batch:(i + 1) * batch]))
                for i in range(steps)]

@@ -137,12 +137,15 @@ WORKLOADS: List[Workload] = [
                Peer("train-step", "benchmarks.fit:run",
                     note="loop over jit(make_train_step) on pre-built device batches"),
                Peer("jax", "benchmarks.fit:run",
-                    note="hand-written jax + optax step on pre-built device batches")],
+                    note="hand-written jax + optax step on pre-built device batches"),
+               Peer("pipeline", "benchmarks.fit:run",
+                    note="no step: data.batches shuffle-gather + device_put of every batch")],
         cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam")], reference="fit",
         columns=(("first_epoch_s", "1st epoch incl. compile (s)", "{:.2f}"),),
         notes="Ratio = fit's time / the peer's: fit / jax is the whole cost of the loop, the "
               "data pipeline and the progress bar (target < 1.05); the train-step row is the "
-              "cost of TrainState and make_train_step alone."),
+              "cost of TrainState and make_train_step alone; the pipeline row is the data work by "
+              "itself (its ratio is not meaningful, its time is)."),
     Workload(
         "pmap", "7. pmap over 4 simulated CPU devices vs jit on 1 device (MLP 784-400-100-10, "
                 "global batch 512, Adam)", "s/step",
