@@ -87,7 +87,6 @@ def patches_conv(x, W):
 
 def _make_conv_im2col_vjp():
     import jax
-    import jax.numpy as jnp
 
     @jax.custom_vjp
     def conv(x, W):
@@ -351,17 +350,10 @@ def _torch_peer(cfg, case):
             layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(W)))
             layer.bias.copy_(torch.from_numpy(w[bn]))
     opt = torch.optim.Adam(model.parameters(), lr=case["lr"])
-    loss_fn = nn.CrossEntropyLoss()
+    step = common.torch_step(model, opt)
     xs, ys = common.mnist_like_batches(case["batch"], 8, seed=1, image=True)
     batches = [(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()), torch.from_numpy(y).long())
                for x, y in zip(xs, ys)]
-
-    def step(carry, x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return carry, loss.detach()
 
     return _steps_benchmark(cfg, case, None, step, batches, lambda x: x, lambda t: float(t.item()))
 

@@ -140,3 +140,18 @@ def jax_step(params, forward, tx):
         return (optax.apply_updates(params, updates), opt_state), loss
 
     return (params, tx.init(params)), step
+
+
+def torch_step(model, opt):
+    """The PyTorch peers' shared eager step: zero grads, CE forward, backward, optimizer step."""
+    from torch import nn
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step(carry, x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return carry, loss.detach()
+
+    return step

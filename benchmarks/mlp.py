@@ -271,16 +271,9 @@ def _torch_peer(cfg, case):
         opt = torch.optim.Adam(model.parameters(), lr=case["lr"])
     else:
         opt = torch.optim.SGD(model.parameters(), lr=case["lr"])
-    loss_fn = nn.CrossEntropyLoss()
+    step = common.torch_step(model, opt)
     xs, ys = _data(cfg, case)
     batches = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in zip(xs, ys)]
-
-    def step(carry, x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return carry, loss.detach()
 
     return _epoch_benchmark(cfg, case, None, step, batches, lambda x: x, lambda t: float(t.item()))
 

@@ -134,7 +134,7 @@ def _fmt_time(seconds: float) -> str:
 def _table(workload: Workload, case: Dict, results: Dict[str, Dict]) -> List[str]:
     ref = results.get(workload.reference, {})
     ref_med = common.summary(ref["values"])["median"] if "values" in ref else None
-    head = [f"peer", f"median {workload.unit}", "min", "max"]
+    head = ["peer", f"median {workload.unit}", "min", "max"]
     if workload.throughput:
         head.append(workload.throughput)
     head.append(f"{workload.reference} ÷ peer (time)")

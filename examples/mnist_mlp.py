@@ -20,7 +20,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 
 import funcnet
 from funcnet import data, initializers, losses, metrics, optim

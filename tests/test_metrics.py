@@ -1,6 +1,5 @@
 """funcnet.metrics against NumPy references; jit, tree-add and pmap merging."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
