@@ -31,6 +31,12 @@ def fsync_dir(directory) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_write(dest, *, prefix: str | None = None, suffix: str = ".tmp"):
     """Yields ``(file, temp_path)`` opened for binary writing; on success it becomes ``dest``.
@@ -41,6 +47,9 @@ def atomic_write(dest, *, prefix: str | None = None, suffix: str = ".tmp"):
     dest = Path(dest)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=prefix or f".{dest.name}.", suffix=suffix)
     try:
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 & ~umask).
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             yield f, tmp
             f.flush()

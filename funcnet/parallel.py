@@ -84,9 +84,16 @@ def replicate(tree, devices=None):
     The result is what ``jax.pmap`` expects for arguments that every replica shares.
     """
     devices = _devices(devices)
-    n = len(devices)
-    return jax.tree.map(lambda x: _put(jnp.broadcast_to(jnp.asarray(x)[None], (n,) + jnp.shape(x)),
-                                       devices), tree)
+    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("devices",)),
+                                          jax.sharding.PartitionSpec("devices"))
+
+    def put(x):
+        # One copy straight to each device: never n copies on one device first.
+        x = jnp.asarray(x)[None]
+        shards = [jax.device_put(x, d) for d in devices]
+        return jax.make_array_from_single_device_arrays((len(devices),) + x.shape[1:], sharding, shards)
+
+    return jax.tree.map(put, tree)
 
 
 def unreplicate(tree):
@@ -144,10 +151,6 @@ def _devices(devices):
         return jax.local_devices()[:local_device_count(devices)]
     return list(devices)
 
-
-def _put(x, devices):
-    mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
-    return jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices")))
 
 
 class _ParallelModule(types.ModuleType):

@@ -79,8 +79,9 @@ def check_layer(layer: Layer, input_shape, *, rng=None, train_modes=(False, True
             assert _shapes_equal(actual, expected), (
                 f"{where}: init's output shapes {out_shape} disagree with apply's {actual}")
 
-        if state == ():
-            assert new_state == (), f"{where}: a stateless layer must return state (), got {new_state!r}"
+        if _is_empty_tuple(state):
+            assert _is_empty_tuple(new_state), (
+                f"{where}: a stateless layer must return state (), got {new_state!r}")
         else:
             chex.assert_trees_all_equal_structs(state, new_state)
             chex.assert_trees_all_equal_shapes_and_dtypes(state, new_state)
@@ -111,6 +112,10 @@ def _check_grads(layer, params, state, inputs, key, train, eps):
             check_grads(lambda p: f(p, inputs64), (params64,), order=1, modes=["rev"], eps=eps)
         elif float_inputs:
             check_grads(lambda x: f(params64, x), (inputs64,), order=1, modes=["rev"], eps=eps)
+
+
+def _is_empty_tuple(x) -> bool:
+    return isinstance(x, tuple) and not x
 
 
 def _to_f64(tree):

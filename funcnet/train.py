@@ -110,15 +110,19 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
 
         (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(train_state.params)
         aux = _as_aux(aux, "make_train_step")
+        if "loss" in aux.metrics:
+            raise ValueError("make_train_step: Aux.metrics may not contain 'loss'; the step "
+                             "reports the loss_fn's value under that name. Rename the metric.")
         metrics = {"loss": loss, **aux.metrics}
         new_state = aux.state
         if axis_name is not None:
             grads = jax.lax.pmean(grads, axis_name)
             metrics = jax.lax.pmean(metrics, axis_name)
-            # Keeps replicas identical when a stateful layer was not synced itself.
-            new_state = jax.tree.map(
-                lambda x: jax.lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                new_state)
+            # Keeps replicas identical when a stateful layer or loss was not synced itself
+            # (e.g. center_loss called without axis_name); a no-op for synced state.
+            new_state = _pmean_floating(new_state, axis_name)
+            if has_loss_state:
+                aux = aux._replace(loss_state=_pmean_floating(aux.loss_state, axis_name))
         updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
         params = optax.apply_updates(train_state.params, updates)
         new = TrainState(params, new_state, opt_state, train_state.step + 1, rng,
@@ -126,6 +130,11 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         return new, metrics
 
     return step
+
+
+def _pmean_floating(tree, axis_name):
+    return jax.tree.map(
+        lambda x: jax.lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None) -> Callable:
@@ -161,6 +170,7 @@ class FitContext:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.history: list = []
+        self.host_step = 0  # steps taken, counted on the host (reading the device would sync)
 
     @property
     def train_state(self) -> TrainState:
@@ -168,7 +178,7 @@ class FitContext:
 
     @property
     def step(self) -> int:
-        return int(jax.device_get(self.train_state.step))
+        return self.host_step
 
 
 class Callback:
@@ -260,13 +270,15 @@ class EarlyStopping(Callback):
 
 
 class LearningRateLogger(Callback):
-    """Adds ``"lr"``: the optax schedule's value at the current step, to each epoch's logs."""
+    """Adds ``"lr"``: the optax schedule's value at the current step (or a constant
+    learning rate), to each epoch's logs."""
 
-    def __init__(self, schedule: Callable[[int], Any]):
+    def __init__(self, schedule):
         self.schedule = schedule
 
     def on_epoch_end(self, ctx, epoch, logs):
-        logs["lr"] = float(self.schedule(ctx.step))
+        lr = self.schedule(ctx.step) if callable(self.schedule) else self.schedule
+        logs["lr"] = float(lr)
 
 
 def _position_tree(ctx):
@@ -284,7 +296,8 @@ class _Loop:
                       else jax.tree.map(jnp.copy, train_state))
 
     def host_state(self):
-        return parallel.unreplicate(self.state) if self.n else self.state
+        # A copy: the next step donates self.state's buffers, and a callback may keep this.
+        return parallel.unreplicate(self.state) if self.n else jax.tree.map(jnp.copy, self.state)
 
     def put_batch(self, batch):
         return parallel.shard(batch, self.n) if self.n else batch
@@ -358,7 +371,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
 
     loop = _Loop(train_state, n_dev)
     ctx = FitContext(loop)
-    host_step = int(jax.device_get(train_state.step))  # tracked on the host: no per-step sync
+    ctx.host_step = int(jax.device_get(train_state.step))
     bar_factory = _progress_factory(progress)
     for cb in callbacks:
         cb.on_train_begin(ctx)
@@ -380,9 +393,9 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
             step_metrics.append(metrics)
             seen += _batch_size(batch)
             ctx.batch_in_epoch = i + 1
-            host_step += 1
+            ctx.host_step += 1
             for cb in callbacks:
-                cb.on_step_end(ctx, host_step)
+                cb.on_step_end(ctx, ctx.host_step)
             if bar is not None and (i + 1) % log_every == 0:
                 last = jax.device_get(_first(metrics) if n_dev else metrics)
                 bar.update(log_every)

@@ -332,3 +332,14 @@ def test_sigkill_during_save_keeps_last_checkpoint(tmp_path):
     checkpoint.save(directory, {"x": np.zeros(1)}, step)
     assert _temp_files(directory) == []
     assert checkpoint.latest_step(directory) == step
+
+
+def test_saved_files_get_the_usual_permissions(tmp_path):
+    import os
+    import stat
+    from funcnet import checkpoint as ck
+    ck.save(tmp_path, {"w": np.zeros(3, np.float32)}, 1)
+    (path,) = [p for p in tmp_path.iterdir() if p.suffix == ".npz"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask

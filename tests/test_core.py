@@ -292,3 +292,13 @@ def test_split_rng_and_shape_helpers():
     with pytest.raises(ValueError, match="L: strides must be a positive int or 2 positive ints"):
         core.as_tuple("L", (1, 0), 2, "strides")
     chex.assert_equal(core.check_shape("L", [2, 3]), (2, 3))
+
+
+def test_check_layer_accepts_state_that_is_a_bare_array():
+    def init(rng, shape):
+        return shape, (), jnp.zeros(())
+
+    def apply(params, state, x, *, rng=None, train=False):
+        return x * 2.0, state + 1.0
+
+    check_layer(funcnet.named("Counter", init, apply), (-1, 3))

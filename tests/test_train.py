@@ -301,3 +301,42 @@ def test_progress_bar_shows_loss_and_throughput(capsys):
     fit(ts, loss_fn, opt, train_data, epochs=1, log_every=2, **kw)
     err = capsys.readouterr().err
     assert "epoch 1/1" in err and "loss=" in err and "samples_s=" in err
+
+
+def test_unsynced_loss_state_is_averaged_so_replicas_never_drift():
+    """center_loss without axis_name under pmap: each device would update other centers."""
+    opt = optax.sgd(0.0)
+    ts = TrainState.create(Dense(2), opt, KEY, (-1, 8), loss_state=losses.center_loss_init(4, 2))
+
+    def loss_fn(params, state, batch, rng, loss_state):
+        f, state = Dense(2).apply(params, state, batch[0])
+        closs, c = losses.center_loss(loss_state, f, batch[1])  # no axis_name
+        return closs, Aux(state=state, loss_state=c)
+
+    step = jax.pmap(make_train_step(loss_fn, opt, axis_name="b"), axis_name="b")
+    y = np.repeat(np.arange(4, dtype=np.int32), 4)  # device i sees only class i
+    out, _ = step(funcnet.parallel.replicate(ts), funcnet.parallel.shard((X[:16], y)))
+    c = np.asarray(out.loss_state)
+    np.testing.assert_array_equal(c, np.broadcast_to(c[0], c.shape))
+    assert np.all(np.abs(c[0]).sum(-1) > 0)  # every class moved
+
+
+def test_callbacks_may_keep_the_train_state_they_see():
+    ts, loss_fn, opt, train_data, kw = _fit_setup()
+    kept = []
+
+    class Keep(train.Callback):
+        def on_step_end(self, ctx, step):
+            if step == 2:
+                kept.append(ctx.train_state)
+
+    fit(ts, loss_fn, opt, train_data, epochs=1, callbacks=[Keep()], progress=False)
+    assert int(kept[0].step) == 2 and np.isfinite(np.asarray(kept[0].params[0]["W"])).all()
+
+
+def test_metrics_may_not_shadow_the_loss():
+    ts = TrainState.create(Dense(4), optax.sgd(0.1), KEY, (-1, 8))
+    bad = make_train_step(lambda p, s, b, r: (jnp.float32(0), Aux(state=s, metrics={"loss": 1.0})),
+                          optax.sgd(0.1))
+    with pytest.raises(ValueError, match="may not contain 'loss'"):
+        bad(ts, (X[:4], Y[:4]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -76,7 +77,7 @@ def MaxPool(window_shape, strides=None, padding="VALID") -> Layer:
     dims, steps = (1,) + window + (1,), (1,) + strides + (1,)
 
     def reduce(x, pads):
-        if strides == window and all(p == (0, 0) for p in pads):
+        if strides == window and all(p == (0, 0) for p in pads) and jax.default_backend() == "cpu":
             return _tiled_max(x, window)
         # -inf (the identity of max) lets lax use its reduce_window_max rule.
         init = -np.inf if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype).min
@@ -94,7 +95,8 @@ def _tiled_max(x, window):
     XLA's select-and-scatter and torch's MaxPool do. The point is speed:
     select-and-scatter (reduce_window's gradient) is a slow scalar loop on
     XLA:CPU, tens of ms for a LeNet pool, while this gradient is elementwise
-    (see benchmarks/CONV_NOTES.md).
+    (see benchmarks/CONV_NOTES.md). Used on the CPU backend only: elsewhere
+    select-and-scatter has fast kernels and the transposes here would cost.
     """
     n = len(window)
     out = [d // w for d, w in zip(x.shape[1:-1], window)]
