@@ -439,7 +439,8 @@ def restore(directory, target=None, step=None):
     wanted = [jax.tree_util.keystr(p) for p, _ in target_leaves]
     problems = []
     missing = [p for p in wanted if p not in stored]
-    unexpected = [p for p in stored if p not in set(wanted)]
+    wanted_set = set(wanted)
+    unexpected = [p for p in stored if p not in wanted_set]
     if missing:
         problems.append("in target but not in the checkpoint: " + ", ".join(missing[:10])
                         + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else ""))
