@@ -229,8 +229,17 @@ class CSVLogger(_FileLogger):
         if not parallel.is_main_process():
             return
         new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        if new:
+            fields = list(logs)
+        else:  # appending, e.g. after a resume: keep the file's columns
+            with open(self.path, newline="") as f:
+                fields = next(csv.reader(f))
+        if set(logs) - set(fields):
+            raise ValueError(f"CSVLogger: epoch {epoch} logs {sorted(set(logs) - set(fields))}, "
+                             f"which {self.path} has no column for (columns: {fields}). Use a new "
+                             f"file, or JSONLLogger for logs whose keys change.")
         with open(self.path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(logs))
+            writer = csv.DictWriter(f, fieldnames=fields)
             if new:
                 writer.writeheader()
             writer.writerow(logs)

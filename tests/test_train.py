@@ -340,3 +340,13 @@ def test_metrics_may_not_shadow_the_loss():
                           optax.sgd(0.1))
     with pytest.raises(ValueError, match="may not contain 'loss'"):
         bad(ts, (X[:4], Y[:4]))
+
+
+def test_csv_logger_keeps_its_columns_and_refuses_new_ones(tmp_path):
+    log = train.CSVLogger(tmp_path / "h.csv")
+    log.on_epoch_end(None, 0, {"epoch": 0, "loss": 1.0})
+    log2 = train.CSVLogger(tmp_path / "h.csv")  # e.g. after a resume
+    log2.on_epoch_end(None, 1, {"loss": 0.5, "epoch": 1})
+    assert (tmp_path / "h.csv").read_text().splitlines() == ["epoch,loss", "0,1.0", "1,0.5"]
+    with pytest.raises(ValueError, match=r"CSVLogger: epoch 2 logs \['lr'\].*JSONLLogger"):
+        log2.on_epoch_end(None, 2, {"epoch": 2, "loss": 0.4, "lr": 0.1})
