@@ -458,7 +458,7 @@ def prefetch_to_device(iterator: Iterable, size: int = 2, device=None,
     def put(item):
         if transform is not None:
             item = transform(item)
-        return jax.tree.map(lambda x: jax.device_put(x, target), item)
+        return jax.device_put(item, target)  # one call for the whole pytree
 
     def generate():
         queue = collections.deque(put(item) for item in itertools.islice(it, size))

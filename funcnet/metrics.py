@@ -323,4 +323,4 @@ def merge(state, axis_name):
     Call it inside ``pmap`` on each device's partial state, then ``compute``: every
     device then holds the state of the whole (global) batch.
     """
-    return jax.tree.map(lambda x: lax.psum(x, axis_name), state)
+    return lax.psum(state, axis_name)  # psum takes the whole tree

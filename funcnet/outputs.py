@@ -416,7 +416,7 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
 
 def block_grad(x):
     """Identity forward, zero gradient (MXNet ``BlockGrad`` = ``jax.lax.stop_gradient``)."""
-    return jax.tree.map(jax.lax.stop_gradient, x)
+    return jax.lax.stop_gradient(x)  # accepts pytrees
 
 
 # --------------------------------------------------------------------------- #
