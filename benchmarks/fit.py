@@ -1,8 +1,8 @@
-"""Workload 6: ``funcnet.train.fit`` end to end against bare step loops (workload 1's MLP).
+"""Workload 6: ``funcnet.fit`` end to end against bare step loops (workload 1's MLP).
 
 Peers, all on the same weights and the same 60000 synthetic MNIST-shaped examples:
 
-* ``fit``: ``funcnet.train.fit`` with everything it does for a user: shuffling and
+* ``fit``: ``funcnet.fit`` with everything it does for a user: shuffling and
   batching from host numpy arrays (``funcnet.data.batches``), the host-to-device copy,
   the jitted ``make_train_step`` step, per-epoch metric collection, and a tqdm progress
   bar (forced on, written to a null stream).
@@ -57,7 +57,8 @@ def run(peer, cfg, case):
     import optax
 
     from funcnet import data, losses
-    from funcnet.train import Aux, TrainState, fit, make_train_step
+    from funcnet import fit
+    from funcnet.train import Aux, TrainState, make_train_step
 
     weights = common.mlp_weights(case["sizes"], seed=0)
     net, params = _model(weights)
@@ -80,7 +81,7 @@ def run(peer, cfg, case):
     if peer == "fit":
         import tqdm  # noqa: F401  (the progress bar must really be drawn)
 
-        from funcnet.train import Callback
+        from funcnet.callbacks import Callback
 
         class EpochClock(Callback):
             """Wall time at each epoch end: differences are whole epochs, loop included."""

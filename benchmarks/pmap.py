@@ -17,7 +17,7 @@ def run(peer, cfg, case):
     import jax.numpy as jnp
     import optax
 
-    from funcnet import parallel, train
+    from funcnet import distributed, train
     from benchmarks.mlp import _funcnet
 
     weights = common.mlp_weights(case["sizes"], seed=0)
@@ -36,9 +36,9 @@ def run(peer, cfg, case):
         if n != 4:
             raise RuntimeError(f"pmap-4 needs 4 devices, found {n}: XLA_FLAGS not applied")
         step = jax.pmap(train.make_train_step(loss_fn, tx, axis_name="batch"), axis_name="batch")
-        ts = parallel.replicate(ts)
+        ts = distributed.replicate(ts)
         place = jax.pmap(lambda t: t)  # puts each shard on its device once, outside the timing
-        batches = [place(parallel.shard((jnp.asarray(x), jnp.asarray(y)), n)) for x, y in zip(xs, ys)]
+        batches = [place(distributed.shard((jnp.asarray(x), jnp.asarray(y)), n)) for x, y in zip(xs, ys)]
         first = lambda m: float(m["loss"][0])
     elif peer == "jit-1":
         step = jax.jit(train.make_train_step(loss_fn, tx))

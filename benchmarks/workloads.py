@@ -131,7 +131,7 @@ WORKLOADS: List[Workload] = [
               "per-sample form of the same update (accumulate each sample's difference into its "
               "class, then move every center once), so both give the same loss and centers."),
     Workload(
-        "fit", "6. funcnet.train.fit end to end vs bare step loops (workload 1's MLP)", "s/epoch",
+        "fit", "6. funcnet.fit end to end vs bare step loops (workload 1's MLP)", "s/epoch",
         peers=[Peer("fit", "benchmarks.fit:run",
                     note="fit(): numpy shuffling/batching, host-to-device copies, tqdm bar, metrics"),
                Peer("train-step", "benchmarks.fit:run",

@@ -51,7 +51,9 @@ def main(argv=None):
     import funcnet
     from funcnet import data, losses, metrics, optim, outputs
     from funcnet.layers import Dense, Relu
-    from funcnet.train import Aux, TrainState, fit
+    from funcnet import fit
+    from funcnet.callbacks import Callback
+    from funcnet.train import Aux, TrainState
 
     x_train, y_train = data.mnist("train", args.data_dir, flatten=True)
     x_test, y_test = data.mnist("test", args.data_dir, flatten=True)
@@ -92,7 +94,7 @@ def main(argv=None):
     test_data = lambda epoch: data.batches((x_test, y_test), 1000)
     print(f"{'epoch':>5}  {'loss':>7}  {'center':>7}  {'test acc':>8}  {'samples/s':>9}")
 
-    class Report(funcnet.train.Callback):
+    class Report(Callback):
         def on_epoch_end(self, ctx, epoch, logs):
             print(f"{epoch + 1:>5}  {logs['loss']:7.4f}  {logs['center_loss']:7.4f}  "
                   f"{100 * logs['eval_metric']:7.2f}%  {logs['samples_per_s']:9,.0f}", flush=True)

@@ -24,7 +24,9 @@ import jax
 import funcnet
 from funcnet import data, initializers, losses, metrics, optim
 from funcnet.layers import Dense, Relu
-from funcnet.train import Aux, Checkpoint, TrainState, fit
+from funcnet import fit
+from funcnet.callbacks import Callback, Checkpoint
+from funcnet.train import Aux, TrainState
 
 
 def build_mlp():
@@ -81,7 +83,7 @@ def main(argv=None):
         print(f"{line_logs['epoch'] + 1:>5}  {line_logs['loss']:.4f}  "
               f"{100 * line_logs['eval_metric']:8.2f}%  {line_logs['seconds']:7.2f}", flush=True)
 
-    class Report(funcnet.train.Callback):
+    class Report(Callback):
         def on_epoch_end(self, ctx, epoch, logs):
             report(logs)
 

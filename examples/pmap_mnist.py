@@ -14,7 +14,7 @@ the same command on every process; process 0's address is the coordinator:
 
 (On a SLURM or Open MPI cluster the three variables can be left out:
 ``jax.distributed`` reads the cluster's own.) Every process builds the same
-global batch from the same seed, keeps its slice (``parallel.process_slice``),
+global batch from the same seed, keeps its slice (``distributed.process_slice``),
 and splits that over its local devices; ``pmean`` then averages gradients over
 all devices of all processes, so the parameters stay identical everywhere.
 Only process 0 prints and would write checkpoints.
@@ -49,17 +49,17 @@ def main(argv=None):
     simulate_cpu_devices(args.devices)  # before jax starts
     import jax
 
-    from funcnet import data, losses, parallel
+    from funcnet import data, distributed, losses
     from funcnet.layers import Dense, Relu
     from funcnet.optim import adam
     from funcnet.train import Aux, TrainState, make_train_step
     import funcnet
 
     if args.distributed:
-        parallel.initialize()
-    n_local = parallel.local_device_count(args.devices)
+        distributed.initialize()
+    n_local = distributed.local_device_count(args.devices)
     n_total = n_local * jax.process_count()
-    main_process = parallel.is_main_process()
+    main_process = distributed.is_main_process()
     on_cpu = jax.local_devices()[0].platform == "cpu"
 
     x_train, y_train = data.mnist("train", args.data_dir, flatten=True)
@@ -74,9 +74,9 @@ def main(argv=None):
 
     step = jax.pmap(make_train_step(loss_fn, optimizer, axis_name="batch"), axis_name="batch",
                     devices=jax.local_devices()[:n_local], donate_argnums=0)
-    ts = parallel.replicate(TrainState.create(net, optimizer, jax.random.key(args.seed), (-1, 784)),
+    ts = distributed.replicate(TrainState.create(net, optimizer, jax.random.key(args.seed), (-1, 784)),
                             n_local)
-    mine = parallel.process_slice(args.batch_size)
+    mine = distributed.process_slice(args.batch_size)
     if main_process:
         print(f"{jax.process_count()} process(es), {n_total} device(s) "
               f"({jax.local_devices()[0].platform}), global batch {args.batch_size}, "
@@ -86,7 +86,7 @@ def main(argv=None):
         it = data.prefetch_to_device(
             ((x[mine], y[mine]) for x, y in data.batches((x_train, y_train), args.batch_size,
                                                          shuffle=True, rng=args.seed, epoch=epoch)),
-            size=2, transform=lambda b: parallel.shard(b, n_local))
+            size=2, transform=lambda b: distributed.shard(b, n_local))
         t0, n, m = time.perf_counter(), 0, None
         for batch in it:
             previous = m
@@ -98,8 +98,8 @@ def main(argv=None):
             n += args.batch_size
         loss = float(m["loss"][0])  # waits for the last step
         seconds = time.perf_counter() - t0
-        params = parallel.unreplicate(ts.params)
-        logits, _ = net.apply(params, parallel.unreplicate(ts.state), x_test)
+        params = distributed.unreplicate(ts.params)
+        logits, _ = net.apply(params, distributed.unreplicate(ts.state), x_test)
         acc = float((logits.argmax(-1) == y_test).mean())
         if main_process:
             print(f"epoch {epoch + 1}: loss {loss:.4f}  test acc {100 * acc:.2f}%  "

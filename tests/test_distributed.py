@@ -1,12 +1,18 @@
-"""Two processes on 127.0.0.1 (gloo collectives, 2 CPU devices each) train like one."""
+"""funcnet.distributed: replicate/unreplicate/shard/process_slice, and two processes on
+127.0.0.1 (gloo collectives, 2 CPU devices each) that train like one."""
 import os
 import socket
 import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
+import funcnet
+from funcnet import distributed
+from funcnet.layers import Dense
 from helpers.distributed_setup import N_STEPS, batch, build
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,3 +66,44 @@ def test_two_processes_match_single_process(tmp_path):
             np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
     for k in range(len(ref)):  # identical on every process, bit for bit
         np.testing.assert_array_equal(results[0][f"arr_{k}"], results[1][f"arr_{k}"])
+
+
+def test_replicate_puts_one_copy_per_device_and_unreplicate_inverts():
+    tree = {"w": jnp.arange(6.0).reshape(2, 3), "step": jnp.int32(3), "key": jax.random.key(1)}
+    rep = distributed.replicate(tree)
+    assert rep["w"].shape == (4, 2, 3) and rep["step"].shape == (4,)
+    assert {d for d in rep["w"].sharding.device_set} == set(jax.local_devices())
+    back = distributed.unreplicate(rep)
+    np.testing.assert_array_equal(back["w"], tree["w"])
+    np.testing.assert_array_equal(jax.random.key_data(back["key"]), jax.random.key_data(tree["key"]))
+    assert distributed.replicate(tree, 2)["w"].shape == (2, 2, 3)
+
+
+def test_shard_splits_leading_axis_and_explains_bad_sizes():
+    x, y = np.arange(24.0).reshape(8, 3), np.arange(8)
+    sx, sy = distributed.shard((x, y))
+    assert sx.shape == (4, 2, 3) and sy.shape == (4, 2)
+    np.testing.assert_array_equal(sx.reshape(8, 3), x)
+    with pytest.raises(ValueError, match=r"a batch of 10 examples cannot be split evenly over 4 devices.*multiple of 4 \(e.g. 8\)"):
+        distributed.shard(np.zeros((10, 2)))
+    with pytest.raises(ValueError, match="asked for 8 devices but this process has 4"):
+        distributed.shard(x, 8)
+
+
+def test_process_slice_partitions_the_global_batch():
+    parts = [distributed.process_slice(12, i, 3) for i in range(3)]
+    assert [(s.start, s.stop) for s in parts] == [(0, 4), (4, 8), (8, 12)]
+    assert distributed.process_slice(8) == slice(0, 8)  # one process here
+    with pytest.raises(ValueError, match="cannot be split evenly over 3 processes"):
+        distributed.process_slice(10, 0, 3)
+    assert distributed.is_main_process()
+
+
+def test_funcnet_parallel_is_the_combinator_and_device_helpers_live_in_distributed():
+    assert funcnet.parallel is funcnet.combinators.parallel
+    layer = funcnet.parallel(Dense(2), Dense(3))
+    assert isinstance(layer, funcnet.Layer)
+    shapes, _, _ = layer.init(jax.random.key(0), ((-1, 4), (-1, 4)))
+    assert shapes == ((-1, 2), (-1, 3))
+    for name in distributed.__all__:
+        assert callable(getattr(funcnet.distributed, name))

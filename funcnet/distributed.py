@@ -1,4 +1,4 @@
-"""Data parallelism: ``jax.pmap`` over local devices, ``jax.distributed`` across processes.
+"""Devices, hosts and data parallelism: ``jax.pmap`` over local devices, ``jax.distributed`` across processes.
 
 One device holds one replica of the :class:`funcnet.train.TrainState`; each gets
 a slice of the batch; gradients are averaged with ``lax.pmean`` inside the step
@@ -13,24 +13,16 @@ Beyond one machine, :func:`initialize` starts JAX's own multi-process runtime
 (``jax.distributed``); ``pmap`` then spans every process's devices, each process
 feeds its local devices with its own part of the global batch
 (:func:`process_slice`), and collectives run across all of them.
-
-``funcnet.parallel`` is also callable: ``funcnet.parallel(f, g)`` is the
-:func:`funcnet.combinators.parallel` combinator, so ``funcnet.serial`` and
-``funcnet.parallel`` read alike while this module keeps the data-parallel tools.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import types
 from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from funcnet import combinators
 
 __all__ = ["initialize", "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
            "local_device_count"]
@@ -150,14 +142,3 @@ def _devices(devices):
     if isinstance(devices, int):
         return jax.local_devices()[:local_device_count(devices)]
     return list(devices)
-
-
-
-class _ParallelModule(types.ModuleType):
-    """This module, callable as the ``parallel`` combinator (see the module docstring)."""
-
-    def __call__(self, *layers):
-        return combinators.parallel(*layers)
-
-
-sys.modules[__name__].__class__ = _ParallelModule

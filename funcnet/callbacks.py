@@ -1,0 +1,130 @@
+"""Callbacks for :func:`funcnet.loop.fit`: checkpoints, loggers, early stopping.
+
+A callback overrides any of four hooks; each gets the loop's
+:class:`funcnet.loop.FitContext`. Callbacks that write files do so from process 0
+only, so a multi-process run writes one copy.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Optional
+
+from funcnet import checkpoint as ckpt
+from funcnet import distributed
+from funcnet.loop import LoopPosition
+
+__all__ = ["Callback", "Checkpoint", "CSVLogger", "JSONLLogger", "EarlyStopping",
+           "LearningRateLogger"]
+
+
+class Callback:
+    """Hooks called by :func:`funcnet.loop.fit`. Override what you need; all default to no-ops."""
+
+    def on_train_begin(self, ctx): ...
+    def on_step_end(self, ctx, step: int): ...
+    def on_epoch_end(self, ctx, epoch: int, logs: dict): ...
+    def on_train_end(self, ctx): ...
+
+
+class Checkpoint(Callback):
+    """Saves the train state and the loop position every ``every_steps`` steps and/or
+    at the end of every ``every_epochs`` epochs, keeping the last ``keep``.
+
+    Only process 0 writes. ``fit(..., resume_from=directory)`` continues from the
+    latest checkpoint with the same parameters, rng and data order as an
+    uninterrupted run.
+    """
+
+    def __init__(self, directory, *, every_steps: Optional[int] = None,
+                 every_epochs: Optional[int] = 1, keep: Optional[int] = 3):
+        self.directory, self.every_steps, self.every_epochs, self.keep = directory, every_steps, every_epochs, keep
+
+    def on_step_end(self, ctx, step):
+        if self.every_steps and step % self.every_steps == 0:
+            self._save(ctx, step)
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        if self.every_epochs and (epoch + 1) % self.every_epochs == 0:
+            self._save(ctx, ctx.step)
+
+    def _save(self, ctx, step):
+        if distributed.is_main_process():
+            ckpt.save(self.directory, LoopPosition.of(ctx).checkpoint_tree(ctx.train_state), step,
+                      keep=self.keep)
+
+
+class _FileLogger(Callback):
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+
+
+class CSVLogger(_FileLogger):
+    """Appends one row per epoch to a CSV file (header written when the file is new)."""
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        if not distributed.is_main_process():
+            return
+        new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        if new:
+            fields = list(logs)
+        else:  # appending, e.g. after a resume: keep the file's columns
+            with open(self.path, newline="") as f:
+                fields = next(csv.reader(f))
+        if set(logs) - set(fields):
+            raise ValueError(f"CSVLogger: epoch {epoch} logs {sorted(set(logs) - set(fields))}, "
+                             f"which {self.path} has no column for (columns: {fields}). Use a new "
+                             f"file, or JSONLLogger for logs whose keys change.")
+        with open(self.path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            if new:
+                writer.writeheader()
+            writer.writerow(logs)
+
+
+class JSONLLogger(_FileLogger):
+    """Appends one JSON object per epoch to a file."""
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        if distributed.is_main_process():
+            with open(self.path, "a") as f:
+                f.write(json.dumps(logs) + "\n")
+
+
+class EarlyStopping(Callback):
+    """Stops when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs."""
+
+    def __init__(self, monitor: str = "eval_loss", *, patience: int = 3, mode: str = "min",
+                 min_delta: float = 0.0):
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}.")
+        self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
+        self.best, self.wait = None, 0
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        if self.monitor not in logs:
+            raise KeyError(f"EarlyStopping: no {self.monitor!r} in the epoch logs; have {sorted(logs)}.")
+        value = logs[self.monitor]
+        better = (self.best is None or (value < self.best - self.min_delta if self.mode == "min"
+                                        else value > self.best + self.min_delta))
+        if better:
+            self.best, self.wait = value, 0
+        else:
+            self.wait += 1
+            if self.wait >= self.patience:
+                ctx.stop_training = True
+
+
+class LearningRateLogger(Callback):
+    """Adds ``"lr"``: the optax schedule's value at the current step (or a constant
+    learning rate), to each epoch's logs."""
+
+    def __init__(self, schedule):
+        self.schedule = schedule
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        lr = self.schedule(ctx.step) if callable(self.schedule) else self.schedule
+        logs["lr"] = float(lr)

@@ -1,0 +1,297 @@
+"""The ``fit`` loop: epochs of the pure step, evaluation, callbacks, resumption.
+
+Everything :func:`fit` does can be written by hand with
+:func:`funcnet.train.make_train_step` (the examples show both). The loop is split
+into its phases -- restore, compile, one epoch, evaluate, end of epoch -- and keeps
+its position in one small record, :class:`LoopPosition`, which is what a
+checkpoint stores next to the train state and what ``resume_from`` reads back.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Callable, Iterable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from funcnet import checkpoint as ckpt
+from funcnet import distributed
+from funcnet.train import TrainState, make_eval_step, make_train_step
+
+__all__ = ["fit", "FitContext", "LoopPosition"]
+
+
+class LoopPosition(NamedTuple):
+    """Where the loop stands: the epoch, and how many of its batches were trained on.
+
+    A checkpoint stores it next to the train state; resuming skips
+    ``batch_in_epoch`` batches of ``epoch`` (the data order is the same for a
+    seeded ``train_data(epoch)``), so the run continues as if never interrupted.
+    """
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+    @classmethod
+    def of(cls, ctx: "FitContext") -> "LoopPosition":
+        return cls(ctx.epoch, ctx.batch_in_epoch)
+
+    def checkpoint_tree(self, train_state) -> dict:
+        """The tree a checkpoint holds: the train state and this position."""
+        return {"train_state": train_state, "epoch": np.int64(self.epoch),
+                "batch_in_epoch": np.int64(self.batch_in_epoch)}
+
+    @classmethod
+    def restore(cls, directory, train_state):
+        """``(train_state, position)`` from the latest checkpoint in ``directory``."""
+        target = cls().checkpoint_tree(jax.device_get(train_state))
+        restored = ckpt.restore(directory, target=target)
+        return restored["train_state"], cls(int(restored["epoch"]), int(restored["batch_in_epoch"]))
+
+
+class FitContext:
+    """What callbacks see: the loop's position and a way to stop it.
+
+    ``train_state`` is the current state on the host's default device (replicas
+    are collapsed to one); reading it forces the pending steps to finish.
+    """
+
+    def __init__(self, loop):
+        self._loop = loop
+        self.stop_training = False
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.history: list = []
+        self.host_step = 0  # steps taken, counted on the host (reading the device would sync)
+
+    @property
+    def train_state(self) -> TrainState:
+        return self._loop.host_state()
+
+    @property
+    def step(self) -> int:
+        return self.host_step
+
+
+class _Loop:
+    """Holds the (possibly replicated) state between steps; keeps the host out of the way."""
+
+    def __init__(self, train_state, n_devices):
+        self.n = n_devices
+        # The step donates its input buffers; copying once keeps the caller's state alive.
+        self.state = (distributed.replicate(train_state, n_devices) if n_devices
+                      else jax.tree.map(jnp.copy, train_state))
+
+    def host_state(self):
+        # A copy: the next step donates self.state's buffers, and a callback may keep this.
+        return distributed.unreplicate(self.state) if self.n else jax.tree.map(jnp.copy, self.state)
+
+    def put_batch(self, batch):
+        return distributed.shard(batch, self.n) if self.n else batch
+
+    def first(self, tree):
+        """One replica's value of a per-device result (the value itself on one device)."""
+        return jax.tree.map(lambda x: x[0], tree) if self.n else tree
+
+
+class _Steps(NamedTuple):
+    train: Callable
+    eval: Optional[Callable]
+    add: Callable
+    throttle: bool  # bound the pmap steps in flight (XLA:CPU collectives, see _train_epoch)
+
+
+def _compile(loss_fn, optimizer, eval_fn, n_dev) -> _Steps:
+    """The jitted (one device) or pmapped (``n_dev`` devices) train and eval steps."""
+    axis = "batch" if n_dev else None
+    raw_step = make_train_step(loss_fn, optimizer, axis_name=axis)
+    train = (jax.pmap(raw_step, axis_name=axis, donate_argnums=0) if n_dev
+             else jax.jit(raw_step, donate_argnums=0))
+    evaluate = None
+    if eval_fn is not None:
+        raw_eval = make_eval_step(eval_fn, axis_name=axis)
+        evaluate = jax.pmap(raw_eval, axis_name=axis) if n_dev else jax.jit(raw_eval)
+    add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+    throttle = bool(n_dev) and jax.local_devices()[0].platform == "cpu"
+    return _Steps(train, evaluate, add, throttle)
+
+
+def _iterate(data, epoch):
+    return iter(data(epoch) if callable(data) else data)
+
+
+def _batch_size(batch) -> int:
+    return int(jax.tree.leaves(batch)[0].shape[0])
+
+
+def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_every):
+    """Runs one epoch's steps; returns ``(per-step metrics, examples seen)``.
+
+    ``skip`` batches at the start were trained on before the checkpoint the run
+    resumed from. Metrics stay on the device until the epoch ends (no sync per step).
+    """
+    t0 = time.perf_counter()
+    step_metrics, seen = [], 0
+    for i, batch in enumerate(_iterate(train_data, epoch)):
+        if i < skip:
+            continue
+        loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
+        if steps.throttle and step_metrics:
+            # At most two pmap steps in flight: with many multi-device executions
+            # queued, XLA:CPU's collectives can deadlock (seen with 4 simulated
+            # devices on 2 cores). GPUs order executions per stream; no need there.
+            jax.block_until_ready(step_metrics[-1])
+        step_metrics.append(metrics)
+        seen += _batch_size(batch)
+        ctx.batch_in_epoch = i + 1
+        ctx.host_step += 1
+        for cb in callbacks:
+            cb.on_step_end(ctx, ctx.host_step)
+        if bar is not None and (i + 1) % log_every == 0:
+            last = jax.device_get(loop.first(metrics))
+            bar.update(log_every)
+            bar.set_postfix(loss=f"{float(last['loss']):.4f}",
+                            samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
+    if not step_metrics and not skip:
+        raise ValueError(f"fit: train_data gave no batches in epoch {epoch}. A generator or "
+                         f"iterator is used up after one epoch: pass a callable "
+                         f"epoch -> iterable (e.g. lambda epoch: data.batches(...)).")
+    return step_metrics, seen
+
+
+def _mean_metrics(step_metrics) -> dict:
+    """Per-epoch means of the step metrics, ``loss`` first."""
+    if not step_metrics:
+        return {}
+    host = jax.device_get(step_metrics)
+    keys = ["loss"] + [k for k in host[0] if k != "loss"]
+    return {k: float(np.mean([np.mean(m[k]) for m in host])) for k in keys}
+
+
+def _evaluate(loop, steps, metric, eval_data, epoch) -> dict:
+    """The ``eval_*`` log entries: metric states of all eval batches added, then computed."""
+    total = None
+    for batch in _iterate(eval_data, epoch):
+        s = steps.eval(loop.state, loop.put_batch(batch))
+        total = s if total is None else steps.add(total, s)
+    if total is None:
+        return {}
+    computed = metric.compute(loop.first(total))
+    computed = computed if isinstance(computed, dict) else {"metric": computed}
+    logs = {}
+    for k, v in jax.device_get(computed).items():
+        v = np.asarray(v)
+        logs[f"eval_{k}"] = float(v) if v.ndim == 0 else v.tolist()
+    return logs
+
+
+def _end_epoch(ctx, callbacks, epoch, logs, print_fn):
+    ctx.batch_in_epoch = 0
+    ctx.epoch = epoch + 1  # a checkpoint taken now resumes at the next epoch
+    for cb in callbacks:
+        cb.on_epoch_end(ctx, epoch, logs)
+    ctx.epoch = epoch
+    ctx.history.append(logs)
+    if print_fn is not None:
+        print_fn(" ".join(f"{k}={_fmt(v)}" for k, v in logs.items()))
+
+
+def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTransformation,
+        train_data, *, epochs: int = 1, eval_data=None, eval_fn: Optional[Callable] = None,
+        metric=None, devices: Optional[int] = None, callbacks: Iterable = (),
+        progress: Optional[bool] = None, log_every: int = 50, resume_from=None,
+        print_fn: Optional[Callable[[str], None]] = None):
+    """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
+
+    Args:
+      train_state: from :meth:`funcnet.train.TrainState.create`.
+      loss_fn, optimizer: as for :func:`funcnet.train.make_train_step`.
+      train_data: ``train_data(epoch)`` returning an iterable of batches, or an
+        iterable re-iterated every epoch. Use the callable form with a seeded
+        shuffle (``funcnet.data.batches(..., rng=seed, epoch=epoch)``) when you want
+        resuming to reproduce the data order.
+      eval_data, eval_fn, metric: evaluation after every epoch. ``eval_fn(params,
+        state, batch)`` returns a metric state of ``metric`` (a ``funcnet.metrics``
+        metric or collection); batch states are added and ``metric.compute`` gives
+        the ``eval_*`` entries of the logs.
+      devices: ``None`` trains on one device with ``jax.jit``; ``N`` replicates the
+        state on N local devices and runs the ``jax.pmap`` step (gradients averaged
+        with ``pmean``); every batch is split over the devices.
+      callbacks: :mod:`funcnet.callbacks` instances (checkpoints, loggers, early
+        stopping), called in order: put callbacks that add log entries
+        (``LearningRateLogger``) before the loggers that write them.
+      progress: a tqdm progress bar with loss and samples/s. ``None``: on when
+        stderr is a terminal and tqdm is installed; ``False``: off.
+      log_every: steps between progress-bar refreshes (each one waits for the
+        device, so not every step).
+      resume_from: a checkpoint directory written by ``callbacks.Checkpoint``; when
+        it holds a checkpoint, training continues from it (state, rng, epoch, and
+        the position inside the epoch).
+      print_fn: if given (e.g. ``print``), receives one summary line per epoch.
+
+    History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps),
+    the step's other metrics, ``eval_*``, ``samples_per_s``, ``seconds``.
+    """
+    if (eval_data is None) != (eval_fn is None) or (eval_fn is not None and metric is None):
+        raise ValueError("fit: evaluation needs eval_data, eval_fn and metric together.")
+    callbacks = list(callbacks)
+    position = LoopPosition()
+    if resume_from is not None and ckpt.latest_step(resume_from) is not None:
+        train_state, position = LoopPosition.restore(resume_from, train_state)
+
+    n_dev = distributed.local_device_count(devices) if devices else None
+    steps = _compile(loss_fn, optimizer, eval_fn, n_dev)
+    loop = _Loop(train_state, n_dev)
+    ctx = FitContext(loop)
+    ctx.host_step = int(jax.device_get(train_state.step))
+    bar_factory = _progress_factory(progress)
+    for cb in callbacks:
+        cb.on_train_begin(ctx)
+
+    for epoch in range(position.epoch, epochs):
+        ctx.epoch = epoch
+        t0 = time.perf_counter()
+        bar = bar_factory(epoch, epochs)
+        skip = position.batch_in_epoch if epoch == position.epoch else 0
+        step_metrics, seen = _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip,
+                                          bar, log_every)
+        logs = {"epoch": epoch, **_mean_metrics(step_metrics)}
+        seconds = time.perf_counter() - t0
+        logs["samples_per_s"] = seen / seconds if seconds > 0 else math.nan
+        if steps.eval is not None:
+            logs.update(_evaluate(loop, steps, metric, eval_data, epoch))
+        logs["seconds"] = time.perf_counter() - t0
+        if bar is not None:
+            bar.close()
+        _end_epoch(ctx, callbacks, epoch, logs, print_fn)
+        if ctx.stop_training:
+            break
+    for cb in callbacks:
+        cb.on_train_end(ctx)
+    return loop.host_state(), ctx.history
+
+
+def _fmt(v):
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _progress_factory(progress):
+    """Returns ``make(epoch, epochs) -> bar or None``; tqdm is optional."""
+    if progress is False:
+        return lambda epoch, epochs: None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        if progress:
+            print("fit: progress=True but tqdm is not installed (pip install tqdm); "
+                  "continuing without a progress bar.", file=sys.stderr)
+        return lambda epoch, epochs: None
+    if progress is None and not sys.stderr.isatty():
+        return lambda epoch, epochs: None
+    return lambda epoch, epochs: tqdm(desc=f"epoch {epoch + 1}/{epochs}", unit="step",
+                                      leave=False, dynamic_ncols=True)
