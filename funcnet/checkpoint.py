@@ -43,7 +43,6 @@ jax key arrays for typed keys, Python scalars for Python scalars.
 from __future__ import annotations
 
 import json
-import numbers
 import operator
 import os
 import re
@@ -57,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from funcnet import _checks as checks
 from funcnet.fileio import atomic_write
 
 __all__ = ["save", "restore", "latest_step", "all_steps", "CheckpointError",
@@ -249,9 +249,8 @@ def save(directory, train_state, step, *, keep: Optional[int] = None) -> Path:
       The path of the written file.
     """
     step = _check_step(step)
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, numbers.Integral)
-                             or keep < 1):
-        raise ValueError(f"checkpoint.save: keep must be a positive int or None, got {keep!r}.")
+    if keep is not None:
+        keep = checks.positive_int("checkpoint.save", "keep (or None)", keep)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _clean_stale_tmp(directory)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from funcnet import _checks as checks
 from funcnet.core import Layer, as_layer, named, normalize_axis, split_rng
 
 
@@ -66,8 +67,7 @@ def parallel(*layers) -> Layer:
 
 def FanOut(num: int) -> Layer:
     """Copies its input ``num`` times into a tuple."""
-    if not isinstance(num, int) or num < 1:
-        raise ValueError(f"FanOut: num must be a positive int, got {num!r}.")
+    num = checks.positive_int("FanOut", "num", num)
 
     def init(rng, input_shape):
         return (input_shape,) * num, (), ()
@@ -103,6 +103,7 @@ FanInSum = _fan_in_sum()  # sums a tuple of same-shaped inputs
 
 def FanInConcat(axis: int = -1) -> Layer:
     """Concatenates a tuple of inputs along ``axis``."""
+    axis = checks.integer("FanInConcat", "axis", axis)
 
     def init(rng, input_shape):
         _check_tuple("FanInConcat", input_shape, None, "input_shape")

@@ -21,11 +21,11 @@ import contextlib
 import contextvars
 import functools
 import math
-import numbers
 from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import jax
-import numpy as np
+
+from funcnet import _checks as checks
 
 Shape = Tuple[int, ...]
 PyTree = Any
@@ -125,9 +125,6 @@ def as_layer(layer: Any, where: str = "combinator") -> Layer:
 # they cost nothing: they fire once, at trace time.
 # --------------------------------------------------------------------------- #
 
-def _is_int(x) -> bool:
-    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
-
 
 def check_shape(layer: str, input_shape, *, min_rank: int = 1, max_rank: int | None = None,
                 rank: int | None = None, what: str = "input") -> Shape:
@@ -138,7 +135,7 @@ def check_shape(layer: str, input_shape, *, min_rank: int = 1, max_rank: int | N
     if not isinstance(input_shape, (tuple, list)):
         raise TypeError(f"{layer}: input_shape must be a tuple of ints, got "
                         f"{type(input_shape).__name__} {input_shape!r}.")
-    if not all(_is_int(d) for d in input_shape):
+    if not all(checks.is_int(d) for d in input_shape):
         raise TypeError(f"{layer}: input_shape must contain only ints (use -1 for an unknown "
                         f"batch size), got {tuple(input_shape)!r}.")
     shape = tuple(int(d) for d in input_shape)
@@ -184,17 +181,17 @@ def check_input(layer: str, inputs, *, rank: int | None = None, min_rank: int | 
 
 
 def normalize_axis(layer: str, axis: int, rank: int) -> int:
-    if not _is_int(axis) or not -rank <= axis < rank:
+    if not checks.is_int(axis) or not -rank <= axis < rank:
         raise ValueError(f"{layer}: axis {axis!r} is out of range for a rank-{rank} input.")
     return int(axis) % rank
 
 
 def as_tuple(layer: str, value, n: int, what: str) -> Tuple[int, ...]:
     """An int or a length-``n`` sequence of positive ints, as a tuple."""
-    if _is_int(value):
+    if checks.is_int(value):
         value = (value,) * n
     value = tuple(value)
-    if len(value) != n or not all(_is_int(v) and v > 0 for v in value):
+    if len(value) != n or not all(checks.is_int(v) and v > 0 for v in value):
         raise ValueError(f"{layer}: {what} must be a positive int or {n} positive ints, "
                          f"got {value!r}.")
     return tuple(int(v) for v in value)

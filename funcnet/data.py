@@ -32,7 +32,6 @@ import collections
 import gzip
 import hashlib
 import itertools
-import numbers
 import os
 import threading
 import urllib.error
@@ -44,6 +43,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import jax
 import numpy as np
 
+from funcnet import _checks as checks
 from funcnet.fileio import atomic_write
 
 __all__ = [
@@ -322,7 +322,7 @@ def epoch_order(n: int, rng, epoch: Optional[int] = None) -> np.ndarray:
     if isinstance(rng, bool):
         raise TypeError("epoch_order: rng must be an int seed, a jax PRNG key or a "
                         f"numpy Generator, got {rng!r}.")
-    if isinstance(rng, numbers.Integral):
+    if checks.is_int(rng):
         seed = int(rng) if epoch is None else [int(rng), int(epoch)]
         return np.random.default_rng(seed).permutation(n)
     if _is_jax_key(rng):
@@ -382,8 +382,7 @@ def batches(arrays, batch_size: int, *, shuffle: bool = False, rng=None,
     if len(set(sizes.values())) != 1:
         raise ValueError(f"batches: all arrays need the same leading size, got {sizes}.")
     n = values[0].shape[0]
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise ValueError(f"batches: batch_size must be a positive int, got {batch_size!r}.")
+    batch_size = checks.positive_int("batches", "batch_size", batch_size)
     if drop_remainder and 0 < n < batch_size:
         raise ValueError(f"batches: batch_size={batch_size} is larger than the {n} examples, so "
                          "drop_remainder=True would yield nothing; use a smaller batch_size or "
@@ -450,8 +449,7 @@ def prefetch_to_device(iterator: Iterable, size: int = 2, device=None,
       transform: applied on the host before the transfer, e.g. reshaping each
         leaf to ``(n_devices, per_device_batch, ...)`` for pmap.
     """
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
-        raise ValueError(f"prefetch_to_device: size must be a positive int, got {size!r}.")
+    size = checks.positive_int("prefetch_to_device", "size", size)
     target = _placement(device)
     it = iter(iterator)
 

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from funcnet import _checks as checks
+
 __all__ = ["initialize", "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
            "local_device_count"]
 
@@ -59,8 +61,7 @@ def local_device_count(devices: Optional[int] = None) -> int:
     available = jax.local_device_count()
     if devices is None:
         return available
-    if not isinstance(devices, int) or devices < 1:
-        raise ValueError(f"devices must be a positive int, got {devices!r}.")
+    devices = checks.positive_int("local_device_count", "devices", devices)
     if devices > available:
         raise ValueError(f"asked for {devices} devices but this process has {available} "
                          f"({jax.local_devices()}). On CPU, simulate more with "
@@ -139,6 +140,6 @@ def is_main_process() -> bool:
 def _devices(devices):
     if devices is None:
         return jax.local_devices()
-    if isinstance(devices, int):
+    if checks.is_int(devices):
         return jax.local_devices()[:local_device_count(devices)]
     return list(devices)

@@ -31,6 +31,8 @@ import numpy as np
 import optax
 from jax import lax
 
+from funcnet import _checks as checks
+
 __all__ = [
     "cross_entropy", "nll_loss", "sigmoid_binary_cross_entropy", "mse", "mae", "huber",
     "hinge", "multiclass_hinge", "smooth_l1", "center_loss_init", "center_loss",
@@ -110,22 +112,14 @@ def _check_label_range(fn: str, labels, num_classes: int, ignore_index=None) -> 
                          f"{found}. Check num_classes or the class axis.")
 
 
-def _check_number(fn: str, value, what: str, low=None, high=None, low_open=False):
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        if isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0:
-            value_c = _concrete(value)
-            if value_c is None:
-                return value  # traced scalar: cannot range-check, trust the caller
-            value = value_c.item()
-        else:
-            raise TypeError(f"{fn}: {what} must be a real number, got {type(value).__name__}.")
-    too_low = low is not None and (value <= low if low_open else value < low)
-    too_high = high is not None and value > high
-    if too_low or too_high or value != value:
-        lo = "" if low is None else ("(" if low_open else "[") + f"{low}, "
-        hi = "inf)" if high is None else f"{high}]"
-        raise ValueError(f"{fn}: {what} must be in {lo or '(-inf, '}{hi}, got {value}.")
-    return value
+def _check_number(fn: str, what: str, value, **bounds):
+    """``checks.real``, but a 0-d array is read when concrete and trusted when traced."""
+    if isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0:
+        concrete = _concrete(value)
+        if concrete is None:
+            return value  # traced scalar: cannot range-check, trust the caller
+        value = concrete.item()
+    return checks.real(fn, what, value, **bounds)
 
 
 def _is_zero(value) -> bool:
@@ -270,7 +264,7 @@ def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
     labels = _array(fn, labels, "labels")
     _check_reduction(fn, reduction)
     axis = _class_axis(fn, logits, axis)
-    label_smoothing = _check_number(fn, label_smoothing, "label_smoothing", 0.0, 1.0)
+    label_smoothing = _check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
     num_classes = logits.shape[axis]
     weight = _class_weight(fn, weight, num_classes, logits.dtype)
 
@@ -388,7 +382,7 @@ def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
     """
     fn = "funcnet.losses.huber"
     predictions, targets = _regression_args(fn, predictions, targets, reduction)
-    delta = _check_number(fn, delta, "delta", 0.0, low_open=True)
+    delta = _check_number(fn, "delta", delta, low=0.0, low_open=True)
     return _reduce(optax.losses.huber_loss(predictions, targets, delta=delta), reduction)
 
 
@@ -403,7 +397,7 @@ def smooth_l1(data, *, scalar: float = 1.0):
     """
     fn = "funcnet.losses.smooth_l1"
     data = _float_array(fn, data, "data")
-    scalar = _check_number(fn, scalar, "scalar", 0.0, low_open=True)
+    scalar = _check_number(fn, "scalar", scalar, low=0.0, low_open=True)
     s2 = scalar * scalar
     return jnp.where(jnp.abs(data) < 1.0 / s2, 0.5 * s2 * data * data, jnp.abs(data) - 0.5 / s2)
 
@@ -476,9 +470,7 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
 def center_loss_init(num_classes: int, feature_dim: int, dtype=jnp.float32):
     """Initial class centers: zeros of shape ``(num_classes, feature_dim)``."""
     for what, n in (("num_classes", num_classes), ("feature_dim", feature_dim)):
-        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"funcnet.losses.center_loss_init: {what} must be a positive int, "
-                             f"got {n!r}.")
+        checks.positive_int("center_loss_init", what, n)
     return jnp.zeros((int(num_classes), int(feature_dim)), dtype)
 
 
@@ -533,7 +525,7 @@ def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None
     if labels.shape != features.shape[:1]:
         raise ValueError(f"{fn}: labels must be ({features.shape[0]},), one class id per "
                          f"feature row, got {labels.shape}.")
-    alpha = _check_number(fn, alpha, "alpha", 0.0)
+    alpha = _check_number(fn, "alpha", alpha, low=0.0)
     _check_label_range(fn, labels, num_classes)
 
     batch = features.shape[0]

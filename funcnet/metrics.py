@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-import jax
 import jax.numpy as jnp
 from jax import lax
+
+from funcnet import _checks as checks
 
 __all__ = ["Metric", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
            "ConfusionMatrix", "collection", "merge"]
@@ -140,8 +141,7 @@ def TopKAccuracy(k: int) -> Metric:
     (``lax.top_k``). ``k=1`` is :func:`Accuracy`.
     """
     fn = "funcnet.metrics.TopKAccuracy"
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"{fn}: k must be a positive int, got {k!r}.")
+    k = checks.positive_int(fn, "k", k)
 
     def init():
         return {"correct": jnp.zeros((), jnp.int32), "count": jnp.zeros((), jnp.int32)}
@@ -171,8 +171,7 @@ def ConfusionMatrix(num_classes: int) -> Metric:
     ``[0, num_classes)`` are not counted. ``compute`` returns the int32 matrix.
     """
     fn = "funcnet.metrics.ConfusionMatrix"
-    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
-        raise ValueError(f"{fn}: num_classes must be a positive int, got {num_classes!r}.")
+    num_classes = checks.positive_int(fn, "num_classes", num_classes)
     n = num_classes
 
     def init():

@@ -28,33 +28,25 @@ Why not plain ``optax.sgd`` / ``optax.adam``?
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from funcnet import _checks as checks
+
 __all__ = ["sgd", "adam", "torch_momentum", "TorchMomentumState"]
 
 
-def _is_python_number(x: Any) -> bool:
-    # Python and NumPy scalars are "concrete": they can decide the structure of
-    # the chain and be range-checked. Arrays (inject_hyperparams) never do, so
-    # init and update always build the same chain.
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+# Python and NumPy scalars are "concrete": they can decide the structure of the
+# chain and be range-checked. Arrays (inject_hyperparams) never do, so init and
+# update always build the same chain.
+_is_python_number = checks.is_real
 
 
 def _check_nonnegative(fn: str, name: str, value: Any) -> None:
-    if _is_python_number(value) and value < 0:
-        raise ValueError(f"{fn}: {name} must be >= 0, got {value!r}.")
-
-
-def _check_learning_rate(fn: str, learning_rate: Any) -> None:
-    if learning_rate is None:
-        raise ValueError(f"{fn}: learning_rate is required (a number or an optax schedule).")
-    if not callable(learning_rate):
-        _check_nonnegative(fn, "learning_rate", learning_rate)
+    checks.hyperparameter(fn, name, value, low=0.0)
 
 
 class TorchMomentumState(NamedTuple):
@@ -125,7 +117,7 @@ def sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.0,
         ``nesterov=True`` without ``momentum > 0`` and ``dampening == 0``
         (PyTorch's rules).
     """
-    _check_learning_rate("sgd", learning_rate)
+    checks.learning_rate("sgd", learning_rate)
     _check_nonnegative("sgd", "momentum", momentum)
     _check_nonnegative("sgd", "weight_decay", weight_decay)
     if nesterov and _is_python_number(momentum) and _is_python_number(dampening) and (
@@ -162,12 +154,11 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
       ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
         outside ``[0, 1)`` (PyTorch's checks).
     """
-    _check_learning_rate("adam", learning_rate)
+    checks.learning_rate("adam", learning_rate)
     _check_nonnegative("adam", "eps", eps)
     _check_nonnegative("adam", "weight_decay", weight_decay)
     for name, beta in (("b1", b1), ("b2", b2)):
-        if _is_python_number(beta) and not 0.0 <= beta < 1.0:
-            raise ValueError(f"adam: {name} must be in [0, 1), got {beta!r}.")
+        checks.hyperparameter("adam", name, beta, low=0.0, high=1.0, high_open=True)
     parts = []
     if not (_is_python_number(weight_decay) and weight_decay == 0):
         parts.append(optax.add_decayed_weights(weight_decay))

@@ -31,7 +31,8 @@ from typing import Callable, Sequence, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from funcnet import _checks as checks
 
 __all__ = [
     "softmax_output",
@@ -108,16 +109,6 @@ def _check_normalization(fn: str, normalization) -> None:
                          f"got {normalization!r}.")
 
 
-def _check_number(fn: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise TypeError(f"{fn}: {name} must be a Python number, got {value!r}.")
-    return float(value)
-
-
-def _check_bool(fn: str, name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{fn}: {name} must be True or False, got {value!r}.")
-    return bool(value)
 
 
 # --------------------------------------------------------------------------- #
@@ -179,12 +170,12 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
     data = _as_float_data(fn, data)
     label = _as_label(fn, label)
     _check_normalization(fn, normalization)
-    grad_scale = _check_number(fn, "grad_scale", grad_scale)
-    ignore_label = _check_number(fn, "ignore_label", ignore_label)
-    smooth_alpha = _check_number(fn, "smooth_alpha", smooth_alpha)
-    use_ignore = _check_bool(fn, "use_ignore", use_ignore)
-    multi_output = _check_bool(fn, "multi_output", multi_output)
-    preserve_shape = _check_bool(fn, "preserve_shape", preserve_shape)
+    grad_scale = checks.real(fn, "grad_scale", grad_scale)
+    ignore_label = checks.real(fn, "ignore_label", ignore_label)
+    smooth_alpha = checks.real(fn, "smooth_alpha", smooth_alpha)
+    use_ignore = checks.flag(fn, "use_ignore", use_ignore)
+    multi_output = checks.flag(fn, "multi_output", multi_output)
+    preserve_shape = checks.flag(fn, "preserve_shape", preserve_shape)
     if multi_output and preserve_shape:
         raise ValueError(f"{fn}: multi_output=True (softmax over axis 1) and "
                          f"preserve_shape=True (softmax over the last axis) conflict; "
@@ -271,7 +262,7 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
 def _regression(fn: str, forward: Callable, residual_grad: Callable, data, label, grad_scale):
     data = _as_float_data(fn, data)
     label = _as_label(fn, label)
-    grad_scale = _check_number(fn, "grad_scale", grad_scale)
+    grad_scale = checks.real(fn, "grad_scale", grad_scale)
     if label.ndim == 0 or label.shape[0] != data.shape[0] or label.size != data.size:
         raise ValueError(
             f"{fn}: label must have the batch size of data and as many elements "
@@ -354,9 +345,9 @@ def svm_output(data, label, *, margin: float = 1.0, regularization_coefficient: 
     fn = "svm_output"
     data = _as_float_data(fn, data)
     label = _as_label(fn, label)
-    margin = _check_number(fn, "margin", margin)
-    reg = _check_number(fn, "regularization_coefficient", regularization_coefficient)
-    use_linear = _check_bool(fn, "use_linear", use_linear)
+    margin = checks.real(fn, "margin", margin)
+    reg = checks.real(fn, "regularization_coefficient", regularization_coefficient)
+    use_linear = checks.flag(fn, "use_linear", use_linear)
     if label.shape != data.shape[:-1]:
         raise ValueError(f"{fn}: data of shape {data.shape} (classes on the last axis) needs "
                          f"label of shape {data.shape[:-1]}, got {label.shape}.")
@@ -400,8 +391,8 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
     if not jnp.issubdtype(data.dtype, jnp.floating):
         raise TypeError(f"{fn}: data must be a floating-point array, got dtype {data.dtype}.")
     _check_normalization(fn, normalization)
-    grad_scale = _check_number(fn, "grad_scale", grad_scale)
-    valid_thresh = _check_number(fn, "valid_thresh", valid_thresh)
+    grad_scale = checks.real(fn, "grad_scale", grad_scale)
+    valid_thresh = checks.real(fn, "valid_thresh", valid_thresh)
     rows = math.prod(data.shape[:-1])
 
     def data_grad(out):  # out is data: the forward is the identity

@@ -10,13 +10,12 @@ a layer.
 
 from __future__ import annotations
 
-import numbers
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from funcnet import _checks as checks
 from funcnet.core import Layer, check_input, check_shape, named, normalize_axis
 
 
@@ -62,14 +61,13 @@ Softplus = elementwise("Softplus", jax.nn.softplus)
 
 def LeakyRelu(negative_slope: float = 0.01) -> Layer:
     """``x if x >= 0 else negative_slope * x``: ``torch.nn.LeakyReLU`` (same default 0.01)."""
-    if not isinstance(negative_slope, numbers.Real) or isinstance(negative_slope, bool):
-        raise TypeError(f"LeakyRelu: negative_slope must be a real number, got {negative_slope!r}.")
+    negative_slope = checks.real("LeakyRelu", "negative_slope", negative_slope)
     return elementwise(f"LeakyRelu({negative_slope})",
                        lambda x: jax.nn.leaky_relu(x, negative_slope))
 
 
 def _check_axis(layer: str, axis) -> int:
-    if not isinstance(axis, (numbers.Integral, np.integer)) or isinstance(axis, bool):
+    if not checks.is_int(axis):
         raise TypeError(f"{layer}: axis must be an int, got {axis!r}.")
     return int(axis)
 

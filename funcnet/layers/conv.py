@@ -17,102 +17,29 @@ dims        input/output kernel
 spatial letters in the *kernel* spec is the order in which ``filter_shape``,
 ``strides``, ``dilation`` and ``padding`` list the spatial axes.
 
-The helpers :func:`normalize_padding` and :func:`output_size` are shared with
-:mod:`funcnet.layers.pooling`.
+Padding and window arguments are read as in :mod:`funcnet.layers.pooling`
+(the shared rules live in ``funcnet.layers._windows``).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-from typing import Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
+from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
+from funcnet.layers._windows import normalize_padding, output_size, window_tuple
 
-PADDING_STRINGS = ("VALID", "SAME", "SAME_LOWER")
 
 _DEFAULT_SPECS = {
     1: ("NWC", "WIO", "NWC"),
     2: ("NHWC", "HWIO", "NHWC"),
     3: ("NDHWC", "DHWIO", "NDHWC"),
 }
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-# --------------------------------------------------------------------------- #
-# Argument normalisation shared by the conv and pooling layers.
-# --------------------------------------------------------------------------- #
-
-def window_tuple(layer: str, value, what: str, max_dims: int = 3) -> Tuple[int, ...]:
-    """A ``filter_shape``/``window_shape``: a tuple of 1 to ``max_dims`` positive ints."""
-    if _is_int(value) or not isinstance(value, (tuple, list)):
-        raise TypeError(f"{layer}: {what} must be a tuple of 1 to {max_dims} ints, one per "
-                        f"spatial axis (e.g. (3, 3) for 2-D), got {value!r}.")
-    if not all(_is_int(v) for v in value):
-        raise TypeError(f"{layer}: {what} must contain only ints, got {tuple(value)!r}.")
-    if not 1 <= len(value) <= max_dims or not all(v > 0 for v in value):
-        raise ValueError(f"{layer}: {what} must be 1 to {max_dims} positive ints, got "
-                         f"{tuple(value)!r}.")
-    return tuple(int(v) for v in value)
-
-
-def normalize_padding(layer: str, padding, n: int, strings: Sequence[str] = PADDING_STRINGS):
-    """Returns an upper-case padding string from ``strings`` or ``n`` ``(low, high)`` int pairs.
-
-    Accepted: a string (case-insensitive), an int ``p`` (``(p, p)`` on every
-    spatial axis, PyTorch's ``padding=p``), or ``n`` entries that are each an int
-    ``p`` or a ``(low, high)`` pair. Entries must be non-negative.
-    """
-    choices = ", ".join(repr(s) for s in strings)
-    if isinstance(padding, str):
-        if padding.upper() not in strings:
-            raise ValueError(f"{layer}: unknown padding {padding!r}; expected one of {choices}, "
-                             f"an int, or {n} (low, high) int pairs.")
-        return padding.upper()
-    if _is_int(padding):
-        padding = [padding] * n
-    bad = ValueError(f"{layer}: padding must be one of {choices}, a non-negative int, or {n} "
-                     f"(low, high) pairs of non-negative ints (one per spatial axis), got "
-                     f"{padding!r}.")
-    if not isinstance(padding, (tuple, list)) or len(padding) != n:
-        raise bad
-    pairs = []
-    for entry in padding:
-        if _is_int(entry):
-            entry = (entry, entry)
-        if (not isinstance(entry, (tuple, list)) or len(entry) != 2
-                or not all(_is_int(p) and p >= 0 for p in entry)):
-            raise bad
-        pairs.append((int(entry[0]), int(entry[1])))
-    return tuple(pairs)
-
-
-def output_size(layer: str, size: int, window: int, stride: int, padding, axis: int) -> int:
-    """Spatial output size of a strided window op: ``(size + lo + hi - window) // stride + 1``.
-
-    ``padding`` is a string from :data:`PADDING_STRINGS` or a ``(lo, hi)`` pair;
-    ``window`` is the effective (dilated) window. An unknown size (-1) stays -1.
-    """
-    if size == -1:
-        return -1
-    lo, hi = (lax.padtype_to_pads([size], [window], [stride], padding)[0]
-              if isinstance(padding, str) else padding)
-    out = (size + lo + hi - window) // stride + 1
-    if out < 1:
-        raise ValueError(f"{layer}: input size {size} on axis {axis} is too small for a window "
-                         f"of {window} (after dilation) with padding {(lo, hi)}: the output would "
-                         f"be empty. Use a larger input, a smaller filter/window, or more "
-                         f"padding.")
-    return out
 
 
 def _specs(layer: str, dimension_numbers, n: int):
@@ -137,16 +64,28 @@ def _spatial(spec: str, chars: str) -> list:
     return [c for c in spec if c not in chars]
 
 
-def _check_out_chan(layer: str, out_chan) -> int:
-    if not _is_int(out_chan) or out_chan < 1:
-        raise ValueError(f"{layer}: out_chan must be a positive int, got {out_chan!r}.")
-    return int(out_chan)
-
-
 def _layout_perm(spatial_letters, rhs_spec: str, in_letter: str, out_letter: str):
     """Permutation taking a canonical ``(*spatial, in, out)`` kernel to ``rhs_spec``."""
     canonical = "".join(spatial_letters) + in_letter + out_letter
     return tuple(canonical.index(c) for c in rhs_spec)
+
+
+def _init_params(rng, W_init, b_init, canonical_shape, perm, fan_in: int, use_bias: bool):
+    """``{"W", "b"}``: the kernel drawn in the canonical ``(*spatial, in, out)`` layout
+    (whose fans every initializer reads correctly), then moved to the rhs layout."""
+    k1, k2 = jax.random.split(rng)
+    params = {"W": jnp.transpose(W_init(k1, canonical_shape, jnp.float32), perm)}
+    if use_bias:
+        b_init = b_init or initializers.torch_default_bias(fan_in)
+        params["b"] = b_init(k2, (canonical_shape[-1],), jnp.float32)
+    return params
+
+
+def _output_shape(shape, lhs_spec: str, out_spec: str, spatial, out_chan: int, spatial_size):
+    """The output shape: ``spatial_size(i, letter, size)`` for the i-th spatial axis."""
+    sizes = {c: spatial_size(i, c, shape[lhs_spec.index(c)]) for i, c in enumerate(spatial)}
+    sizes["N"], sizes["C"] = shape[lhs_spec.index("N")], out_chan
+    return tuple(sizes[c] for c in out_spec)
 
 
 def _add_bias(out, params, out_spec: str):
@@ -198,16 +137,13 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     size) stay -1 in the output shape; the channel size must be known.
     """
     name = f"Conv({out_chan}, {filter_shape!r})"
-    out_chan = _check_out_chan(name, out_chan)
+    out_chan = checks.positive_int(name, "out_chan", out_chan)
     filter_shape = window_tuple(name, filter_shape, "filter_shape")
     n = len(filter_shape)
     strides = as_tuple(name, 1 if strides is None else strides, n, "strides")
     dilation = as_tuple(name, 1 if dilation is None else dilation, n, "dilation")
     padding = normalize_padding(name, padding, n)
-    if not _is_int(feature_group_count) or feature_group_count < 1:
-        raise ValueError(f"{name}: feature_group_count must be a positive int, got "
-                         f"{feature_group_count!r}.")
-    groups = int(feature_group_count)
+    groups = checks.positive_int(name, "feature_group_count", feature_group_count)
     if out_chan % groups:
         raise ValueError(f"{name}: feature_group_count={groups} must divide out_chan={out_chan}.")
     lhs_spec, rhs_spec, out_spec = _specs(name, dimension_numbers, n)
@@ -217,13 +153,12 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
     W_init = W_init or initializers.torch_default()
 
+    def spatial_size(i, letter, size):
+        pad = padding if isinstance(padding, str) else padding[i]
+        return output_size(name, size, window[i], strides[i], pad, lhs_spec.index(letter))
+
     def out_shape(shape):
-        sizes = {c: output_size(name, shape[lhs_spec.index(c)], w, s,
-                                padding if isinstance(padding, str) else padding[i],
-                                lhs_spec.index(c))
-                 for i, (c, w, s) in enumerate(zip(spatial, window, strides))}
-        sizes["N"], sizes["C"] = shape[lhs_spec.index("N")], out_chan
-        return tuple(sizes[c] for c in out_spec)
+        return _output_shape(shape, lhs_spec, out_spec, spatial, out_chan, spatial_size)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, rank=n + 2)
@@ -232,15 +167,9 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         if in_chan % groups:
             raise ValueError(f"{name}: feature_group_count={groups} must divide the input "
                              f"channels, got {in_chan} channels (input shape {shape}).")
-        output_shape = out_shape(shape)
-        k1, k2 = jax.random.split(rng)
-        W = W_init(k1, filter_shape + (in_chan // groups, out_chan), jnp.float32)
-        params = {"W": jnp.transpose(W, perm)}
-        if use_bias:
-            fan_in = math.prod(filter_shape) * (in_chan // groups)
-            params["b"] = (b_init or initializers.torch_default_bias(fan_in))(
-                k2, (out_chan,), jnp.float32)
-        return output_shape, params, ()
+        params = _init_params(rng, W_init, b_init, filter_shape + (in_chan // groups, out_chan),
+                              perm, math.prod(filter_shape) * (in_chan // groups), use_bias)
+        return out_shape(shape), params, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
         W = params["W"]
@@ -259,6 +188,43 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
 # --------------------------------------------------------------------------- #
 # ConvTranspose
 # --------------------------------------------------------------------------- #
+
+def _output_padding(name: str, output_padding, padding, strides, dilation) -> tuple:
+    """PyTorch's ``output_padding``: per axis, non-negative, below the stride or dilation."""
+    n = len(strides)
+    if checks.is_int(output_padding):
+        output_padding = (output_padding,) * n
+    if (not isinstance(output_padding, (tuple, list)) or len(output_padding) != n
+            or not all(checks.is_int(p) and p >= 0 for p in output_padding)):
+        raise ValueError(f"{name}: output_padding must be a non-negative int or {n} of them, "
+                         f"got {output_padding!r}.")
+    output_padding = tuple(int(p) for p in output_padding)
+    if any(output_padding):
+        if isinstance(padding, str):
+            raise ValueError(f"{name}: output_padding={output_padding} needs explicit padding "
+                             f"(ints or (low, high) pairs), got padding={padding!r}.")
+        for op, s, d in zip(output_padding, strides, dilation):
+            if op >= max(s, d):
+                raise ValueError(f"{name}: output_padding {output_padding} must be smaller than "
+                                 f"the stride {strides} or the dilation {dilation} on each axis.")
+    return output_padding
+
+
+def _transposed_size(name: str, size: int, k: int, s: int, pad, op: int, axis: int) -> int:
+    """Output size of a transposed conv on one axis (see :func:`ConvTranspose`)."""
+    if size == -1:
+        return -1
+    if pad == "SAME":
+        out = size * s
+    elif pad == "VALID":
+        out = size * s + max(k - s, 0)
+    else:
+        out = (size - 1) * s + k - pad[0] - pad[1] + op
+    if out < 1:
+        raise ValueError(f"{name}: padding {pad} on axis {axis} is larger than the output "
+                         f"({(size - 1) * s + k} before padding) for input size {size}.")
+    return out
+
 
 def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=None,
                   dimension_numbers=None, W_init=None, b_init=None, use_bias: bool = True,
@@ -307,27 +273,13 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
         also PyTorch's.
     """
     name = f"ConvTranspose({out_chan}, {filter_shape!r})"
-    out_chan = _check_out_chan(name, out_chan)
+    out_chan = checks.positive_int(name, "out_chan", out_chan)
     filter_shape = window_tuple(name, filter_shape, "filter_shape")
     n = len(filter_shape)
     strides = as_tuple(name, 1 if strides is None else strides, n, "strides")
     dilation = as_tuple(name, 1 if dilation is None else dilation, n, "dilation")
     padding = normalize_padding(name, padding, n, strings=("VALID", "SAME"))
-    if _is_int(output_padding):
-        output_padding = (output_padding,) * n
-    if (not isinstance(output_padding, (tuple, list)) or len(output_padding) != n
-            or not all(_is_int(p) and p >= 0 for p in output_padding)):
-        raise ValueError(f"{name}: output_padding must be a non-negative int or {n} of them, "
-                         f"got {output_padding!r}.")
-    output_padding = tuple(int(p) for p in output_padding)
-    if any(output_padding):
-        if isinstance(padding, str):
-            raise ValueError(f"{name}: output_padding={output_padding} needs explicit padding "
-                             f"(ints or (low, high) pairs), got padding={padding!r}.")
-        for op, s, d in zip(output_padding, strides, dilation):
-            if op >= max(s, d):
-                raise ValueError(f"{name}: output_padding {output_padding} must be smaller than "
-                                 f"the stride {strides} or the dilation {dilation} on each axis.")
+    output_padding = _output_padding(name, output_padding, padding, strides, dilation)
     lhs_spec, rhs_spec, out_spec = _specs(name, dimension_numbers, n)
     spatial = _spatial(rhs_spec, "OI")
     perm = _layout_perm(spatial, rhs_spec, "I", "O")
@@ -340,41 +292,21 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
     W_init = W_init or initializers.torch_default(in_axis=-1, out_axis=-2)
 
-    def size_out(size, k, s, pad, op, axis):
-        if size == -1:
-            return -1
-        if pad == "SAME":
-            out = size * s
-        elif pad == "VALID":
-            out = size * s + max(k - s, 0)
-        else:
-            out = (size - 1) * s + k - pad[0] - pad[1] + op
-        if out < 1:
-            raise ValueError(f"{name}: padding {pad} on axis {axis} is larger than the output "
-                             f"({(size - 1) * s + k} before padding) for input size {size}.")
-        return out
+    def spatial_size(i, letter, size):
+        pad = padding if isinstance(padding, str) else padding[i]
+        return _transposed_size(name, size, window[i], strides[i], pad, output_padding[i],
+                                lhs_spec.index(letter))
 
     def out_shape(shape):
-        sizes = {c: size_out(shape[lhs_spec.index(c)], k, s,
-                             padding if isinstance(padding, str) else padding[i],
-                             output_padding[i], lhs_spec.index(c))
-                 for i, (c, k, s) in enumerate(zip(spatial, window, strides))}
-        sizes["N"], sizes["C"] = shape[lhs_spec.index("N")], out_chan
-        return tuple(sizes[c] for c in out_spec)
+        return _output_shape(shape, lhs_spec, out_spec, spatial, out_chan, spatial_size)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, rank=n + 2)
         check_known(name, shape, [c_axis], "channel dimension")
         in_chan = shape[c_axis]
-        output_shape = out_shape(shape)
-        k1, k2 = jax.random.split(rng)
-        W = W_init(k1, filter_shape + (in_chan, out_chan), jnp.float32)
-        params = {"W": jnp.transpose(W, perm)}
-        if use_bias:
-            fan_in = math.prod(filter_shape) * out_chan
-            params["b"] = (b_init or initializers.torch_default_bias(fan_in))(
-                k2, (out_chan,), jnp.float32)
-        return output_shape, params, ()
+        params = _init_params(rng, W_init, b_init, filter_shape + (in_chan, out_chan), perm,
+                              math.prod(filter_shape) * out_chan, use_bias)
+        return out_shape(shape), params, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
         W = params["W"]

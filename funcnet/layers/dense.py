@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet.core import Layer, check_input, check_known, check_shape, named
 
@@ -16,8 +17,7 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
     (``U(±1/sqrt(in_dim))``) and, when ``b_init`` is None,
     ``initializers.torch_default_bias(in_dim)``. Leading axes are batch axes.
     """
-    if not isinstance(out_dim, int) or isinstance(out_dim, bool) or out_dim < 1:
-        raise ValueError(f"Dense: out_dim must be a positive int, got {out_dim!r}.")
+    out_dim = checks.positive_int("Dense", "out_dim", out_dim)
     name = f"Dense({out_dim})"
     W_init = W_init or initializers.torch_default()
 

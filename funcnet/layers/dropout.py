@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 
 import jax
 import jax.numpy as jnp
 
+from funcnet import _checks as checks
 from funcnet.core import Layer, check_input, check_shape, named, need_rng
 
 
@@ -27,11 +26,8 @@ def Dropout(rate: float) -> Layer:
     Args:
       rate: drop probability, a real number in ``[0, 1)``.
     """
-    if (not isinstance(rate, numbers.Real) or isinstance(rate, bool)
-            or not math.isfinite(rate) or not 0.0 <= rate < 1.0):
-        raise ValueError(f"Dropout: rate must be a real number in [0, 1) (the probability of "
-                         f"dropping an element), got {rate!r}.")
-    rate = float(rate)
+    rate = checks.real("Dropout", "rate (the probability of dropping an element)", rate,
+                       low=0.0, high=1.0, high_open=True)
     keep = 1.0 - rate
     scale = 1.0 / keep
     name = f"Dropout({rate:g})"

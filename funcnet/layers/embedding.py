@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet.core import Layer, check_input, check_shape, named
-
-
-def _check_positive_int(layer: str, what: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{layer}: {what} must be a positive int, got {value!r}.")
-    return value
 
 
 def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
@@ -34,8 +29,8 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
     row of NaN, so the mistake shows up as a NaN loss instead of a wrong but
     plausible vector. Such rows get no gradient.
     """
-    _check_positive_int("Embedding", "vocab_size", vocab_size)
-    _check_positive_int("Embedding", "dim", dim)
+    vocab_size = checks.positive_int("Embedding", "vocab_size", vocab_size)
+    dim = checks.positive_int("Embedding", "dim", dim)
     name = f"Embedding({vocab_size}, {dim})"
     E_init = E_init or initializers.normal(1.0)
 

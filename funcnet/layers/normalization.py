@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Hashable, Optional
 
 import jax.numpy as jnp
 from jax import lax
 
+from funcnet import _checks as checks
 from funcnet.core import Layer, check_input, check_known, check_shape, named, normalize_axis
 
 
-def _check_real(layer: str, what: str, value, lo: float, hi: float, hi_open: bool = False):
-    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-          and lo <= value and (value < hi if hi_open else value <= hi))
-    if not ok:
-        interval = f"[{lo:g}, {hi:g}{')' if hi_open else ']'}"
-        raise ValueError(f"{layer}: {what} must be a real number in {interval}, got {value!r}.")
-    return float(value)
-
-
 def _check_axes(layer: str, axis):
-    axes = (axis,) if isinstance(axis, numbers.Integral) and not isinstance(axis, bool) else axis
-    if not isinstance(axes, (tuple, list)) or not axes or not all(
-            isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in axes):
+    axes = (axis,) if checks.is_int(axis) else axis
+    if not isinstance(axes, (tuple, list)) or not axes or not all(checks.is_int(a) for a in axes):
         raise ValueError(f"{layer}: axis must be an int or a non-empty tuple of ints, got {axis!r}.")
     return tuple(int(a) for a in axes)
 
@@ -88,11 +77,11 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
 
     Statistics are computed in at least float32; the output has the input's dtype.
     """
-    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+    if not checks.is_int(axis):
         raise ValueError(f"BatchNorm: axis must be an int (the feature axis), got {axis!r}.")
-    momentum = _check_real("BatchNorm", "momentum (weight of the old running value)", momentum,
-                           0.0, 1.0)
-    epsilon = _check_real("BatchNorm", "epsilon", epsilon, 0.0, math.inf)
+    momentum = checks.real("BatchNorm", "momentum (weight of the old running value)", momentum,
+                           low=0.0, high=1.0)
+    epsilon = checks.real("BatchNorm", "epsilon", epsilon, low=0.0)
     name = f"BatchNorm(axis={axis})" if axis != -1 else "BatchNorm"
 
     def init(rng, input_shape):
@@ -160,7 +149,7 @@ def LayerNorm(axis=-1, epsilon: float = 1e-5, center: bool = True, scale: bool =
     are computed in at least float32; the output has the input's dtype.
     """
     axes = _check_axes("LayerNorm", axis)
-    epsilon = _check_real("LayerNorm", "epsilon", epsilon, 0.0, math.inf)
+    epsilon = checks.real("LayerNorm", "epsilon", epsilon, low=0.0)
     name = f"LayerNorm(axis={axis})" if axis != -1 else "LayerNorm"
 
     def init(rng, input_shape):

@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 
 from funcnet.core import Layer, as_tuple, check_input, check_shape, named
-from funcnet.layers.conv import normalize_padding, output_size, window_tuple
+from funcnet.layers._windows import normalize_padding, output_size, window_tuple
 
 
 def _pool_args(name, window_shape, strides, padding):

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet.core import Layer, check_input, check_known, check_shape, named
 
@@ -44,8 +45,7 @@ class _Cell(NamedTuple):
 
 def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool) -> Layer:
     """Builds the layer: shared init, input checks and the ``lax.scan`` over time."""
-    if not isinstance(hidden_size, int) or isinstance(hidden_size, bool) or hidden_size < 1:
-        raise ValueError(f"{cell.kind}: hidden_size must be a positive int, got {hidden_size!r}.")
+    hidden_size = checks.positive_int(cell.kind, "hidden_size", hidden_size)
     if not isinstance(return_sequences, bool):
         raise ValueError(f"{cell.kind}: return_sequences must be True or False, got "
                          f"{return_sequences!r}.")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import numbers
 
-import numpy as np
 
+from funcnet import _checks as checks
 from funcnet.core import Layer, check_input, check_known, check_shape, named
 
 
@@ -26,10 +25,6 @@ def _flatten_apply(params, state, inputs, *, rng=None, train=False):
 Flatten: Layer = named("Flatten", _flatten_init, _flatten_apply)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
 def Reshape(shape) -> Layer:
     """``(N, ...) -> (N, *shape)`` in row-major order, as ``x.reshape(x.shape[0], *shape)``.
 
@@ -37,8 +32,8 @@ def Reshape(shape) -> Layer:
     the input size. The non-batch input sizes must be known at ``init``.
     """
     name = f"Reshape({shape!r})"
-    target = (shape,) if _is_int(shape) else shape
-    if not isinstance(target, (tuple, list)) or not all(_is_int(d) for d in target):
+    target = (shape,) if checks.is_int(shape) else shape
+    if not isinstance(target, (tuple, list)) or not all(checks.is_int(d) for d in target):
         raise TypeError(f"{name}: shape must be an int or a tuple of ints (excluding the batch "
                         f"axis), got {shape!r}.")
     target = tuple(int(d) for d in target)

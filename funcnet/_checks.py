@@ -1,0 +1,116 @@
+"""Argument validators shared by every funcnet module (private).
+
+One rule set everywhere: Python ints and NumPy integer scalars are ints; bools
+are not (``True`` is an int to Python, but ``Dense(True)`` is a mistake); reals
+are Python or NumPy real scalars, finite. Every check takes ``(where, name,
+value)`` -- the function or layer, the argument, what arrived -- and its error
+says all three and what would be accepted, so a person can fix the call.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+
+class ArgumentError(ValueError, TypeError):
+    """A bad argument: both a ValueError and a TypeError, so code that catches
+    either (as callers of funcnet's earlier, mixed checks did) keeps working."""
+
+
+def is_int(x: Any) -> bool:
+    """Python ints and NumPy integer scalars; never bools."""
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def is_real(x: Any) -> bool:
+    """Python and NumPy real scalars; never bools."""
+    return isinstance(x, (numbers.Real, np.floating, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _got(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def integer(where: str, name: str, value: Any, *, low: Optional[int] = None) -> int:
+    """``value`` as an int, at least ``low`` when given."""
+    if not is_int(value) or (low is not None and value < low):
+        bound = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(
+            low, f"an int >= {low}")
+        raise ArgumentError(f"{where}: {name} must be {bound}, got {_got(value)}.")
+    return int(value)
+
+
+def positive_int(where: str, name: str, value: Any) -> int:
+    return integer(where, name, value, low=1)
+
+
+def non_negative_int(where: str, name: str, value: Any) -> int:
+    return integer(where, name, value, low=0)
+
+
+def real(where: str, name: str, value: Any, *, low: Optional[float] = None,
+         high: Optional[float] = None, low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a finite float in the interval given by ``low``/``high``."""
+    if not is_real(value):
+        raise ArgumentError(f"{where}: {name} must be a real number, got {_got(value)}.")
+    v = float(value)
+    too_low = low is not None and (v <= low if low_open else v < low)
+    too_high = high is not None and (v >= high if high_open else v > high)
+    if not math.isfinite(v) or too_low or too_high:
+        lo = "(-inf" if low is None else ("(" if low_open else "[") + f"{low:g}"
+        hi = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
+        raise ArgumentError(f"{where}: {name} must be a finite real number in {lo}, {hi}, "
+                         f"got {value!r}.")
+    return v
+
+
+def flag(where: str, name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{where}: {name} must be True or False, got {_got(value)}.")
+    return bool(value)
+
+
+def one_of(where: str, name: str, value: Any, choices: Sequence) -> Any:
+    if value not in choices:
+        raise ArgumentError(f"{where}: {name} must be one of {', '.join(map(repr, choices))}, "
+                         f"got {value!r}.")
+    return value
+
+
+def hyperparameter(where: str, name: str, value: Any, **bounds) -> Any:
+    """A real number checked like :func:`real`, or an array passed through unchecked.
+
+    Arrays come from ``optax.inject_hyperparams``: traced values that can't be
+    range-checked and must not change the structure of the optimizer's chain.
+    """
+    if hasattr(value, "shape") and not isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value
+    real(where, name, value, **bounds)
+    return value
+
+
+def learning_rate(where: str, value: Any) -> Any:
+    """A non-negative number or an optax schedule (any callable ``step -> lr``).
+
+    Arrays pass unchecked: ``optax.inject_hyperparams`` hands the optimizer traced
+    values, which can't be range-checked and must not change the chain's structure.
+    """
+    if value is None:
+        raise ArgumentError(f"{where}: learning_rate is required (a number or an optax schedule).")
+    if callable(value) or hasattr(value, "shape"):
+        return value
+    if isinstance(value, str):
+        raise ArgumentError(f"{where}: learning_rate must be a number or an optax schedule, got the "
+                        f"string {value!r}. Pass a number, e.g. {where}({_as_number_hint(value)}).")
+    return real(where, "learning_rate", value, low=0.0)
+
+
+def _as_number_hint(text: str) -> str:
+    try:
+        return repr(float(text))
+    except ValueError:
+        return "1e-3"
