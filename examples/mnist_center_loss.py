@@ -49,14 +49,14 @@ def main(argv=None):
     import jax.numpy as jnp
 
     import funcnet
-    from funcnet import data, losses, metrics, optim, outputs
+    from funcnet import data, datasets, losses, metrics, optim, outputs
     from funcnet.layers import Dense, Relu
     from funcnet import fit
     from funcnet.callbacks import Callback
     from funcnet.train import Aux, TrainState
 
-    x_train, y_train = data.mnist("train", args.data_dir, flatten=True)
-    x_test, y_test = data.mnist("test", args.data_dir, flatten=True)
+    x_train, y_train = datasets.mnist.load("train", args.data_dir, flatten=True)
+    x_test, y_test = datasets.mnist.load("test", args.data_dir, flatten=True)
     if args.limit:
         x_train, y_train = x_train[:args.limit], y_train[:args.limit]
 

@@ -22,7 +22,7 @@ import time
 import jax
 
 import funcnet
-from funcnet import data, initializers, losses, metrics, optim
+from funcnet import data, datasets, initializers, losses, metrics, optim
 from funcnet.layers import Dense, Relu
 from funcnet import fit
 from funcnet.callbacks import Callback, Checkpoint
@@ -53,8 +53,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.resume and not args.checkpoint_dir:
         sys.exit("--resume needs --checkpoint-dir")
-    x_train, y_train = data.mnist("train", args.data_dir, flatten=True)
-    x_test, y_test = data.mnist("test", args.data_dir, flatten=True)
+    x_train, y_train = datasets.mnist.load("train", args.data_dir, flatten=True)
+    x_test, y_test = datasets.mnist.load("test", args.data_dir, flatten=True)
 
     net = build_mlp()
     optimizer = optim.adam(args.lr)  # torch.optim.Adam semantics, as tinynn's Adam

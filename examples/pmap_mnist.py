@@ -49,7 +49,7 @@ def main(argv=None):
     simulate_cpu_devices(args.devices)  # before jax starts
     import jax
 
-    from funcnet import data, distributed, losses
+    from funcnet import data, datasets, distributed, losses
     from funcnet.layers import Dense, Relu
     from funcnet.optim import adam
     from funcnet.train import Aux, TrainState, make_train_step
@@ -62,8 +62,8 @@ def main(argv=None):
     main_process = distributed.is_main_process()
     on_cpu = jax.local_devices()[0].platform == "cpu"
 
-    x_train, y_train = data.mnist("train", args.data_dir, flatten=True)
-    x_test, y_test = data.mnist("test", args.data_dir, flatten=True)
+    x_train, y_train = datasets.mnist.load("train", args.data_dir, flatten=True)
+    x_test, y_test = datasets.mnist.load("test", args.data_dir, flatten=True)
     net = funcnet.serial(Dense(400), Relu, Dense(100), Relu, Dense(10))
     optimizer = adam(args.lr)
 

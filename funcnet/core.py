@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import math
 from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import jax
@@ -210,6 +209,3 @@ def split_rng(rng, n: int):
         return (None,) * n
     return tuple(jax.random.split(rng, n))
 
-
-def size(shape: Shape) -> int:
-    return math.prod(shape)

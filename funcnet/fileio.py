@@ -1,4 +1,4 @@
-"""Atomic file writes, shared by ``checkpoint`` (saves) and ``data`` (downloads).
+"""Atomic file writes, shared by ``checkpoint`` (saves) and ``datasets`` (downloads).
 
 A reader sees either the old file or the complete new one, never a partial
 write: the bytes go to a temporary file in the destination's directory, are

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Sequence, Union
+from typing import Callable, NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -174,67 +174,88 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
     ignore_label = checks.real(fn, "ignore_label", ignore_label)
     smooth_alpha = checks.real(fn, "smooth_alpha", smooth_alpha)
     use_ignore = checks.flag(fn, "use_ignore", use_ignore)
-    multi_output = checks.flag(fn, "multi_output", multi_output)
-    preserve_shape = checks.flag(fn, "preserve_shape", preserve_shape)
+    layout = _softmax_layout(fn, data.shape, label.shape,
+                             multi_output=checks.flag(fn, "multi_output", multi_output),
+                             preserve_shape=checks.flag(fn, "preserve_shape", preserve_shape))
+    _check_smoothing(fn, layout, smooth_alpha, label.shape, data.shape)
+
+    def forward(x):
+        return jax.nn.softmax(x, axis=layout.axis)
+
+    if layout.probability_label:
+        def data_grad(out, lab):
+            return (out - lab.astype(out.dtype)) * grad_scale
+    else:
+        data_grad = _class_index_grad(layout, grad_scale=grad_scale,
+                                      ignore_index=int(ignore_label), use_ignore=use_ignore,
+                                      normalization=normalization, smooth_alpha=smooth_alpha)
+    return _loss_op(forward, data_grad, data, label)
+
+
+class _SoftmaxLayout(NamedTuple):
+    """Where the classes are and how labels pair with rows (MXNet's label-shape rules)."""
+    axis: int                   # the class axis
+    num_classes: int
+    multi_output: bool
+    probability_label: bool     # label has data's shape: a distribution per position
+    label_shape: tuple          # class-index labels reshaped to this before one_hot
+    per_norm: dict              # the "null" and "batch" normalizers
+
+
+def _softmax_layout(fn: str, shape: tuple, label_shape: tuple, *, multi_output: bool,
+                    preserve_shape: bool) -> _SoftmaxLayout:
     if multi_output and preserve_shape:
         raise ValueError(f"{fn}: multi_output=True (softmax over axis 1) and "
                          f"preserve_shape=True (softmax over the last axis) conflict; "
                          f"set only one.")
-    shape = data.shape
-    if data.ndim < 2:
+    if len(shape) < 2:
         raise ValueError(f"{fn}: data must be at least 2-D (N, C, ...), got shape {shape}.")
-    axis = 1 if multi_output else data.ndim - 1
-    num_classes = shape[axis]
-    probability_label = label.shape == shape
-
+    probability_label = label_shape == shape
     if multi_output:
         spatial = shape[2:]
         d = math.prod(spatial)
         accepted = [(shape[0],) + spatial, (shape[0], d), (shape[0], 1) + spatial]
-        if not probability_label and label.shape not in accepted:
+        if not probability_label and label_shape not in accepted:
             raise ValueError(
                 f"{fn}: with multi_output=True and data of shape {shape}, label must have "
                 f"shape {accepted[0]}, {accepted[1]} or {accepted[2]} (class indices) or "
-                f"{shape} (probabilities); got {label.shape}.")
-    else:
-        if data.ndim > 2 and not preserve_shape:
-            raise ValueError(
-                f"{fn}: data of shape {shape} has rank > 2; pass multi_output=True for "
-                f"classes on axis 1 (data (N, C, d1, ...)) or preserve_shape=True for "
-                f"classes on the last axis.")
-        if not probability_label and label.shape != shape[:-1]:
-            raise ValueError(
-                f"{fn}: data of shape {shape} needs label of shape {shape[:-1]} (class "
-                f"indices) or {shape} (probabilities); got {label.shape}.")
+                f"{shape} (probabilities); got {label_shape}.")
+        return _SoftmaxLayout(1, shape[1], True, probability_label, (shape[0],) + spatial,
+                              {"null": d, "batch": shape[0] * d})
+    if len(shape) > 2 and not preserve_shape:
+        raise ValueError(
+            f"{fn}: data of shape {shape} has rank > 2; pass multi_output=True for "
+            f"classes on axis 1 (data (N, C, d1, ...)) or preserve_shape=True for "
+            f"classes on the last axis.")
+    if not probability_label and label_shape != shape[:-1]:
+        raise ValueError(
+            f"{fn}: data of shape {shape} needs label of shape {shape[:-1]} (class "
+            f"indices) or {shape} (probabilities); got {label_shape}.")
+    return _SoftmaxLayout(len(shape) - 1, shape[-1], False, probability_label, shape[:-1],
+                          {"null": 1, "batch": math.prod(shape[:-1])})
 
-    if smooth_alpha != 0.0:
-        if multi_output or probability_label:
-            raise ValueError(
-                f"{fn}: smooth_alpha is only supported for class-index labels without "
-                f"multi_output (MXNet silently ignores it otherwise); got "
-                f"multi_output={multi_output}, label shape {label.shape} for data {shape}.")
-        if num_classes < 2:
-            raise ValueError(f"{fn}: smooth_alpha needs at least 2 classes, data has "
-                             f"{num_classes} on axis {axis}.")
 
-    def forward(x):
-        return jax.nn.softmax(x, axis=axis)
+def _check_smoothing(fn: str, layout: _SoftmaxLayout, smooth_alpha: float, label_shape: tuple,
+                     shape: tuple) -> None:
+    if smooth_alpha == 0.0:
+        return
+    if layout.multi_output or layout.probability_label:
+        raise ValueError(
+            f"{fn}: smooth_alpha is only supported for class-index labels without "
+            f"multi_output (MXNet silently ignores it otherwise); got "
+            f"multi_output={layout.multi_output}, label shape {label_shape} for data {shape}.")
+    if layout.num_classes < 2:
+        raise ValueError(f"{fn}: smooth_alpha needs at least 2 classes, data has "
+                         f"{layout.num_classes} on axis {layout.axis}.")
 
-    if probability_label:
-        def data_grad(out, lab):
-            return (out - lab.astype(out.dtype)) * grad_scale
-        return _loss_op(forward, data_grad, data, label)
 
-    if multi_output:
-        label_shape = (shape[0],) + shape[2:]
-        per_norm = {"null": d, "batch": shape[0] * d}
-    else:
-        label_shape = shape[:-1]
-        per_norm = {"null": 1, "batch": math.prod(label_shape)}
-    ignore_index = int(ignore_label)
+def _class_index_grad(layout: _SoftmaxLayout, *, grad_scale: float, ignore_index: int,
+                      use_ignore: bool, normalization: str, smooth_alpha: float) -> Callable:
+    """SoftmaxOutput's backward for class-index labels: ``(out - t) * grad_scale / norm``."""
+    axis, num_classes = layout.axis, layout.num_classes
 
     def data_grad(out, lab):
-        k = _class_index(lab.reshape(label_shape))
+        k = _class_index(lab.reshape(layout.label_shape))
         hit = jax.nn.one_hot(k, num_classes, axis=axis, dtype=out.dtype)
         if smooth_alpha != 0.0:
             off = smooth_alpha / (num_classes - 1)
@@ -249,10 +270,10 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
             count = jnp.maximum(k.size - jnp.sum(ignored), 1)
             scale = jnp.asarray(grad_scale, out.dtype) / count.astype(out.dtype)
         else:
-            scale = grad_scale / per_norm[normalization]
+            scale = grad_scale / layout.per_norm[normalization]
         return g * scale
 
-    return _loss_op(forward, data_grad, data, label)
+    return data_grad
 
 
 # --------------------------------------------------------------------------- #

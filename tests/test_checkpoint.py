@@ -1,5 +1,4 @@
-"""funcnet.checkpoint: roundtrips, target validation, keep-last-K, corruption,
-and a writer SIGKILLed in the middle of a save."""
+"""funcnet.checkpoint: round trips, target checks, keep, corruption, SIGKILL during save."""
 import os
 import random
 import signal
@@ -7,16 +6,13 @@ import subprocess
 import sys
 import time
 from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import optax
 import pytest
-
 from funcnet import checkpoint, optim
-
 
 class TrainState(NamedTuple):
     params: dict
@@ -65,9 +61,76 @@ def assert_tree_equal(a, b):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-# --------------------------------------------------------------------------- #
-# roundtrips
-# --------------------------------------------------------------------------- #
+def _mismatch(tmp_path, saved, target):
+    checkpoint.save(tmp_path, saved, 1)
+    with pytest.raises(checkpoint.CheckpointMismatchError) as info:
+        checkpoint.restore(tmp_path, target=target)
+    return str(info.value)
+
+
+def _corrupt_and_check(tmp_path, mutate, match):
+    data = np.arange(1000, dtype=np.float64)
+    path = checkpoint.save(tmp_path, {"data": data, "x": np.ones(3)}, 2)
+    raw = bytearray(path.read_bytes())
+    path.write_bytes(mutate(raw, data))
+    with pytest.raises(checkpoint.CheckpointCorruptError, match=match) as info:
+        checkpoint.restore(tmp_path, step=2)
+    assert str(path) in str(info.value)
+
+
+BIG = 12_500_000  # float32 elements: 50 MB per checkpoint
+
+
+WRITER = r"""
+import sys
+import numpy as np
+from funcnet import checkpoint
+directory, first = sys.argv[1], int(sys.argv[2])
+for step in range(first, first + 100000):
+    checkpoint.save(directory, {"big": np.arange(%d, dtype=np.float32) + step,
+                                "meta": {"step": step, "tag": np.full(3, step, np.int32)}},
+                    step, keep=2)
+""" % BIG
+
+
+def expected_tree(step):
+    return {"big": np.arange(BIG, dtype=np.float32) + step,
+            "meta": {"step": step, "tag": np.full(3, step, np.int32)}}
+
+
+def _temp_files(directory):
+    return [e for e in os.scandir(directory) if e.name.endswith(".tmp")]
+
+
+def _kill_mid_write(directory, first_step, threshold, log):
+    """Starts a writer and SIGKILLs it while a save is in progress, once its
+    temp file holds `threshold` bytes and at least one complete checkpoint
+    exists. Returns True if a partial temp file was left behind."""
+    with open(log, "ab") as err:
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(first_step)],
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"writer exited early ({proc.returncode}): {open(log).read()[-2000:]}")
+            if checkpoint.all_steps(directory):
+                try:
+                    if any(e.stat().st_size >= threshold for e in _temp_files(directory)):
+                        os.kill(proc.pid, signal.SIGKILL)
+                        break
+                except FileNotFoundError:  # renamed under us: wait for the next one
+                    pass
+            time.sleep(0.0005)
+        else:
+            pytest.fail("timed out waiting for the writer")
+        proc.wait(timeout=30)
+        return bool(_temp_files(directory))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
 
 def test_roundtrip_with_target(tmp_path):
     state = make_state()
@@ -135,17 +198,6 @@ def test_restore_keeps_pmap_replication(tmp_path):
     np.testing.assert_array_equal(np.asarray(out), np.ones((ndev, 2)))
 
 
-# --------------------------------------------------------------------------- #
-# target mismatches
-# --------------------------------------------------------------------------- #
-
-def _mismatch(tmp_path, saved, target):
-    checkpoint.save(tmp_path, saved, 1)
-    with pytest.raises(checkpoint.CheckpointMismatchError) as info:
-        checkpoint.restore(tmp_path, target=target)
-    return str(info.value)
-
-
 def test_mismatch_shape(tmp_path):
     msg = _mismatch(tmp_path, {"a": {"w": np.zeros((2, 3), np.float32)}},
                     {"a": {"w": np.zeros((3, 2), np.float32)}})
@@ -173,10 +225,6 @@ def test_mismatch_namedtuple_vs_dict(tmp_path):
     msg = _mismatch(tmp_path, state, state._asdict())
     assert "['params']" in msg and ".params" in msg
 
-
-# --------------------------------------------------------------------------- #
-# steps, keep, errors
-# --------------------------------------------------------------------------- #
 
 def test_steps_and_keep_last_k(tmp_path):
     assert checkpoint.all_steps(tmp_path / "nope") == [] and checkpoint.latest_step(tmp_path) is None
@@ -220,16 +268,6 @@ def test_save_errors(tmp_path):
     assert checkpoint.all_steps(tmp_path) == [] and os.listdir(tmp_path) == []
 
 
-def _corrupt_and_check(tmp_path, mutate, match):
-    data = np.arange(1000, dtype=np.float64)
-    path = checkpoint.save(tmp_path, {"data": data, "x": np.ones(3)}, 2)
-    raw = bytearray(path.read_bytes())
-    path.write_bytes(mutate(raw, data))
-    with pytest.raises(checkpoint.CheckpointCorruptError, match=match) as info:
-        checkpoint.restore(tmp_path, step=2)
-    assert str(path) in str(info.value)
-
-
 def test_corrupt_truncated(tmp_path):
     _corrupt_and_check(tmp_path, lambda raw, _: bytes(raw[: len(raw) // 2]), "cannot be read")
 
@@ -249,63 +287,6 @@ def test_corrupt_garbage_and_foreign_npz(tmp_path):
     with pytest.raises(checkpoint.CheckpointCorruptError, match="not a funcnet checkpoint") as info:
         checkpoint.restore(tmp_path, step=3)
     assert str(foreign) in str(info.value)
-
-
-# --------------------------------------------------------------------------- #
-# SIGKILL in the middle of a save
-# --------------------------------------------------------------------------- #
-
-BIG = 12_500_000  # float32 elements: 50 MB per checkpoint
-
-WRITER = r"""
-import sys
-import numpy as np
-from funcnet import checkpoint
-directory, first = sys.argv[1], int(sys.argv[2])
-for step in range(first, first + 100000):
-    checkpoint.save(directory, {"big": np.arange(%d, dtype=np.float32) + step,
-                                "meta": {"step": step, "tag": np.full(3, step, np.int32)}},
-                    step, keep=2)
-""" % BIG
-
-
-def expected_tree(step):
-    return {"big": np.arange(BIG, dtype=np.float32) + step,
-            "meta": {"step": step, "tag": np.full(3, step, np.int32)}}
-
-
-def _temp_files(directory):
-    return [e for e in os.scandir(directory) if e.name.endswith(".tmp")]
-
-
-def _kill_mid_write(directory, first_step, threshold, log):
-    """Starts a writer and SIGKILLs it while a save is in progress, once its
-    temp file holds `threshold` bytes and at least one complete checkpoint
-    exists. Returns True if a partial temp file was left behind."""
-    with open(log, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(first_step)],
-                                stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"writer exited early ({proc.returncode}): {open(log).read()[-2000:]}")
-            if checkpoint.all_steps(directory):
-                try:
-                    if any(e.stat().st_size >= threshold for e in _temp_files(directory)):
-                        os.kill(proc.pid, signal.SIGKILL)
-                        break
-                except FileNotFoundError:  # renamed under us: wait for the next one
-                    pass
-            time.sleep(0.0005)
-        else:
-            pytest.fail("timed out waiting for the writer")
-        proc.wait(timeout=30)
-        return bool(_temp_files(directory))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 def test_sigkill_during_save_keeps_last_checkpoint(tmp_path):
@@ -332,14 +313,3 @@ def test_sigkill_during_save_keeps_last_checkpoint(tmp_path):
     checkpoint.save(directory, {"x": np.zeros(1)}, step)
     assert _temp_files(directory) == []
     assert checkpoint.latest_step(directory) == step
-
-
-def test_saved_files_get_the_usual_permissions(tmp_path):
-    import os
-    import stat
-    from funcnet import checkpoint as ck
-    ck.save(tmp_path, {"w": np.zeros(3, np.float32)}, 1)
-    (path,) = [p for p in tmp_path.iterdir() if p.suffix == ".npz"]
-    mask = os.umask(0)
-    os.umask(mask)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask

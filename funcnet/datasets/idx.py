@@ -1,0 +1,115 @@
+"""The idx file format of MNIST-style data sets: reading, checking, caching.
+
+A file is a big-endian header (magic ``0x0000``, a type code, the number of
+dimensions, the sizes) followed by the data; it may be gzip-compressed, which is
+detected from the content. Damaged files are an error naming the file, never a
+silently wrong array.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import hashlib
+import threading
+import zlib
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["read_idx", "read_idx_cached", "CorruptFileError"]
+
+
+class CorruptFileError(ValueError):
+    """A data file exists but is not what it should be (truncated, bad header, bad md5)."""
+
+    @classmethod
+    def at(cls, path, why: str) -> "CorruptFileError":
+        """The error for ``path``, saying ``why`` and how to get a good copy."""
+        return cls(f"{path}: {why}. The file is truncated, corrupt or not an idx file; delete it "
+                   f"and fetch the original again (or point data_dir=/FUNCNET_DATA_DIR at a good "
+                   f"copy).")
+
+
+# idx type codes -> big-endian numpy dtypes (http://yann.lecun.com/exdb/mnist/).
+_IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _read_bytes(path: Path) -> bytes:
+    raw = path.read_bytes()
+    if raw[:2] != _GZIP_MAGIC:
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+        raise CorruptFileError.at(path, f"bad gzip data ({e})") from None
+
+
+def _parse_idx(data: bytes, path) -> np.ndarray:
+    if len(data) < 4:
+        raise CorruptFileError.at(path, f"only {len(data)} bytes, shorter than an idx header")
+    if data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES or data[3] == 0:
+        raise CorruptFileError.at(path, f"wrong magic number 0x{data[:4].hex()} (an idx file starts "
+                             "with 0x0000, a type code 0x08-0x0E and the number of dimensions)")
+    ndim = data[3]
+    offset = 4 + 4 * ndim
+    if len(data) < offset:
+        raise CorruptFileError.at(path, f"header declares {ndim} dimensions but the file ends after "
+                             f"{len(data)} bytes")
+    dims = tuple(int(d) for d in np.frombuffer(data, ">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    if len(data) - offset != expected:
+        raise CorruptFileError.at(path, f"size mismatch: the header says shape {dims} of {dtype.name} "
+                             f"({expected} bytes of data) but the file has {len(data) - offset}")
+    arr = np.frombuffer(data, dtype, offset=offset).reshape(dims)
+    return arr.astype(dtype.newbyteorder("="), copy=False)
+
+
+def read_idx(path, *, md5: Optional[str] = None) -> np.ndarray:
+    """Reads an idx file (gzip-compressed or raw; detected from the content).
+
+    Args:
+      path: the file.
+      md5: if given, the expected md5 hex digest of the *uncompressed* content.
+
+    Returns:
+      The array in native byte order, shaped as the header says (read-only
+      when no byte swap was needed).
+
+    Raises:
+      FileNotFoundError: no such file.
+      CorruptFileError: bad gzip stream, wrong magic number, a data size that
+        disagrees with the header, or an md5 mismatch; the message names the file.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    if md5 is not None:
+        got = hashlib.md5(data).hexdigest()
+        if got != md5:
+            raise CorruptFileError.at(path, f"md5 of the uncompressed content is {got}, expected {md5}")
+    return _parse_idx(data, path)
+
+
+_CACHE: "collections.OrderedDict[tuple, np.ndarray]" = collections.OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 8
+
+
+def read_idx_cached(path: Path, md5: Optional[str] = None) -> np.ndarray:
+    """:func:`read_idx`, cached in-process by path, size, mtime and md5; read-only."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, md5)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    arr = read_idx(path, md5=md5)
+    arr.setflags(write=False)  # shared between callers
+    with _CACHE_LOCK:
+        _CACHE[key] = arr
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return arr
