@@ -204,6 +204,19 @@ def need_rng(layer: str, rng) -> jax.Array:
     return rng
 
 
+def need_state(layer: str, state, keys) -> None:
+    """Raises unless ``state`` is the dict of ``keys`` a stateful layer keeps.
+
+    Stateful layers call it first in ``apply``, so ``state=()`` (accepted for
+    networks of stateless layers) reaching one is an error that names it.
+    """
+    if not isinstance(state, dict) or not set(keys) <= set(state):
+        got = sorted(state) if isinstance(state, dict) else repr(state)
+        raise ValueError(f"{layer}: apply needs this layer's state {sorted(keys)}, got {got}. "
+                         f"Pass the state returned by init (or by the last apply); state=() "
+                         f"is accepted only by networks whose layers are all stateless.")
+
+
 def split_rng(rng, n: int):
     """``n`` independent keys, or ``n`` Nones when there is no key."""
     if rng is None:
