@@ -7,7 +7,10 @@
 
 ``apply(params, state, inputs, *, rng=None, train=False) -> (outputs, new_state)``
     Runs the layer. ``params`` and ``state`` are plain pytrees (dicts and tuples
-    of arrays). Stateless layers have ``state == ()`` and return it unchanged.
+    of arrays). A layer without state has ``state == ()`` and returns it
+    unchanged; a combinator's state has one entry per child, and ``()`` is
+    accepted for a network whose layers are all stateless (stateful layers check
+    their state with :func:`need_state`, so ``()`` reaching one names it).
     Layers that need randomness (Dropout) read ``rng``; combinators split it so
     every sub-layer gets an independent key.
 

@@ -40,8 +40,8 @@ dict of optimizers, one per trained model, each with its own state (a GAN's two
 optimizers). A model with no entry in that dict has no optimizer and is never
 trained (a DQN target network; see :func:`copy_params` and :func:`polyak_update`).
 ``make_train_step(loss_fn, optimizers, update="disc")`` differentiates and updates
-``disc`` only: the other models' params and optimizer states come back unchanged
-(the same arrays), while the loss_fn still runs them (a generator loss through the
+``disc`` only: the other models' params and optimizer states come back
+bit-identical, while the loss_fn still runs them (a generator loss through the
 frozen discriminator).
 """
 
@@ -64,9 +64,12 @@ class TrainState(NamedTuple):
     """Everything a training step reads and writes; a pytree (jit/pmap/checkpoint it as is).
 
     Attributes:
-      params: trainable parameters (what ``optax`` updates).
-      state: layer state (e.g. BatchNorm running statistics), ``()`` if none.
-      opt_state: the optimizer's state.
+      params: trainable parameters (what ``optax`` updates); for several models a
+        dict ``{name: params}``.
+      state: layer state (e.g. BatchNorm running statistics), ``()`` if none; for
+        several models a dict ``{name: state}``.
+      opt_state: the optimizer's state; with a dict of optimizers, ``{name: state}``
+        for the models that have one.
       step: number of steps taken (int32 scalar).
       rng: the key the next step splits for its randomness (dropout).
       loss_state: state kept by the loss (e.g. center-loss centers), ``()`` if none.
@@ -181,8 +184,8 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     (a model name or a sequence of names) picks the models that get gradients and
     an update, default: every model in the optimizer dict. The others are held
     fixed, like PyTorch's ``requires_grad_(False)`` on a whole network: no gradient
-    is computed for them, and their params and optimizer state pass through as the
-    same arrays. ``update=`` needs one optimizer state per model (a dict of
+    is computed for them, and their params and optimizer state come back
+    bit-identical. ``update=`` needs one optimizer state per model (a dict of
     optimizers at create, the same optimizer under several names if you like).
     """
     takes_loss_state = _takes_loss_state(loss_fn)
@@ -253,6 +256,7 @@ class _Updater(NamedTuple):
 def _updater(optimizer, update) -> _Updater:
     if not isinstance(optimizer, dict) and update is None:
         def apply(grads, ts):
+            _check_joint_opt_state(optimizer, ts)
             updates, opt_state = optimizer.update(grads, ts.opt_state, ts.params)
             return optax.apply_updates(ts.params, updates), opt_state
         return _Updater(lambda ts: ts.params, lambda params, trained: trained, apply)
@@ -277,6 +281,19 @@ def _updater(optimizer, update) -> _Updater:
         return params, opt_state
 
     return _Updater(select, lambda params, trained: {**params, **trained}, apply)
+
+
+def _check_joint_opt_state(optimizer, ts) -> None:
+    """A per-model opt_state stepped with one optimizer: say so instead of optax's tree error."""
+    keyed_by_model = (isinstance(ts.opt_state, dict) and isinstance(ts.params, dict)
+                      and ts.opt_state and set(ts.opt_state) <= set(ts.params))
+    if keyed_by_model and (jax.tree.structure(ts.opt_state)
+                           != jax.tree.structure(jax.eval_shape(optimizer.init, ts.params))):
+        raise ValueError(f"make_train_step: the TrainState keeps one optimizer state per model "
+                         f"({sorted(ts.opt_state)}), but the step was built with one optimizer "
+                         f"for the whole params. Build it with the dict of optimizers the state "
+                         f"was created with, make_train_step(loss_fn, {{name: optimizer, ...}}), "
+                         f"optionally with update=name.")
 
 
 def _update_names(optimizer, update) -> tuple:

@@ -193,6 +193,8 @@ def test_errors_name_the_models():
     joint = TrainState.create({"gen": (G, (-1, 2)), "disc": (D, (-1, 6))}, optax.sgd(0.1), KEY)
     with pytest.raises(ValueError, match="one optimizer state per model"):
         make_train_step(d_loss, optax.sgd(0.1), update="disc")(joint, (REAL, NOISE))
+    with pytest.raises(ValueError, match=r"one optimizer state per model \(\['disc', 'gen'\]\)"):
+        make_train_step(d_loss, optax.adam(1e-2))(ts, (REAL, NOISE))
     with pytest.raises(ValueError, match=r"optimizer names the models \['critic'\]"):
         TrainState.create({"gen": (G, (-1, 2))}, {"critic": optax.sgd(0.1)}, KEY)
     with pytest.raises(TypeError, match="leave input_shape out"):
@@ -207,3 +209,17 @@ def test_errors_name_the_models():
 
 def test_public_names():
     assert funcnet.copy_params is copy_params and funcnet.polyak_update is polyak_update
+
+
+def test_update_step_under_pmap_matches_one_device():
+    n = jax.local_device_count()
+    opts, ts = gan_state()
+    real = jnp.tile(REAL, (n, 1))[:4 * n]
+    noise = jnp.tile(NOISE, (n, 1))[:4 * n]
+    one, _ = jax.jit(make_train_step(d_loss, opts, update="disc"))(ts, (real, noise))
+    pstep = jax.pmap(make_train_step(d_loss, opts, update="disc", axis_name="b"), axis_name="b")
+    many, _ = pstep(distributed.replicate(ts, n), distributed.shard((real, noise), n))
+    many = distributed.unreplicate(many)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 many.params, one.params)
+    _identical(many.params["gen"], ts.params["gen"])
