@@ -5,19 +5,24 @@ function that ``jax.jit`` and ``jax.pmap`` accept. The README's "Layout" section
 says which module holds which concept.
 """
 
-from funcnet import (callbacks, checkpoint, combinators, core, data, datasets,
-                     distributed, initializers,
-                     introspect, layers, loop, losses, metrics, optim, outputs, testing, train)
+from funcnet import (callbacks, checkpoint, combinators, core, data, datasets, distributed,
+                     inference, initializers, introspect, layers, loop, losses, metrics, optim,
+                     outputs, params, testing, train)
 from funcnet.combinators import FanInConcat, FanInSum, FanOut, Identity, Residual, parallel, serial
 from funcnet.core import Layer, named
+from funcnet.inference import make_predict_fn
 from funcnet.introspect import count, summary
 from funcnet.loop import fit
-from funcnet.train import Aux, TrainState, make_eval_step, make_train_step
+from funcnet.params import freeze, kernel_mask, mask_where, path_str, paths, subtree_mask
+from funcnet.train import (Aux, TrainState, copy_params, make_eval_step, make_train_step,
+                           polyak_update)
 
 __version__ = "0.2.0.dev0"
 
 __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Residual",
            "Identity", "summary", "count", "fit", "TrainState", "Aux", "make_train_step",
-           "make_eval_step", "callbacks", "checkpoint", "combinators", "core", "data", "datasets",
-           "distributed", "initializers", "introspect", "layers", "loop", "losses", "metrics",
-           "optim", "outputs", "testing", "train"]
+           "make_eval_step", "copy_params", "polyak_update", "make_predict_fn", "paths",
+           "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze", "callbacks",
+           "checkpoint", "combinators", "core", "data", "datasets", "distributed", "inference",
+           "initializers", "introspect", "layers", "loop", "losses", "metrics", "optim",
+           "outputs", "params", "testing", "train"]

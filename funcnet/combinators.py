@@ -3,23 +3,46 @@
 ``serial`` and ``parallel`` keep one params/state entry per child (a tuple), so
 the pytrees mirror the network. Every child gets its own key from
 ``jax.random.split``: two Dropouts in one ``serial`` never share a mask.
+
+A network whose layers are all stateless may be applied with ``state=()``
+instead of the nested ``((), (), ...)`` its init returns: each combinator
+expands ``()`` into one ``()`` per child, however deep the nesting, and gives
+``()`` back. A stateful layer reached this way fails, and the error names it.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from funcnet import _checks as checks
 from funcnet.core import Layer, as_layer, named, normalize_axis, split_rng
 
 
-def serial(*layers) -> Layer:
+def serial(*layers, **named_layers) -> Layer:
     """Composes layers in sequence: ``serial(f, g)(x) = g(f(x))``.
 
-    params and state are tuples with one entry per layer; ``serial`` of serials nests.
+    Positional ``serial(f, g)``: params and state are tuples with one entry per
+    layer. Named ``serial(encoder=f, decoder=g)``: they are dicts keyed by those
+    names, so ``params["encoder"]`` and the path ``"encoder/0/W"``
+    (:func:`funcnet.params.paths`) address a sub-network; layers run in the order
+    written. Keywords were chosen over ``("name", layer)`` pairs because a Layer is
+    itself a pair, and a keyword cannot be mistaken for one. Mixing positional and
+    named layers is an error (the order would be ambiguous). ``serial`` of serials nests.
+
+    ``state=()`` is accepted when every layer is stateless (see the module docstring).
     """
-    layers = tuple(as_layer(l, "serial") for l in layers)
-    inits, applies = zip(*layers) if layers else ((), ())
+    if layers and named_layers:
+        raise TypeError(f"serial: give the layers either all positionally or all by name, got "
+                        f"{len(layers)} positional and {sorted(named_layers)} named. Name them "
+                        f"all, e.g. serial(encoder=enc, decoder=dec).")
+    if named_layers:
+        names = tuple(named_layers)
+        layers = tuple(as_layer(l, f"serial({n}=...)") for n, l in named_layers.items())
+    else:
+        names, layers = None, tuple(as_layer(l, "serial") for l in layers)
+    inits = tuple(l.init for l in layers)
+    children = names if names else len(layers)
 
     def init(rng, input_shape):
         params, state = [], []
@@ -27,15 +50,19 @@ def serial(*layers) -> Layer:
             input_shape, p, s = init_fn(key, input_shape)
             params.append(p)
             state.append(s)
-        return input_shape, tuple(params), tuple(state)
+        return input_shape, _pack(names, params), _pack(names, state)
 
     def apply(params, state, inputs, *, rng=None, train=False):
-        _check_children("serial", params, state, len(layers))
+        given_empty = _is_empty_tuple(state)
+        state = _expand_empty_state(state, children)
+        _check_children("serial", params, state, children)
         new_state = []
-        for fn, p, s, key in zip(applies, params, state, split_rng(rng, len(layers))):
-            inputs, s = fn(p, s, inputs, rng=key, train=train)
+        for i, (layer, key) in enumerate(zip(layers, split_rng(rng, len(layers)))):
+            k = names[i] if names else i
+            inputs, s = _apply_child("serial", k, layer, params[k], state[k], inputs, key, train,
+                                     given_empty)
             new_state.append(s)
-        return inputs, tuple(new_state)
+        return inputs, _keep_empty(given_empty, _pack(names, new_state))
 
     return named("serial", init, apply)
 
@@ -45,9 +72,11 @@ def parallel(*layers) -> Layer:
 
     Input and output are tuples of the same length as ``layers``; use with
     ``FanOut`` and ``FanInSum``/``FanInConcat`` to build branches.
+
+    ``state=()`` is accepted when every branch is stateless.
     """
     layers = tuple(as_layer(l, "parallel") for l in layers)
-    inits, applies = zip(*layers) if layers else ((), ())
+    inits = tuple(l.init for l in layers)
     n = len(layers)
 
     def init(rng, input_shape):
@@ -56,11 +85,14 @@ def parallel(*layers) -> Layer:
         return tuple(o[0] for o in outs), tuple(o[1] for o in outs), tuple(o[2] for o in outs)
 
     def apply(params, state, inputs, *, rng=None, train=False):
+        given_empty = _is_empty_tuple(state)
+        state = _expand_empty_state(state, n)
         _check_children("parallel", params, state, n)
         _check_tuple("parallel", inputs, n, "inputs")
-        outs = [f(p, s, x, rng=k, train=train)
-                for f, p, s, x, k in zip(applies, params, state, inputs, split_rng(rng, n))]
-        return tuple(o[0] for o in outs), tuple(o[1] for o in outs)
+        outs = [_apply_child("parallel", i, layer, p, s, x, k, train, given_empty)
+                for i, (layer, p, s, x, k) in enumerate(zip(layers, params, state, inputs,
+                                                            split_rng(rng, n)))]
+        return tuple(o[0] for o in outs), _keep_empty(given_empty, tuple(o[1] for o in outs))
 
     return named("parallel", init, apply)
 
@@ -169,6 +201,9 @@ def _check_tuple(layer, value, n, what):
 
 
 def _check_children(layer, params, state, n):
+    """``n`` is the number of children (positional) or their names (named serial)."""
+    if not isinstance(n, int):
+        return _check_named_children(layer, params, state, n)
     if not isinstance(params, (tuple, list)) or len(params) != n:
         raise ValueError(f"{layer}: params do not match this {layer} of {n} layers (got "
                          f"{type(params).__name__} of length {len(params) if hasattr(params, '__len__') else '?'}). "
@@ -176,3 +211,65 @@ def _check_children(layer, params, state, n):
     if not isinstance(state, (tuple, list)) or len(state) != n:
         raise ValueError(f"{layer}: state does not match this {layer} of {n} layers. Use the "
                          f"state returned by this layer's init (or the last apply).")
+
+
+def _check_named_children(layer, params, state, names):
+    for what, tree in (("params", params), ("state", state)):
+        if not isinstance(tree, dict) or set(tree) != set(names):
+            got = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
+            raise ValueError(f"{layer}: {what} do not match this {layer} of the named layers "
+                             f"{list(names)} (got {got}). Use the {what} returned by this "
+                             f"layer's init.")
+
+
+# --------------------------------------------------------------------------- #
+# state=() for networks of stateless layers
+# --------------------------------------------------------------------------- #
+
+def _expand_empty_state(state, children):
+    """The state a combinator hands its children when it was given ``state=()``.
+
+    ``children`` is their number (a tuple of that many ``()``) or their names (a
+    dict of ``()``). Any other state is returned as it is. This is what lets
+    ``net.apply(params, (), x)`` run a network whose layers are all stateless,
+    however nested: each combinator expands ``()`` one level down. A stateful
+    layer given ``()`` fails with an error naming it.
+    """
+    if not _is_empty_tuple(state):
+        return state
+    if isinstance(children, int):
+        return ((),) * children
+    return {name: () for name in children}
+
+
+def _is_empty_tuple(state) -> bool:
+    return isinstance(state, tuple) and len(state) == 0
+
+
+def _keep_empty(given_empty, new_state):
+    # Given (), give () back, so a loop that feeds the state back in keeps one
+    # structure (no retrace) as long as the children had nothing to return.
+    if given_empty and not jax.tree.leaves(new_state):
+        return ()
+    return new_state
+
+
+_EMPTY_STATE_NOTE = "funcnet: applied with state=()"
+
+
+def _apply_child(layer, key, child, params, state, inputs, rng, train, given_empty):
+    """Runs one child; when it got an expanded ``state=()`` and fails, says which child."""
+    try:
+        return child.apply(params, state, inputs, rng=rng, train=train)
+    except (TypeError, KeyError, IndexError, AttributeError) as e:  # what indexing () raises
+        notes = getattr(e, "__notes__", ())
+        if given_empty and not any(n.startswith(_EMPTY_STATE_NOTE) for n in notes):
+            # Only the innermost combinator adds the note: it knows the failing layer.
+            e.add_note(f"{_EMPTY_STATE_NOTE}, which {layer} passed on as () to its layer "
+                       f"{key!r} ({child.name}). If {child.name} keeps state (e.g. BatchNorm "
+                       f"statistics), pass the state returned by init instead of ().")
+        raise
+
+
+def _pack(names, values):
+    return dict(zip(names, values)) if names else tuple(values)

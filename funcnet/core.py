@@ -7,7 +7,10 @@
 
 ``apply(params, state, inputs, *, rng=None, train=False) -> (outputs, new_state)``
     Runs the layer. ``params`` and ``state`` are plain pytrees (dicts and tuples
-    of arrays). Stateless layers have ``state == ()`` and return it unchanged.
+    of arrays). A layer without state has ``state == ()`` and returns it
+    unchanged; a combinator's state has one entry per child, and ``()`` is
+    accepted for a network whose layers are all stateless (stateful layers check
+    their state with :func:`need_state`, so ``()`` reaching one names it).
     Layers that need randomness (Dropout) read ``rng``; combinators split it so
     every sub-layer gets an independent key.
 
@@ -201,6 +204,19 @@ def need_rng(layer: str, rng) -> jax.Array:
         raise ValueError(f"{layer}: train=True needs randomness, but apply got rng=None. Pass "
                          f"apply(params, state, x, rng=jax.random.key(...), train=True).")
     return rng
+
+
+def need_state(layer: str, state, keys) -> None:
+    """Raises unless ``state`` is the dict of ``keys`` a stateful layer keeps.
+
+    Stateful layers call it first in ``apply``, so ``state=()`` (accepted for
+    networks of stateless layers) reaching one is an error that names it.
+    """
+    if not isinstance(state, dict) or not set(keys) <= set(state):
+        got = sorted(state) if isinstance(state, dict) else repr(state)
+        raise ValueError(f"{layer}: apply needs this layer's state {sorted(keys)}, got {got}. "
+                         f"Pass the state returned by init (or by the last apply); state=() "
+                         f"is accepted only by networks whose layers are all stateless.")
 
 
 def split_rng(rng, n: int):

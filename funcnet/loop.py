@@ -109,7 +109,12 @@ class _Steps(NamedTuple):
 def _compile(loss_fn, optimizer, eval_fn, n_dev) -> _Steps:
     """The jitted (one device) or pmapped (``n_dev`` devices) train and eval steps."""
     axis = "batch" if n_dev else None
-    raw_step = make_train_step(loss_fn, optimizer, axis_name=axis)
+    step = make_train_step(loss_fn, optimizer, axis_name=axis)
+
+    def raw_step(state, batch):
+        # fit consumes metrics only; Aux(outputs=...) arrays are for hand-written loops.
+        return step(state, batch)[:2]
+
     train = (jax.pmap(raw_step, axis_name=axis, donate_argnums=0) if n_dev
              else jax.jit(raw_step, donate_argnums=0))
     evaluate = None
@@ -210,7 +215,9 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
 
     Args:
       train_state: from :meth:`funcnet.train.TrainState.create`.
-      loss_fn, optimizer: as for :func:`funcnet.train.make_train_step`.
+      loss_fn, optimizer: as for :func:`funcnet.train.make_train_step`. Arrays a
+        loss_fn returns in ``Aux(outputs=...)`` are dropped by ``fit`` (it keeps
+        metrics only); call the step from ``make_train_step`` to receive them.
       train_data: ``train_data(epoch)`` returning an iterable of batches, or an
         iterable re-iterated every epoch. Use the callable form with a seeded
         shuffle (``funcnet.data.batches(..., rng=seed, epoch=epoch)``) when you want

@@ -22,6 +22,27 @@ from ``loss_fn``'s signature, when the step is built: a ``loss_fn`` with a param
 named ``loss_state`` (or ``**kwargs``) always gets ``loss_state=`` as a keyword;
 one without it is called with four arguments, and giving it a :class:`TrainState`
 that holds loss state is an error (the state would otherwise be dropped).
+
+Arrays a step wants back (generated images, Q-values, the noise it drew) go in
+``Aux(outputs={...})``: when the loss_fn puts any there, the step returns them as
+a third value, ``(train_state, metrics, outputs)``, un-averaged (per device under
+pmap). A loss_fn that leaves ``outputs`` empty keeps the two-value step.
+
+Several models
+--------------
+``TrainState.create({"gen": (G, (-1, 64)), "disc": (D, (-1, 784))}, optimizers, rng)``
+holds several networks: ``params`` and ``state`` are dicts keyed by model name, and
+the loss_fn sees all of them (``params["disc"]``). ``optimizers`` is either one
+optimizer for all (one joint optimizer state over the whole dict, as
+``torch.optim.Adam(list(enc.parameters()) + list(dec.parameters()))``: a VAE or an
+autoencoder, stepped with the plain ``make_train_step(loss_fn, optimizer)``), or a
+dict of optimizers, one per trained model, each with its own state (a GAN's two
+optimizers). A model with no entry in that dict has no optimizer and is never
+trained (a DQN target network; see :func:`copy_params` and :func:`polyak_update`).
+``make_train_step(loss_fn, optimizers, update="disc")`` differentiates and updates
+``disc`` only: the other models' params and optimizer states come back
+bit-identical, while the loss_fn still runs them (a generator loss through the
+frozen discriminator).
 """
 
 from __future__ import annotations
@@ -36,16 +57,19 @@ import optax
 from funcnet import metrics as metrics_lib
 from funcnet.core import as_layer
 
-__all__ = ["TrainState", "Aux", "make_train_step", "make_eval_step"]
+__all__ = ["TrainState", "Aux", "make_train_step", "make_eval_step", "copy_params", "polyak_update"]
 
 
 class TrainState(NamedTuple):
     """Everything a training step reads and writes; a pytree (jit/pmap/checkpoint it as is).
 
     Attributes:
-      params: trainable parameters (what ``optax`` updates).
-      state: layer state (e.g. BatchNorm running statistics), ``()`` if none.
-      opt_state: the optimizer's state.
+      params: trainable parameters (what ``optax`` updates); for several models a
+        dict ``{name: params}``.
+      state: layer state (e.g. BatchNorm running statistics), ``()`` if none; for
+        several models a dict ``{name: state}``.
+      opt_state: the optimizer's state; with a dict of optimizers, ``{name: state}``
+        for the models that have one.
       step: number of steps taken (int32 scalar).
       rng: the key the next step splits for its randomness (dropout).
       loss_state: state kept by the loss (e.g. center-loss centers), ``()`` if none.
@@ -59,20 +83,79 @@ class TrainState(NamedTuple):
     loss_state: Any = ()
 
     @classmethod
-    def create(cls, layer, optimizer: optax.GradientTransformation, rng, input_shape, *,
-               loss_state=()) -> "TrainState":
-        """Initialises ``layer`` for ``input_shape`` and the optimizer on its params."""
+    def create(cls, layer, optimizer, rng, input_shape=None, *, loss_state=()) -> "TrainState":
+        """Initialises ``layer`` for ``input_shape`` and the optimizer on its params.
+
+        Several models: ``layer`` is a dict ``{name: (layer, input_shape)}`` and
+        ``input_shape`` is left out; ``params``/``state`` become dicts keyed by
+        name. ``optimizer`` is one optimizer (one joint state over all models) or
+        a dict ``{name: optimizer}`` (one state per model, ``opt_state[name]``;
+        models left out are not trained). Each model is initialised with its own
+        key, split from ``rng`` in sorted name order.
+        """
         init_key, rng = jax.random.split(rng)
-        _, params, state = as_layer(layer, "TrainState.create").init(init_key, input_shape)
-        return cls(params, state, optimizer.init(params), jnp.zeros((), jnp.int32), rng, loss_state)
+        if isinstance(layer, dict):
+            if input_shape is not None:
+                raise TypeError("TrainState.create: with a dict of models, each model's input "
+                                "shape goes in the dict, {name: (layer, input_shape)}; leave "
+                                f"input_shape out (got {input_shape!r}).")
+            params, state = _init_models(layer, init_key)
+            opt_state = _init_optimizers(optimizer, params)
+        else:
+            if input_shape is None:
+                raise TypeError("TrainState.create: input_shape is required for a single layer, "
+                                "e.g. TrainState.create(net, optimizer, rng, (-1, 784)).")
+            _, params, state = as_layer(layer, "TrainState.create").init(init_key, input_shape)
+            opt_state = optimizer.init(params)
+        return cls(params, state, opt_state, jnp.zeros((), jnp.int32), rng, loss_state)
+
+
+def _init_models(models: dict, rng):
+    """``{name: (layer, input_shape)}`` -> params and state dicts keyed by name."""
+    params, state = {}, {}
+    names = sorted(models)
+    for name, key in zip(names, jax.random.split(rng, len(names))):
+        entry = models[name]
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], (tuple, list))):
+            raise TypeError(f"TrainState.create: models[{name!r}] must be (layer, input_shape), "
+                            f"e.g. {{{name!r}: (net, (-1, 784))}}; got {type(entry).__name__}.")
+        layer, shape = entry
+        _, params[name], state[name] = as_layer(layer, f"TrainState.create[{name!r}]").init(key, shape)
+    return params, state
+
+
+def _init_optimizers(optimizer, params: dict):
+    if not isinstance(optimizer, dict):
+        return optimizer.init(params)
+    _check_model_names("TrainState.create", "optimizer", optimizer, params)
+    return {name: opt.init(params[name]) for name, opt in optimizer.items()}
+
+
+def _check_model_names(where, what, names, params):
+    unknown = sorted(set(names) - set(params)) if isinstance(params, dict) else sorted(names)
+    if unknown:
+        have = sorted(params) if isinstance(params, dict) else "a single model (not a dict)"
+        raise ValueError(f"{where}: {what} names the models {unknown}, which the TrainState does "
+                         f"not have; its models are {have}. Create it with a dict of models, "
+                         f"TrainState.create({{name: (layer, input_shape), ...}}, ...).")
 
 
 class Aux(NamedTuple):
-    """What a loss function returns next to the loss."""
+    """What a loss function returns next to the loss.
+
+    Attributes:
+      state: the new layer state (``()`` if none).
+      loss_state: the new loss state, when the TrainState holds one.
+      metrics: scalars, returned next to ``"loss"`` (averaged over devices under pmap).
+      outputs: arrays of any shape the step should hand back (images, Q-values, the
+        noise it drew), never averaged. When not empty, the step returns
+        ``(train_state, metrics, outputs)`` instead of ``(train_state, metrics)``.
+    """
 
     state: Any = ()
     loss_state: Any = ()
     metrics: dict = {}
+    outputs: Any = {}
 
 
 def _as_aux(aux, where) -> Aux:
@@ -85,7 +168,7 @@ def _as_aux(aux, where) -> Aux:
                     f"return loss, Aux(state=new_state).")
 
 
-def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *,
+def make_train_step(loss_fn: Callable, optimizer, *, update=None,
                     axis_name: Optional[str] = None) -> Callable:
     """Builds ``step(train_state, batch) -> (train_state, metrics)``, pure and unjitted.
 
@@ -93,10 +176,20 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     under ``axis_name`` (inside ``jax.pmap``) ``lax.pmean`` the gradients, the
     metrics and the floating layer state, and give each device its own dropout key
     (``fold_in`` of the device index); apply the optax update. ``metrics`` is
-    ``{"loss": loss, **aux.metrics}``.
-    """
+    ``{"loss": loss, **aux.metrics}``. When the loss_fn returns ``Aux(outputs=...)``
+    with any array in it, the step returns ``(train_state, metrics, outputs)``.
 
+    Several models (a TrainState created from a dict of models): ``optimizer`` is the
+    same one optimizer or dict of optimizers the state was created with. ``update``
+    (a model name or a sequence of names) picks the models that get gradients and
+    an update, default: every model in the optimizer dict. The others are held
+    fixed, like PyTorch's ``requires_grad_(False)`` on a whole network: no gradient
+    is computed for them, and their params and optimizer state come back
+    bit-identical. ``update=`` needs one optimizer state per model (a dict of
+    optimizers at create, the same optimizer under several names if you like).
+    """
     takes_loss_state = _takes_loss_state(loss_fn)
+    updater = _updater(optimizer, update)
 
     def step(train_state: TrainState, batch):
         rng, key = jax.random.split(train_state.rng)
@@ -109,22 +202,17 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
                             f"neither read nor return it. Define it as loss_fn(params, state, "
                             f"batch, rng, loss_state) and return Aux(..., loss_state=new).")
 
-        def objective(params):
+        def objective(trained):
+            params = updater.merge(train_state.params, trained)
             if takes_loss_state:
                 out = loss_fn(params, train_state.state, batch, key, loss_state=train_state.loss_state)
             else:
                 out = loss_fn(params, train_state.state, batch, key)
             return _check_loss_output(out, loss_fn)
 
-        (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(train_state.params)
-        aux = _as_aux(aux, "make_train_step")
-        if has_loss_state and _is_empty(aux.loss_state):
-            raise ValueError("make_train_step: the TrainState holds loss state but loss_fn "
-                             "returned Aux without loss_state; return the updated value, "
-                             "e.g. Aux(state=new_state, loss_state=new_centers).")
-        if "loss" in aux.metrics:
-            raise ValueError("make_train_step: Aux.metrics may not contain 'loss'; the step "
-                             "reports the loss_fn's value under that name. Rename the metric.")
+        trained = updater.select(train_state)
+        (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(trained)
+        aux = _checked_aux(aux, has_loss_state)
         metrics = {"loss": loss, **aux.metrics}
         new_state = aux.state
         if axis_name is not None:
@@ -135,13 +223,92 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
             new_state = _pmean_floating(new_state, axis_name)
             if has_loss_state:
                 aux = aux._replace(loss_state=_pmean_floating(aux.loss_state, axis_name))
-        updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
-        params = optax.apply_updates(train_state.params, updates)
+        params, opt_state = updater.apply(grads, train_state)
         new = TrainState(params, new_state, opt_state, train_state.step + 1, rng,
                          aux.loss_state if has_loss_state else train_state.loss_state)
+        if jax.tree.leaves(aux.outputs):
+            return new, metrics, aux.outputs
         return new, metrics
 
     return step
+
+
+def _checked_aux(aux, has_loss_state) -> Aux:
+    aux = _as_aux(aux, "make_train_step")
+    if has_loss_state and _is_empty(aux.loss_state):
+        raise ValueError("make_train_step: the TrainState holds loss state but loss_fn "
+                         "returned Aux without loss_state; return the updated value, "
+                         "e.g. Aux(state=new_state, loss_state=new_centers).")
+    if "loss" in aux.metrics:
+        raise ValueError("make_train_step: Aux.metrics may not contain 'loss'; the step "
+                         "reports the loss_fn's value under that name. Rename the metric.")
+    return aux
+
+
+class _Updater(NamedTuple):
+    """Which params a step differentiates, and how it updates them."""
+
+    select: Callable  # train_state -> the trained params (what value_and_grad sees)
+    merge: Callable   # (all params, trained params) -> the params loss_fn sees
+    apply: Callable   # (grads, train_state) -> (new params, new opt_state)
+
+
+def _updater(optimizer, update) -> _Updater:
+    if not isinstance(optimizer, dict) and update is None:
+        def apply(grads, ts):
+            _check_joint_opt_state(optimizer, ts)
+            updates, opt_state = optimizer.update(grads, ts.opt_state, ts.params)
+            return optax.apply_updates(ts.params, updates), opt_state
+        return _Updater(lambda ts: ts.params, lambda params, trained: trained, apply)
+    names = _update_names(optimizer, update)
+    opts = optimizer if isinstance(optimizer, dict) else dict.fromkeys(names, optimizer)
+
+    def select(ts):
+        _check_model_names("make_train_step", "update", names, ts.params)
+        if not (isinstance(ts.opt_state, dict) and set(names) <= set(ts.opt_state)):
+            raise ValueError(f"make_train_step: update={list(names)} needs one optimizer state "
+                             f"per model, but the TrainState's opt_state is one joint state. "
+                             f"Create it with a dict of optimizers, e.g. "
+                             f"TrainState.create(models, {{{names[0]!r}: optimizer, ...}}, rng).")
+        return {name: ts.params[name] for name in names}
+
+    def apply(grads, ts):
+        params, opt_state = dict(ts.params), dict(ts.opt_state)
+        for name in names:
+            updates, opt_state[name] = opts[name].update(grads[name], ts.opt_state[name],
+                                                         ts.params[name])
+            params[name] = optax.apply_updates(ts.params[name], updates)
+        return params, opt_state
+
+    return _Updater(select, lambda params, trained: {**params, **trained}, apply)
+
+
+def _check_joint_opt_state(optimizer, ts) -> None:
+    """A per-model opt_state stepped with one optimizer: say so instead of optax's tree error."""
+    keyed_by_model = (isinstance(ts.opt_state, dict) and isinstance(ts.params, dict)
+                      and ts.opt_state and set(ts.opt_state) <= set(ts.params))
+    if keyed_by_model and (jax.tree.structure(ts.opt_state)
+                           != jax.tree.structure(jax.eval_shape(optimizer.init, ts.params))):
+        raise ValueError(f"make_train_step: the TrainState keeps one optimizer state per model "
+                         f"({sorted(ts.opt_state)}), but the step was built with one optimizer "
+                         f"for the whole params. Build it with the dict of optimizers the state "
+                         f"was created with, make_train_step(loss_fn, {{name: optimizer, ...}}), "
+                         f"optionally with update=name.")
+
+
+def _update_names(optimizer, update) -> tuple:
+    if update is None:
+        return tuple(optimizer)
+    names = (update,) if isinstance(update, str) else tuple(update)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"make_train_step: update must be a model name or a sequence of model "
+                        f"names, got {update!r}.")
+    if isinstance(optimizer, dict) and set(names) - set(optimizer):
+        raise ValueError(f"make_train_step: update={list(names)} names models without an "
+                         f"optimizer: {sorted(set(names) - set(optimizer))}; the optimizers are "
+                         f"for {sorted(optimizer)}. Add an optimizer for them, or update only "
+                         f"those models.")
+    return names
 
 
 def _check_loss_output(out, loss_fn):
@@ -192,3 +359,46 @@ def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None) -> C
         return metrics_lib.merge(out, axis_name) if axis_name is not None else out
 
     return eval_step
+
+
+# --------------------------------------------------------------------------- #
+# Target networks
+# --------------------------------------------------------------------------- #
+
+def copy_params(train_state: TrainState, src: str, dst: str) -> TrainState:
+    """``train_state`` with model ``dst`` set to a copy of model ``src``: params and layer state.
+
+    The hard target-network update of DQN, PyTorch's
+    ``target.load_state_dict(online.state_dict())`` (which copies buffers, i.e.
+    BatchNorm statistics, too). ``dst``'s optimizer state, if it has one, is left
+    as it is. The copies are new arrays, so the result can be donated to a jitted
+    step (one buffer may not be donated twice). Pure: jit it or call it eagerly.
+    """
+    _check_pair("copy_params", train_state, src, dst)
+    params = {**train_state.params, dst: jax.tree.map(jnp.copy, train_state.params[src])}
+    state = train_state.state
+    if isinstance(state, dict) and src in state and dst in state:
+        state = {**state, dst: jax.tree.map(jnp.copy, state[src])}
+    return train_state._replace(params=params, state=state)
+
+
+def polyak_update(train_state: TrainState, src: str, dst: str, tau) -> TrainState:
+    """``train_state`` with ``params[dst] = tau * params[src] + (1 - tau) * params[dst]``.
+
+    The soft target update of DDPG/SAC/DQN variants (Stable-Baselines3's
+    ``polyak_update(params, target_params, tau)``), computed by
+    ``optax.incremental_update``. ``tau=1`` copies, ``tau=0`` keeps ``dst``. Only
+    params are averaged: ``dst``'s layer state (BatchNorm statistics) stays; copy
+    it with :func:`copy_params` when it should follow. ``tau`` may be traced.
+    """
+    _check_pair("polyak_update", train_state, src, dst)
+    averaged = optax.incremental_update(train_state.params[src], train_state.params[dst], tau)
+    return train_state._replace(params={**train_state.params, dst: averaged})
+
+
+def _check_pair(where, train_state, src, dst):
+    _check_model_names(where, "src/dst", (src, dst), train_state.params)
+    if jax.tree.structure(train_state.params[src]) != jax.tree.structure(train_state.params[dst]):
+        raise ValueError(f"{where}: models {src!r} and {dst!r} have differently structured "
+                         f"params, so one cannot be copied onto the other. Build both from "
+                         f"the same layer and input shape.")

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from funcnet import _checks as checks
-from funcnet.core import Layer, check_input, check_known, check_shape, named, normalize_axis
+from funcnet.core import (Layer, check_input, check_known, check_shape, named, need_state,
+                          normalize_axis)
 
 
 def _check_axes(layer: str, axis):
@@ -98,6 +99,7 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
         return shape, params, state
 
     def apply(params, state, inputs, *, rng=None, train=False):
+        need_state(name, state, ("mean", "var"))
         check_input(name, inputs, min_rank=2)
         rank = inputs.ndim
         ax = normalize_axis(name, axis, rank)

@@ -1,0 +1,123 @@
+"""Parameters by name: a ``path -> array`` view, boolean masks, and freezing.
+
+funcnet's params are plain pytrees that mirror the network: tuples for positional
+``serial``/``parallel``, dicts for named ``serial(encoder=..., decoder=...)`` and
+for the several models of a :class:`funcnet.TrainState`, and each layer's own
+dict (``W``/``b``, ``scale``/``bias``, ``E``, ...). A *path* joins the keys from the
+root to a leaf with ``/``: ``"encoder/0/W"`` is the kernel of the first layer of
+the sub-network named ``encoder`` (:func:`jax.tree_util.keystr` with
+``simple=True``).
+
+Masks are pytrees of bools with the structure of the params, what
+``optax.masked`` and ``optax.multi_transform`` take. Every mask function has the
+signature ``mask(params) -> bool pytree``, so it can be handed to optax as the
+callable form as well (``optax.masked(tx, kernel_mask)``); :func:`subtree_mask`
+and :func:`mask_where` take their extra argument after ``params``.
+
+``freeze`` is the funcnet answer to "frozen means frozen". In PyTorch a parameter
+with ``requires_grad=False`` has no gradient and ``optimizer.step()`` skips it:
+no weight decay, no momentum. In optax, ``jax.lax.stop_gradient`` only zeroes the
+gradient: ``add_decayed_weights`` still adds ``weight_decay * p``, and momentum
+still carries earlier steps, so the "frozen" parameter moves. :func:`freeze`
+routes the frozen leaves to ``optax.set_to_zero()`` with
+``optax.multi_transform``, so the optimizer never sees them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+import jax
+import optax
+
+__all__ = ["paths", "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze",
+           "KERNEL_NAMES"]
+
+KERNEL_NAMES = frozenset({"W", "E"})
+"""Leaf keys that hold kernels: ``W`` (Dense, Conv, ConvTranspose) and ``E`` (Embedding).
+Keys starting with ``W_`` (the RNN/LSTM/GRU ``W_ih``/``W_hh``) count too."""
+
+
+def path_str(key_path) -> str:
+    """A key path from ``jax.tree_util.tree_flatten_with_path`` as ``"a/0/W"``."""
+    return jax.tree_util.keystr(tuple(key_path), simple=True, separator="/")
+
+
+def paths(tree) -> Dict[str, Any]:
+    """``{path: leaf}`` for every leaf of ``tree``, in the pytree's leaf order.
+
+    E.g. for ``serial(encoder=serial(Dense(4), Relu), decoder=Dense(2))``:
+    ``{"decoder/W": ..., "decoder/b": ..., "encoder/0/W": ..., "encoder/0/b": ...}``
+    (JAX orders dict keys). The arrays are the tree's own, not copies.
+    """
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {path_str(path): leaf for path, leaf in leaves}
+
+
+def mask_where(params, predicate: Callable[[str, Any], bool]):
+    """The bool pytree ``predicate(path, leaf)`` for every leaf of ``params``.
+
+    E.g. ``mask_where(params, lambda path, x: path.endswith("/b"))`` selects biases.
+    """
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: bool(predicate(path_str(path), leaf)), params)
+
+
+def kernel_mask(params):
+    """True for kernels, False for everything else (biases, norm scales and shifts).
+
+    A leaf is a kernel when its own key is ``W`` (Dense, Conv, ConvTranspose), ``E``
+    (Embedding) or starts with ``W_`` (RNN/LSTM/GRU ``W_ih``, ``W_hh``): the usual
+    "weight decay on weights only" split, ``optax.add_decayed_weights(wd,
+    mask=kernel_mask)``. A user layer opts in by naming its kernel ``W``.
+    """
+    return mask_where(params, lambda path, leaf: _is_kernel(path.rsplit("/", 1)[-1]))
+
+
+def _is_kernel(key: str) -> bool:
+    return key in KERNEL_NAMES or key.startswith("W_")
+
+
+def subtree_mask(params, *prefixes: str):
+    """True for the leaves under any of ``prefixes`` (paths such as ``"encoder"``, ``"gen/0"``).
+
+    A prefix matches whole path components: ``"enc"`` does not select ``"encoder/W"``.
+
+    Raises:
+      ValueError: a prefix that selects no leaf (a typo would otherwise freeze or
+        decay nothing, silently); the message lists the paths there are.
+    """
+    if not prefixes:
+        raise TypeError("subtree_mask: give at least one path prefix, e.g. "
+                        "subtree_mask(params, 'encoder').")
+    all_paths = list(paths(params))
+    for prefix in prefixes:
+        if not any(_under(path, prefix) for path in all_paths):
+            shown = ", ".join(all_paths[:12]) + (", ..." if len(all_paths) > 12 else "")
+            raise ValueError(f"subtree_mask: no parameter path starts with {prefix!r}. The "
+                             f"params have the paths: {shown}.")
+    return mask_where(params, lambda path, leaf: any(_under(path, p) for p in prefixes))
+
+
+def _under(path: str, prefix: str) -> bool:
+    prefix = prefix.strip("/")
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def freeze(optimizer: optax.GradientTransformation, mask) -> optax.GradientTransformation:
+    """``optimizer`` for the leaves where ``mask`` is False; zero updates where it is True.
+
+    ``mask`` is a bool pytree with the params' structure, or a function ``params ->
+    mask`` (e.g. ``lambda p: subtree_mask(p, "encoder")``). Built with
+    ``optax.multi_transform``: the frozen leaves get ``optax.set_to_zero()`` and are
+    masked out of ``optimizer``, so its weight decay and momentum cannot move them
+    and it keeps no state for them. That is PyTorch's ``requires_grad=False``
+    (``optimizer.step()`` skips parameters without gradients); a
+    ``stop_gradient`` alone is not, because optax's weight decay and momentum
+    still update a parameter whose gradient is zero.
+    """
+    def labels(params):
+        tree = mask(params) if callable(mask) else mask
+        return jax.tree.map(lambda frozen: "frozen" if frozen else "trained", tree)
+
+    return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
