@@ -76,7 +76,7 @@ from funcnet.fileio import atomic_write
 
 __all__ = ["save", "restore", "latest_step", "all_steps", "info", "new_run_id", "CheckpointInfo",
            "owner_for_save", "steps_to_rotate",
-           "Checkpointer", "NpzCheckpointer", "CheckpointError", "CheckpointCorruptError",
+           "Checkpointer", "NpzCheckpointer", "checkpointer_for", "CheckpointError", "CheckpointCorruptError",
            "CheckpointMismatchError", "CheckpointVersionError", "CheckpointOwnershipError"]
 
 _FORMAT = "funcnet.checkpoint"
@@ -758,3 +758,16 @@ class NpzCheckpointer:
 
     def __repr__(self):
         return f"NpzCheckpointer({str(self.directory)!r}, keep={self.keep})"
+
+
+def checkpointer_for(target, *, backend: str = "npz", keep: Optional[int] = None,
+                     overwrite: bool = False, where: str = "checkpointer_for"):
+    """``target`` itself if it is a :class:`funcnet.checkpoint.Checkpointer`, else the
+    ``backend`` (``"npz"`` or ``"orbax"``) checkpointer of the directory ``target``."""
+    if isinstance(target, Checkpointer):
+        return target
+    backend = checks.one_of(where, "backend", backend, ("npz", "orbax"))
+    if backend == "orbax":
+        from funcnet.checkpoint_orbax import OrbaxCheckpointer
+        return OrbaxCheckpointer(target, keep=keep, overwrite=overwrite)
+    return NpzCheckpointer(target, keep=keep, overwrite=overwrite)
