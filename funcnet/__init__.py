@@ -5,8 +5,9 @@ function that ``jax.jit`` and ``jax.pmap`` accept. The README's "Layout" section
 says which module holds which concept.
 """
 
-from funcnet import (callbacks, checkpoint, combinators, core, data, distributed, initializers,
-                     introspect, layers, loop, losses, metrics, optim, outputs, testing, train)
+from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, distributed,
+                     initializers, introspect, layers, loop, losses, metrics, optim, outputs,
+                     testing, train)
 from funcnet.combinators import FanInConcat, FanInSum, FanOut, Identity, Residual, parallel, serial
 from funcnet.core import Layer, named
 from funcnet.introspect import count, summary
@@ -17,6 +18,6 @@ __version__ = "0.1.0"
 
 __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Residual",
            "Identity", "summary", "count", "fit", "TrainState", "Aux", "make_train_step",
-           "make_eval_step", "callbacks", "checkpoint", "combinators", "core", "data",
-           "distributed", "initializers", "introspect", "layers", "loop", "losses", "metrics",
+           "make_eval_step", "callbacks", "checkpoint", "checkpoint_orbax", "combinators", "core",
+           "data", "distributed", "initializers", "introspect", "layers", "loop", "losses", "metrics",
            "optim", "outputs", "testing", "train"]

@@ -33,8 +33,9 @@ class Checkpoint(Callback):
     """Saves the train state and the loop position every ``every_steps`` steps and/or
     at the end of every ``every_epochs`` epochs, keeping this run's last ``keep``.
 
-    ``target`` is a directory or a :class:`funcnet.checkpoint.Checkpointer`. With a
-    directory, ``backend`` picks the checkpointer: ``"npz"`` (default,
+    ``target`` is a directory or a :class:`funcnet.checkpoint.Checkpointer` (which
+    brings its own ``keep``; ``keep``, ``backend`` and ``overwrite`` here are for a
+    directory). With a directory, ``backend`` picks the checkpointer: ``"npz"`` (default,
     :class:`funcnet.checkpoint.NpzCheckpointer`: one file per step, written
     synchronously by process 0, no dependency) or ``"orbax"``
     (:class:`funcnet.checkpoint_orbax.OrbaxCheckpointer`: sharded state written
