@@ -39,8 +39,9 @@ class Checkpoint(Callback):
     :class:`funcnet.checkpoint.NpzCheckpointer`: one file per step, written
     synchronously by process 0, no dependency) or ``"orbax"``
     (:class:`funcnet.checkpoint_orbax.OrbaxCheckpointer`: sharded state written
-    asynchronously, every process writing its own shards). The run's id comes
-    from ``fit`` (the resumed checkpoint's, or a new one), so a new run refuses a
+    asynchronously, every process writing the shards it holds of the state it is
+    handed; fit hands it ``ctx.train_state``, pmap's replicas collapsed to one).
+    The run's id comes from ``fit`` (the resumed checkpoint's, or a new one), so a new run refuses a
     directory of another run unless ``overwrite=True``; checkpoints taken after
     ``fit`` saw a non-finite loss are marked non-finite, and ``keep`` never rotates
     away the newest finite one. ``fit(..., resume_from=...)`` continues from the
