@@ -31,16 +31,38 @@ class Callback:
 
 class Checkpoint(Callback):
     """Saves the train state and the loop position every ``every_steps`` steps and/or
-    at the end of every ``every_epochs`` epochs, keeping the last ``keep``.
+    at the end of every ``every_epochs`` epochs, keeping this run's last ``keep``.
 
-    Only process 0 writes. ``fit(..., resume_from=directory)`` continues from the
-    latest checkpoint with the same parameters, rng and data order as an
-    uninterrupted run.
+    ``target`` is a directory or a :class:`funcnet.checkpoint.Checkpointer` (which
+    brings its own ``keep``; ``keep``, ``backend`` and ``overwrite`` here are for a
+    directory). With a directory, ``backend`` picks the checkpointer: ``"npz"`` (default,
+    :class:`funcnet.checkpoint.NpzCheckpointer`: one file per step, written
+    synchronously by process 0, no dependency) or ``"orbax"``
+    (:class:`funcnet.checkpoint_orbax.OrbaxCheckpointer`: sharded state written
+    asynchronously, every process writing the shards it holds of the state it is
+    handed; fit hands it ``ctx.train_state``, pmap's replicas collapsed to one).
+    The run's id comes from ``fit`` (the resumed checkpoint's, or a new one), so a new run refuses a
+    directory of another run unless ``overwrite=True``; checkpoints taken after
+    ``fit`` saw a non-finite loss are marked non-finite, and ``keep`` never rotates
+    away the newest finite one. ``fit(..., resume_from=...)`` continues from the
+    latest finite checkpoint with the same parameters, rng and data order as an
+    uninterrupted run. Pending asynchronous writes are finished at the end of
+    ``fit`` (or call ``self.checkpointer.wait()``).
     """
 
-    def __init__(self, directory, *, every_steps: Optional[int] = None,
-                 every_epochs: Optional[int] = 1, keep: Optional[int] = 3):
-        self.directory, self.every_steps, self.every_epochs, self.keep = directory, every_steps, every_epochs, keep
+    def __init__(self, target, *, every_steps: Optional[int] = None,
+                 every_epochs: Optional[int] = 1, keep: Optional[int] = 3, backend: str = "npz",
+                 overwrite: bool = False):
+        self.every_steps, self.every_epochs, self.keep = every_steps, every_epochs, keep
+        self.checkpointer = ckpt.checkpointer_for(target, backend=backend, keep=keep,
+                                             overwrite=overwrite, where="Checkpoint")
+
+    @property
+    def directory(self):
+        return self.checkpointer.directory
+
+    def on_train_begin(self, ctx):
+        self.checkpointer.run_id = ctx.run_id
 
     def on_step_end(self, ctx, step):
         if self.every_steps and step % self.every_steps == 0:
@@ -50,10 +72,13 @@ class Checkpoint(Callback):
         if self.every_epochs and (epoch + 1) % self.every_epochs == 0:
             self._save(ctx, ctx.step)
 
+    def on_train_end(self, ctx):
+        self.checkpointer.wait()
+
     def _save(self, ctx, step):
-        if distributed.is_main_process():
-            ckpt.save(self.directory, LoopPosition.of(ctx).checkpoint_tree(ctx.train_state), step,
-                      keep=self.keep)
+        if self.checkpointer.every_process_saves or distributed.is_main_process():
+            self.checkpointer.save(step, LoopPosition.of(ctx).checkpoint_tree(ctx.train_state),
+                                   finite=False if ctx.loss_was_nonfinite else None)
 
 
 class _FileLogger(Callback):

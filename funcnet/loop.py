@@ -10,8 +10,10 @@ checkpoint stores next to the train state and what ``resume_from`` reads back.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
+import warnings
 from typing import Callable, Iterable, NamedTuple, Optional
 
 import jax
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet import distributed
 from funcnet.train import TrainState, make_eval_step, make_train_step
@@ -47,10 +50,10 @@ class LoopPosition(NamedTuple):
                 "batch_in_epoch": np.int64(self.batch_in_epoch)}
 
     @classmethod
-    def restore(cls, directory, train_state):
-        """``(train_state, position)`` from the latest checkpoint in ``directory``."""
-        target = cls().checkpoint_tree(jax.device_get(train_state))
-        restored = ckpt.restore(directory, target=target)
+    def restore(cls, checkpointer, train_state, step=None):
+        """``(train_state, position)`` from ``step`` (default: the latest) of a
+        :class:`funcnet.checkpoint.Checkpointer`; arrays keep ``train_state``'s shardings."""
+        restored = checkpointer.restore(cls().checkpoint_tree(train_state), step=step)
         return restored["train_state"], cls(int(restored["epoch"]), int(restored["batch_in_epoch"]))
 
 
@@ -68,6 +71,8 @@ class FitContext:
         self.batch_in_epoch = 0
         self.history: list = []
         self.host_step = 0  # steps taken, counted on the host (reading the device would sync)
+        self.run_id: Optional[str] = None  # what Checkpoint saves under (see funcnet.checkpoint.save)
+        self.loss_was_nonfinite = False  # set once fit has seen a NaN/inf loss
 
     @property
     def train_state(self) -> TrainState:
@@ -134,7 +139,8 @@ def _batch_size(batch) -> int:
     return int(jax.tree.leaves(batch)[0].shape[0])
 
 
-def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_every):
+def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_every,
+                 on_nonfinite):
     """Runs one epoch's steps; returns ``(per-step metrics, examples seen)``.
 
     ``skip`` batches at the start were trained on before the checkpoint the run
@@ -159,6 +165,7 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
             cb.on_step_end(ctx, ctx.host_step)
         if bar is not None and (i + 1) % log_every == 0:
             last = jax.device_get(loop.first(metrics))
+            _check_losses(ctx, [last], epoch, ctx.host_step, on_nonfinite)
             bar.update(log_every)
             bar.set_postfix(loss=f"{float(last['loss']):.4f}",
                             samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
@@ -169,11 +176,30 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     return step_metrics, seen
 
 
-def _mean_metrics(step_metrics) -> dict:
-    """Per-epoch means of the step metrics, ``loss`` first."""
-    if not step_metrics:
+def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: str) -> None:
+    """Acts on the first non-finite loss among fetched step metrics (no extra device
+    sync: fit fetches them anyway). ``last_step`` is the step of the last entry."""
+    bad = next((i for i, m in enumerate(host_metrics) if not np.isfinite(m["loss"]).all()), None)
+    if bad is None:
+        return
+    first = not ctx.loss_was_nonfinite
+    ctx.loss_was_nonfinite = True  # later checkpoints are marked non-finite
+    step = last_step - len(host_metrics) + bad + 1
+    msg = (f"fit: the loss became non-finite ({np.asarray(host_metrics[bad]['loss']).ravel()[0]})"
+           f" at epoch {epoch}, step {step} (the first such step fit has seen). Checkpoints "
+           f"taken from now on are marked non-finite and keep= never rotates away the last "
+           f"finite one; resume_from= restores that one. Lower the learning rate or check the "
+           f"data, or pass on_nonfinite='warn' or 'ignore' to train on.")
+    if on_nonfinite == "raise":
+        raise FloatingPointError(msg)
+    if on_nonfinite == "warn" and first:
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _mean_metrics(host) -> dict:
+    """Per-epoch means of the (fetched) step metrics, ``loss`` first."""
+    if not host:
         return {}
-    host = jax.device_get(step_metrics)
     keys = ["loss"] + [k for k in host[0] if k != "loss"]
     return {k: float(np.mean([np.mean(m[k]) for m in host])) for k in keys}
 
@@ -210,6 +236,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         train_data, *, epochs: int = 1, eval_data=None, eval_fn: Optional[Callable] = None,
         metric=None, devices: Optional[int] = None, callbacks: Iterable = (),
         progress: Optional[bool] = None, log_every: int = 50, resume_from=None,
+        missing_ok: bool = False, on_nonfinite: str = "raise",
         print_fn: Optional[Callable[[str], None]] = None):
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
 
@@ -236,9 +263,20 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         stderr is a terminal and tqdm is installed; ``False``: off.
       log_every: steps between progress-bar refreshes (each one waits for the
         device, so not every step).
-      resume_from: a checkpoint directory written by ``callbacks.Checkpoint``; when
-        it holds a checkpoint, training continues from it (state, rng, epoch, and
-        the position inside the epoch).
+      resume_from: a checkpoint directory written by ``callbacks.Checkpoint`` (npz),
+        or a :class:`funcnet.checkpoint.Checkpointer` (e.g. an ``OrbaxCheckpointer``);
+        training continues from its latest finite checkpoint (state, rng, epoch,
+        the position inside the epoch, and the run id, so ``Checkpoint`` may keep
+        saving into the same directory). No checkpoint there is an error naming
+        the path, unless ``missing_ok=True``.
+      missing_ok: with ``resume_from``, start from ``train_state`` when there is no
+        checkpoint yet ("resume if present", for scripts restarted by a scheduler).
+      on_nonfinite: what a NaN/inf loss does, seen in the metrics fit fetches anyway
+        (at every progress refresh and at the end of each epoch; no extra sync):
+        ``"raise"`` (default) stops with a ``FloatingPointError`` naming the epoch
+        and step, before the epoch's end-of-epoch callbacks; ``"warn"`` warns once
+        and trains on; ``"ignore"`` trains on. Either way later checkpoints are
+        marked non-finite, and ``Checkpoint(keep=N)`` keeps the last finite one.
       print_fn: if given (e.g. ``print``), receives one summary line per epoch.
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps),
@@ -246,15 +284,15 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     """
     if (eval_data is None) != (eval_fn is None) or (eval_fn is not None and metric is None):
         raise ValueError("fit: evaluation needs eval_data, eval_fn and metric together.")
+    on_nonfinite = checks.one_of("fit", "on_nonfinite", on_nonfinite, ("raise", "warn", "ignore"))
     callbacks = list(callbacks)
-    position = LoopPosition()
-    if resume_from is not None and ckpt.latest_step(resume_from) is not None:
-        train_state, position = LoopPosition.restore(resume_from, train_state)
+    train_state, position, run_id = _resume(resume_from, missing_ok, train_state)
 
     n_dev = distributed.local_device_count(devices) if devices else None
     steps = _compile(loss_fn, optimizer, eval_fn, n_dev)
     loop = _Loop(train_state, n_dev)
     ctx = FitContext(loop)
+    ctx.run_id = run_id
     ctx.host_step = int(jax.device_get(train_state.step))
     bar_factory = _progress_factory(progress)
     for cb in callbacks:
@@ -266,8 +304,10 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         bar = bar_factory(epoch, epochs)
         skip = position.batch_in_epoch if epoch == position.epoch else 0
         step_metrics, seen = _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip,
-                                          bar, log_every)
-        logs = {"epoch": epoch, **_mean_metrics(step_metrics)}
+                                          bar, log_every, on_nonfinite)
+        host_metrics = jax.device_get(step_metrics)
+        _check_losses(ctx, host_metrics, epoch, ctx.host_step, on_nonfinite)
+        logs = {"epoch": epoch, **_mean_metrics(host_metrics)}
         seconds = time.perf_counter() - t0
         logs["samples_per_s"] = seen / seconds if seconds > 0 else math.nan
         if steps.eval is not None:
@@ -281,6 +321,48 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     for cb in callbacks:
         cb.on_train_end(ctx)
     return loop.host_state(), ctx.history
+
+
+def _resume(resume_from, missing_ok, train_state):
+    """``(train_state, position, run id)`` to start from: the latest finite checkpoint
+    of ``resume_from`` (a directory or a Checkpointer), or ``train_state`` and a new run."""
+    if resume_from is None:
+        return train_state, LoopPosition(), ckpt.new_run_id()
+    checkpointer = ckpt.checkpointer_for(resume_from, where="fit(resume_from=...)")
+    step = checkpointer.latest_step(finite_only=True)
+    if step is None:
+        steps = checkpointer.all_steps()
+        if steps:
+            raise FloatingPointError(
+                f"fit: resume_from={_shown(resume_from)} holds only non-finite checkpoints "
+                f"(steps {steps}); there is no good state to resume from. Start a new run "
+                f"(a new directory) or restore one explicitly with restore(..., step=).")
+        if missing_ok:
+            return train_state, LoopPosition(), ckpt.new_run_id()
+        raise FileNotFoundError(
+            f"fit: resume_from={_shown(resume_from)} holds no checkpoint "
+            f"({_listing(checkpointer.directory)}). Check the path (and the backend: an orbax "
+            f"directory needs resume_from=OrbaxCheckpointer(path)), or pass missing_ok=True "
+            f"to start from scratch when there is none yet.")
+    train_state, position = LoopPosition.restore(checkpointer, train_state, step)
+    return train_state, position, checkpointer.info(step).run_id or ckpt.new_run_id()
+
+
+def _shown(resume_from) -> str:
+    return repr(str(resume_from)) if isinstance(resume_from, (str, os.PathLike)) else repr(resume_from)
+
+
+def _listing(directory) -> str:
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return f"{directory} does not exist"
+    except NotADirectoryError:
+        return f"{directory} is a file, not a directory"
+    if not names:
+        return f"{directory} is empty"
+    more = f", ... ({len(names)} entries)" if len(names) > 10 else ""
+    return f"{directory} contains: {', '.join(names[:10])}{more}"
 
 
 def _fmt(v):
