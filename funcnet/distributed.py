@@ -27,7 +27,7 @@ import numpy as np
 from funcnet import _checks as checks
 
 __all__ = ["initialize", "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
-           "local_device_count"]
+           "local_device_count", "explicit_spec", "explicit_sharding", "gather"]
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
@@ -143,3 +143,52 @@ def _devices(devices):
     if checks.is_int(devices):
         return jax.local_devices()[:local_device_count(devices)]
     return list(devices)
+
+
+# --------------------------------------------------------------------------- #
+# Ops that need to be told their result's sharding. Under a mesh whose axes are
+# Explicit (``jax.make_mesh``'s default), every array's type carries its
+# sharding, and JAX refuses ops whose result layout it cannot infer: gathers
+# from a table by sharded ids, scatters into a global table, reshapes that
+# split an axis. These helpers give that layout and are no-ops everywhere else.
+# --------------------------------------------------------------------------- #
+
+def explicit_spec(x) -> Optional[tuple]:
+    """``x``'s ``PartitionSpec``, one entry per axis, when ``x`` is split over Explicit mesh axes.
+
+    None when no axis of ``x`` is split in its type: one device, the body of
+    ``jax.pmap`` or ``jax.shard_map``, a mesh with Auto axes (the compiler decides
+    the layout there), or a replicated value. Meant to be read while tracing.
+    """
+    spec = tuple(jax.typeof(x).sharding.spec)
+    spec += (None,) * (np.ndim(x) - len(spec))
+    return spec if any(p is not None for p in spec) else None
+
+
+def explicit_sharding(like, *spec) -> Optional[jax.sharding.NamedSharding]:
+    """``NamedSharding(mesh of like, PartitionSpec(*spec))`` when ``like`` is split over Explicit
+    mesh axes (see :func:`explicit_spec`), else None.
+
+    Pass it as an op's ``out_sharding=``: None then leaves the op exactly as it is
+    without a mesh.
+    """
+    if explicit_spec(like) is None:
+        return None
+    return jax.typeof(like).sharding.update(spec=jax.sharding.PartitionSpec(*spec))
+
+
+def gather(table, indices, **kwargs):
+    """``table[indices]`` (rows of a global table, one per index), also over Explicit mesh axes.
+
+    Same as ``table.at[indices].get(**kwargs)``. When ``indices`` are split over
+    Explicit mesh axes (e.g. a batch of labels), ``table`` is first made whole on
+    every device (``jax.sharding.reshard`` to a replicated layout on that mesh) and
+    the result is split as ``indices`` are, its trailing axes whole. Used by the
+    embedding lookup, class weights and center loss.
+    """
+    spec = explicit_spec(indices)
+    if spec is None:
+        return table.at[indices].get(**kwargs)
+    table = jax.sharding.reshard(table, explicit_sharding(indices, *(None,) * table.ndim))
+    out = explicit_sharding(indices, *spec, *(None,) * (table.ndim - 1))
+    return table.at[indices].get(out_sharding=out, **kwargs)
