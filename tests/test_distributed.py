@@ -25,14 +25,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_processes_match_single_process(tmp_path):
+@pytest.mark.parametrize("mode", ["pmap", "mesh"])
+def test_two_processes_match_single_process(tmp_path, mode):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     outs = [tmp_path / f"p{i}.npz" for i in range(2)]
     logs = [open(tmp_path / f"p{i}.log", "w+") for i in range(2)]
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "distributed_worker.py"),
-                               str(i), "2", str(port), str(outs[i])], env=env, stdout=logs[i],
+                               str(i), "2", str(port), str(outs[i]), mode], env=env, stdout=logs[i],
                               stderr=subprocess.STDOUT) for i in range(2)]
     try:
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
