@@ -1,9 +1,12 @@
-"""Workload 7: data parallelism with ``jax.pmap`` over 4 simulated CPU devices vs ``jax.jit`` on 1.
+"""Workload 7: data parallelism over 4 simulated CPU devices (``jax.pmap``, and ``jax.jit`` on a
+mesh) vs ``jax.jit`` on 1.
 
-Both peers run funcnet's own step (``funcnet.train.make_train_step``) on the workload-1 MLP
+Every peer runs funcnet's own step (``funcnet.train.make_train_step``) on the workload-1 MLP
 with a global batch of 512: ``pmap-4`` shards it as 4 x 128 with ``axis_name`` (gradients
-``pmean``-ed), ``jit-1`` runs all 512 on one device. Same weights and data, so the
-first-step losses agree. Correctness-level only: the simulated devices share the machine's
+``pmean``-ed); ``jit-mesh-4`` runs the plain step (no ``axis_name``) jitted on the state
+replicated over a 4-device mesh and the batch split over it (``funcnet.distributed``'s
+``replicate_on``/``shard_batch``), XLA inserting the all-reduce; ``jit-1`` runs all 512 on
+one device. Same weights and data, so the first-step losses agree. Correctness-level only: the simulated devices share the machine's
 cores and one thread pool.
 """
 
@@ -40,6 +43,20 @@ def run(peer, cfg, case):
         place = jax.pmap(lambda t: t)  # puts each shard on its device once, outside the timing
         batches = [place(distributed.shard((jnp.asarray(x), jnp.asarray(y)), n)) for x, y in zip(xs, ys)]
         first = lambda m: float(m["loss"][0])
+    elif peer == "jit-mesh-4":
+        if jax.device_count() != 4:
+            raise RuntimeError(f"jit-mesh-4 needs 4 devices, found {jax.device_count()}: "
+                               f"XLA_FLAGS not applied")
+        mesh = distributed.data_mesh()
+        jitted = jax.jit(train.make_train_step(loss_fn, tx))
+
+        def step(ts, batch):
+            with jax.set_mesh(mesh):
+                return jitted(ts, batch)
+
+        ts = distributed.replicate_on(mesh, ts)
+        batches = [distributed.shard_batch(mesh, (x, y)) for x, y in zip(xs, ys)]
+        first = lambda m: float(m["loss"])
     elif peer == "jit-1":
         step = jax.jit(train.make_train_step(loss_fn, tx))
         batches = [(jnp.asarray(x), jnp.asarray(y)) for x, y in zip(xs, ys)]

@@ -147,10 +147,13 @@ WORKLOADS: List[Workload] = [
               "cost of TrainState and make_train_step alone; the pipeline row is the data work by "
               "itself (its ratio is not meaningful, its time is)."),
     Workload(
-        "pmap", "7. pmap over 4 simulated CPU devices vs jit on 1 device (MLP 784-400-100-10, "
-                "global batch 512, Adam)", "s/step",
+        "pmap", "7. pmap, and jit on a mesh, over 4 simulated CPU devices vs jit on 1 device "
+                "(MLP 784-400-100-10, global batch 512, Adam)", "s/step",
         peers=[Peer("pmap-4", "benchmarks.pmap:run",
                     xla_flags="--xla_force_host_platform_device_count=4"),
+               Peer("jit-mesh-4", "benchmarks.pmap:run",
+                    xla_flags="--xla_force_host_platform_device_count=4",
+                    note="jit(step) on a 4-device data mesh (NamedSharding), no axis_name"),
                Peer("jit-1", "benchmarks.pmap:run")],
         cases=[dict(name="global batch 512", sizes=(784, 400, 100, 10), batch=512,
                     steps=30, reps=5, quick_steps=3, quick_reps=2)],

@@ -1,6 +1,14 @@
-"""Devices, hosts and data parallelism: ``jax.pmap`` over local devices, ``jax.distributed`` across processes.
+"""Devices, hosts and data parallelism: ``jax.jit`` over a mesh or ``jax.pmap``, ``jax.distributed`` across processes.
 
-One device holds one replica of the :class:`funcnet.train.TrainState`; each gets
+**On a mesh** (JAX's recommended path): :func:`data_mesh` makes a 1-D mesh over the
+devices, :func:`replicate_on` puts the :class:`funcnet.train.TrainState` whole on
+every device of it, :func:`shard_batch` (or :func:`shard_local_batch` with one
+process's part of the batch) splits each batch's leading axis over it, and the plain
+step -- ``jax.jit(make_train_step(loss_fn, opt))``, no ``axis_name`` -- runs on those
+arrays: XLA partitions it and inserts the gradient all-reduce itself
+(``funcnet.fit(..., mesh=mesh)`` does all of this).
+
+**With pmap:** one device holds one replica of the :class:`funcnet.train.TrainState`; each gets
 a slice of the batch; gradients are averaged with ``lax.pmean`` inside the step
 (:func:`funcnet.train.make_train_step` with ``axis_name``), so every replica
 applies the same optax update and the replicas never drift apart.
@@ -26,8 +34,9 @@ import numpy as np
 
 from funcnet import _checks as checks
 
-__all__ = ["initialize", "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
-           "local_device_count"]
+__all__ = ["initialize", "data_mesh", "replicate_on", "shard_batch", "shard_local_batch",
+           "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
+           "local_device_count", "explicit_spec", "explicit_sharding", "gather"]
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
@@ -54,6 +63,99 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                process_id=process_id, local_device_ids=local_device_ids, **kwargs)
+
+
+def data_mesh(devices=None, axis_name: str = "data", *, explicit: bool = True) -> jax.sharding.Mesh:
+    """A 1-D mesh over ``devices`` (default: every device of every process), axis ``axis_name``.
+
+    ``devices`` is a device count (the first ones of ``jax.devices()``) or a list of
+    devices. ``explicit=True`` gives the mesh ``jax.make_mesh`` gives by default, whose
+    axis is Explicit: shardings are part of every array's type and mistakes fail at
+    trace time; ``False`` makes it Auto (the compiler picks the layouts in between).
+    """
+    if devices is None:
+        devices = jax.devices()
+    elif checks.is_int(devices):
+        n = checks.positive_int("data_mesh", "devices", devices)
+        if n > jax.device_count():
+            raise ValueError(f"data_mesh: asked for {n} devices but there are "
+                             f"{jax.device_count()} ({jax.devices()}).")
+        devices = jax.devices()[:n]
+    devices = list(devices)
+    kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
+    return jax.make_mesh((len(devices),), (axis_name,), axis_types=(kind,), devices=devices)
+
+
+def replicate_on(mesh: jax.sharding.Mesh, tree):
+    """Every leaf of ``tree`` whole on every device of ``mesh`` (e.g. the train state).
+
+    Always new buffers (a jitted step may donate them without touching ``tree``'s).
+    With several processes each must pass the same values; each places its own copies.
+    """
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def put(x):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(put(jax.random.key_data(x)),
+                                            impl=jax.random.key_impl(x))
+        # A host copy: the caller's buffer (or, on CPU, a NumPy view of it) could otherwise
+        # be reused on its device, and a donating step would then consume the caller's array.
+        x = np.array(x, copy=True)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+    return jax.tree.map(put, tree)
+
+
+def shard_batch(mesh: jax.sharding.Mesh, batch):
+    """Splits the leading (batch) axis of every leaf of the global ``batch`` over ``mesh``'s axis.
+
+    Every process passes the whole global batch and places only its own devices'
+    parts; with each process holding only its part, use :func:`shard_local_batch`.
+    Leaves that are already split this way are passed through.
+    """
+    sharding = _batch_sharding("shard_batch", mesh, batch, mesh.size)
+
+    def put(x):
+        if isinstance(x, jax.Array) and x.sharding == sharding:
+            return x
+        x = np.asarray(x) if not isinstance(x, jax.Array) else x
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+    return jax.tree.map(put, batch)
+
+
+def shard_local_batch(mesh: jax.sharding.Mesh, batch):
+    """Global arrays from this process's part of a batch (``jax.make_array_from_process_local_data``).
+
+    Each process passes its own consecutive rows (e.g. ``global_batch[process_slice(n)]``)
+    and gets arrays of the global shape, split over ``mesh``'s axis, which the
+    jitted step takes as it would a whole batch. With one process it is
+    :func:`shard_batch`.
+    """
+    local_devices = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+    sharding = _batch_sharding("shard_local_batch", mesh, batch, local_devices)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
+                        batch)
+
+
+def _batch_sharding(fn, mesh, batch, divisor):
+    """The batch-split sharding, after checking the leading sizes agree and divide evenly."""
+    if len(mesh.axis_names) != 1:
+        raise ValueError(f"{fn}: expected a 1-D mesh (funcnet.distributed.data_mesh), got axes "
+                         f"{mesh.axis_names}; shard over one of them with "
+                         f"jax.device_put(batch, NamedSharding(mesh, P(axis))).")
+    leaves = jax.tree.leaves(batch)
+    sizes = {tuple(np.shape(x)[:1]) for x in leaves}
+    if not leaves or () in sizes or len(sizes) != 1:
+        raise ValueError(f"{fn}: every leaf of the batch needs the same leading (batch) size, "
+                         f"got leading shapes {sorted(np.shape(x)[:1] for x in leaves)}.")
+    (size,) = sizes.pop()
+    if size % divisor:
+        raise ValueError(f"{fn}: a batch of {size} examples cannot be split evenly over "
+                         f"{divisor} devices (mesh axis {mesh.axis_names[0]!r}). Use a batch "
+                         f"size that is a multiple of {divisor}, or drop the last partial batch "
+                         f"(drop_remainder=True).")
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
 
 
 def local_device_count(devices: Optional[int] = None) -> int:
@@ -143,3 +245,52 @@ def _devices(devices):
     if checks.is_int(devices):
         return jax.local_devices()[:local_device_count(devices)]
     return list(devices)
+
+
+# --------------------------------------------------------------------------- #
+# Ops that need to be told their result's sharding. Under a mesh whose axes are
+# Explicit (``jax.make_mesh``'s default), every array's type carries its
+# sharding, and JAX refuses ops whose result layout it cannot infer: gathers
+# from a table by sharded ids, scatters into a global table, reshapes that
+# split an axis. These helpers give that layout and are no-ops everywhere else.
+# --------------------------------------------------------------------------- #
+
+def explicit_spec(x) -> Optional[tuple]:
+    """``x``'s ``PartitionSpec``, one entry per axis, when ``x`` is split over Explicit mesh axes.
+
+    None when no axis of ``x`` is split in its type: one device, the body of
+    ``jax.pmap`` or ``jax.shard_map``, a mesh with Auto axes (the compiler decides
+    the layout there), or a replicated value. Meant to be read while tracing.
+    """
+    spec = tuple(jax.typeof(x).sharding.spec)
+    spec += (None,) * (np.ndim(x) - len(spec))
+    return spec if any(p is not None for p in spec) else None
+
+
+def explicit_sharding(like, *spec) -> Optional[jax.sharding.NamedSharding]:
+    """``NamedSharding(mesh of like, PartitionSpec(*spec))`` when ``like`` is split over Explicit
+    mesh axes (see :func:`explicit_spec`), else None.
+
+    Pass it as an op's ``out_sharding=``: None then leaves the op exactly as it is
+    without a mesh.
+    """
+    if explicit_spec(like) is None:
+        return None
+    return jax.typeof(like).sharding.update(spec=jax.sharding.PartitionSpec(*spec))
+
+
+def gather(table, indices, **kwargs):
+    """``table[indices]`` (rows of a global table, one per index), also over Explicit mesh axes.
+
+    Same as ``table.at[indices].get(**kwargs)``. When ``indices`` are split over
+    Explicit mesh axes (e.g. a batch of labels), ``table`` is first made whole on
+    every device (``jax.sharding.reshard`` to a replicated layout on that mesh) and
+    the result is split as ``indices`` are, its trailing axes whole. Used by the
+    embedding lookup, class weights and center loss.
+    """
+    spec = explicit_spec(indices)
+    if spec is None:
+        return table.at[indices].get(**kwargs)
+    table = jax.sharding.reshard(table, explicit_sharding(indices, *(None,) * table.ndim))
+    out = explicit_sharding(indices, *spec, *(None,) * (table.ndim - 1))
+    return table.at[indices].get(out_sharding=out, **kwargs)

@@ -84,19 +84,29 @@ class FitContext:
 
 
 class _Loop:
-    """Holds the (possibly replicated) state between steps; keeps the host out of the way."""
+    """Holds the (possibly replicated) state between steps; keeps the host out of the way.
 
-    def __init__(self, train_state, n_devices):
-        self.n = n_devices
+    Three placements: one device (``n`` and ``mesh`` None), ``n`` pmap replicas, or
+    whole on every device of ``mesh`` with each batch split over it.
+    """
+
+    def __init__(self, train_state, n_devices, mesh=None):
+        self.n, self.mesh = n_devices, mesh
         # The step donates its input buffers; copying once keeps the caller's state alive.
-        self.state = (distributed.replicate(train_state, n_devices) if n_devices
-                      else jax.tree.map(jnp.copy, train_state))
+        if mesh is not None:
+            self.state = distributed.replicate_on(mesh, train_state)
+        elif n_devices:
+            self.state = distributed.replicate(train_state, n_devices)
+        else:
+            self.state = jax.tree.map(jnp.copy, train_state)
 
     def host_state(self):
         # A copy: the next step donates self.state's buffers, and a callback may keep this.
         return distributed.unreplicate(self.state) if self.n else jax.tree.map(jnp.copy, self.state)
 
     def put_batch(self, batch):
+        if self.mesh is not None:
+            return distributed.shard_batch(self.mesh, batch)
         return distributed.shard(batch, self.n) if self.n else batch
 
     def first(self, tree):
@@ -111,8 +121,13 @@ class _Steps(NamedTuple):
     throttle: bool  # bound the pmap steps in flight (XLA:CPU collectives, see _train_epoch)
 
 
-def _compile(loss_fn, optimizer, eval_fn, n_dev) -> _Steps:
-    """The jitted (one device) or pmapped (``n_dev`` devices) train and eval steps."""
+def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None) -> _Steps:
+    """The jitted (one device, or a mesh) or pmapped (``n_dev`` devices) train and eval steps.
+
+    On a mesh the steps are the one-device steps: their inputs' shardings make XLA
+    partition them and insert the all-reduces, and they run with the mesh set
+    (``jax.set_mesh``) so that arrays they create land on it too.
+    """
     axis = "batch" if n_dev else None
     step = make_train_step(loss_fn, optimizer, axis_name=axis)
 
@@ -127,8 +142,19 @@ def _compile(loss_fn, optimizer, eval_fn, n_dev) -> _Steps:
         raw_eval = make_eval_step(eval_fn, axis_name=axis)
         evaluate = jax.pmap(raw_eval, axis_name=axis) if n_dev else jax.jit(raw_eval)
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
-    throttle = bool(n_dev) and jax.local_devices()[0].platform == "cpu"
+    if mesh is not None:
+        train, evaluate, add = (None if f is None else _on_mesh(mesh, f)
+                                for f in (train, evaluate, add))
+    multi = bool(n_dev) or (mesh is not None and mesh.size > 1)
+    throttle = multi and jax.local_devices()[0].platform == "cpu"
     return _Steps(train, evaluate, add, throttle)
+
+
+def _on_mesh(mesh, fn):
+    def run(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+    return run
 
 
 def _iterate(data, epoch):
@@ -153,7 +179,7 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
             continue
         loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
         if steps.throttle and step_metrics:
-            # At most two pmap steps in flight: with many multi-device executions
+            # At most two multi-device steps in flight: with many such executions
             # queued, XLA:CPU's collectives can deadlock (seen with 4 simulated
             # devices on 2 cores). GPUs order executions per stream; no need there.
             jax.block_until_ready(step_metrics[-1])
@@ -234,7 +260,7 @@ def _end_epoch(ctx, callbacks, epoch, logs, print_fn):
 
 def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTransformation,
         train_data, *, epochs: int = 1, eval_data=None, eval_fn: Optional[Callable] = None,
-        metric=None, devices: Optional[int] = None, callbacks: Iterable = (),
+        metric=None, devices: Optional[int] = None, mesh=None, callbacks: Iterable = (),
         progress: Optional[bool] = None, log_every: int = 50, resume_from=None,
         missing_ok: bool = False, on_nonfinite: str = "raise",
         print_fn: Optional[Callable[[str], None]] = None):
@@ -253,9 +279,15 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         state, batch)`` returns a metric state of ``metric`` (a ``funcnet.metrics``
         metric or collection); batch states are added and ``metric.compute`` gives
         the ``eval_*`` entries of the logs.
-      devices: ``None`` trains on one device with ``jax.jit``; ``N`` replicates the
-        state on N local devices and runs the ``jax.pmap`` step (gradients averaged
-        with ``pmean``); every batch is split over the devices.
+      mesh: a 1-D ``jax.sharding.Mesh`` (:func:`funcnet.distributed.data_mesh`): the
+        state is placed whole on each of its devices, every batch is split over them
+        (:func:`funcnet.distributed.shard_batch`; batches already split that way, e.g.
+        by ``shard_local_batch`` in a multi-process run, pass through), and the plain
+        ``jax.jit`` step runs on them: XLA inserts the gradient all-reduce. The
+        result equals one device's on the same global batches.
+      devices: ``None`` (and no ``mesh``) trains on one device with ``jax.jit``; ``N``
+        replicates the state on N local devices and runs the ``jax.pmap`` step
+        (gradients averaged with ``pmean``); every batch is split over the devices.
       callbacks: :mod:`funcnet.callbacks` instances (checkpoints, loggers, early
         stopping), called in order: put callbacks that add log entries
         (``LearningRateLogger``) before the loggers that write them.
@@ -288,9 +320,12 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     callbacks = list(callbacks)
     train_state, position, run_id = _resume(resume_from, missing_ok, train_state)
 
+    if mesh is not None and devices is not None:
+        raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a "
+                         f"mesh), not both.")
     n_dev = distributed.local_device_count(devices) if devices else None
-    steps = _compile(loss_fn, optimizer, eval_fn, n_dev)
-    loop = _Loop(train_state, n_dev)
+    steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh)
+    loop = _Loop(train_state, n_dev, mesh)
     ctx = FitContext(loop)
     ctx.run_id = run_id
     ctx.host_step = int(jax.device_get(train_state.step))

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from funcnet import _checks as checks
+from funcnet import distributed
 
 __all__ = ["Metric", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
            "ConfusionMatrix", "collection", "merge"]
@@ -188,7 +189,9 @@ def ConfusionMatrix(num_classes: int) -> Metric:
         ok = mask & (labels >= 0) & (labels < n) & (predictions >= 0) & (predictions < n)
         # Flat cell index; uncounted pairs go to cell n*n, which the scatter drops.
         cell = jnp.where(ok, labels * n + predictions, n * n).ravel()
-        counts = jnp.zeros((n * n,), jnp.int32).at[cell].add(1, mode="drop")
+        # A batch split over Explicit mesh axes adds into one whole matrix.
+        counts = jnp.zeros((n * n,), jnp.int32).at[cell].add(
+            1, mode="drop", out_sharding=distributed.explicit_sharding(cell, None))
         return state + counts.reshape(n, n)
 
     def compute(state):

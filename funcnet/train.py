@@ -173,7 +173,10 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     """Builds ``step(train_state, batch) -> (train_state, metrics)``, pure and unjitted.
 
     Per step: split ``train_state.rng``; compute ``value_and_grad`` of ``loss_fn``;
-    under ``axis_name`` (inside ``jax.pmap``) ``lax.pmean`` the gradients, the
+    under ``axis_name`` (inside ``jax.pmap`` or ``jax.shard_map``) average the gradients
+    over devices (a ``lax.pmean``; under ``shard_map``'s default ``check_vma=True`` a
+    replicated parameter's gradient arrives already summed and is divided by the
+    device count instead), ``lax.pmean`` the
     metrics and the floating layer state, and give each device its own dropout key
     (``fold_in`` of the device index); apply the optax update. ``metrics`` is
     ``{"loss": loss, **aux.metrics}``. When the loss_fn returns ``Aux(outputs=...)``
@@ -216,7 +219,7 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         metrics = {"loss": loss, **aux.metrics}
         new_state = aux.state
         if axis_name is not None:
-            grads = jax.lax.pmean(grads, axis_name)
+            grads = _mean_gradients(grads, axis_name)
             metrics = jax.lax.pmean(metrics, axis_name)
             # Keeps replicas identical when a stateful layer or loss was not synced itself
             # (e.g. center_loss called without axis_name); a no-op for synced state.
@@ -338,6 +341,30 @@ def _fn_name(fn) -> str:
 
 def _is_empty(tree) -> bool:
     return not jax.tree.leaves(tree)
+
+
+def _mean_gradients(grads, axis_name):
+    """The mean over ``axis_name`` of every device's gradients, under pmap and shard_map alike.
+
+    Under ``jax.pmap`` and ``jax.shard_map(check_vma=False)`` each device holds its own
+    gradients: ``pmean``. Under ``jax.shard_map`` with ``check_vma=True`` (its default)
+    the gradient of a value that does not vary over the axis (a replicated parameter)
+    arrives already summed over it -- JAX transposes the implicit cast to varying into
+    a ``psum`` -- so a ``pmean`` would leave it N times too large: divide it by the
+    axis size instead. Which case holds is read from the types: the device index
+    varies over the axis exactly when JAX tracks varying axes.
+    """
+    if not _varies(jax.lax.axis_index(axis_name), axis_name):
+        return jax.lax.pmean(grads, axis_name)
+    size = jax.lax.axis_size(axis_name)
+    return jax.tree.map(lambda g: jax.lax.pmean(g, axis_name) if _varies(g, axis_name)
+                        else g / size, grads)
+
+
+def _varies(x, axis_name) -> bool:
+    mat = getattr(jax.typeof(x), "manual_axis_type", None)  # JAX 0.10; older: .vma
+    varying = mat.varying if mat is not None else getattr(jax.typeof(x), "vma", frozenset())
+    return axis_name in varying
 
 
 def _pmean_floating(tree, axis_name):

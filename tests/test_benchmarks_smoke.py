@@ -94,6 +94,9 @@ def test_center_loss_matches_python_loop():
 def test_pmap_matches_jit():
     case = dict(sizes=(784, 8, 10), batch=16, steps=1, reps=1)
     ours = pmap.run("pmap-4", CFG, case)  # conftest provides 4 CPU devices
+    mesh = pmap.run("jit-mesh-4", CFG, case)
     ref = pmap.run("jit-1", CFG, case)
     _finite(ours)
+    _finite(mesh)
     assert ours["extra"]["loss_first"] == pytest.approx(ref["extra"]["loss_first"], rel=1e-5)
+    assert mesh["extra"]["loss_first"] == pytest.approx(ref["extra"]["loss_first"], rel=1e-5)

@@ -25,14 +25,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_processes_match_single_process(tmp_path):
+@pytest.mark.parametrize("mode", ["pmap", "mesh"])
+def test_two_processes_match_single_process(tmp_path, mode):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     outs = [tmp_path / f"p{i}.npz" for i in range(2)]
     logs = [open(tmp_path / f"p{i}.log", "w+") for i in range(2)]
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "distributed_worker.py"),
-                               str(i), "2", str(port), str(outs[i])], env=env, stdout=logs[i],
+                               str(i), "2", str(port), str(outs[i]), mode], env=env, stdout=logs[i],
                               stderr=subprocess.STDOUT) for i in range(2)]
     try:
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
@@ -107,3 +108,32 @@ def test_funcnet_parallel_is_the_combinator_and_device_helpers_live_in_distribut
     assert shapes == ((-1, 2), (-1, 3))
     for name in distributed.__all__:
         assert callable(getattr(funcnet.distributed, name))
+
+
+def test_mesh_helpers_place_state_whole_and_split_batches():
+    mesh = distributed.data_mesh()
+    assert mesh.axis_names == ("data",) and mesh.size == 4
+    assert mesh.axis_types == (jax.sharding.AxisType.Explicit,)
+    assert distributed.data_mesh(2, "d", explicit=False).axis_types == (jax.sharding.AxisType.Auto,)
+    tree = {"w": jnp.arange(6.0).reshape(2, 3), "key": jax.random.key(1)}
+    rep = distributed.replicate_on(mesh, tree)
+    assert rep["w"].sharding.is_fully_replicated and len(rep["w"].sharding.device_set) == 4
+    np.testing.assert_array_equal(rep["w"], tree["w"])
+    np.testing.assert_array_equal(jax.random.key_data(rep["key"]), jax.random.key_data(tree["key"]))
+    own = tree["w"].unsafe_buffer_pointer()  # new buffers: a donating step spares the input
+    assert all(s.data.unsafe_buffer_pointer() != own for s in rep["w"].addressable_shards)
+    x, y = np.arange(16.0).reshape(8, 2), np.arange(8)
+    bx, by = distributed.shard_batch(mesh, (x, y))
+    assert bx.sharding.spec == jax.sharding.PartitionSpec("data")
+    assert [s.data.shape for s in bx.addressable_shards] == [(2, 2)] * 4
+    np.testing.assert_array_equal(bx, x)
+    assert distributed.shard_batch(mesh, (bx,))[0] is bx  # already split: passed through
+    lx, = distributed.shard_local_batch(mesh, (x,))  # one process: its part is the batch
+    np.testing.assert_array_equal(lx, x)
+    assert lx.sharding == bx.sharding
+    with pytest.raises(ValueError, match="batch of 6 examples cannot be split evenly over 4"):
+        distributed.shard_batch(mesh, (x[:6],))
+    with pytest.raises(ValueError, match=r"same leading \(batch\) size.*\(4,\), \(8,\)"):
+        distributed.shard_batch(mesh, (x, y[:4]))
+    with pytest.raises(ValueError, match="asked for 9 devices"):
+        distributed.data_mesh(9)

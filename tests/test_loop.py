@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from funcnet import callbacks, data, losses
+from funcnet import callbacks, data, distributed, losses
 from funcnet.loop import fit
 from helpers.training import X, Y, fit_setup, mlp, params_equal
 
@@ -64,6 +64,25 @@ def test_fit_on_four_devices_matches_one(tmp_path):
     assert h4[-1]["eval_acc"] == pytest.approx(h1[-1]["eval_acc"])
     with pytest.raises(ValueError, match="cannot be split evenly over 4 devices"):
         fit(ts, loss_fn, opt, lambda e: data.batches((X, Y), 30), epochs=1, devices=4, progress=False)
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_fit_on_a_mesh_matches_one_device(explicit):
+    """jit over a data mesh: no axis_name, no hand-written collective, one device's result."""
+    ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.0)
+    one, h1 = fit(ts, loss_fn, opt, train_data, epochs=2, **kw)
+    mesh = distributed.data_mesh(explicit=explicit)
+    on_mesh, hm = fit(ts, loss_fn, opt, train_data, epochs=2, mesh=mesh, **kw)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
+                 (on_mesh.params, on_mesh.opt_state), (one.params, one.opt_state))
+    assert int(on_mesh.step) == int(one.step)
+    assert hm[-1]["loss"] == pytest.approx(h1[-1]["loss"], rel=1e-5)
+    assert hm[-1]["eval_acc"] == pytest.approx(h1[-1]["eval_acc"])
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(ts))  # donation spared the input
+    with pytest.raises(ValueError, match="cannot be split evenly over 4 devices"):
+        fit(ts, loss_fn, opt, lambda e: data.batches((X, Y), 30), mesh=mesh, progress=False)
+    with pytest.raises(ValueError, match="either devices=4 .* or mesh="):
+        fit(ts, loss_fn, opt, train_data, devices=4, mesh=mesh)
 
 
 def test_fit_argument_errors():

@@ -15,3 +15,5 @@ def test_readme_python_blocks_run():
     exec(compile("\n".join(blocks), "README.md", "exec"), scope)
     assert scope["out_shape"] == (-1, 10)
     assert scope["metrics"]["loss"].shape == (jax.local_device_count(),)
+    assert scope["mesh_metrics"]["loss"].shape == ()  # one global value, not one per device
+    assert scope["ts_mesh"].params[0]["W"].sharding.is_fully_replicated

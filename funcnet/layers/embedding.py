@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from funcnet import _checks as checks
+from funcnet import distributed
 from funcnet import initializers
 from funcnet.core import Layer, check_input, check_shape, named
 
@@ -23,11 +24,14 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
     ``[0, vocab_size)``; a jitted function cannot raise on values, and a plain
     ``E[ids]`` would silently read another row (negative ids wrap around NumPy
     style, ids past either end are clamped to the first/last row). Here the
-    lookup is ``jnp.take(..., mode="fill", fill_value=nan)`` with negative ids sent
-    out of range first (``jnp.take`` alone would wrap ``-1`` to the last row, NumPy
+    lookup is a gather with ``mode="fill", fill_value=nan`` with negative ids sent
+    out of range first (a gather alone would wrap ``-1`` to the last row, NumPy
     style): every id outside ``[0, vocab_size)``, negative ones included, yields a
     row of NaN, so the mistake shows up as a NaN loss instead of a wrong but
     plausible vector. Such rows get no gradient.
+
+    Ids split over Explicit mesh axes (``jax.make_mesh``) give rows split the same
+    way (:func:`funcnet.distributed.gather`).
     """
     vocab_size = checks.positive_int("Embedding", "vocab_size", vocab_size)
     dim = checks.positive_int("Embedding", "dim", dim)
@@ -49,6 +53,6 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
         # uint32 ids past 2**31 wrap negative, which the range check below catches.
         ids = inputs if inputs.dtype.itemsize >= 8 else inputs.astype(jnp.int32)
         ids = jnp.where((ids >= 0) & (ids < n), ids, n)
-        return jnp.take(table, ids, axis=0, mode="fill", fill_value=jnp.nan), state
+        return distributed.gather(table, ids, mode="fill", fill_value=jnp.nan), state
 
     return named(name, init, apply)

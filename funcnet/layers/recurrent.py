@@ -69,7 +69,9 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool) -> Layer:
     def apply(params, state, inputs, *, rng=None, train=False):
         check_input(name, inputs, rank=3, axis=-1, size=params["W_ih"].shape[0])
         xp = inputs @ params["W_ih"] + params["b_ih"]          # (N, T, G*H), all steps at once
-        h0 = jnp.zeros((inputs.shape[0], H), xp.dtype)
+        # zeros_like, not zeros: the carry must have the type the step gives it, i.e. the
+        # input's batch sharding (Explicit mesh axes) and its varying axes (shard_map).
+        h0 = jnp.zeros_like(xp[:, 0, :H])
         carry0 = (h0,) * cell.carry_size
 
         def body(carry, xp_t):

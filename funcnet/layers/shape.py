@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 
 from funcnet import _checks as checks
+from funcnet import distributed
 from funcnet.core import Layer, check_input, check_known, check_shape, named
 
 
@@ -57,6 +59,10 @@ def Reshape(shape) -> Layer:
 
     def apply(params, state, inputs, *, rng=None, train=False):
         check_input(name, inputs, min_rank=1)
-        return inputs.reshape((inputs.shape[0],) + resolve(inputs.shape)), state
+        out_shape = (inputs.shape[0],) + resolve(inputs.shape)
+        # The batch axis keeps its Explicit-mesh split, which JAX cannot infer for a split axis.
+        batch = (distributed.explicit_spec(inputs) or (None,))[0]
+        out = distributed.explicit_sharding(inputs, batch, *(None,) * (len(out_shape) - 1))
+        return jnp.reshape(inputs, out_shape, out_sharding=out), state
 
     return named(name, init, apply)

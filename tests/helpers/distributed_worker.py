@@ -1,9 +1,11 @@
 """One process of the 2-process test (tests/test_distributed.py); not a test itself.
 
-    python tests/helpers/distributed_worker.py PROCESS_ID NUM_PROCESSES PORT OUT.npz
+    python tests/helpers/distributed_worker.py PROCESS_ID NUM_PROCESSES PORT OUT.npz [pmap|mesh]
 
-Each process has 2 CPU devices, takes its slice of every global batch and trains
-the pmap step; collectives run across both processes over gloo on 127.0.0.1.
+Each process has 2 CPU devices and takes its slice of every global batch. ``pmap``
+trains the pmap step; ``mesh`` builds global arrays from the process-local slices
+on a mesh spanning every process's devices and runs the plain jitted step (XLA
+inserts the all-reduce). Collectives run across both processes over gloo on 127.0.0.1.
 """
 import os
 import sys
@@ -25,6 +27,14 @@ def main():
                         initialization_timeout=60)
     import jax
     assert jax.process_count() == nproc and jax.device_count() == 2 * nproc, jax.devices()
+    train = train_on_mesh if (sys.argv[5:] or ["pmap"])[0] == "mesh" else train_pmap
+    losses, host = train(jax)
+    leaves = [np.asarray(l) for l in jax.tree.leaves((host.params, host.state))]
+    np.savez(out, losses=np.array(losses), *leaves)
+    jax.distributed.shutdown()
+
+
+def train_pmap(jax):
     ts, step = build(axis_name="batch")
     pstep = jax.pmap(step, axis_name="batch")
     ts = distributed.replicate(ts)
@@ -34,10 +44,25 @@ def main():
         x, y = batch(i)
         ts, m = pstep(ts, distributed.shard((x[mine], y[mine])))
         losses.append(float(m["loss"][0]))
-    host = distributed.unreplicate(ts)
-    leaves = [np.asarray(l) for l in jax.tree.leaves((host.params, host.state))]
-    np.savez(out, losses=np.array(losses), *leaves)
-    jax.distributed.shutdown()
+    return losses, distributed.unreplicate(ts)
+
+
+def train_on_mesh(jax):
+    ts, step = build(axis_name=None)
+    mesh = distributed.data_mesh()  # all devices of both processes
+    assert {d.process_index for d in mesh.devices.flat} == set(range(jax.process_count()))
+    step = jax.jit(step, donate_argnums=0)
+    ts = distributed.replicate_on(mesh, ts)
+    mine = distributed.process_slice(GLOBAL_BATCH)
+    losses = []
+    for i in range(N_STEPS):
+        x, y = batch(i)
+        local = distributed.shard_local_batch(mesh, (x[mine], y[mine]))
+        assert local[0].shape == x.shape  # global arrays, built from this process's rows
+        with jax.set_mesh(mesh):
+            ts, m = step(ts, local)
+        losses.append(float(m["loss"]))
+    return losses, ts
 
 
 if __name__ == "__main__":
