@@ -319,7 +319,9 @@ def test_new_recipes_under_inject_hyperparams_and_jit(name, kw):
     # optax.radam: eps added after the bias correction.
     (lambda: optax.radam(0.03, b2=0.9, eps=0.1),
      lambda ps: torch.optim.RAdam(ps, lr=0.03, betas=(0.9, 0.9), eps=0.1)),
-], ids=["rmsprop-eps", "adagrad-eps", "adagrad-initial", "radam-eps"])
+    # optax.adadelta's default learning_rate=None scales by nothing, not by -1: it ascends.
+    (lambda: optax.adadelta(), lambda ps: torch.optim.Adadelta(ps)),
+], ids=["rmsprop-eps", "adagrad-eps", "adagrad-initial", "radam-eps", "adadelta-default-lr"])
 def test_plain_optax_differs_where_the_docs_say(plain, torch_opt):
     # The differences docs/optimizers.md lists, shown on a trajectory; also proves
     # the parity tests above can see each of them.
@@ -333,7 +335,10 @@ def test_plain_optax_differs_where_the_docs_say(plain, torch_opt):
     (lambda: optax.adadelta(1.0), lambda ps: torch.optim.Adadelta(ps)),
     (lambda: optax.rmsprop(0.01, decay=0.99, eps_in_sqrt=False, momentum=0.9),
      lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.9)),
-], ids=["adamw", "adadelta", "rmsprop-constant-lr"])
+    (lambda: optax.sgd(0.05, momentum=0.9, nesterov=True),
+     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True)),
+    (lambda: optax.adam(0.03), lambda ps: torch.optim.Adam(ps, lr=0.03)),
+], ids=["adamw", "adadelta", "rmsprop-constant-lr", "sgd-nesterov", "adam"])
 def test_plain_optax_matches_where_the_docs_say(plain, torch_opt):
     assert_same_trajectory(funcnet_trajectory(plain()), torch_trajectory(torch_opt))
 
