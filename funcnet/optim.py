@@ -32,7 +32,7 @@ Why not plain ``optax.sgd`` / ``optax.adam``?
 from __future__ import annotations
 
 import numbers
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -185,8 +185,8 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
 # below exist only where optax's own differs from torch's formula.
 # --------------------------------------------------------------------------- #
 
-def _check_recipe(fn: str, learning_rate: Any, *, nonnegative: dict = None,
-                  below_one: dict = None, at_most_one: dict = None) -> None:
+def _check_recipe(fn: str, learning_rate: Any, *, nonnegative: Optional[dict] = None,
+                  below_one: Optional[dict] = None, at_most_one: Optional[dict] = None) -> None:
     """PyTorch's constructor checks: ``learning_rate`` and ``nonnegative`` >= 0,
     ``below_one`` in ``[0, 1)`` (betas), ``at_most_one`` in ``[0, 1]`` (rho)."""
     _check_learning_rate(fn, learning_rate)
