@@ -7,7 +7,12 @@ Conventions
   ``(N,)`` / ``(N, d1, ...)``. PyTorch puts the classes on axis 1 (``(N, C, d1, ...)``);
   pass ``axis=1`` to use that layout unchanged. Every other semantic of
   :func:`cross_entropy` and :func:`nll_loss` is PyTorch's.
-* ``reduction`` is ``"mean"`` (default), ``"sum"`` or ``"none"`` (the per-element loss).
+* ``reduction`` is ``"mean"`` (default), ``"sum"``, ``"sum_mean"`` or ``"none"`` (the
+  per-element loss). ``"sum_mean"`` sums each example's loss over its non-batch axes and
+  averages over the batch (axis 0 of the per-element loss, ``N`` examples):
+  ``(1/N) * sum_n sum_i l[n, i]``. That is tinynn's MSE (sum over features
+  divided by the batch size) and the per-example sum a VAE's ELBO needs. A scalar
+  per-element loss has no batch axis and is rejected for ``"sum_mean"``.
 * Bad inputs fail early: a wrong dtype raises ``TypeError`` and a wrong shape or rank
   ``ValueError``, at trace time. Integer labels that are concrete (not traced, i.e.
   outside ``jit``) are checked too: a class id outside ``[0, C)`` that is not
@@ -39,7 +44,7 @@ __all__ = [
     "hinge", "multiclass_hinge", "smooth_l1", "center_loss_init", "center_loss",
 ]
 
-_REDUCTIONS = ("mean", "sum", "none")
+_REDUCTIONS = ("mean", "sum", "sum_mean", "none")
 
 
 # --------------------------------------------------------------------------- #
@@ -74,14 +79,22 @@ def _int_labels(fn: str, labels, what: str = "labels"):
 
 def _check_reduction(fn: str, reduction) -> None:
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"{fn}: reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
+        valid = ", ".join(repr(r) for r in _REDUCTIONS)
+        raise ValueError(f"{fn}: reduction must be one of {valid}, got {reduction!r}.")
 
 
-def _reduce(loss, reduction):
+def _reduce(fn: str, loss, reduction):
+    """The per-element ``loss`` reduced as the module docstring says."""
     if reduction == "mean":
         return jnp.mean(loss)
     if reduction == "sum":
         return jnp.sum(loss)
+    if reduction == "sum_mean":
+        if loss.ndim == 0:
+            raise ValueError(f"{fn}: reduction='sum_mean' averages over the batch axis (axis 0) "
+                             f"but the per-element loss is a scalar. Give the inputs a leading "
+                             f"batch axis, or use reduction='sum'.")
+        return jnp.mean(jnp.sum(loss, axis=tuple(range(1, loss.ndim))), axis=0)
     return loss
 
 
@@ -163,7 +176,7 @@ def _check_index_labels(fn: str, logits, labels, axis: int) -> None:
 # Classification.
 # --------------------------------------------------------------------------- #
 
-def _nll_from_log_probs(log_probs, labels, weight, ignore_index, reduction, label_smoothing):
+def _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, label_smoothing):
     """torch's nll_loss (plus cross_entropy's smoothing term), classes on the last axis.
 
     Per element n with target y_n (w = weight, ε = label_smoothing, C classes)::
@@ -189,7 +202,7 @@ def _nll_from_log_probs(log_probs, labels, weight, ignore_index, reduction, labe
         loss = (1.0 - label_smoothing) * loss + (label_smoothing / num_classes) * smooth
     if reduction == "mean":
         return jnp.sum(loss) / jnp.sum(w_y)
-    return _reduce(loss, reduction)
+    return _reduce(fn, loss, reduction)
 
 
 def nll_loss(inputs, labels, *, weight=None, ignore_index: int = -100, reduction: str = "mean",
@@ -205,14 +218,15 @@ def nll_loss(inputs, labels, *, weight=None, ignore_index: int = -100, reduction
         \text{mean} = \frac{\sum_n l_n}{\sum_n w_{y_n} [y_n \ne \text{ignore\_index}]}
 
     so a weighted mean divides by the summed weights of the non-ignored targets (NaN
-    when every target is ignored, as in torch).
+    when every target is ignored, as in torch). ``"sum_mean"`` is not weight-normalised:
+    :math:`\frac1N \sum_n \sum_i l_{n,i}` over the ``N`` rows of ``labels``' axis 0.
 
     Args:
       inputs: float log-probabilities ``(..., C, ...)`` with the classes on ``axis``.
       labels: integer class ids, ``inputs``' shape without ``axis``.
       weight: optional per-class rescaling weights, shape ``(C,)``.
       ignore_index: targets with this value contribute neither loss nor weight.
-      reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
       axis: the class axis of ``inputs``.
     """
     fn = "funcnet.losses.nll_loss"
@@ -225,7 +239,7 @@ def nll_loss(inputs, labels, *, weight=None, ignore_index: int = -100, reduction
     weight = _class_weight(fn, weight, num_classes, inputs.dtype)
     _check_label_range(fn, labels, num_classes, ignore_index)
     log_probs = jnp.moveaxis(inputs, axis, -1)
-    return _nll_from_log_probs(log_probs, labels, weight, ignore_index, reduction, 0.0)
+    return _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, 0.0)
 
 
 def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
@@ -243,7 +257,8 @@ def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
               + \frac{\varepsilon}{C}\sum_c -w_c \log p_{n,c}\Big)
 
     and ``"mean"`` is :math:`\sum_n l_n / \sum_n w_{y_n}[y_n \ne \text{ignore}]` — torch
-    divides the smoothing term by the same target-weight sum.
+    divides the smoothing term by the same target-weight sum. ``"sum_mean"`` divides the
+    sum by the batch size (``labels``' axis 0), not by weights.
 
     **Float labels** (probabilities or one-hot, ``logits``' shape): targets are first
     smoothed, :math:`t \leftarrow (1-\varepsilon)t + \varepsilon/C`, then
@@ -256,7 +271,7 @@ def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
       labels: integer class ids, or float targets of ``logits``' shape.
       weight: optional per-class weights, shape ``(C,)``.
       ignore_index: integer targets equal to this are skipped (no loss, no weight).
-      reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
       label_smoothing: :math:`\varepsilon \in [0, 1]`.
       axis: the class axis of ``logits``.
     """
@@ -286,7 +301,7 @@ def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
             shape[axis] = num_classes
             targets = targets * weight.reshape(shape)
         loss = optax.losses.softmax_cross_entropy(logits, targets, axis=axis)
-        return _reduce(loss, reduction)
+        return _reduce(fn, loss, reduction)
 
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         raise TypeError(f"{fn}: labels must be integer class ids or float probabilities, got "
@@ -294,7 +309,7 @@ def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
     _check_index_labels(fn, logits, labels, axis)
     _check_label_range(fn, labels, num_classes, ignore_index)
     log_probs = jax.nn.log_softmax(jnp.moveaxis(logits, axis, -1), axis=-1)
-    return _nll_from_log_probs(log_probs, labels, weight, ignore_index, reduction,
+    return _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction,
                                label_smoothing)
 
 
@@ -308,7 +323,9 @@ def sigmoid_binary_cross_entropy(logits, labels, *, pos_weight=None, weight=None
     computed stably with ``log_sigmoid``. ``labels`` (0/1 or probabilities, any real or
     bool dtype) must have ``logits``' shape; ``weight`` (per element) and ``pos_weight``
     (per class, usually shape ``(C,)`` for the last axis) broadcast against it.
-    ``"mean"`` averages over all elements.
+    ``"mean"`` averages over all elements, ``"sum_mean"`` sums each example's elements
+    and averages over the batch (axis 0): :math:`\frac1N\sum_n\sum_i l_{n,i}`, the
+    Bernoulli reconstruction term of a VAE.
     """
     fn = "funcnet.losses.sigmoid_binary_cross_entropy"
     logits = _float_array(fn, logits, "logits")
@@ -342,7 +359,7 @@ def sigmoid_binary_cross_entropy(logits, labels, *, pos_weight=None, weight=None
                  + (1.0 - labels) * jax.nn.log_sigmoid(-logits))
     if weight is not None:
         loss = loss * broadcastable(weight, "weight")
-    return _reduce(loss, reduction)
+    return _reduce(fn, loss, reduction)
 
 
 # --------------------------------------------------------------------------- #
@@ -362,16 +379,20 @@ def _regression_args(fn, predictions, targets, reduction):
 def mse(predictions, targets, *, reduction: str = "mean"):
     r"""Squared error :math:`(x - y)^2`, matching ``torch.nn.functional.mse_loss``.
 
-    Unlike torch, shapes must be equal (no silent broadcasting).
+    Unlike torch, shapes must be equal (no silent broadcasting). ``reduction="sum_mean"``
+    is tinynn's MSE, :math:`\frac1N\sum_n\sum_i (x_{n,i} - y_{n,i})^2` for a batch of
+    ``N`` (axis 0).
     """
-    predictions, targets = _regression_args("funcnet.losses.mse", predictions, targets, reduction)
-    return _reduce(optax.losses.squared_error(predictions, targets), reduction)
+    fn = "funcnet.losses.mse"
+    predictions, targets = _regression_args(fn, predictions, targets, reduction)
+    return _reduce(fn, optax.losses.squared_error(predictions, targets), reduction)
 
 
 def mae(predictions, targets, *, reduction: str = "mean"):
     r"""Absolute error :math:`|x - y|`, matching ``torch.nn.functional.l1_loss``."""
-    predictions, targets = _regression_args("funcnet.losses.mae", predictions, targets, reduction)
-    return _reduce(jnp.abs(predictions - targets), reduction)
+    fn = "funcnet.losses.mae"
+    predictions, targets = _regression_args(fn, predictions, targets, reduction)
+    return _reduce(fn, jnp.abs(predictions - targets), reduction)
 
 
 def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
@@ -384,23 +405,27 @@ def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
     fn = "funcnet.losses.huber"
     predictions, targets = _regression_args(fn, predictions, targets, reduction)
     delta = _check_number(fn, "delta", delta, low=0.0, low_open=True)
-    return _reduce(optax.losses.huber_loss(predictions, targets, delta=delta), reduction)
+    return _reduce(fn, optax.losses.huber_loss(predictions, targets, delta=delta), reduction)
 
 
-def smooth_l1(data, *, scalar: float = 1.0):
-    r"""MXNet's elementwise ``smooth_l1`` (no reduction), with :math:`\sigma` = ``scalar``:
+def smooth_l1(data, *, scalar: float = 1.0, reduction: str = "none"):
+    r"""MXNet's elementwise ``smooth_l1``, with :math:`\sigma` = ``scalar``:
 
     .. math::
         f(x) = \begin{cases} \tfrac12 (\sigma x)^2 & |x| < 1/\sigma^2 \\
                              |x| - \tfrac{1}{2\sigma^2} & \text{otherwise} \end{cases}
 
-    With ``scalar=1`` this is :func:`huber` with ``delta=1`` applied to ``data``.
+    With ``scalar=1`` this is :func:`huber` with ``delta=1`` applied to ``data``. The
+    default ``reduction="none"`` is MXNet's (the elementwise values); the other
+    reductions are the module's, e.g. ``"sum_mean"`` for a per-example sum.
     """
     fn = "funcnet.losses.smooth_l1"
     data = _float_array(fn, data, "data")
+    _check_reduction(fn, reduction)
     scalar = _check_number(fn, "scalar", scalar, low=0.0, low_open=True)
     s2 = scalar * scalar
-    return jnp.where(jnp.abs(data) < 1.0 / s2, 0.5 * s2 * data * data, jnp.abs(data) - 0.5 / s2)
+    loss = jnp.where(jnp.abs(data) < 1.0 / s2, 0.5 * s2 * data * data, jnp.abs(data) - 0.5 / s2)
+    return _reduce(fn, loss, reduction)
 
 
 # --------------------------------------------------------------------------- #
@@ -427,7 +452,7 @@ def hinge(scores, labels, *, reduction: str = "mean"):
             raise ValueError(f"{fn}: labels must be in {{-1, 1}} or in {{0, 1}}, found "
                              f"{sorted(found)[:8]}.")
     signs = jnp.where(labels > 0, 1.0, -1.0).astype(scores.dtype)
-    return _reduce(optax.losses.hinge_loss(scores, signs), reduction)
+    return _reduce(fn, optax.losses.hinge_loss(scores, signs), reduction)
 
 
 def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
@@ -461,7 +486,7 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
         terms = terms * distributed.gather(weight, safe)[..., None]
     loss = jnp.sum(terms, axis=-1) / num_classes
     loss = jnp.where(in_range, loss, jnp.nan)
-    return _reduce(loss, reduction)
+    return _reduce(fn, loss, reduction)
 
 
 # --------------------------------------------------------------------------- #

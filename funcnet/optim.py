@@ -24,11 +24,14 @@ Why not plain ``optax.sgd`` / ``optax.adam``?
   the gradient *before* the momentum buffer.
 * ``optax.adam`` has no L2 term (``optax.adamw`` decays the weights after the
   moment estimates, which is AdamW, not ``torch.optim.Adam(weight_decay=...)``).
+* ``optax.rmsprop``, ``optax.adagrad`` and ``optax.radam`` put ``eps`` elsewhere
+  than PyTorch and have no (or no coupled) weight decay; ``optax.adagrad`` has no
+  ``lr_decay``. docs/optimizers.md lists every difference.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +39,8 @@ import optax
 
 from funcnet import _checks as checks
 
-__all__ = ["sgd", "adam", "torch_momentum", "TorchMomentumState"]
+__all__ = ["sgd", "adam", "adamw", "radam", "rmsprop", "adagrad", "adadelta", "torch_momentum",
+           "TorchMomentumState", "scale_by_torch_adagrad", "scale_by_torch_radam"]
 
 
 # Python and NumPy scalars are "concrete": they can decide the structure of the
@@ -163,5 +167,271 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
     if not (_is_python_number(weight_decay) and weight_decay == 0):
         parts.append(optax.add_decayed_weights(weight_decay))
     parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+# --------------------------------------------------------------------------- #
+# More torch.optim recipes. Each is an optax chain; the two small transforms
+# below exist only where optax's own differs from torch's formula.
+# --------------------------------------------------------------------------- #
+
+def _check_recipe(fn: str, learning_rate: Any, *, nonnegative: Optional[dict] = None,
+                  below_one: Optional[dict] = None, at_most_one: Optional[dict] = None) -> None:
+    """PyTorch's constructor checks: ``learning_rate`` and ``nonnegative`` >= 0,
+    ``below_one`` in ``[0, 1)`` (betas), ``at_most_one`` in ``[0, 1]`` (rho)."""
+    checks.learning_rate(fn, learning_rate)
+    for name, value in (nonnegative or {}).items():
+        checks.hyperparameter(fn, name, value, low=0.0)
+    for name, value in (below_one or {}).items():
+        checks.hyperparameter(fn, name, value, low=0.0, high=1.0, high_open=True)
+    for name, value in (at_most_one or {}).items():
+        checks.hyperparameter(fn, name, value, low=0.0, high=1.0)
+
+
+def _is_static_zero(value: Any) -> bool:
+    return _is_python_number(value) and value == 0
+
+
+def _coupled_weight_decay(weight_decay: Any) -> list:
+    """``g + weight_decay * p`` before the recipe (torch's L2 ``weight_decay``)."""
+    return [] if _is_static_zero(weight_decay) else [optax.add_decayed_weights(weight_decay)]
+
+
+def _float_count(count: jax.Array) -> jax.Array:
+    # The default float (float64 under jax_enable_x64), as torch's Python-float step math.
+    return count.astype(jnp.result_type(float))
+
+
+def scale_by_torch_adagrad(initial_accumulator_value: float = 0.0,
+                           eps: float = 1e-10) -> optax.GradientTransformation:
+    """Adagrad's scaling as ``torch.optim.Adagrad`` computes it (``eps`` outside the root)::
+
+        s = s + g**2                  (s starts at initial_accumulator_value)
+        out = g / (sqrt(s) + eps)
+
+    ``optax.scale_by_rss`` computes ``g / sqrt(s + eps)`` (``eps`` inside the root,
+    and 0 where ``s == 0``), so it cannot give torch's trajectory; the state is
+    optax's own :class:`optax.ScaleByRssState`.
+    """
+    def init_fn(params):
+        return optax.ScaleByRssState(
+            sum_of_squares=optax.tree.full_like(params, initial_accumulator_value))
+
+    def update_fn(updates, state, params=None):
+        del params
+        sums = jax.tree.map(lambda g, s: s + g * g, updates, state.sum_of_squares)
+        out = jax.tree.map(lambda g, s: (g / (jnp.sqrt(s) + eps)).astype(g.dtype), updates, sums)
+        return out, optax.ScaleByRssState(sum_of_squares=sums)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _radam_rectification(count: jax.Array, b2: Any):
+    """``(rectify, r_t)``: torch's ``rho_t > 5`` test and the variance rectification term."""
+    t = _float_count(count)
+    rho_inf = 2.0 / (1.0 - b2) - 1.0
+    b2_t = b2 ** t
+    rho_t = rho_inf - 2.0 * t * b2_t / (1.0 - b2_t)
+    rectify = rho_t > 5.0
+    rho = jnp.where(rectify, rho_t, 5.0)  # keeps the unused branch free of NaN
+    r_t = jnp.sqrt((rho - 4.0) * (rho - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho))
+    return rectify, r_t
+
+
+def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
+                         eps: float = 1e-8) -> optax.GradientTransformation:
+    """RAdam's scaling as ``torch.optim.RAdam`` computes it. At update ``t = 1, 2, ...``::
+
+        m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g**2
+        m_hat = m / (1 - b1**t)
+        rho_inf = 2 / (1 - b2) - 1 ;  rho_t = rho_inf - 2 t b2**t / (1 - b2**t)
+        out = m_hat * r_t * sqrt(1 - b2**t) / (sqrt(v) + eps)   if rho_t > 5
+        out = m_hat                                             otherwise
+        r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))
+
+    ``optax.scale_by_radam`` differs in two places: it adds ``eps`` to the
+    bias-corrected ``sqrt(v / (1 - b2**t))`` (torch adds it to ``sqrt(v)`` before
+    the correction, i.e. an effective ``eps / sqrt(1 - b2**t)``), and it
+    rectifies when ``rho_t >= threshold`` where torch needs ``rho_t > 5``. The
+    state is optax's own :class:`optax.ScaleByAdamState`.
+    """
+    def init_fn(params):
+        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                      mu=optax.tree.zeros_like(params),
+                                      nu=optax.tree.zeros_like(params))
+
+    def update_fn(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        count = optax.safe_increment(state.count)
+        mu_hat = optax.tree.bias_correction(mu, b1, count)
+        rectify, r_t = _radam_rectification(count, b2)
+        root_bc2 = jnp.sqrt(1.0 - b2 ** _float_count(count))
+
+        def scaled(m, v):
+            adaptive = m * r_t * root_bc2 / (jnp.sqrt(v) + eps)
+            return jnp.where(rectify, adaptive, m).astype(m.dtype)
+
+        out = jax.tree.map(scaled, mu_hat, nu)
+        return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: float = 1e-8,
+            weight_decay: float = 0.0, momentum: float = 0.0,
+            centered: bool = False) -> optax.GradientTransformation:
+    """RMSprop with the trajectory of ``torch.optim.RMSprop``.
+
+    Per parameter (``v``, ``gbar`` and ``b`` start at zero)::
+
+        g = g + weight_decay * p                    (L2, coupled)
+        v = alpha * v + (1 - alpha) * g**2
+        gbar = alpha * gbar + (1 - alpha) * g       (only when centered)
+        d = sqrt(v - gbar**2) + eps  if centered  else  sqrt(v) + eps
+        b = momentum * b + g / d ;  p = p - lr_t * b    (momentum > 0)
+        p = p - lr_t * g / d                            (momentum == 0)
+
+    Built as ``add_decayed_weights -> scale_by_rms / scale_by_stddev
+    (eps_in_sqrt=False) -> trace(momentum) -> scale_by_learning_rate``. Unlike
+    ``optax.rmsprop``: ``eps`` is outside the root (optax's default is inside),
+    the decay is called ``alpha`` and defaults to 0.99 (optax: ``decay=0.9``),
+    there is an L2 ``weight_decay``, and the buffer holds unscaled steps that the
+    current learning rate multiplies (optax scales by the learning rate before
+    the trace, which differs once a schedule changes the rate).
+
+    Raises:
+      ValueError: a negative ``learning_rate``/``alpha``/``eps``/``weight_decay``/
+        ``momentum`` (PyTorch's checks).
+    """
+    _check_recipe("rmsprop", learning_rate, nonnegative=dict(
+        alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum))
+    scale = optax.scale_by_stddev if centered else optax.scale_by_rms
+    parts = _coupled_weight_decay(weight_decay)
+    parts.append(scale(decay=alpha, eps=eps, initial_scale=0.0, eps_in_sqrt=False))
+    if not _is_static_zero(momentum):
+        parts.append(optax.trace(decay=momentum))  # trace(0) is the identity, as torch's momentum=0
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+def adagrad(learning_rate: optax.ScalarOrSchedule, lr_decay: float = 0.0,
+            weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
+            eps: float = 1e-10) -> optax.GradientTransformation:
+    """Adagrad with the trajectory of ``torch.optim.Adagrad``.
+
+    Per parameter at update ``t = 1, 2, ...`` (``s`` starts at
+    ``initial_accumulator_value``)::
+
+        g = g + weight_decay * p                    (L2, coupled)
+        clr = lr_t / (1 + (t - 1) * lr_decay)
+        s = s + g**2
+        p = p - clr * g / (sqrt(s) + eps)
+
+    A schedule gives ``lr_t`` (as a torch LR scheduler changes ``lr``) and
+    ``lr_decay`` still divides it. Unlike ``optax.adagrad``: ``eps`` is outside
+    the root and defaults to 1e-10 (optax: inside, 1e-7), the accumulator starts
+    at 0 (optax: 0.1), and there are ``lr_decay`` and ``weight_decay``. See
+    :func:`scale_by_torch_adagrad`.
+
+    Raises:
+      ValueError: a negative ``learning_rate``/``lr_decay``/``weight_decay``/
+        ``initial_accumulator_value``/``eps`` (PyTorch's checks).
+    """
+    _check_recipe("adagrad", learning_rate, nonnegative=dict(
+        lr_decay=lr_decay, weight_decay=weight_decay,
+        initial_accumulator_value=initial_accumulator_value, eps=eps))
+    parts = _coupled_weight_decay(weight_decay)
+    parts.append(scale_by_torch_adagrad(initial_accumulator_value, eps))
+    if not _is_static_zero(lr_decay):
+        parts.append(optax.scale_by_schedule(
+            lambda count: 1.0 / (1.0 + _float_count(count) * lr_decay)))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-8, weight_decay: float = 0.01) -> optax.GradientTransformation:
+    """AdamW with the trajectory of ``torch.optim.AdamW`` (decoupled weight decay).
+
+    Per parameter at update ``t = 1, 2, ...``::
+
+        p = p - lr_t * weight_decay * p             (decoupled, before the Adam step)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g**2
+        p = p - lr_t / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+
+    The Adam step does not read ``p``, so decaying first (torch) equals adding
+    ``weight_decay * p`` to the Adam direction before the learning rate, which
+    is the chain ``scale_by_adam -> add_decayed_weights -> scale_by_learning_rate``
+    (``optax.adamw``'s). The difference from ``optax.adamw`` is the default
+    ``weight_decay``: 0.01 here and in torch, 1e-4 in optax.
+
+    Raises:
+      ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
+        outside ``[0, 1)`` (PyTorch's checks).
+    """
+    _check_recipe("adamw", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
+                  below_one=dict(b1=b1, b2=b2))
+    parts = [optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0)]
+    if not _is_static_zero(weight_decay):
+        parts.append(optax.add_decayed_weights(weight_decay))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+def radam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-8, weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """RAdam with the trajectory of ``torch.optim.RAdam`` (coupled weight decay).
+
+    Per parameter at update ``t``: ``g = g + weight_decay * p`` (L2, torch's
+    default ``decoupled_weight_decay=False``), then ``p = p - lr_t * u`` with
+    ``u`` from :func:`scale_by_torch_radam` (rectified Adam when ``rho_t > 5``,
+    bias-corrected momentum ``m / (1 - b1**t)`` before that).
+
+    Unlike ``optax.radam``: ``eps`` is added to ``sqrt(v)`` before the bias
+    correction, the rectification test is strict (``rho_t > 5``), and there is a
+    ``weight_decay``.
+
+    Raises:
+      ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
+        outside ``[0, 1)`` (PyTorch's checks).
+    """
+    _check_recipe("radam", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
+                  below_one=dict(b1=b1, b2=b2))
+    parts = _coupled_weight_decay(weight_decay)
+    parts.append(scale_by_torch_radam(b1, b2, eps))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+def adadelta(learning_rate: optax.ScalarOrSchedule = 1.0, rho: float = 0.9, eps: float = 1e-6,
+             weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """Adadelta with the trajectory of ``torch.optim.Adadelta``.
+
+    Per parameter (``v`` and ``u`` start at zero)::
+
+        g = g + weight_decay * p                    (L2, coupled)
+        v = rho * v + (1 - rho) * g**2
+        d = sqrt(u + eps) / sqrt(v + eps) * g
+        u = rho * u + (1 - rho) * d**2
+        p = p - lr_t * d
+
+    ``optax.scale_by_adadelta`` is this formula (``u`` accumulates the step
+    before the learning rate, as in torch), so the recipe is
+    ``add_decayed_weights -> scale_by_adadelta -> scale_by_learning_rate``, the
+    same chain as ``optax.adadelta``; only the default ``learning_rate`` differs
+    (1.0 here and in torch, required in optax).
+
+    Raises:
+      ValueError: a negative ``learning_rate``/``eps``/``weight_decay`` or
+        ``rho`` outside ``[0, 1]`` (PyTorch's checks).
+    """
+    _check_recipe("adadelta", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
+                  at_most_one=dict(rho=rho))
+    parts = _coupled_weight_decay(weight_decay)
+    parts.append(optax.scale_by_adadelta(rho=rho, eps=eps))
     parts.append(optax.scale_by_learning_rate(learning_rate))
     return optax.chain(*parts)

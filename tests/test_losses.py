@@ -444,3 +444,129 @@ def test_out_of_range_under_jit():
     # Only the valid sample moves its center: 0.5 * 1 / (1 + 1).
     np.testing.assert_allclose(new[0], np.full(DIM, 0.25))
     assert np.all(np.asarray(new)[1:] == 0) and np.all(np.isfinite(new))
+
+
+# reduction="sum_mean": sum over each example's non-batch axes, mean over axis 0
+# --------------------------------------------------------------------------- #
+
+SM_SHAPE = (4, 3, 2)   # two non-batch axes, so "sum over them" is not a plain sum
+
+
+def _sum_mean(elementwise):
+    e = np.asarray(elementwise, np.float64)
+    return e.reshape(e.shape[0], -1).sum(axis=1).mean()
+
+
+def _log_sigmoid(x):
+    return -np.logaddexp(0.0, -x)
+
+
+def _sm_inputs():
+    rng = np.random.default_rng(7)
+    p = rng.normal(size=SM_SHAPE).astype(np.float32) * 2
+    y = rng.normal(size=SM_SHAPE).astype(np.float32)
+    return p, y, (p - y).astype(np.float64)
+
+
+def test_sum_mean_regression_losses_equal_the_formula():
+    p, y, d = _sm_inputs()
+    huber = lambda d, k: np.where(np.abs(d) < k, 0.5 * d * d, k * (np.abs(d) - 0.5 * k))  # noqa: E731
+    cases = {
+        "mse": (losses.mse(p, y, reduction="sum_mean"), d ** 2),
+        "mae": (losses.mae(p, y, reduction="sum_mean"), np.abs(d)),
+        "huber": (losses.huber(p, y, delta=0.7, reduction="sum_mean"), huber(d, 0.7)),
+    }
+    for sigma in (1.0, 2.0):
+        s2 = sigma * sigma
+        mx = np.where(np.abs(d) < 1 / s2, 0.5 * s2 * d * d, np.abs(d) - 0.5 / s2)
+        cases[f"smooth_l1-{sigma}"] = (
+            losses.smooth_l1(p - y, scalar=sigma, reduction="sum_mean"), mx)
+    for name, (ours, elementwise) in cases.items():
+        assert ours.shape == (), name
+        np.testing.assert_allclose(ours, _sum_mean(elementwise), rtol=1e-5, err_msg=name)
+
+
+def test_sum_mean_binary_losses_equal_the_formula():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=SM_SHAPE).astype(np.float32) * 3
+    y = rng.uniform(size=SM_SHAPE).astype(np.float32)
+    pw = rng.uniform(0.5, 3, size=(2,)).astype(np.float32)
+    w = rng.uniform(0.5, 2, size=(4, 1, 1)).astype(np.float32)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    bce = -(pw * y64 * _log_sigmoid(x64) + (1 - y64) * _log_sigmoid(-x64)) * w
+    ours = losses.sigmoid_binary_cross_entropy(x, y, pos_weight=pw, weight=w, reduction="sum_mean")
+    np.testing.assert_allclose(ours, _sum_mean(bce), rtol=1e-5)
+    plain = -(y64 * _log_sigmoid(x64) + (1 - y64) * _log_sigmoid(-x64))
+    np.testing.assert_allclose(losses.sigmoid_binary_cross_entropy(x, y, reduction="sum_mean"),
+                               _sum_mean(plain), rtol=1e-5)
+    signs = np.where(y > 0.5, 1, -1)
+    np.testing.assert_allclose(losses.hinge(x, signs, reduction="sum_mean"),
+                               _sum_mean(np.maximum(0.0, 1.0 - signs * x64)), rtol=1e-5)
+
+
+def test_sum_mean_classification_losses_equal_the_formula():
+    labels = _labels_with_ignored(1)
+    x_torch = t(LOGITS).permute(0, 2, 1)   # torch's (N, C, d1) layout
+    per_element = F.cross_entropy(x_torch, t(labels), weight=t(WEIGHT), ignore_index=1,
+                                  label_smoothing=0.3, reduction="none").numpy()
+    ours = losses.cross_entropy(LOGITS, labels, weight=WEIGHT, ignore_index=1,
+                                label_smoothing=0.3, reduction="sum_mean")
+    np.testing.assert_allclose(ours, _sum_mean(per_element), rtol=1e-5)
+    log_p = np.asarray(jax.nn.log_softmax(LOGITS, axis=-1))
+    per_element = F.nll_loss(t(log_p).permute(0, 2, 1), t(labels), ignore_index=1,
+                             reduction="none").numpy()
+    np.testing.assert_allclose(losses.nll_loss(log_p, labels, ignore_index=1,
+                                               reduction="sum_mean"),
+                               _sum_mean(per_element), rtol=1e-5)
+    probs = np.asarray(jax.nn.softmax(RNG.normal(size=LOGITS.shape), axis=-1), np.float32)
+    per_element = -(probs * log_p).sum(axis=-1)
+    np.testing.assert_allclose(losses.cross_entropy(LOGITS, probs, reduction="sum_mean"),
+                               _sum_mean(per_element), rtol=1e-5)
+    scores = LOGITS[:, 0]
+    per_example = F.multi_margin_loss(t(scores), t(LABELS[:, 0]), reduction="none").numpy()
+    np.testing.assert_allclose(losses.multiclass_hinge(scores, LABELS[:, 0], reduction="sum_mean"),
+                               _sum_mean(per_example), rtol=1e-5)
+
+
+def test_sum_mean_shapes():
+    p, y, _ = _sm_inputs()
+    assert losses.mse(p, y, reduction="none").shape == SM_SHAPE
+    assert losses.mse(p, y, reduction="sum_mean").shape == ()
+    assert losses.smooth_l1(p).shape == SM_SHAPE          # MXNet's default stays elementwise
+    # One value per example: "sum_mean" is the mean.
+    np.testing.assert_allclose(losses.mae(p[:, 0, 0], y[:, 0, 0], reduction="sum_mean"),
+                               losses.mae(p[:, 0, 0], y[:, 0, 0]), rtol=1e-6)
+    # It is N times smaller than "sum" and D times larger than "mean" (D = 6 per example).
+    total = losses.huber(p, y, reduction="sum")
+    np.testing.assert_allclose(losses.huber(p, y, reduction="sum_mean"), total / 4, rtol=1e-6)
+    np.testing.assert_allclose(losses.huber(p, y, reduction="sum_mean"),
+                               losses.huber(p, y) * 6, rtol=1e-6)
+    jitted = jax.jit(lambda p, y: losses.mse(p, y, reduction="sum_mean"))(p, y)
+    np.testing.assert_allclose(jitted, losses.mse(p, y, reduction="sum_mean"), rtol=1e-6)
+
+
+def test_sum_mean_needs_a_batch_axis():
+    with pytest.raises(ValueError, match=r"funcnet.losses.mse: reduction='sum_mean'.*batch"):
+        losses.mse(np.float32(1.0), np.float32(0.0), reduction="sum_mean")
+    with pytest.raises(ValueError, match=r"funcnet.losses.cross_entropy: reduction='sum_mean'"):
+        losses.cross_entropy(LOGITS[0, 0], np.int32(1), reduction="sum_mean")
+
+
+@pytest.mark.parametrize("call", [
+    lambda r: losses.mse(np.ones(3, np.float32), np.ones(3, np.float32), reduction=r),
+    lambda r: losses.smooth_l1(np.ones(3, np.float32), reduction=r),
+    lambda r: losses.sigmoid_binary_cross_entropy(np.ones(3, np.float32), np.ones(3), reduction=r),
+    lambda r: losses.cross_entropy(LOGITS, LABELS, reduction=r),
+], ids=["mse", "smooth_l1", "bce", "cross_entropy"])
+def test_unknown_reduction_lists_the_valid_ones(call):
+    with pytest.raises(ValueError,
+                       match=r"reduction must be one of 'mean', 'sum', 'sum_mean', 'none', "
+                             r"got 'batchmean'"):
+        call("batchmean")
+
+
+def test_sum_mean_gradient_is_the_formulas():
+    p, y, _ = _sm_inputs()
+    grad = jax.grad(lambda p: losses.mse(p, y, reduction="sum_mean"))(jnp.asarray(p))
+    # d/dp (1/N) sum_n sum_i (p - y)^2 = 2 (p - y) / N, N = 4 examples
+    np.testing.assert_allclose(grad, 2 * (p - y) / SM_SHAPE[0], rtol=1e-5, atol=1e-7)

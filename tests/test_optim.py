@@ -201,3 +201,185 @@ def test_float32_params_stay_float32(make):
 def test_invalid_hyperparameters_raise(bad):
     with pytest.raises(ValueError):
         bad()
+
+
+# --------------------------------------------------------------------------- #
+# rmsprop, adagrad, adamw, radam, adadelta against torch.optim
+# --------------------------------------------------------------------------- #
+
+def _ids(kw):
+    return "-".join(f"{k}={v}" for k, v in kw.items()) or "defaults"
+
+
+def _torch_betas(kw):
+    tkw = dict(kw)
+    if "b1" in tkw or "b2" in tkw:
+        tkw["betas"] = (tkw.pop("b1", 0.9), tkw.pop("b2", 0.999))
+    return tkw
+
+
+RMSPROP_CASES = [
+    dict(momentum=m, centered=c, weight_decay=wd)
+    for m, c, wd in itertools.product((0.0, 0.9), (False, True), (0.0, 0.1))
+] + [dict(alpha=0.9, eps=0.3, momentum=0.5, centered=True)]   # large eps: its placement matters
+
+
+@pytest.mark.parametrize("kw", RMSPROP_CASES, ids=_ids)
+def test_rmsprop_matches_torch(kw):
+    ref = torch_trajectory(lambda ps: torch.optim.RMSprop(ps, lr=0.01, **kw))
+    assert_same_trajectory(funcnet_trajectory(optim.rmsprop(0.01, **kw)), ref)
+
+
+ADAGRAD_CASES = [
+    dict(lr_decay=d, weight_decay=wd, initial_accumulator_value=a)
+    for d, wd, a in itertools.product((0.0, 0.1), (0.0, 0.1), (0.0, 0.5))
+] + [dict(eps=0.3, lr_decay=0.05)]
+
+
+@pytest.mark.parametrize("kw", ADAGRAD_CASES, ids=_ids)
+def test_adagrad_matches_torch(kw):
+    ref = torch_trajectory(lambda ps: torch.optim.Adagrad(ps, lr=0.1, **kw))
+    assert_same_trajectory(funcnet_trajectory(optim.adagrad(0.1, **kw)), ref)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.0), dict(weight_decay=0.5),
+                                dict(b1=0.5, b2=0.9, eps=0.1, weight_decay=0.2)], ids=_ids)
+def test_adamw_matches_torch(kw):
+    ref = torch_trajectory(lambda ps: torch.optim.AdamW(ps, lr=0.03, **_torch_betas(kw)))
+    assert_same_trajectory(funcnet_trajectory(optim.adamw(0.03, **kw)), ref)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(b2=0.9, eps=0.1),
+                                dict(b1=0.5, b2=0.95, eps=0.3, weight_decay=0.05)], ids=_ids)
+def test_radam_matches_torch(kw):
+    ref = torch_trajectory(lambda ps: torch.optim.RAdam(ps, lr=0.03, **_torch_betas(kw)))
+    assert_same_trajectory(funcnet_trajectory(optim.radam(0.03, **kw)), ref)
+
+
+@pytest.mark.parametrize("b2", [0.999, 0.9, 0.95])
+def test_radam_cases_cover_both_branches(b2):
+    # torch's rho_t is <= 5 for the first updates (plain momentum) and > 5 later
+    # (rectified): the 20-step parity tests above see both and the switch.
+    t = np.arange(1, STEPS + 1)
+    rho_inf = 2 / (1 - b2) - 1
+    rho_t = rho_inf - 2 * t * b2 ** t / (1 - b2 ** t)
+    assert rho_t[0] <= 5 < rho_t[-1]
+
+
+@pytest.mark.parametrize("lr,kw", [(1.0, dict()), (0.5, dict(weight_decay=0.1)),
+                                   (2.0, dict(rho=0.5, eps=1e-3))], ids=str)
+def test_adadelta_matches_torch(lr, kw):
+    ref = torch_trajectory(lambda ps: torch.optim.Adadelta(ps, lr=lr, **kw))
+    ours = optim.adadelta(**kw) if lr == 1.0 else optim.adadelta(lr, **kw)  # torch's default lr
+    assert_same_trajectory(funcnet_trajectory(ours), ref)
+
+
+@pytest.mark.parametrize("name", ["rmsprop", "adagrad", "adamw", "radam", "adadelta"])
+def test_new_recipes_follow_a_torch_lambdalr_schedule(name):
+    factor = lambda e: 1.0 / (1.0 + 0.3 * e)  # noqa: E731
+    make_torch, make_ours, lr = {
+        "rmsprop": (lambda ps, lr: torch.optim.RMSprop(ps, lr=lr, momentum=0.9, centered=True),
+                    lambda s: optim.rmsprop(s, momentum=0.9, centered=True), 0.01),
+        "adagrad": (lambda ps, lr: torch.optim.Adagrad(ps, lr=lr, lr_decay=0.1, weight_decay=0.1),
+                    lambda s: optim.adagrad(s, lr_decay=0.1, weight_decay=0.1), 0.1),
+        "adamw": (lambda ps, lr: torch.optim.AdamW(ps, lr=lr, weight_decay=0.3),
+                  lambda s: optim.adamw(s, weight_decay=0.3), 0.05),
+        "radam": (lambda ps, lr: torch.optim.RAdam(ps, lr=lr, weight_decay=0.1),
+                  lambda s: optim.radam(s, weight_decay=0.1), 0.05),
+        "adadelta": (lambda ps, lr: torch.optim.Adadelta(ps, lr=lr),
+                     lambda s: optim.adadelta(s), 1.0),
+    }[name]
+    ref = torch_trajectory(lambda ps: make_torch(ps, lr),
+                           lambda o: torch.optim.lr_scheduler.LambdaLR(o, factor))
+    assert_same_trajectory(funcnet_trajectory(make_ours(lambda c: lr * factor(c))), ref)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("rmsprop", dict(learning_rate=0.01, momentum=0.9, weight_decay=0.1, alpha=0.9)),
+    ("adagrad", dict(learning_rate=0.1, lr_decay=0.1, weight_decay=0.1)),
+    ("radam", dict(learning_rate=0.03, b2=0.95, eps=0.1, weight_decay=0.1)),
+])
+def test_new_recipes_under_inject_hyperparams_and_jit(name, kw):
+    torch_kw = _torch_betas({("lr" if k == "learning_rate" else k): v for k, v in kw.items()})
+    make_torch = {"rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad,
+                  "radam": torch.optim.RAdam}[name]
+    ref = torch_trajectory(lambda ps: make_torch(ps, **torch_kw))
+    tx = optax.inject_hyperparams(getattr(optim, name))(**kw)
+    assert_same_trajectory(funcnet_trajectory(tx, jit=True), ref)
+
+
+@pytest.mark.parametrize("plain,torch_opt", [
+    # optax.rmsprop: eps inside the root by default.
+    (lambda: optax.rmsprop(0.01, decay=0.9, eps=0.3),
+     lambda ps: torch.optim.RMSprop(ps, lr=0.01, alpha=0.9, eps=0.3)),
+    # optax.adagrad: eps inside the root, accumulator starts at 0.1 by default.
+    (lambda: optax.adagrad(0.1, initial_accumulator_value=0.0, eps=0.3),
+     lambda ps: torch.optim.Adagrad(ps, lr=0.1, eps=0.3)),
+    (lambda: optax.adagrad(0.1, eps=1e-10), lambda ps: torch.optim.Adagrad(ps, lr=0.1)),
+    # optax.radam: eps added after the bias correction.
+    (lambda: optax.radam(0.03, b2=0.9, eps=0.1),
+     lambda ps: torch.optim.RAdam(ps, lr=0.03, betas=(0.9, 0.9), eps=0.1)),
+    # optax.adadelta's default learning_rate=None scales by nothing, not by -1: it ascends.
+    (lambda: optax.adadelta(), lambda ps: torch.optim.Adadelta(ps)),
+], ids=["rmsprop-eps", "adagrad-eps", "adagrad-initial", "radam-eps", "adadelta-default-lr"])
+def test_plain_optax_differs_where_the_docs_say(plain, torch_opt):
+    # The differences docs/optimizers.md lists, shown on a trajectory; also proves
+    # the parity tests above can see each of them.
+    ref = torch_trajectory(torch_opt)
+    with pytest.raises(AssertionError):
+        assert_same_trajectory(funcnet_trajectory(plain()), ref)
+
+
+@pytest.mark.parametrize("plain,torch_opt", [
+    (lambda: optax.adamw(0.03, weight_decay=0.01), lambda ps: torch.optim.AdamW(ps, lr=0.03)),
+    (lambda: optax.adadelta(1.0), lambda ps: torch.optim.Adadelta(ps)),
+    (lambda: optax.rmsprop(0.01, decay=0.99, eps_in_sqrt=False, momentum=0.9),
+     lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.9)),
+    (lambda: optax.sgd(0.05, momentum=0.9, nesterov=True),
+     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True)),
+    (lambda: optax.adam(0.03), lambda ps: torch.optim.Adam(ps, lr=0.03)),
+], ids=["adamw", "adadelta", "rmsprop-constant-lr", "sgd-nesterov", "adam"])
+def test_plain_optax_matches_where_the_docs_say(plain, torch_opt):
+    assert_same_trajectory(funcnet_trajectory(plain()), torch_trajectory(torch_opt))
+
+
+def test_optax_rmsprop_momentum_differs_under_a_schedule():
+    # optax scales by the learning rate before the trace; torch multiplies the buffer.
+    factor = lambda e: 1.0 / (1.0 + 0.3 * e)  # noqa: E731
+    ref = torch_trajectory(lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.9),
+                           lambda o: torch.optim.lr_scheduler.LambdaLR(o, factor))
+    plain = optax.rmsprop(lambda c: 0.01 * factor(c), decay=0.99, eps_in_sqrt=False, momentum=0.9)
+    with pytest.raises(AssertionError):
+        assert_same_trajectory(funcnet_trajectory(plain), ref)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: optim.rmsprop(0.1, momentum=0.9, centered=True, weight_decay=0.1),
+    lambda: optim.adagrad(0.1, lr_decay=0.1, weight_decay=0.1),
+    lambda: optim.adamw(0.1),
+    lambda: optim.radam(0.1, weight_decay=0.1),
+    lambda: optim.adadelta(weight_decay=0.1),
+], ids=["rmsprop", "adagrad", "adamw", "radam", "adadelta"])
+def test_new_recipes_keep_float32(make):
+    test_float32_params_stay_float32(make)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda: optim.rmsprop(-0.1), "rmsprop: learning_rate"),
+    (lambda: optim.rmsprop(0.1, alpha=-0.5), "rmsprop: alpha"),
+    (lambda: optim.rmsprop(0.1, momentum=-0.5), "rmsprop: momentum"),
+    (lambda: optim.rmsprop(0.1, eps=-1.0), "rmsprop: eps"),
+    (lambda: optim.adagrad(0.1, lr_decay=-0.1), "adagrad: lr_decay"),
+    (lambda: optim.adagrad(0.1, initial_accumulator_value=-1.0), "adagrad: initial_accumulator"),
+    (lambda: optim.adagrad(None), "adagrad: learning_rate is required"),
+    (lambda: optim.adamw(0.1, b1=1.0), r"adamw: b1 must be a finite real number in \[0, 1\)"),
+    (lambda: optim.adamw(0.1, weight_decay=-0.1), "adamw: weight_decay"),
+    (lambda: optim.radam(0.1, b2=-0.1), "radam: b2"),
+    (lambda: optim.radam(0.1, eps=-1e-8), "radam: eps"),
+    (lambda: optim.adadelta(rho=1.5), r"adadelta: rho must be a finite real number in \[0, 1\]"),
+    (lambda: optim.adadelta(-1.0), "adadelta: learning_rate"),
+])
+def test_new_recipes_reject_what_torch_rejects(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bad()
+    optim.adadelta(rho=1.0)  # torch allows rho == 1
