@@ -14,10 +14,11 @@ from funcnet.core import Layer, named
 from funcnet.introspect import count, summary
 from funcnet import parallel  # noqa: E402  (the module; calling it builds the combinator)
 from funcnet import train  # noqa: E402
+from funcnet import precision  # noqa: E402  (after train: its scaled step builds on train's)
 
 __version__ = "0.1.0"
 
 __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Residual",
            "Identity", "summary", "count", "checkpoint", "combinators", "core", "data",
            "initializers", "introspect", "layers", "losses", "metrics", "optim", "outputs",
-           "testing", "train"]
+           "precision", "testing", "train"]
