@@ -116,7 +116,7 @@ def test_dense_really_computes_in_bf16():
     layer = apply_policy(Dense(4), BF16)
     _, params, _ = layer.init(jax.random.key(3), (-1, 7))
     x = jax.random.normal(jax.random.key(4), (5, 7))
-    y, _ = layer.apply(params, (), x)
+    y, _ = jax.jit(layer.apply)(params, (), x)
     b = lambda a: a.astype(jnp.bfloat16)
     np.testing.assert_array_equal(y, b(x) @ b(params["W"]) + b(params["b"]))
 
@@ -124,7 +124,7 @@ def test_dense_really_computes_in_bf16():
 def test_output_dtype_and_summary_name():
     net = apply_policy(funcnet.serial(Dense(5), Relu, Dense(3)), F16)
     _, params, state = net.init(jax.random.key(0), (-1, 4))
-    y, _ = net.apply(params, state, jnp.ones((2, 4)))
+    y, _ = jax.eval_shape(net.apply, params, state, jnp.ones((2, 4)))
     assert y.dtype == jnp.float32  # output=float32 for the loss
     assert net.name == "serial@float32/float16/float32"
 
@@ -214,12 +214,12 @@ LOSSES = {
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_loss_of_bf16_inputs_is_float32(name):
-    fn = LOSSES[name]
+    fn = jax.jit(LOSSES[name])
     z = _logits()
     low = fn(z.astype(jnp.bfloat16))
     assert low.dtype == jnp.float32
     np.testing.assert_allclose(low, fn(z), rtol=1e-6, atol=1e-6)
-    g = jax.grad(fn)(z.astype(jnp.bfloat16))
+    g = jax.jit(jax.grad(fn))(z.astype(jnp.bfloat16))
     assert g.dtype == jnp.bfloat16  # the gradient reaches the input in its own dtype
     np.testing.assert_allclose(np.asarray(g, np.float32), jax.grad(fn)(z), rtol=1e-2, atol=1e-3)
 
@@ -244,12 +244,12 @@ OUTPUTS = {
 
 @pytest.mark.parametrize("name", sorted(OUTPUTS))
 def test_output_op_of_bf16_data_is_float32(name):
-    op = OUTPUTS[name]
+    op = jax.jit(OUTPUTS[name])
     z = _logits()
     out = op(z.astype(jnp.bfloat16))
     assert out.dtype == jnp.float32
     np.testing.assert_allclose(out, op(z), rtol=1e-6, atol=1e-6)
-    g = outputs.grad(op)(z.astype(jnp.bfloat16))
+    g = jax.jit(outputs.grad(op))(z.astype(jnp.bfloat16))
     assert g.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(g, np.float32), outputs.grad(op)(z), rtol=1e-2,
                                atol=1e-3)
@@ -258,11 +258,17 @@ def test_output_op_of_bf16_data_is_float32(name):
 def test_metrics_accumulate_in_float32_and_int():
     mean, mse, acc = metrics.Mean(), metrics.MSE(), metrics.Accuracy()
     m, e, a = mean.init(), mse.init(), acc.init()
-    one = jnp.ones((4,), jnp.bfloat16)
-    for _ in range(300):  # 1200 > 256: a bf16 running total would stop at 256
-        m = mean.update(m, one)
-        e = mse.update(e, one, jnp.zeros((4,), jnp.bfloat16))
-        a = acc.update(a, _logits().astype(jnp.bfloat16)[:4], LABELS[:4])
+    one, zero = jnp.ones((4,), jnp.bfloat16), jnp.zeros((4,), jnp.bfloat16)
+    scores = _logits().astype(jnp.bfloat16)[:4]
+
+    @jax.jit
+    def update(states, _):
+        m, e, a = states
+        return (mean.update(m, one), mse.update(e, one, zero),
+                acc.update(a, scores, LABELS[:4])), None
+
+    # 1200 > 256: a bf16 running total would stop at 256.
+    (m, e, a), _ = jax.lax.scan(update, (m, e, a), None, length=300)
     assert m["total"].dtype == e["total"].dtype == jnp.float32
     assert a["correct"].dtype == a["count"].dtype == jnp.int32
     assert float(m["total"]) == float(e["total"]) == 1200.0
@@ -333,38 +339,39 @@ def test_scaled_step_skips_non_finite_and_lowers_the_scale():
     assert float(ls3.scale) == 2.0 ** 10 and int(ls3.good_steps) == 0  # raised after 2 finite
 
 
-def _mlp_step_update(policy, loss_scale, tiny=1.0):
-    """One SGD(lr=1) step of a small MLP; returns ``new_params - params`` (= -grad) in f32."""
+def _mlp_steps(policy, tiny):
+    """One SGD(lr=1) step of a small MLP, plain and loss-scaled, and the initial state."""
     net = apply_policy(funcnet.serial(Dense(16), Relu, Dense(4)), policy)
     opt = optax.sgd(1.0)
     ts = TrainState.create(net, opt, jax.random.key(0), (-1, 8))
-    x = jax.random.normal(jax.random.key(1), (32, 8))
-    y = jnp.arange(32) % 4
 
     def loss_fn(params, state, batch, rng):
         logits, state = net.apply(params, state, batch[0])
         return tiny * losses.cross_entropy(logits, batch[1]), Aux(state=state)
 
-    if loss_scale is None:
-        new, _ = jax.jit(make_train_step(loss_fn, opt))(ts, (x, y))
-    else:
-        new, _, m = jax.jit(precision.make_scaled_train_step(loss_fn, opt))(ts, loss_scale, (x, y))
-        assert bool(m["grads_finite"])
-    assert _dtypes(new.params) == {jnp.dtype(jnp.float32)}
-    return jax.tree.map(lambda a, b: a - b, new.params, ts.params)
+    return (jax.jit(make_train_step(loss_fn, opt)),
+            jax.jit(precision.make_scaled_train_step(loss_fn, opt)), ts)
 
 
 def test_scaled_f16_step_matches_f32_step():
-    want = _mlp_step_update(Policy(), None, tiny=2.0 ** -20)
-    scaled = _mlp_step_update(F16, precision.static_loss_scale(2.0 ** 20), tiny=2.0 ** -20)
-    unscaled = _mlp_step_update(F16, precision.static_loss_scale(1.0), tiny=2.0 ** -20)
-    flat = lambda t: np.concatenate([np.ravel(a) for a in jax.tree.leaves(t)])
-    w, s, u = flat(want), flat(scaled), flat(unscaled)
-    assert np.max(np.abs(w)) > 1e-8
-    np.testing.assert_allclose(s, w, rtol=2e-2, atol=2e-3 * np.max(np.abs(w)))
+    batch = (jax.random.normal(jax.random.key(1), (32, 8)), jnp.arange(32) % 4)
+    tiny = 2.0 ** -20  # a small loss: its float16 gradients underflow unless scaled
+    plain32, _, ts = _mlp_steps(Policy(), tiny)
+    _, scaled16, ts16 = _mlp_steps(F16, tiny)
+    delta = lambda new: np.concatenate([np.ravel(a - b) for a, b in zip(
+        jax.tree.leaves(new.params), jax.tree.leaves(ts.params))])  # = -grad with SGD(1)
+
+    want = delta(plain32(ts, batch)[0])
+    runs = {}
+    for scale in (2.0 ** 20, 1.0):
+        new, _, m = scaled16(ts16, precision.static_loss_scale(scale), batch)
+        assert bool(m["grads_finite"]) and _dtypes(new.params) == {jnp.dtype(jnp.float32)}
+        runs[scale] = delta(new)
+    assert np.max(np.abs(want)) > 1e-8
+    np.testing.assert_allclose(runs[2.0 ** 20], want, rtol=2e-2, atol=2e-3 * np.max(np.abs(want)))
     # Without the scale, float16 gradients of that small loss underflow: the check
     # above is one that unscaled float16 fails.
-    assert np.max(np.abs(u - w)) > 0.1 * np.max(np.abs(w))
+    assert np.max(np.abs(runs[1.0] - want)) > 0.1 * np.max(np.abs(want))
 
 
 def test_scaled_step_under_pmap_agrees_across_devices():
@@ -387,7 +394,7 @@ def test_scaled_step_under_pmap_agrees_across_devices():
 # End to end: the tinynn MNIST MLP in bfloat16 trains as well as in float32.
 # --------------------------------------------------------------------------- #
 
-def _train_mnist(policy, x, y, x_test, y_test, steps=300, batch=64):
+def _train_mnist(policy, x, y, x_test, y_test, steps=200, batch=64):
     dense = lambda n: Dense(n, W_init=initializers.xavier_uniform(), b_init=initializers.zeros)
     net = apply_policy(funcnet.serial(dense(400), Relu, dense(100), Relu, dense(10)), policy)
     opt = optax.adam(1e-3)
@@ -418,10 +425,10 @@ def _train_mnist(policy, x, y, x_test, y_test, steps=300, batch=64):
 def test_mnist_mlp_bf16_matches_f32_accuracy():
     x, y = data.mnist("train", flatten=True, download=False)
     x_test, y_test = data.mnist("test", flatten=True, download=False)
-    x, y = jnp.asarray(x[:12800]), jnp.asarray(y[:12800])
+    x, y = jnp.asarray(x[:9600]), jnp.asarray(y[:9600])
     x_test, y_test = jnp.asarray(x_test[:2000]), jnp.asarray(y_test[:2000])
     acc32 = _train_mnist(Policy(), x, y, x_test, y_test)
     acc16 = _train_mnist(parse_policy("params=float32,compute=bfloat16,output=float32"),
                          x, y, x_test, y_test)
-    assert acc32 > 0.9, acc32
+    assert acc32 > 0.85, acc32  # 200 steps on 9600 images: training works
     assert abs(acc16 - acc32) <= 0.01, (acc16, acc32)
