@@ -7,7 +7,7 @@ says which module holds which concept.
 
 from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
                      distributed, inference, initializers, introspect, layers, loop, losses,
-                     metrics, optim, outputs, params, testing, train)
+                     metrics, optim, outputs, params, precision, testing, train)
 from funcnet.combinators import FanInConcat, FanInSum, FanOut, Identity, Residual, parallel, serial
 from funcnet.core import Layer, named
 from funcnet.inference import make_predict_fn
@@ -23,6 +23,6 @@ __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInC
            "Identity", "summary", "count", "fit", "TrainState", "Aux", "make_train_step",
            "make_eval_step", "copy_params", "polyak_update", "make_predict_fn", "paths",
            "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze", "callbacks",
-           "checkpoint", "checkpoint_orbax", "combinators", "core", "data", "datasets", "distributed", "inference",
-           "initializers", "introspect", "layers", "loop", "losses", "metrics", "optim",
-           "outputs", "params", "testing", "train"]
+           "checkpoint", "checkpoint_orbax", "combinators", "core", "data", "datasets",
+           "distributed", "inference", "initializers", "introspect", "layers", "loop", "losses",
+           "metrics", "optim", "outputs", "params", "precision", "testing", "train"]

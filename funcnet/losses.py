@@ -22,6 +22,13 @@ Conventions
   makes a ``"mean"``/``"sum"`` NaN too (and its gradients). Negative ids are never
   wrapped around NumPy-style, and nothing is read out of bounds.
 
+* **Precision.** bfloat16/float16 inputs are upcast to float32 inside every loss, and
+  the result is float32 (float64 stays float64): a log-softmax or a mean over a batch
+  in bfloat16 loses most of its digits. Gradients flow back to the inputs in their own
+  dtype. There is no opt-out, on purpose: the cast fuses into the loss's elementwise
+  work, and a half-precision loss value is never what training wants; cast the result
+  if a lower-precision value is needed. :func:`center_loss` keeps its centers' dtype.
+
 Center loss keeps its class centers as explicit state: :func:`center_loss_init` makes
 them and :func:`center_loss` returns ``(loss, new_centers)``.
 """
@@ -61,12 +68,17 @@ def _array(fn: str, x, what: str):
         raise TypeError(f"{fn}: {what} must be an array, got {type(x).__name__}: {e}") from None
 
 
-def _float_array(fn: str, x, what: str):
+def _float_array(fn: str, x, what: str, upcast: bool = True):
     x = _array(fn, x, what)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{fn}: {what} must have a floating dtype, got {x.dtype}. "
                         f"Cast it, e.g. {what}.astype(jnp.float32).")
-    return x
+    return _at_least_f32(x) if upcast else x
+
+
+def _at_least_f32(x):
+    """Half-precision losses are computed in float32 (see "Precision" in the module doc)."""
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def _int_labels(fn: str, labels, what: str = "labels"):
@@ -538,7 +550,7 @@ def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None
       axis_name: the ``pmap`` axis to reduce over, or None on one device.
     """
     fn = "funcnet.losses.center_loss"
-    centers = _float_array(fn, centers, "centers")
+    centers = _float_array(fn, centers, "centers", upcast=False)  # new_centers keep its dtype
     features = _float_array(fn, features, "features")
     labels = _int_labels(fn, labels)
     if centers.ndim != 2:

@@ -18,6 +18,12 @@ gradients are summed, the JAX spelling of MXNet's ``executor.backward()`` over a
 ``Group`` of heads. ``jax.grad`` of ``jnp.sum(op(...))`` gives the same result
 for a single head.
 
+Precision: bfloat16/float16 ``data`` is upcast to float32 inside every output op
+(not :func:`block_grad`), so forward values are float32 and the injected loss
+gradient is computed in float32; it reaches ``data`` cast back to ``data``'s dtype.
+There is no opt-out (as in :mod:`funcnet.losses`): a softmax or its gradient in
+bfloat16 loses most of its digits, and the cast fuses into the op.
+
 The semantics were checked against real MXNet 1.9.1 (``tests/golden``). Labels
 are compared after MXNet's C cast ``static_cast<int>(label)``, i.e. truncation
 toward zero; labels outside ``[0, C)`` match no class.
@@ -87,7 +93,12 @@ def _as_float_data(fn: str, data):
                         f"Cast it first, e.g. data.astype(jnp.float32).")
     if data.ndim == 0:
         raise ValueError(f"{fn}: data must have a batch axis, got a scalar (shape ()).")
-    return data
+    return _at_least_f32(data)
+
+
+def _at_least_f32(data):
+    """Half precision in, float32 out (see "Precision" in the module doc)."""
+    return data.astype(jnp.promote_types(data.dtype, jnp.float32))
 
 
 def _as_label(fn: str, label):
@@ -411,6 +422,7 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
     data = jnp.asarray(data)
     if not jnp.issubdtype(data.dtype, jnp.floating):
         raise TypeError(f"{fn}: data must be a floating-point array, got dtype {data.dtype}.")
+    data = _at_least_f32(data)
     _check_normalization(fn, normalization)
     grad_scale = checks.real(fn, "grad_scale", grad_scale)
     valid_thresh = checks.real(fn, "valid_thresh", valid_thresh)

@@ -35,6 +35,20 @@ def _out_dtype(dtype):
     return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
 
 
+def _check_stats_dtype(layer: str, state) -> None:
+    """Running averages need float32: bfloat16 cannot even hold a momentum of 0.99, and
+    each update would round away the small ``(1 - momentum) * batch`` contribution."""
+    for key in ("mean", "var"):
+        dtype = getattr(state.get(key) if isinstance(state, dict) else None, "dtype", None)
+        if dtype is not None and (not jnp.issubdtype(dtype, jnp.floating) or dtype.itemsize < 4):
+            raise TypeError(f"{layer}: the running statistics must be float32 (or float64), got "
+                            f"state[{key!r}] of dtype {dtype}. Low-precision running averages "
+                            f"drift away from the data's statistics. Keep the float32 state "
+                            f"from init (cast only params and inputs for mixed precision, "
+                            f"e.g. with funcnet.precision.apply_policy), or upcast it once: "
+                            f"jax.tree.map(lambda a: a.astype(jnp.float32), state).")
+
+
 def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, center: bool = True,
               scale: bool = True, axis_name: Optional[Hashable] = None) -> Layer:
     """Batch normalization over every axis except the feature ``axis``.
@@ -76,7 +90,12 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
     float32 cancellation when ``|mean| >> std``. Calling a synced BatchNorm in train
     mode outside a pmap over ``axis_name`` fails with JAX's "unbound axis name" error.
 
-    Statistics are computed in at least float32; the output has the input's dtype.
+    Mixed precision: batch statistics are computed in at least float32 (inputs
+    are upcast), the running statistics are kept and averaged in float32, and the
+    output has the input's dtype (the compute dtype under a
+    :class:`funcnet.precision.Policy`). A state whose ``mean``/``var`` are in a
+    dtype narrower than float32 (bfloat16, float16) is refused with a TypeError
+    rather than silently drifting.
     """
     if not checks.is_int(axis):
         raise ValueError(f"BatchNorm: axis must be an int (the feature axis), got {axis!r}.")
@@ -104,6 +123,7 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
         rank = inputs.ndim
         ax = normalize_axis(name, axis, rank)
         check_input(name, inputs, axis=ax, size=state["mean"].shape[0], what="features")
+        _check_stats_dtype(name, state)
         bshape = [1] * rank
         bshape[ax] = inputs.shape[ax]
         reduce_axes = tuple(i for i in range(rank) if i != ax)

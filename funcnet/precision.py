@@ -1,0 +1,354 @@
+"""Mixed precision: a dtype policy for layers, and loss scaling for float16.
+
+The policy
+----------
+A :class:`Policy` names three dtypes, as jmp's ``Policy`` and flax's
+``param_dtype``/``dtype`` pair do:
+
+* ``param_dtype``: how parameters are *stored* (what ``init`` returns and what
+  optax updates: the "master weights");
+* ``compute_dtype``: what the layer computes in (params and floating inputs are
+  cast to it at apply time);
+* ``output_dtype``: what the layer returns (floating outputs are cast to it).
+
+The usual recipe is ``Policy("float32", "bfloat16", "float32")``: float32 master
+weights, bfloat16 matmuls, float32 logits for the loss. Gradients with respect to
+the stored params arrive in ``param_dtype`` (the transpose of a cast is a cast).
+
+Every layer follows a policy through one mechanism, :func:`apply_policy`, which
+wraps any :class:`funcnet.Layer` -- a single ``Dense``, a whole ``serial`` model,
+or a user layer. Layers take no ``dtype`` argument of their own: one wrapper
+keeps the rule the same for all of them. Integer inputs and params (token ids,
+counters) are never cast. Layer *state* is not cast either; each layer keeps its
+state in the dtype its ``init`` chose -- BatchNorm keeps its running statistics
+in float32 and refuses lower-precision ones (see
+:func:`funcnet.layers.BatchNorm`). LayerNorm and BatchNorm compute their
+statistics in at least float32 whatever the compute dtype.
+
+Nest policies with care: ``apply_policy(model, bf16)`` casts every param of
+``model`` to bfloat16 before any inner wrapper sees it, so an inner float32
+policy cannot give back the rounded-off bits. To keep one layer in float32, wrap
+the layers one by one instead of the model as a whole.
+
+Losses (:mod:`funcnet.losses`) and MXNet output ops (:mod:`funcnet.outputs`)
+compute in float32 when handed bfloat16/float16 inputs; metrics accumulate in
+float32 and int32.
+
+Loss scaling (float16)
+----------------------
+float16 has a narrow exponent range: small gradients underflow to zero.
+Multiplying the loss by ``S`` scales every gradient by ``S`` through the
+backward pass; dividing the gradients by ``S`` before the update restores them.
+:class:`LossScale` is the state (all arrays: it jits, pmaps and checkpoints);
+:func:`scale_loss`, :func:`unscale_grads`, :func:`all_finite` and
+:func:`update_loss_scale` are the pieces, and :func:`make_scaled_train_step`
+puts them into funcnet's train step. bfloat16 has float32's exponent range and
+does not need loss scaling.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from funcnet.core import Layer, as_layer, named
+from funcnet.train import TrainState, make_train_step
+
+__all__ = ["Policy", "parse_policy", "apply_policy", "cast_floating", "LossScale",
+           "static_loss_scale", "dynamic_loss_scale", "scale_loss", "unscale_grads",
+           "all_finite", "update_loss_scale", "make_scaled_train_step"]
+
+_ALIASES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
+            "half": "float16", "float": "float32", "full": "float32"}
+_KEYS = {"params": "param_dtype", "param": "param_dtype", "p": "param_dtype",
+         "compute": "compute_dtype", "c": "compute_dtype",
+         "output": "output_dtype", "o": "output_dtype"}
+
+
+def _float_dtype(where: str, what: str, dtype) -> np.dtype:
+    name = _ALIASES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    try:
+        dt = jnp.dtype(name)
+    except TypeError:
+        dt = None
+    if dt is None or not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"{where}: {what} must be a floating dtype (float32, bfloat16, "
+                         f"float16, float64 or the short names f32/bf16/f16), got {dtype!r}.")
+    return dt
+
+
+class Policy(NamedTuple):
+    """Parameter, compute and output dtypes (see the module docstring).
+
+    ``Policy()`` is full float32 (a no-op); ``output_dtype=None`` means "the
+    compute dtype". Build one with :meth:`make` (validates, accepts short names)
+    or :func:`parse_policy` from a string.
+    """
+
+    param_dtype: Any = jnp.float32
+    compute_dtype: Any = jnp.float32
+    output_dtype: Any = None
+
+    @classmethod
+    def make(cls, param_dtype="float32", compute_dtype="float32", output_dtype=None) -> "Policy":
+        """A validated policy; dtypes may be dtypes or names (``"bf16"``, ``"float32"``)."""
+        where = "funcnet.precision.Policy"
+        p = _float_dtype(where, "param_dtype", param_dtype)
+        c = _float_dtype(where, "compute_dtype", compute_dtype)
+        o = c if output_dtype is None else _float_dtype(where, "output_dtype", output_dtype)
+        return cls(p, c, o)
+
+    def cast_to_param(self, tree):
+        """Floating leaves of ``tree`` in ``param_dtype``."""
+        return cast_floating(tree, self.param_dtype)
+
+    def cast_to_compute(self, tree):
+        """Floating leaves of ``tree`` in ``compute_dtype``."""
+        return cast_floating(tree, self.compute_dtype)
+
+    def cast_to_output(self, tree):
+        """Floating leaves of ``tree`` in ``output_dtype`` (the compute dtype if None)."""
+        return cast_floating(tree, self.compute_dtype if self.output_dtype is None
+                             else self.output_dtype)
+
+
+def parse_policy(spec: str) -> Policy:
+    """A :class:`Policy` from ``"params=float32,compute=bfloat16,output=float32"``.
+
+    Keys ``params``/``p``, ``compute``/``c``, ``output``/``o``; values are dtype
+    names or ``f32``/``bf16``/``f16``/``f64``. A key left out takes the default
+    (params and compute float32, output = compute). A bare dtype, ``"bf16"``,
+    sets all three.
+    """
+    where = "funcnet.precision.parse_policy"
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"{where}: expected a string like 'params=float32,compute=bfloat16,"
+                         f"output=float32', got {spec!r}.")
+    if "=" not in spec:
+        d = spec.strip()
+        return Policy.make(d, d, d)
+    fields = {}
+    for part in spec.split(","):
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or key not in _KEYS:
+            raise ValueError(f"{where}: cannot read {part.strip()!r} in {spec!r}; expected "
+                             f"key=dtype with key one of params, compute, output.")
+        if _KEYS[key] in fields:
+            raise ValueError(f"{where}: {key!r} is given twice in {spec!r}.")
+        fields[_KEYS[key]] = value
+    return Policy.make(**fields)
+
+
+def cast_floating(tree, dtype):
+    """Casts the floating-point leaves of ``tree`` to ``dtype``; other leaves are kept."""
+    def cast(x):
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+            return jnp.asarray(x).astype(dtype)
+        return x
+    return jax.tree.map(cast, tree)
+
+
+def _as_policy(where: str, policy) -> Policy:
+    if isinstance(policy, str):
+        return parse_policy(policy)
+    if isinstance(policy, Policy):
+        return Policy.make(*policy)
+    raise TypeError(f"{where}: policy must be a funcnet.precision.Policy or a string like "
+                    f"'params=float32,compute=bfloat16,output=float32', got "
+                    f"{type(policy).__name__}.")
+
+
+def apply_policy(layer, policy) -> Layer:
+    """``layer`` following ``policy`` (a :class:`Policy` or a string for :func:`parse_policy`).
+
+    * ``init``: the layer's params, cast to ``param_dtype``; its state unchanged.
+    * ``apply``: params and floating inputs cast to ``compute_dtype``, the layer
+      run, its floating outputs cast to ``output_dtype``. The new state is
+      returned as the layer made it (BatchNorm: float32 statistics).
+
+    The stored params stay in ``param_dtype``, so their gradients (and optax's
+    updates) are in ``param_dtype`` too. Integer leaves are never cast.
+    """
+    where = "funcnet.precision.apply_policy"
+    inner = as_layer(layer, where)
+    policy = _as_policy(where, policy)
+
+    def init(rng, input_shape):
+        out_shape, params, state = inner.init(rng, input_shape)
+        return out_shape, policy.cast_to_param(params), state
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        out, new_state = inner.apply(policy.cast_to_compute(params), state,
+                                     policy.cast_to_compute(inputs), rng=rng, train=train)
+        return policy.cast_to_output(out), new_state
+
+    short = lambda d: jnp.dtype(d).name
+    return named(f"{inner.name}@{short(policy.param_dtype)}/{short(policy.compute_dtype)}/"
+                 f"{short(policy.output_dtype)}", init, apply)
+
+
+# --------------------------------------------------------------------------- #
+# Loss scaling.
+# --------------------------------------------------------------------------- #
+
+class LossScale(NamedTuple):
+    """Loss-scale state; every field is an array, so it jits, pmaps and checkpoints.
+
+    Attributes:
+      scale: float32 scalar, the current multiplier ``S`` of the loss.
+      good_steps: int32, consecutive finite steps since the scale last changed.
+      period: int32, finite steps after which a dynamic scale grows.
+      factor: float32, the growth/shrink factor; ``1`` makes the scale static.
+      min_scale: float32, the floor a dynamic scale never goes below.
+    """
+
+    scale: jax.Array
+    good_steps: jax.Array
+    period: jax.Array
+    factor: jax.Array
+    min_scale: jax.Array
+
+
+def _positive(where: str, what: str, value, integer=False):
+    ok = (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+          and np.isfinite(value) and value > 0 and (not integer or float(value).is_integer()))
+    if not ok:
+        kind = "positive int" if integer else "positive finite number"
+        raise ValueError(f"{where}: {what} must be a {kind}, got {value!r}.")
+    return value
+
+
+def static_loss_scale(scale: float = 2.0 ** 15) -> LossScale:
+    """A fixed scale ``S``: steps with non-finite gradients are still skipped, ``S`` never changes."""
+    scale = _positive("funcnet.precision.static_loss_scale", "scale", scale)
+    return LossScale(jnp.asarray(scale, jnp.float32), jnp.zeros((), jnp.int32),
+                     jnp.ones((), jnp.int32), jnp.ones((), jnp.float32),
+                     jnp.asarray(scale, jnp.float32))
+
+
+def dynamic_loss_scale(initial: float = 2.0 ** 15, *, period: int = 2000, factor: float = 2.0,
+                       min_scale: float = 1.0) -> LossScale:
+    """A scale that shrinks by ``factor`` on every non-finite step and grows by it after
+    ``period`` finite steps in a row (PyTorch ``GradScaler``'s ``backoff_factor = 1/factor``,
+    ``growth_factor = factor``, ``growth_interval = period``; its defaults are ``2**16``,
+    2 and 2000). It never falls below ``min_scale``."""
+    where = "funcnet.precision.dynamic_loss_scale"
+    _positive(where, "initial", initial)
+    _positive(where, "period", period, integer=True)
+    _positive(where, "min_scale", min_scale)
+    if not (isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1
+            and np.isfinite(factor)):
+        raise ValueError(f"{where}: factor must be a finite number > 1, got {factor!r}. "
+                         f"Use static_loss_scale for a fixed scale.")
+    return LossScale(jnp.asarray(initial, jnp.float32), jnp.zeros((), jnp.int32),
+                     jnp.asarray(period, jnp.int32), jnp.asarray(factor, jnp.float32),
+                     jnp.asarray(min_scale, jnp.float32))
+
+
+def scale_loss(loss_scale: LossScale, loss):
+    """``loss * S``, computed in float32 at least (a float16 loss times ``2**15`` overflows)."""
+    loss = jnp.asarray(loss)
+    return loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * loss_scale.scale
+
+
+def unscale_grads(loss_scale: LossScale, grads):
+    """``grads / S``, leaf by leaf, divided in float32 and returned in each leaf's dtype."""
+    inv = 1.0 / loss_scale.scale
+
+    def unscale(g):
+        wide = jnp.promote_types(g.dtype, jnp.float32)
+        return (g.astype(wide) * inv).astype(g.dtype)
+
+    return jax.tree.map(unscale, grads)
+
+
+def all_finite(tree) -> jax.Array:
+    """A bool scalar: True when no floating leaf of ``tree`` holds an inf or a NaN."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(jnp.result_type(x), jnp.floating)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def update_loss_scale(loss_scale: LossScale, grads_finite) -> LossScale:
+    """The next state after a step whose (unscaled) gradients were ``grads_finite``.
+
+    Non-finite: ``S <- max(S / factor, min_scale)``, ``good_steps <- 0``. Finite:
+    ``good_steps + 1``; when that reaches ``period``, ``S <- S * factor`` (kept
+    finite in float32) and ``good_steps <- 0``. With ``factor == 1`` ``S`` stays.
+    """
+    ls = loss_scale
+    good = ls.good_steps + 1
+    grow = good >= ls.period
+    grown = jnp.where(grow, ls.scale * ls.factor, ls.scale)
+    grown = jnp.where(jnp.isfinite(grown), grown, ls.scale)
+    shrunk = jnp.maximum(ls.scale / ls.factor, ls.min_scale)
+    return ls._replace(
+        scale=jnp.where(grads_finite, grown, shrunk).astype(jnp.float32),
+        good_steps=jnp.where(grads_finite & ~grow, good, 0).astype(jnp.int32))
+
+
+def _scaled_loss_fn(loss_fn: Callable, loss_scale: LossScale) -> Callable:
+    # wraps: the step reads loss_fn's signature to decide whether it takes loss_state.
+    @functools.wraps(loss_fn)
+    def scaled(*args, **kwargs):
+        loss, aux = loss_fn(*args, **kwargs)
+        return scale_loss(loss_scale, loss), aux
+    return scaled
+
+
+def _unscaling(optimizer: optax.GradientTransformation, loss_scale: LossScale, seen: list):
+    """``optimizer`` fed unscaled gradients; records whether they were finite in ``seen``.
+
+    It runs inside the step, after the gradients were averaged over devices, so
+    every replica sees the same verdict.
+    """
+    def update(grads, opt_state, params=None):
+        grads = unscale_grads(loss_scale, grads)
+        seen.append(all_finite(grads))
+        return optimizer.update(grads, opt_state, params)
+    return optax.GradientTransformation(optimizer.init, update)
+
+
+def _select(pred, new, old):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def make_scaled_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *,
+                           axis_name: Optional[str] = None) -> Callable:
+    """:func:`funcnet.train.make_train_step` with loss scaling, for float16 training.
+
+    Returns ``step(train_state, loss_scale, batch) -> (train_state, loss_scale, metrics)``
+    (pure, unjitted; pmap it with ``loss_scale`` replicated like the train state).
+    ``loss_fn`` and ``optimizer`` are those of ``make_train_step``. Per step:
+
+    1. the loss is multiplied by ``S = loss_scale.scale`` before differentiation;
+    2. the gradients (averaged over ``axis_name`` first) are divided by ``S``;
+    3. if any is inf/NaN, the step is skipped: params, optimizer state, layer
+       state and loss state stay as they were (``step`` and ``rng`` advance, so
+       the next batch gets fresh randomness);
+    4. ``loss_scale`` is updated by :func:`update_loss_scale`.
+
+    ``metrics`` holds the unscaled ``"loss"``, the step's other metrics,
+    ``"loss_scale"`` (the ``S`` used) and ``"grads_finite"``.
+    """
+
+    def step(train_state: TrainState, loss_scale: LossScale, batch):
+        seen: list = []
+        inner = make_train_step(_scaled_loss_fn(loss_fn, loss_scale),
+                                _unscaling(optimizer, loss_scale, seen), axis_name=axis_name)
+        new, metrics = inner(train_state, batch)
+        finite = seen[0]
+        kept = _select(finite, (new.params, new.state, new.opt_state, new.loss_state),
+                       (train_state.params, train_state.state, train_state.opt_state,
+                        train_state.loss_state))
+        new = new._replace(params=kept[0], state=kept[1], opt_state=kept[2], loss_state=kept[3])
+        metrics = dict(metrics, loss=metrics["loss"] / loss_scale.scale,
+                       loss_scale=loss_scale.scale, grads_finite=finite)
+        return new, update_loss_scale(loss_scale, finite), metrics
+
+    return step
