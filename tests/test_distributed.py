@@ -1,5 +1,6 @@
 """funcnet.distributed: replicate/unreplicate/shard/process_slice, and two processes on
 127.0.0.1 (gloo collectives, 2 CPU devices each) that train like one."""
+import importlib.util
 import os
 import socket
 import subprocess
@@ -32,8 +33,12 @@ def test_two_processes_match_single_process(tmp_path, mode):
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     outs = [tmp_path / f"p{i}.npz" for i in range(2)]
     logs = [open(tmp_path / f"p{i}.log", "w+") for i in range(2)]
+    # The mesh run also saves and restores a sharded tree with orbax from both processes.
+    orbax = (mode == "mesh" and importlib.util.find_spec("orbax") is not None)
+    extra = [str(tmp_path / "orbax")] if orbax else []
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "distributed_worker.py"),
-                               str(i), "2", str(port), str(outs[i]), mode], env=env, stdout=logs[i],
+                               str(i), "2", str(port), str(outs[i]), mode, *extra], env=env,
+                              stdout=logs[i],
                               stderr=subprocess.STDOUT) for i in range(2)]
     try:
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
@@ -67,6 +72,9 @@ def test_two_processes_match_single_process(tmp_path, mode):
             np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
     for k in range(len(ref)):  # identical on every process, bit for bit
         np.testing.assert_array_equal(results[0][f"arr_{k}"], results[1][f"arr_{k}"])
+    if orbax:  # one committed step, written by both processes together
+        from funcnet.checkpoint_orbax import OrbaxCheckpointer
+        assert OrbaxCheckpointer(tmp_path / "orbax").all_steps() == [N_STEPS]
 
 
 def test_replicate_puts_one_copy_per_device_and_unreplicate_inverts():
