@@ -321,3 +321,46 @@ def test_apply_errors():
     _, params, _ = Conv(4, (3, 3), **ZEROS).init(key, (-1, 8, 8, 6))
     with pytest.raises(ValueError, match=r"too small"):
         Conv(4, (3, 3)).apply(params, (), jnp.ones((2, 2, 8, 6)))
+
+
+@pytest.mark.parametrize("filt,strides,padding,dilation,shape", [
+    ((5, 5), 1, "VALID", 1, (3, 12, 12, 1)),
+    ((3, 2), (2, 1), "SAME", (1, 2), (2, 9, 8, 1)),
+    ((4,), 3, [(2, 1)], 1, (3, 10, 1)),
+    ((2, 3, 2), (1, 2, 1), "SAME_LOWER", (1, 1, 2), (1, 5, 6, 7, 1)),
+])
+def test_one_channel_conv_takes_the_patches_path_with_the_same_values_and_grads(
+        filt, strides, padding, dilation, shape):
+    """On CPU a one-channel Conv runs as patches @ kernel (XLA's filter gradient is slow
+    there); it must agree with lax.conv_general_dilated in values and both gradients."""
+    make = lambda impl: Conv(4, filt, strides, padding, dilation, implementation=impl)  # noqa: E731
+    auto, xla = make("auto"), make("xla")
+    _, params, _ = auto.init(jax.random.PRNGKey(0), shape)
+    x = jnp.asarray(np.random.default_rng(1).normal(size=shape), jnp.float32)
+
+    def loss(layer):
+        return lambda p, x: jnp.sum(jnp.sin(layer.apply(p, (), x)[0]))
+
+    np.testing.assert_allclose(auto.apply(params, (), x)[0], xla.apply(params, (), x)[0],
+                               rtol=1e-5, atol=1e-5)
+    for got, want in zip(jax.grad(loss(auto), (0, 1))(params, x),
+                         jax.grad(loss(xla), (0, 1))(params, x)):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
+                     got, want)
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss(auto)))(params, x))
+    assert "conv_general_dilated" not in jaxpr   # the patches path really ran
+    assert "conv_general_dilated" in str(jax.make_jaxpr(jax.grad(loss(xla)))(params, x))
+
+
+def test_patches_implementation_needs_the_default_layout_and_one_group():
+    with pytest.raises(ValueError, match="implementation='patches' needs"):
+        Conv(4, (3, 3), dimension_numbers=("NCHW", "OIHW", "NCHW"), implementation="patches")
+    with pytest.raises(ValueError, match="implementation='patches' needs"):
+        Conv(4, (3, 3), feature_group_count=2, implementation="patches")
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        Conv(4, (3, 3), implementation="im2col")
+    # two input channels: 'auto' stays on XLA's convolution
+    layer = Conv(4, (3, 3))
+    _, params, _ = layer.init(jax.random.PRNGKey(0), (1, 5, 5, 2))
+    assert "conv_general_dilated" in str(jax.make_jaxpr(
+        lambda x: layer.apply(params, (), x)[0])(jnp.ones((1, 5, 5, 2))))

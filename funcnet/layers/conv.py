@@ -32,6 +32,7 @@ from jax import lax
 from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
+from funcnet.layers._patches import patch_conv
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
 
 
@@ -102,7 +103,7 @@ def _add_bias(out, params, out_spec: str):
 
 def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=None,
          feature_group_count: int = 1, dimension_numbers=None, W_init=None, b_init=None,
-         use_bias: bool = True) -> Layer:
+         use_bias: bool = True, implementation: str = "auto") -> Layer:
     """N-d convolution (cross-correlation), as ``torch.nn.Conv{1,2,3}d`` / ``lax.conv_general_dilated``.
 
     ``y[n, p, o] = b[o] + sum_{k, i} x[n, p * s + k * d - pad_lo, g(o) * I + i] * W[k, i, o]``
@@ -130,6 +131,12 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         ``torch_default_bias(fan_in)`` with ``fan_in = prod(filter_shape) * in_chan /
         groups``. Together these match ``nn.ConvNd.reset_parameters``.
       use_bias: whether to add the bias ``b``.
+      implementation: ``"xla"`` (``lax.conv_general_dilated``), ``"patches"``
+        (the input's patches times the kernel, with a hand-written gradient; the
+        default layout and ``feature_group_count=1`` only), or ``"auto"`` (default):
+        patches for a one-channel input on CPU, where XLA's filter gradient of such a
+        convolution is slow (``benchmarks/CONV_NOTES.md``), else xla. Both give the
+        same values and gradients up to float rounding.
 
     Params are ``{"W": kernel in the rhs layout, "b": (out_chan,)}``. To port a
     PyTorch ``Conv2d`` weight ``w`` (``OIHW``) to the default layout use
@@ -152,6 +159,12 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     c_axis = lhs_spec.index("C")
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
     W_init = W_init or initializers.torch_default()
+    implementation = checks.one_of(name, "implementation", implementation,
+                                   ("auto", "xla", "patches"))
+    patches_ok = groups == 1 and (lhs_spec, rhs_spec, out_spec) == _DEFAULT_SPECS[n]
+    if implementation == "patches" and not patches_ok:
+        raise ValueError(f"{name}: implementation='patches' needs the default channels-last "
+                         f"layout and feature_group_count=1; use 'xla' or 'auto'.")
 
     def spatial_size(i, letter, size):
         pad = padding if isinstance(padding, str) else padding[i]
@@ -177,12 +190,24 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
                     size=W.shape[rhs_spec.index("I")] * groups, what="channels")
         out_shape(tuple(inputs.shape))  # a readable error for inputs smaller than the window
         dtype = jnp.result_type(inputs, W)
-        out = lax.conv_general_dilated(
-            inputs.astype(dtype), W.astype(dtype), strides, padding, rhs_dilation=dilation,
-            dimension_numbers=(lhs_spec, rhs_spec, out_spec), feature_group_count=groups)
+        x, W = inputs.astype(dtype), W.astype(dtype)
+        if _use_patches(implementation, patches_ok, x.shape[c_axis]):
+            pads = (lax.padtype_to_pads(x.shape[1:-1], window, strides, padding)
+                    if isinstance(padding, str) else padding)
+            out = patch_conv(x, W, strides, dilation, pads)
+        else:
+            out = lax.conv_general_dilated(
+                x, W, strides, padding, rhs_dilation=dilation,
+                dimension_numbers=(lhs_spec, rhs_spec, out_spec), feature_group_count=groups)
         return _add_bias(out, params, out_spec), state
 
     return named(name, init, apply)
+
+
+def _use_patches(implementation: str, patches_ok: bool, in_chan: int) -> bool:
+    if implementation != "auto":
+        return implementation == "patches"
+    return patches_ok and in_chan == 1 and jax.default_backend() == "cpu"
 
 
 # --------------------------------------------------------------------------- #
