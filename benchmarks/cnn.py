@@ -272,7 +272,7 @@ def Im2colConv(out_chan, filter_shape):
     return named(f"Im2colConv({out_chan}, {filter_shape!r})", init, apply)
 
 
-def _funcnet_model(weights, im2col=False):
+def _funcnet_model(weights, im2col=False, conv_impl="auto"):
     import jax
     import jax.numpy as jnp
     from funcnet.combinators import serial
@@ -282,7 +282,7 @@ def _funcnet_model(weights, im2col=False):
     from funcnet.layers.pooling import MaxPool
     from funcnet.layers.shape import Flatten
 
-    C = Im2colConv if im2col else Conv
+    C = Im2colConv if im2col else functools.partial(Conv, implementation=conv_impl)
     P = lambda: MaxPool((2, 2))  # window == stride: funcnet's reshape + argmax path
     init, apply = serial(C(32, (K, K)), Relu, P(), C(64, (K, K)), Relu, P(),
                          Flatten, Dense(128), Relu, Dense(10))
@@ -320,7 +320,8 @@ def _jax_peer(peer, cfg, case):
     w = cnn_weights()
     channels_first = False
     if peer.startswith("funcnet"):
-        params, forward = _funcnet_model(w, im2col="im2col" in peer)
+        params, forward = _funcnet_model(w, im2col="im2col" in peer,
+                                         conv_impl="xla" if peer == "funcnet-xlaconv" else "auto")
     else:
         wts, forward, channels_first = JAX_VARIANTS[peer](w)
         params = {k: jnp.asarray(v) for k, v in wts.items()}

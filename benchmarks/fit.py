@@ -6,6 +6,11 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
   batching from host numpy arrays (``funcnet.data.batches``), the host-to-device copy,
   the jitted ``make_train_step`` step, per-epoch metric collection, and a tqdm progress
   bar (forced on, written to a null stream).
+* ``fit-device`` / ``fit-device-k1``: ``funcnet.fit`` over a ``funcnet.data.DeviceData``:
+  the 60000 examples put on the device once, each shuffled batch gathered inside the
+  jitted step (same seed, same batches as ``fit``), with fit's default
+  ``steps_per_dispatch`` (``log_every`` = 50 steps per dispatch) or one step per
+  dispatch; progress bar and metrics as in ``fit``.
 * ``train-step``: a Python loop over ``jax.jit(make_train_step(...))`` on pre-built,
   already on-device batches: funcnet's step without the loop around it.
 * ``jax``: the same step written by hand with jax + optax (workload 1's ``jax`` peer) on
@@ -78,7 +83,7 @@ def run(peer, cfg, case):
                     jax.random.key(0))
     reps = case["quick_reps"] if cfg["quick"] else case["reps"]
 
-    if peer == "fit":
+    if peer.startswith("fit"):
         import tqdm  # noqa: F401  (the progress bar must really be drawn)
 
         from funcnet.callbacks import Callback
@@ -99,11 +104,16 @@ def run(peer, cfg, case):
         clock, sink = EpochClock(), io.StringIO()
         # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
         # user's run does; the first epoch (with the compilation) is reported apart.
+        if peer == "fit":
+            train_data, per_dispatch = (
+                lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)), 1
+        else:
+            train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
+            per_dispatch = int(peer.rpartition("-k")[2]) if "-k" in peer else None
         with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
-            fit(ts, loss_fn, tx,
-                lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e),
-                epochs=1 + reps, progress=True, log_every=10 if cfg["quick"] else 50,
-                callbacks=[clock])
+            fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=True,
+                log_every=10 if cfg["quick"] else 50, callbacks=[clock],
+                steps_per_dispatch=per_dispatch)
         assert "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
         epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
         return {"values": epochs[1:], "extra": {"first_epoch_s": epochs[0]}}

@@ -78,7 +78,9 @@ WORKLOADS: List[Workload] = [
     Workload(
         "cnn", "3. LeNet-style CNN: conv5x5x32-maxpool2-conv5x5x64-maxpool2-dense128-dense10, "
                "batch 128, Adam(1e-3)", "s/step",
-        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC); MaxPool takes its reshape+argmax path"),
+        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC); MaxPool takes its reshape+argmax path; the one-channel conv1 runs as patches @ kernel (Conv's CPU default)"),
+               Peer("funcnet-xlaconv", "benchmarks.cnn:run",
+                    note="the same with Conv(implementation='xla'): lax.conv_general_dilated for conv1 too"),
                Peer("funcnet-im2col", "benchmarks.cnn:run",
                     note="funcnet serial with a benchmark-local im2col Conv layer"),
                Peer("jax-nhwc", "benchmarks.cnn:run",
@@ -132,20 +134,27 @@ WORKLOADS: List[Workload] = [
               "class, then move every center once), so both give the same loss and centers."),
     Workload(
         "fit", "6. funcnet.fit end to end vs bare step loops (workload 1's MLP)", "s/epoch",
-        peers=[Peer("fit", "benchmarks.fit:run",
-                    note="fit(): numpy shuffling/batching, host-to-device copies, tqdm bar, metrics"),
+        peers=[Peer("fit-device", "benchmarks.fit:run",
+                    note="fit(DeviceData): data on the device once, batches gathered in the step, "
+                         "50 steps per dispatch (the default), tqdm bar, metrics"),
+               Peer("fit-device-k1", "benchmarks.fit:run",
+                    note="the same with steps_per_dispatch=1 (one dispatch per step)"),
+               Peer("fit", "benchmarks.fit:run",
+                    note="fit() on the host pipeline: numpy shuffling/batching, host-to-device "
+                         "copies, tqdm bar, metrics"),
                Peer("train-step", "benchmarks.fit:run",
                     note="loop over jit(make_train_step) on pre-built device batches"),
                Peer("jax", "benchmarks.fit:run",
                     note="hand-written jax + optax step on pre-built device batches"),
                Peer("pipeline", "benchmarks.fit:run",
                     note="no step: data.batches shuffle-gather + device_put of every batch")],
-        cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam")], reference="fit",
+        cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam")], reference="fit-device",
         columns=(("first_epoch_s", "1st epoch incl. compile (s)", "{:.2f}"),),
-        notes="Ratio = fit's time / the peer's: fit / jax is the whole cost of the loop, the "
-              "data pipeline and the progress bar (target < 1.05); the train-step row is the "
-              "cost of TrainState and make_train_step alone; the pipeline row is the data work by "
-              "itself (its ratio is not meaningful, its time is)."),
+        notes="Ratio = fit-device's time / the peer's: fit-device / jax is the whole cost of "
+              "fit on device-resident data against the hand-written loop over pre-built device "
+              "batches (target <= 0.95); fit is the host pipeline; the train-step row is the "
+              "cost of TrainState and make_train_step alone; the pipeline row is the host data "
+              "work by itself (its ratio is not meaningful, its time is)."),
     Workload(
         "pmap", "7. pmap, and jit on a mesh, over 4 simulated CPU devices vs jit on 1 device "
                 "(MLP 784-400-100-10, global batch 512, Adam)", "s/step",
@@ -161,6 +170,25 @@ WORKLOADS: List[Workload] = [
         columns=(("loss_first", "loss, step 1", "{:.6f}"),),
         notes="Correctness-level only: the 4 'devices' are simulated and share this machine's "
               "cores and one thread pool, so no speed-up is expected."),
+    Workload(
+        "precision", "8. bfloat16 compute vs float32 on the real MNIST (workload 1's MLP and "
+                     "workload 3's CNN, funcnet layers, Adam(1e-3), batch 128)", "s/step",
+        peers=[Peer("f32", "benchmarks.precision:run", note="float32 throughout"),
+               Peer("bf16", "benchmarks.precision:run",
+                    note="precision.apply_policy: float32 params, bfloat16 compute, float32 "
+                         "output and loss")],
+        cases=[dict(name="MLP 784-400-100-10", model="mlp", batch=128, lr=1e-3, steps=100,
+                    reps=5, quick_steps=5, quick_reps=2),
+               dict(name="CNN (workload 3)", model="cnn", batch=128, lr=1e-3, steps=20,
+                    reps=5, quick_steps=2, quick_reps=2)],
+        reference="bf16", throughput="steps/s",
+        columns=(("steps_trained", "steps trained", "{:d}"),
+                 ("test_acc", "test accuracy after them (%)", "{:.2f}"),
+                 ("loss_last", "last train loss", "{:.4f}")),
+        notes="Same weights and batches for both; the accuracy column is after the same number "
+              "of steps (compile, 2 warm-up steps and the timed blocks), on the 10000 test "
+              "images. On this CPU (AVX-512 BF16), bfloat16 compute is what XLA:CPU makes of it: "
+              "read the speed column before choosing it."),
 ]
 
 

@@ -23,6 +23,7 @@ import optax
 
 from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
+from funcnet import data as data_lib
 from funcnet import distributed
 from funcnet.train import TrainState, make_eval_step, make_train_step
 
@@ -109,6 +110,20 @@ class _Loop:
             return distributed.shard_batch(self.mesh, batch)
         return distributed.shard(batch, self.n) if self.n else batch
 
+    def put_device_data(self, data):
+        """A DeviceData's arrays where the step runs (whole on every mesh device)."""
+        if self.mesh is None:
+            return data.arrays
+        return distributed.replicate_on(self.mesh, data.arrays)
+
+    def put_order(self, order):
+        """An epoch's ``(batches, batch_size)`` index matrix; on a mesh each row is
+        split over the devices, so every gathered batch is."""
+        if self.mesh is None:
+            return jax.device_put(order)
+        spec = jax.sharding.PartitionSpec(None, self.mesh.axis_names[0])
+        return jax.device_put(order, jax.sharding.NamedSharding(self.mesh, spec))
+
     def first(self, tree):
         """One replica's value of a per-device result (the value itself on one device)."""
         return jax.tree.map(lambda x: x[0], tree) if self.n else tree
@@ -119,9 +134,12 @@ class _Steps(NamedTuple):
     eval: Optional[Callable]
     add: Callable
     throttle: bool  # bound the pmap steps in flight (XLA:CPU collectives, see _train_epoch)
+    on_device: Optional[Callable] = None   # up to k steps over a DeviceData, one dispatch
+    steps_per_dispatch: int = 1
 
 
-def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None) -> _Steps:
+def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, device_data=False,
+             steps_per_dispatch=1) -> _Steps:
     """The jitted (one device, or a mesh) or pmapped (``n_dev`` devices) train and eval steps.
 
     On a mesh the steps are the one-device steps: their inputs' shardings make XLA
@@ -145,9 +163,40 @@ def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None) -> _Steps:
     if mesh is not None:
         train, evaluate, add = (None if f is None else _on_mesh(mesh, f)
                                 for f in (train, evaluate, add))
+    on_device = None
+    if device_data and not n_dev:
+        on_device = _device_runner(raw_step, steps_per_dispatch)
+        if mesh is not None:
+            on_device = _on_mesh(mesh, on_device)
     multi = bool(n_dev) or (mesh is not None and mesh.size > 1)
     throttle = multi and jax.local_devices()[0].platform == "cpu"
-    return _Steps(train, evaluate, add, throttle)
+    return _Steps(train, evaluate, add, throttle, on_device, steps_per_dispatch)
+
+
+def _device_runner(raw_step, k: int):
+    """``run(state, arrays, order, pos, n) -> (state, metrics)``: ``n <= k`` steps in one
+    dispatch, step ``j`` on the batch gathered from row ``pos + j`` of ``order``.
+
+    ``metrics`` holds ``k`` rows, the first ``n`` written. ``n`` is traced (a
+    ``fori_loop``), so every dispatch runs the same compiled program whatever its
+    length, and a resumed run computes exactly what the uninterrupted one did.
+    """
+    def gather(arrays, idx):
+        return jax.tree.map(lambda a: distributed.gather(a, idx), arrays)
+
+    def run(state, arrays, order, pos, n):
+        example = jax.eval_shape(lambda: gather(arrays, order[0]))
+        metric_shapes = jax.eval_shape(raw_step, state, example)[1]
+        rows = jax.tree.map(lambda m: jnp.zeros((k, *m.shape), m.dtype), metric_shapes)
+
+        def body(j, carry):
+            state, rows = carry
+            state, metrics = raw_step(state, gather(arrays, order[pos + j]))
+            return state, jax.tree.map(lambda r, m: r.at[j].set(m), rows, metrics)
+
+        return jax.lax.fori_loop(0, n, body, (state, rows))
+
+    return jax.jit(run, donate_argnums=0)
 
 
 def _on_mesh(mesh, fn):
@@ -200,6 +249,57 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
                          f"iterator is used up after one epoch: pass a callable "
                          f"epoch -> iterable (e.g. lambda epoch: data.batches(...)).")
     return step_metrics, seen
+
+
+def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log_every,
+                        on_nonfinite):
+    """:func:`_train_epoch` over a :class:`funcnet.data.DeviceData`: batches are gathered
+    inside the step, up to ``steps.steps_per_dispatch`` steps per dispatch.
+
+    Dispatches end on multiples of ``k`` global steps (and at the epoch's end), so
+    ``Checkpoint(every_steps=...)`` sees the steps it saves at; callbacks'
+    ``on_step_end`` runs once per dispatch, with the step count after it.
+    """
+    t0 = time.perf_counter()
+    k = steps.steps_per_dispatch
+    full, tail = data.order(epoch)
+    order = loop.put_order(full)
+    if not hasattr(loop, "data_arrays") or loop.data_source is not data:
+        loop.data_arrays, loop.data_source = loop.put_device_data(data), data
+    chunks, seen, i, logged, shown = [], 0, skip, ctx.host_step // log_every, 0
+    while i < len(full):
+        n = min(k - ctx.host_step % k, len(full) - i)
+        loop.state, rows = steps.on_device(loop.state, loop.data_arrays, order, np.int32(i),
+                                           np.int32(n))
+        if steps.throttle and chunks:
+            jax.block_until_ready(chunks[-1][0])  # see _train_epoch
+        chunks.append((rows, n))
+        i += n
+        seen += n * data.batch_size
+        ctx.batch_in_epoch = i
+        ctx.host_step += n
+        for cb in callbacks:
+            cb.on_step_end(ctx, ctx.host_step)
+        if bar is not None and ctx.host_step // log_every > logged:
+            logged = ctx.host_step // log_every
+            last = jax.device_get(jax.tree.map(lambda r: r[n - 1], rows))
+            _check_losses(ctx, [last], epoch, ctx.host_step, on_nonfinite)
+            bar.update(i - skip - shown)
+            shown = i - skip
+            bar.set_postfix(loss=f"{float(last['loss']):.4f}",
+                            samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
+    if tail is not None and skip <= len(full):
+        loop.state, rows = steps.train(loop.state, loop.put_batch(
+            jax.tree.map(lambda a: a[tail], loop.data_arrays)))
+        chunks.append((jax.tree.map(lambda m: m[None], rows), 1))
+        seen += len(tail)
+        ctx.batch_in_epoch = len(full) + 1
+        ctx.host_step += 1
+        for cb in callbacks:
+            cb.on_step_end(ctx, ctx.host_step)
+    host = jax.device_get([rows for rows, _ in chunks])
+    return [jax.tree.map(lambda r: r[j], h) for h, (_, n) in zip(host, chunks)
+            for j in range(n)], seen
 
 
 def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: str) -> None:
@@ -263,7 +363,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         metric=None, devices: Optional[int] = None, mesh=None, callbacks: Iterable = (),
         progress: Optional[bool] = None, log_every: int = 50, resume_from=None,
         missing_ok: bool = False, on_nonfinite: str = "raise",
-        print_fn: Optional[Callable[[str], None]] = None):
+        steps_per_dispatch: Optional[int] = None, print_fn: Optional[Callable[[str], None]] = None):
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
 
     Args:
@@ -271,10 +371,13 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
       loss_fn, optimizer: as for :func:`funcnet.train.make_train_step`. Arrays a
         loss_fn returns in ``Aux(outputs=...)`` are dropped by ``fit`` (it keeps
         metrics only); call the step from ``make_train_step`` to receive them.
-      train_data: ``train_data(epoch)`` returning an iterable of batches, or an
-        iterable re-iterated every epoch. Use the callable form with a seeded
-        shuffle (``funcnet.data.batches(..., rng=seed, epoch=epoch)``) when you want
-        resuming to reproduce the data order.
+      train_data: a :class:`funcnet.data.DeviceData` (the data set on the device,
+        each batch gathered inside the jitted step: the fast path when the data
+        fits), or ``train_data(epoch)`` returning an iterable of batches, or an
+        iterable re-iterated every epoch. Use a seeded shuffle
+        (``DeviceData(..., shuffle=True, rng=seed)``, or the callable form with
+        ``funcnet.data.batches(..., rng=seed, epoch=epoch)``) when you want resuming
+        to reproduce the data order. Both give the same batches for the same seed.
       eval_data, eval_fn, metric: evaluation after every epoch. ``eval_fn(params,
         state, batch)`` returns a metric state of ``metric`` (a ``funcnet.metrics``
         metric or collection); batch states are added and ``metric.compute`` gives
@@ -309,6 +412,14 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         and step, before the epoch's end-of-epoch callbacks; ``"warn"`` warns once
         and trains on; ``"ignore"`` trains on. Either way later checkpoints are
         marked non-finite, and ``Checkpoint(keep=N)`` keeps the last finite one.
+      steps_per_dispatch: with a ``DeviceData`` on one device or a mesh, run up to
+        this many steps per dispatch (a loop on the device), so the host's
+        per-dispatch cost is paid once per ``k`` steps; the results are those of
+        ``k=1``, bit for bit. Default (None): ``log_every`` steps, reduced to divide
+        every callback's ``every_steps``; 1 for the host pipeline and pmap.
+        Callbacks' ``on_step_end`` runs once per dispatch; an explicit ``k`` needs
+        ``Checkpoint(every_steps=N)`` with ``N`` a multiple of ``k``.
+        ``BENCHMARKS.md`` (workload 6) has the measured effect.
       print_fn: if given (e.g. ``print``), receives one summary line per epoch.
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps),
@@ -324,7 +435,11 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a "
                          f"mesh), not both.")
     n_dev = distributed.local_device_count(devices) if devices else None
-    steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh)
+    device_data = isinstance(train_data, data_lib.DeviceData)
+    log_every = checks.positive_int("fit", "log_every", log_every)
+    steps_per_dispatch = _check_dispatch(steps_per_dispatch, device_data, n_dev, callbacks,
+                                         log_every)
+    steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, device_data, steps_per_dispatch)
     loop = _Loop(train_state, n_dev, mesh)
     ctx = FitContext(loop)
     ctx.run_id = run_id
@@ -338,8 +453,9 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         t0 = time.perf_counter()
         bar = bar_factory(epoch, epochs)
         skip = position.batch_in_epoch if epoch == position.epoch else 0
-        step_metrics, seen = _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip,
-                                          bar, log_every, on_nonfinite)
+        run_epoch = _train_epoch_device if steps.on_device is not None else _train_epoch
+        step_metrics, seen = run_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip,
+                                       bar, log_every, on_nonfinite)
         host_metrics = jax.device_get(step_metrics)
         _check_losses(ctx, host_metrics, epoch, ctx.host_step, on_nonfinite)
         logs = {"epoch": epoch, **_mean_metrics(host_metrics)}
@@ -356,6 +472,27 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     for cb in callbacks:
         cb.on_train_end(ctx)
     return loop.host_state(), ctx.history
+
+
+def _check_dispatch(k, device_data: bool, n_dev, callbacks, log_every: int) -> int:
+    """The steps per dispatch: ``k`` checked, or the default (see ``fit``)."""
+    everies = [e for e in (getattr(cb, "every_steps", None) for cb in callbacks) if e]
+    if k is None:
+        return math.gcd(log_every, *everies) if device_data and not n_dev else 1
+    k = checks.positive_int("fit", "steps_per_dispatch", k)
+    if k == 1:
+        return k
+    if not device_data or n_dev:
+        raise ValueError(f"fit: steps_per_dispatch={k} needs train_data=funcnet.data.DeviceData"
+                         f"(...) on one device or a mesh (not devices=N); the host pipeline "
+                         f"and pmap run one step per dispatch.")
+    for cb in callbacks:
+        every = getattr(cb, "every_steps", None)
+        if every and every % k:
+            raise ValueError(f"fit: {type(cb).__name__}(every_steps={every}) would fall inside a "
+                             f"dispatch of steps_per_dispatch={k} steps; use an every_steps "
+                             f"that is a multiple of {k}, or a smaller steps_per_dispatch.")
+    return k
 
 
 def _resume(resume_from, missing_ok, train_state):

@@ -140,3 +140,33 @@ def test_prefetch_for_pmap():
         np.testing.assert_allclose(np.asarray(step(batch)), expected)
     with pytest.raises(ValueError, match="size"):
         data.prefetch_to_device([], size=0)
+
+
+def test_device_data_yields_the_batches_of_batches():
+    x = np.arange(70 * 3, dtype=np.float32).reshape(70, 3)
+    y = np.arange(70, dtype=np.int32)
+    for kw in (dict(shuffle=True, rng=5), dict(), dict(shuffle=True, rng=5, drop_remainder=False)):
+        dd = data.DeviceData({"x": x, "y": y}, 16, **kw)
+        for epoch in (0, 3):
+            got = list(dd(epoch))
+            want = list(data.batches({"x": x, "y": y}, 16, epoch=epoch, **kw))
+            assert len(got) == len(want) == dd.num_batches
+            for g, w in zip(got, want):
+                assert set(g) == {"x", "y"} and isinstance(g["x"], jax.Array)
+                np.testing.assert_array_equal(g["x"], w["x"])
+                np.testing.assert_array_equal(g["y"], w["y"])
+    full, tail = data.DeviceData(x, 16, shuffle=True, rng=5, drop_remainder=False).order(1)
+    assert full.shape == (4, 16) and tail.shape == (6,) and full.dtype == np.int32
+    assert sorted(np.concatenate([full.ravel(), tail])) == list(range(70))
+
+
+def test_device_data_errors():
+    x = np.zeros((10, 2), np.float32)
+    with pytest.raises(ValueError, match=r"all arrays need the same leading size, got \{0: 10, 1: 9\}"):
+        data.DeviceData((x, np.zeros(9)), 4)
+    with pytest.raises(ValueError, match="batch_size=16 is larger than the 10 examples"):
+        data.DeviceData(x, 16)
+    with pytest.raises(ValueError, match="shuffle=True needs rng="):
+        data.DeviceData(x, 4, shuffle=True)
+    with pytest.raises(TypeError, match="rng must be"):
+        data.DeviceData(x, 4, shuffle=True, rng="seed")

@@ -115,3 +115,91 @@ def test_callbacks_may_keep_the_train_state_they_see():
 
     fit(ts, loss_fn, opt, train_data, epochs=1, callbacks=[Keep()], progress=False)
     assert int(kept[0].step) == 2 and np.isfinite(np.asarray(kept[0].params[0]["W"])).all()
+
+
+# --------------------------------------------------------------------------- #
+# DeviceData: the data set on the device, batches gathered inside the step
+# --------------------------------------------------------------------------- #
+
+def _device_data(**kw):
+    return data.DeviceData((X, Y), 32, shuffle=True, rng=7, **kw)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_device_data_gives_the_host_pipelines_result_bit_for_bit(k):
+    """Same seed, same batches: the params, metrics and eval logs of the host pipeline,
+    whatever the number of steps per dispatch (3 does not divide the 8 batches)."""
+    ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.3)
+    host, h_host = fit(ts, loss_fn, opt, train_data, epochs=2, **kw)
+    dev, h_dev = fit(ts, loss_fn, opt, _device_data(), epochs=2, steps_per_dispatch=k, **kw)
+    params_equal((dev.params, dev.opt_state, jax.random.key_data(dev.rng)),
+                 (host.params, host.opt_state, jax.random.key_data(host.rng)))
+    for a, b in zip(h_dev, h_host):
+        assert {k_: v for k_, v in a.items() if k_ not in ("seconds", "samples_per_s")} == \
+               {k_: v for k_, v in b.items() if k_ not in ("seconds", "samples_per_s")}
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(ts))
+
+
+def test_device_data_keeps_the_last_smaller_batch_when_asked():
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
+    x, y = X[:100], Y[:100]
+    host, _ = fit(ts, loss_fn, opt, lambda e: data.batches((x, y), 32, shuffle=True, rng=3,
+                                                           epoch=e, drop_remainder=False),
+                  epochs=2, progress=False)
+    dev, _ = fit(ts, loss_fn, opt, data.DeviceData((x, y), 32, shuffle=True, rng=3,
+                                                   drop_remainder=False),
+                 epochs=2, steps_per_dispatch=2, progress=False)
+    assert int(dev.step) == int(host.step) == 2 * 4
+    params_equal(dev.params, host.params)
+
+
+def test_device_data_resume_mid_epoch_is_bit_identical(tmp_path):
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.3)
+    full, _ = fit(ts, loss_fn, opt, _device_data(), epochs=3, steps_per_dispatch=2, **kw)
+
+    class Crash(Exception):
+        pass
+
+    class CrashAt(callbacks.Callback):
+        def on_step_end(self, ctx, step):
+            if step >= 13:  # mid-epoch 1
+                raise Crash
+
+    saver = callbacks.Checkpoint(tmp_path, every_steps=4, every_epochs=None)
+    with pytest.raises(Crash):
+        fit(ts, loss_fn, opt, _device_data(), epochs=3, callbacks=[saver, CrashAt()],
+            steps_per_dispatch=2, **kw)
+    assert saver.checkpointer.latest_step() == 12  # taken between dispatches
+    # resumed with another steps_per_dispatch: still the same run, bit for bit
+    resumed, history = fit(ts, loss_fn, opt, _device_data(), epochs=3, resume_from=tmp_path,
+                           steps_per_dispatch=3, **kw)
+    params_equal((resumed.params, resumed.opt_state, jax.random.key_data(resumed.rng)),
+                 (full.params, full.opt_state, jax.random.key_data(full.rng)))
+    assert history[0]["epoch"] == 1
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_device_data_on_a_mesh_matches_one_device(explicit):
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
+    one, h1 = fit(ts, loss_fn, opt, _device_data(), epochs=2, **kw)
+    mesh = distributed.data_mesh(explicit=explicit)
+    on_mesh, hm = fit(ts, loss_fn, opt, _device_data(), epochs=2, mesh=mesh,
+                      steps_per_dispatch=4, **kw)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
+                 (on_mesh.params, on_mesh.opt_state), (one.params, one.opt_state))
+    assert hm[-1]["loss"] == pytest.approx(h1[-1]["loss"], rel=1e-5)
+
+
+def test_device_data_under_pmap_runs_one_step_per_dispatch():
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
+    one, _ = fit(ts, loss_fn, opt, _device_data(), epochs=1, **kw)
+    four, _ = fit(ts, loss_fn, opt, _device_data(), epochs=1, devices=4, **kw)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
+                 four.params, one.params)
+    with pytest.raises(ValueError, match="steps_per_dispatch=2 needs train_data=funcnet.data"):
+        fit(ts, loss_fn, opt, _device_data(), devices=4, steps_per_dispatch=2)
+    with pytest.raises(ValueError, match="steps_per_dispatch=2 needs"):
+        fit(ts, loss_fn, opt, lambda e: data.batches((X, Y), 32), steps_per_dispatch=2)
+    with pytest.raises(ValueError, match=r"Checkpoint\(every_steps=5\) would fall inside"):
+        fit(ts, loss_fn, opt, _device_data(), steps_per_dispatch=2,
+            callbacks=[callbacks.Checkpoint("unused", every_steps=5, every_epochs=None)])
