@@ -28,10 +28,16 @@ def make_predict_fn(layer, params, state: Any = ()) -> Callable:
     as small ones; a new input shape compiles once more.
     """
     layer = as_layer(layer, "make_predict_fn")
+    return functools.partial(_predictor(layer), params, state)
 
+
+@functools.lru_cache(maxsize=64)
+def _predictor(layer):
+    # One jitted function per layer: new params for the same network (every epoch's,
+    # say) reuse its compiled program instead of compiling another.
     @jax.jit
     def predict(params, state, inputs):
         outputs, _ = layer.apply(params, state, inputs, rng=None, train=False)
         return outputs
 
-    return functools.partial(predict, params, state)
+    return predict

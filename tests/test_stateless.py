@@ -97,3 +97,17 @@ def test_make_predict_fn_without_state_for_a_stateful_net_names_the_layer():
     _, params, _ = net.init(KEY, (-1, 5))
     with pytest.raises(ValueError, match="BatchNorm"):
         funcnet.make_predict_fn(net, params)(X)
+
+
+def test_make_predict_fn_reuses_one_compiled_program_per_network():
+    """New params for the same network (each epoch's, say) must not compile again."""
+    net = funcnet.serial(Dense(3), Relu, Dense(2))
+    _, p1, _ = net.init(jax.random.key(0), (-1, 4))
+    _, p2, _ = net.init(jax.random.key(1), (-1, 4))
+    f1, f2 = funcnet.make_predict_fn(net, p1), funcnet.make_predict_fn(net, p2)
+    assert f1.func is f2.func
+    x = jnp.ones((5, 4))
+    f1(x)
+    f2(x)
+    assert f1.func._cache_size() == 1
+    assert not np.allclose(f1(x), f2(x))
