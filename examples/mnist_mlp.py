@@ -72,8 +72,9 @@ def main(argv=None):
         logits, _ = net.apply(params, state, x)
         return accuracy.update(accuracy.init(), logits, y)
 
-    train_data = lambda epoch: data.batches((x_train, y_train), args.batch_size, shuffle=True,
-                                            rng=args.seed, epoch=epoch)
+    # The 60000 images live on the device; fit gathers each shuffled batch in its step.
+    train_data = data.DeviceData((x_train, y_train), args.batch_size, shuffle=True,
+                                 rng=args.seed)
     test_data = lambda epoch: data.batches((x_test, y_test), 1000, drop_remainder=False)
 
     rows = []
