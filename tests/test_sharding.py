@@ -85,6 +85,7 @@ LAYERS = {
     "Conv1D": _layer(L.Conv(4, (3,), padding="SAME"), img1),
     "Conv2D": _layer(L.Conv(4, (3, 3), strides=2), img2),
     "Conv3D": _layer(L.Conv(2, (2, 2, 2)), img3),
+    "Conv2D-one-channel": _layer(L.Conv(4, (3, 3), padding="SAME"), img2[..., :1]),  # patches
     "ConvTranspose": _layer(L.ConvTranspose(2, (3, 3), strides=2, padding="SAME"), img2),
     "MaxPool": _layer(L.MaxPool((2, 2)), img2),
     "MaxPool-overlapping": _layer(L.MaxPool((3, 3), strides=1, padding=1), img2),

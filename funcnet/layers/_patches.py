@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 
 import jax
 import jax.numpy as jnp
+
+from funcnet import distributed
 
 
 def _patches(x, window, strides, dilation, pads):
@@ -63,8 +64,11 @@ def _fwd(args, x, W):
 def _bwd(args, res, dy):
     p, x, W = res
     o = W.shape[-1]
-    rows = math.prod(p.shape[:-1])
-    dW = (p.reshape(rows, -1).T @ dy.reshape(rows, o)).reshape(W.shape)
+    # Summed over the batch: under an Explicit mesh that axis is split, so the result's
+    # (whole, replicated) layout is stated; elsewhere explicit_sharding gives None.
+    dW = jnp.einsum("...k,...o->ko", p, dy,
+                    out_sharding=distributed.explicit_sharding(p, None, None))
+    dW = dW.reshape(W.shape)
     dp = dy @ W.reshape(-1, o).T
     # The patch extraction is linear in x; its transpose is the overlap-add (col2im).
     (dx,) = jax.linear_transpose(lambda v: _patches(v, *args), x)(dp)
