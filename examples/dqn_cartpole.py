@@ -13,7 +13,9 @@ Adam(1e-3), and a target network moved towards the online one after every step
     python examples/dqn_cartpole.py --episodes 300
 
 Every ``--eval-every`` episodes the greedy policy plays 10 episodes; training stops
-when their mean reaches 200 (the v0 cap). Writes ``--plot`` (PNG: returns per episode).
+when their mean reaches 200 (the v0 cap). The last line gives that episode, the first
+training episode (exploring) that reached 200, and the mean return of the last 10
+training episodes. Writes ``--plot`` (PNG: returns per episode).
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ def main(argv=None):
             done = terminated or truncated
         return total
 
-    returns, solved_at, steps, t0 = [], None, 0, time.perf_counter()
+    returns, solved_at, first_200, steps, t0 = [], None, None, 0, time.perf_counter()
     for episode in range(1, args.episodes + 1):
         obs, total, done = env.reset(), 0.0, False
         while not done:
@@ -182,6 +184,8 @@ def main(argv=None):
                 else:
                     agent = soft(agent)
         returns.append(total)
+        if total >= 200 and first_200 is None:
+            first_200 = episode
         if episode % args.eval_every == 0:
             score = np.mean([play(eval_env, lambda o: int(greedy(agent.params["online"], o)))
                              for _ in range(10)])
@@ -191,8 +195,11 @@ def main(argv=None):
             if score >= 200:
                 solved_at = episode
                 break
-    print(f"greedy policy reached the cap of 200 at episode {solved_at}" if solved_at else
-          f"not solved in {args.episodes} episodes")
+    print((f"greedy policy reached the cap of 200 at episode {solved_at}" if solved_at else
+           f"greedy policy did not reach 200 in {args.episodes} episodes")
+          + f"; first training episode at 200: {first_200}; mean return of the last 10 "
+          f"training episodes {np.mean(returns[-10:]):.1f} ({steps} steps, "
+          f"{time.perf_counter() - t0:.0f} s)")
     if args.plot:
         plt = pyplot()
         if plt is not None:

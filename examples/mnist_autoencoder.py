@@ -3,7 +3,8 @@
 Encoder 784-256-ReLU-64, decoder ReLU-256-Tanh-784-Tanh (tinynn's ``examples/dae``),
 inputs corrupted with Gaussian noise N(0.3, 0.2), trained to give back the clean
 image: tinynn's MSE (half the squared error summed over the pixels, averaged over
-the batch), Adam(1e-3), batch 128. The two networks live in one TrainState; the
+the batch), Adam(1e-3), batch 128, tinynn's xavier-uniform weights and zero biases
+(funcnet's own default is PyTorch's). The two networks live in one TrainState; the
 step draws the noise from its own key and hands the noisy inputs and the
 reconstructions back through ``Aux(outputs=...)`` for the picture.
 
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import funcnet
-from funcnet import data, datasets, losses, optim
+from funcnet import data, datasets, initializers, losses, optim
 from funcnet.layers import Dense, Relu, Tanh
 from funcnet.train import Aux, TrainState, make_train_step
 
@@ -52,8 +53,9 @@ def main(argv=None):
     x_test, _ = datasets.mnist.load("test", args.data_dir, flatten=True)
     x_train = x_train[:args.limit]
 
-    encoder = funcnet.serial(Dense(256), Relu, Dense(64))
-    decoder = funcnet.serial(Relu, Dense(256), Tanh, Dense(784), Tanh)
+    dense = lambda n: Dense(n, W_init=initializers.xavier_uniform(), b_init=initializers.zeros)
+    encoder = funcnet.serial(dense(256), Relu, dense(64))
+    decoder = funcnet.serial(Relu, dense(256), Tanh, dense(784), Tanh)
     optimizer = optim.adam(args.lr)  # one Adam over both nets = tinynn's two Adams
     ts = TrainState.create({"encoder": (encoder, (-1, 784)), "decoder": (decoder, (-1, 64))},
                            optimizer, jax.random.key(args.seed))

@@ -2,7 +2,8 @@
 
 The generator and the discriminator are two models in one TrainState, each with its
 own Adam (tinynn's settings: lr 7.5e-4 for G, 2e-4 for D, beta1 0.5, batch 128,
-noise of size 50, LeakyReLU slope 0.2, N(0, 0.02) weights for the MLPs). Each
+noise of size 50, LeakyReLU slope 0.2, N(0, 0.02) weights for the MLPs and
+xavier-uniform ones for the CNNs, zero biases). Each
 iteration is two pure steps: ``update="disc"`` trains the discriminator on real and
 generated images with the generator frozen, then ``update="gen"`` trains the
 generator to fool the frozen discriminator. Images are the 70000 MNIST digits
@@ -11,8 +12,9 @@ generator to fool the frozen discriminator. Images are the 70000 MNIST digits
     python examples/mnist_dcgan.py --epochs 5
     python examples/mnist_dcgan.py --model cnn --epochs 2
 
-Prints the running D and G losses per epoch; writes ``--plot`` (PNG: 64 samples from
-a fixed noise batch).
+Prints per epoch the mean D and G losses and D's mean output on real digits, D(x),
+and on generated ones, D(G(z)) (0.5 and 0.5 when D can no longer tell them apart);
+writes ``--plot`` (PNG: 64 samples from a fixed noise batch).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import funcnet
-from funcnet import data, datasets, losses, optim
+from funcnet import data, datasets, initializers, losses, optim
 from funcnet.layers import Conv, ConvTranspose, Dense, Flatten, LeakyRelu, MaxPool, Reshape, Sigmoid
 from funcnet.train import Aux, TrainState, make_train_step
 
@@ -40,19 +42,23 @@ NOISE = 50
 def nets(model):
     """(generator, discriminator, image shape) as in tinynn's examples/dcgan."""
     lrelu = LeakyRelu(0.2)  # tinynn's LeakyReLU slope (torch's default is 0.01)
+    zero = initializers.zeros  # tinynn's default bias (funcnet's is PyTorch's)
     if model == "mlp":
-        w = dict(W_init=jax.nn.initializers.normal(0.02))
+        w = dict(W_init=initializers.normal(0.02), b_init=zero)
         G = funcnet.serial(Dense(100, **w), lrelu, Dense(300, **w), lrelu, Dense(784, **w), Sigmoid)
         D = funcnet.serial(Dense(300, **w), lrelu, Dense(100, **w), lrelu, Dense(1, **w))
         return G, D, (784,)
     # tinynn's "SAME" transposed conv stuffs zeros after every input pixel and pads
     # (2, 2): that is padding (2, 1) here, not funcnet's "SAME" (docs/porting.md).
-    up = dict(strides=2, padding=((2, 1), (2, 1)))
-    G = funcnet.serial(Dense(7 * 7 * 16), Reshape((7, 7, 16)), ConvTranspose(6, (5, 5), **up),
-                       lrelu, ConvTranspose(1, (5, 5), **up), Sigmoid)
-    D = funcnet.serial(Conv(6, (5, 5), padding="SAME"), lrelu, MaxPool((2, 2)),
-                       Conv(16, (5, 5), padding="SAME"), lrelu, MaxPool((2, 2)), Flatten,
-                       Dense(120), lrelu, Dense(84), lrelu, Dense(1))
+    # tinynn's default init; it reads a conv kernel's fans its own way (docs/porting.md)
+    w = dict(W_init=initializers.xavier_uniform(), b_init=zero)
+    up = dict(strides=2, padding=((2, 1), (2, 1)), **w)
+    G = funcnet.serial(Dense(7 * 7 * 16, **w), Reshape((7, 7, 16)),
+                       ConvTranspose(6, (5, 5), **up), lrelu, ConvTranspose(1, (5, 5), **up),
+                       Sigmoid)
+    D = funcnet.serial(Conv(6, (5, 5), padding="SAME", **w), lrelu, MaxPool((2, 2)),
+                       Conv(16, (5, 5), padding="SAME", **w), lrelu, MaxPool((2, 2)), Flatten,
+                       Dense(120, **w), lrelu, Dense(84, **w), lrelu, Dense(1, **w))
     return G, D, (28, 28, 1)
 
 
@@ -89,9 +95,11 @@ def main(argv=None):
 
     def d_loss(params, state, real, rng):
         fake = generate(params, rng, real.shape[0])  # the generator is frozen in this step
-        loss = (bce(D.apply(params["disc"], (), real)[0], 1.0)
-                + bce(D.apply(params["disc"], (), fake)[0], 0.0))
-        return loss, Aux(state=state)
+        real_logits, _ = D.apply(params["disc"], (), real)
+        fake_logits, _ = D.apply(params["disc"], (), fake)
+        loss = bce(real_logits, 1.0) + bce(fake_logits, 0.0)
+        return loss, Aux(state=state, metrics={"D(x)": jax.nn.sigmoid(real_logits).mean(),
+                                                "D(G(z))": jax.nn.sigmoid(fake_logits).mean()})
 
     def g_loss(params, state, real, rng):
         fake = generate(params, rng, real.shape[0])
@@ -103,22 +111,30 @@ def main(argv=None):
     fixed = jax.random.key(args.seed + 1)
 
     t0 = time.perf_counter()
+    history = []
     for epoch in range(args.epochs):
-        d_total = g_total = 0.0
+        totals = {}
         for real in train_data(epoch):
             gan, d_metrics = d_step(gan, real)
             gan, g_metrics = g_step(gan, real)
-            d_total += d_metrics["loss"]
-            g_total += g_metrics["loss"]
-        n = train_data.num_batches
-        print(f"epoch {epoch + 1:>3}  D loss {float(d_total) / n:.3f}  "
-              f"G loss {float(g_total) / n:.3f}  ({time.perf_counter() - t0:.1f} s)", flush=True)
+            logs = {"D loss": d_metrics["loss"], "G loss": g_metrics["loss"],
+                    "D(x)": d_metrics["D(x)"], "D(G(z))": d_metrics["D(G(z))"]}
+            totals = {k: totals.get(k, 0.0) + v for k, v in logs.items()}  # on the device
+        history.append({k: float(v) / train_data.num_batches for k, v in totals.items()})
+        print(f"epoch {epoch + 1:>3}  " + "  ".join(f"{k} {v:.3f}" for k, v in history[-1].items())
+              + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
+    if history:
+        last = history[-1]
+        print(f"final D loss {last['D loss']:.3f}, G loss {last['G loss']:.3f}, D(x) "
+              f"{last['D(x)']:.3f}, D(G(z)) {last['D(G(z))']:.3f} ({args.model}, {args.epochs} "
+              f"epochs, {time.perf_counter() - t0:.0f} s)")
 
-    samples = np.asarray(generate(gan.params, fixed, 64)).reshape(64, -1)
+    sample = funcnet.make_predict_fn(G, gan.params["gen"])  # G in eval mode, jitted
+    samples = np.asarray(sample(jax.random.normal(fixed, (64, NOISE)))).reshape(64, -1)
     if args.plot:
         image_rows(args.plot, [samples[i * 16:(i + 1) * 16] for i in range(4)],
-                   ["samples"] * 4)
-    return samples
+                   ["samples"] + [""] * 3)
+    return history, samples
 
 
 if __name__ == "__main__":
