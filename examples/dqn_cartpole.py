@@ -3,14 +3,18 @@
 The environment is CartPole-v0's physics written in NumPy below (gym's equations and
 constants, episodes capped at 200 steps), so nothing needs installing;
 ``--gymnasium`` uses ``gymnasium``'s CartPole-v1 capped at 200 steps instead, if it is
-installed. The agent is the DQN tinynn's ``examples/rl`` sketches: an MLP 4-64-64-2
-Q-network, a replay buffer, epsilon-greedy exploration, Huber loss on the TD error,
-Adam(1e-3), and a target network moved towards the online one after every step
-(``funcnet.polyak_update``; ``--hard-update N`` copies it every N steps instead, with
-``funcnet.copy_params``). The step returns the Q-values it computed through
-``Aux(outputs=...)``.
+installed. The agent has the parts of tinynn's ``examples/rl`` DQN: a Q-network, a
+replay buffer, epsilon-greedy exploration and a target network, with settings of its
+own that reach the cap within the default 300 episodes (at episode 140 with the
+default seed; tinynn runs 1000 episodes of a 4-100-2 MLP, MSE, RMSProp(1e-4), a target
+copied every 1000 steps, epsilon from 0.75 to 0.2 and rewards reshaped to 0.1 and -1):
+an MLP 4-64-64-2, Huber loss on the TD error, Adam(1e-3), epsilon from 1 to 0.05 over
+5000 steps, gym's rewards, and a target network moved towards the online one after
+every step (``funcnet.polyak_update``; ``--hard-update N`` copies it every N steps
+instead, with ``funcnet.copy_params``). The step returns the Q-values it computed
+through ``Aux(outputs=...)``.
 
-    python examples/dqn_cartpole.py --episodes 300
+    python examples/dqn_cartpole.py                  # at most 300 episodes
 
 Every ``--eval-every`` episodes the greedy policy plays 10 episodes; training stops
 when their mean reaches 200 (the v0 cap). The last line gives that episode, the first
@@ -204,8 +208,12 @@ def main(argv=None):
         plt = pyplot()
         if plt is not None:
             fig, ax = plt.subplots(figsize=(6, 3.2))
-            ax.plot(range(1, len(returns) + 1), returns, lw=0.8)
+            episodes = np.arange(1, len(returns) + 1)
+            ax.plot(episodes, returns, lw=0.8, alpha=0.6, label="return")
+            moving = [np.mean(returns[max(0, i - 9):i + 1]) for i in range(len(returns))]
+            ax.plot(episodes, moving, lw=1.5, label="mean of the last 10")
             ax.axhline(200, ls="--", color="grey")
+            ax.legend(loc="upper left", fontsize=8)
             ax.set(xlabel="episode", ylabel="return", title="DQN on CartPole-v0")
             fig.tight_layout()
             save(fig, args.plot)
