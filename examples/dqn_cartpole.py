@@ -3,16 +3,17 @@
 The environment is CartPole-v0's physics written in NumPy below (gym's equations and
 constants, episodes capped at 200 steps), so nothing needs installing;
 ``--gymnasium`` uses ``gymnasium``'s CartPole-v1 capped at 200 steps instead, if it is
-installed. The agent has the parts of tinynn's ``examples/rl`` DQN: a Q-network, a
-replay buffer, epsilon-greedy exploration and a target network, with settings of its
-own that reach the cap within the default 300 episodes (at episode 140 with the
-default seed; tinynn runs 1000 episodes of a 4-100-2 MLP, MSE, RMSProp(1e-4), a target
-copied every 1000 steps, epsilon from 0.75 to 0.2 and rewards reshaped to 0.1 and -1):
-an MLP 4-64-64-2, Huber loss on the TD error, Adam(1e-3), epsilon from 1 to 0.05 over
-5000 steps, gym's rewards, and a target network moved towards the online one after
-every step (``funcnet.polyak_update``; ``--hard-update N`` copies it every N steps
-instead, with ``funcnet.copy_params``). The step returns the Q-values it computed
-through ``Aux(outputs=...)``.
+installed. The step returns the Q-values it computed through ``Aux(outputs=...)``.
+
+The agent has the parts of tinynn's ``examples/rl`` DQN: a Q-network, a replay buffer,
+epsilon-greedy exploration and a target network. The settings are this port's own, and
+with them the greedy policy reached the cap within the default 300 episodes for each
+of the seeds 0, 1 and 2 (README, "Examples"): an MLP 4-64-64-2, Huber loss on the TD
+error, Adam(5e-4), epsilon from 1 to 0.05 over 5000 steps, gym's rewards, and a target
+network moved towards the online one after every step (``funcnet.polyak_update``;
+``--hard-update N`` copies it every N steps instead, with ``funcnet.copy_params``).
+tinynn's are a 4-100-2 MLP, MSE, RMSProp(1e-4), a target copied every 1000 steps,
+epsilon from 0.75 to 0.2 over 1000 episodes, and rewards reshaped to 0.1 and -1.
 
     python examples/dqn_cartpole.py                  # at most 300 episodes
 
@@ -81,7 +82,11 @@ class Gymnasium:
     """gymnasium's CartPole, capped at v0's 200 steps, behind the same interface."""
 
     def __init__(self, seed=0):
-        import gymnasium
+        try:
+            import gymnasium
+        except ImportError:
+            raise SystemExit("--gymnasium needs gymnasium (pip install gymnasium); without the "
+                             "flag the example runs its own NumPy CartPole.") from None
         self.env, self.seed, self.steps = gymnasium.make("CartPole-v1"), seed, 0
 
     def reset(self):
@@ -123,7 +128,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--tau", type=float, default=0.01, help="Polyak step of the target network")
     p.add_argument("--hard-update", type=int, default=0, help="copy every N steps instead")

@@ -47,10 +47,13 @@ def builtin_picture(size=64):
 
 
 def load_picture(path, size):
-    plt = pyplot()
-    if plt is None:
-        raise SystemExit("reading an image needs matplotlib (pip install -e '.[examples]').")
-    img = np.asarray(plt.imread(path), np.float32)
+    """The image at ``path`` as float32 RGB in [0, 1], subsampled to at most ``size`` a side."""
+    try:
+        from matplotlib.image import imread  # PNG itself, other formats through Pillow
+    except ImportError:
+        raise SystemExit("reading an image needs matplotlib (pip install -e '.[examples]'); "
+                         "without an image argument the example paints its built-in picture.")
+    img = np.asarray(imread(path), np.float32)
     img = img / 255.0 if img.max() > 1 else img
     img = np.repeat(img[..., None], 3, -1) if img.ndim == 2 else img[..., :3]
     step = max(1, max(img.shape[:2]) // size)  # keep it small: every pixel is an example
