@@ -15,7 +15,7 @@ from jax.example_libraries import stax
 
 import funcnet
 from funcnet import data, losses, optim
-from funcnet.layers import ConvTranspose, Dense, LeakyRelu, Relu
+from funcnet.layers import Conv, ConvTranspose, Dense, LeakyRelu, Relu
 
 RNG = np.random.default_rng(0)
 
@@ -34,6 +34,21 @@ def _tinynn_conv_transpose(x, W, stride, padding):
     out = padded.shape[1] - k + 1
     return np.stack([np.stack([np.einsum("nhwc,hwco->no", padded[:, a:a + k, b:b + k], W)
                                for b in range(out)], 1) for a in range(out)], 1)
+
+
+@pytest.mark.parametrize("k, stride", [(5, 2), (4, 2), (3, 1)])
+def test_tinynn_same_conv_is_explicit_padding(k, stride):
+    """tinynn's Conv2D "SAME" pads k - 1 in all, (k - 1) // 2 first, whatever the stride."""
+    x, W = RNG.normal(size=(2, 9, 9, 3)), RNG.normal(size=(k, k, 3, 2))
+    lo = (k - 1) // 2
+    padded = np.pad(x, ((0, 0), (lo, k - 1 - lo), (lo, k - 1 - lo), (0, 0)))
+    out = (padded.shape[1] - k) // stride + 1
+    ref = np.stack([np.stack([np.einsum("nhwc,hwco->no", padded[:, a * stride:a * stride + k,
+                                                                b * stride:b * stride + k], W)
+                              for b in range(out)], 1) for a in range(out)], 1)
+    y, _ = Conv(2, (k, k), strides=stride, padding=((lo, k - 1 - lo),) * 2).apply(
+        {"W": jnp.asarray(W, jnp.float32), "b": jnp.zeros(2)}, (), jnp.asarray(x, jnp.float32))
+    np.testing.assert_allclose(y, ref, atol=1e-4)
 
 
 @pytest.mark.parametrize("k, stride", [(5, 2), (3, 2), (4, 2), (5, 1)])
