@@ -295,7 +295,7 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
         for cb in callbacks:
             cb.on_step_end(ctx, ctx.host_step)
     host = jax.device_get([rows for rows, _, _ in chunks])
-    return [jax.tree.map(lambda r: r[j], h) for h, (_, n, _) in zip(host, chunks)
+    return [{key: h[key][j] for key in h} for h, (_, n, _) in zip(host, chunks)
             for j in range(n)], seen
 
 
@@ -306,7 +306,7 @@ def _refresh_bar_lagged(bar, ctx, chunks, done, seen, t0, epoch, on_nonfinite):
     if len(chunks) < 2:
         return
     rows, n, step = chunks[-2]
-    last = jax.tree.map(lambda r: r[n - 1], jax.device_get(rows))
+    last = {key: r[n - 1] for key, r in jax.device_get(rows).items()}
     _check_losses(ctx, [last], epoch, step, on_nonfinite)
     bar.set_postfix(loss=f"{float(last['loss']):.4f}",
                     samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
@@ -315,9 +315,10 @@ def _refresh_bar_lagged(bar, ctx, chunks, done, seen, t0, epoch, on_nonfinite):
 def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: str) -> None:
     """Acts on the first non-finite loss among fetched step metrics (no extra device
     sync: fit fetches them anyway). ``last_step`` is the step of the last entry."""
-    bad = next((i for i, m in enumerate(host_metrics) if not np.isfinite(m["loss"]).all()), None)
-    if bad is None:
+    finite = np.isfinite(_per_step(host_metrics, "loss")).all(axis=1)
+    if finite.all():
         return
+    bad = int(np.argmin(finite))
     first = not ctx.loss_was_nonfinite
     ctx.loss_was_nonfinite = True  # later checkpoints are marked non-finite
     step = last_step - len(host_metrics) + bad + 1
@@ -333,11 +334,18 @@ def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: s
 
 
 def _mean_metrics(host) -> dict:
-    """Per-epoch means of the (fetched) step metrics, ``loss`` first."""
+    """Per-epoch means of the (fetched) step metrics, ``loss`` first: the mean over the
+    steps of each step's mean (over devices under pmap)."""
     if not host:
         return {}
     keys = ["loss"] + [k for k in host[0] if k != "loss"]
-    return {k: float(np.mean([np.mean(m[k]) for m in host])) for k in keys}
+    return {k: float(_per_step(host, k).mean(axis=1).mean()) for k in keys}
+
+
+def _per_step(host, key) -> np.ndarray:
+    """``(steps, values per step)``: metric ``key`` of every fetched step, in one array
+    (one NumPy call per epoch rather than one per step)."""
+    return np.asarray([m[key] for m in host]).reshape(len(host), -1)
 
 
 def _evaluate(loop, steps, metric, eval_data, epoch) -> dict:
