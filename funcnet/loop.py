@@ -115,7 +115,9 @@ class _Loop:
         on every device of the mesh, where each device picks the rows it holds."""
         if self.mesh is None:
             return jax.device_put(order)
-        return jax.device_put(order, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+        # Every process computes the same order and places its own devices' copies.
+        whole = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.make_array_from_callback(order.shape, whole, lambda index: order[index])
 
     def first(self, tree):
         """One replica's value of a per-device result (the value itself on one device)."""
