@@ -229,8 +229,21 @@ def _header(args, cpus, command: str) -> List[str]:
     return lines
 
 
+def _epilog() -> str:
+    names = "\n".join(f"  {w.name:15s} {w.title}" for w in WORKLOADS)
+    return (f"workloads (NAME for --only; --list also shows their peers):\n{names}\n\n"
+            "examples:\n"
+            "  python -m benchmarks.run --only fit                  # one workload, every peer\n"
+            "  python -m benchmarks.run --only mlp dispatch cnn fit precision --out /tmp/part.md\n"
+            "  python -m benchmarks.run --only cnn:funcnet cnn:torch --rounds 3\n\n"
+            "--out writes a report of the selected workloads only (with the header: machine,\n"
+            "versions, command); to refresh part of BENCHMARKS.md, write elsewhere and paste\n"
+            "the sections in.")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0],
+                                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few steps and reps: a smoke check")
     parser.add_argument("--only", nargs="+", default=[], metavar="NAME[:PEER]",
                         help="workloads (optionally workload:peer) to run; default: all")

@@ -133,10 +133,11 @@ WORKLOADS: List[Workload] = [
               "per-sample form of the same update (accumulate each sample's difference into its "
               "class, then move every center once), so both give the same loss and centers."),
     Workload(
-        "fit", "6. funcnet.fit end to end vs bare step loops (workload 1's MLP)", "s/epoch",
+        "fit", "6. funcnet.fit end to end vs bare step loops (workload 1's and workload 2's MLPs)",
+        "s/epoch",
         peers=[Peer("fit-device", "benchmarks.fit:run",
                     note="fit(DeviceData): data on the device once, batches gathered in the step, "
-                         "50 steps per dispatch (the default), tqdm bar, metrics"),
+                         "50 steps per dispatch (the default: log_every), tqdm bar, metrics"),
                Peer("fit-device-k1", "benchmarks.fit:run",
                     note="the same with steps_per_dispatch=1 (one dispatch per step)"),
                Peer("fit", "benchmarks.fit:run",
@@ -148,7 +149,9 @@ WORKLOADS: List[Workload] = [
                     note="hand-written jax + optax step on pre-built device batches"),
                Peer("pipeline", "benchmarks.fit:run",
                     note="no step: data.batches shuffle-gather + device_put of every batch")],
-        cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam")], reference="fit-device",
+        cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam"),
+               dict(DISPATCH_CASE, name="784-64-10, b32, SGD (dispatch-bound)")],
+        reference="fit-device",
         columns=(("first_epoch_s", "1st epoch incl. compile (s)", "{:.2f}"),),
         notes="Ratio = fit-device's time / the peer's: fit-device / jax is the whole cost of "
               "fit on device-resident data against the hand-written loop over pre-built device "

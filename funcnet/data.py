@@ -86,8 +86,8 @@ def _aligned(fn: str, arrays, to_numpy: bool = True):
         keys, values, kind = None, [arrays], "single"
     if not values:
         raise ValueError(f"{fn}: arrays is empty; pass a tuple or dict of arrays.")
-    if to_numpy:
-        values = [np.asarray(v) for v in values]
+    # NumPy arrays; with to_numpy=False, jax arrays stay where they are.
+    values = [v if not to_numpy and isinstance(v, jax.Array) else np.asarray(v) for v in values]
     labels = keys if keys is not None else list(range(len(values)))
     if any(np.ndim(v) == 0 for v in values):
         raise ValueError(f"{fn}: every array needs a leading (example) axis; got a scalar at "
@@ -167,27 +167,42 @@ class DeviceData:
 
     The batches are exactly those of :func:`batches` with the same arguments: epoch
     ``e`` visits ``epoch_order(n, rng, e)`` (or ``0..n-1`` without ``shuffle``) in
-    consecutive chunks of ``batch_size``. Given as ``train_data`` (or ``eval_data``)
-    to :func:`funcnet.fit`, the gather runs inside the jitted step, so an epoch
-    costs one host-to-device copy of its index matrix and nothing per step but the
-    dispatch (see ``fit``'s ``steps_per_dispatch``). Use it when the data set fits
-    in device memory (MNIST's 60000 images are 188 MB as float32); the host
-    pipeline (:func:`batches`) is for data that does not.
+    consecutive chunks of ``batch_size``. Given as ``train_data`` to
+    :func:`funcnet.fit`, the gather runs inside the jitted step, so an epoch costs one
+    host-to-device copy of its index matrix and nothing per step but the dispatch
+    (and ``fit`` runs several steps per dispatch: see its ``steps_per_dispatch``).
+    Use it when the data set fits in device memory (MNIST's 60000 images are 188 MB
+    as float32); the host pipeline (:func:`batches`) is for data that does not.
+
+    On a mesh (``device=mesh``, or ``fit(..., mesh=mesh)``, which places it so) the
+    examples are split over the mesh's axis, each device holding about
+    ``n / mesh.size`` of them, and each step gathers a global batch split over the
+    devices as :func:`funcnet.distributed.shard_batch` splits one: every device
+    picks the batch's rows it holds and one reduce-scatter (over the raw bits, so
+    the values are exact) gives each device its part. With several processes, each
+    passes the whole data set and places only its own devices' part.
 
     Called as ``data(epoch)`` it also yields the batches one by one as device
-    arrays (a hand-written loop, or ``fit(devices=N)``, which splits each batch).
+    arrays (a hand-written loop, ``eval_data=``, or ``fit(devices=N)``, which splits
+    each batch over the pmap devices).
 
     Args:
       arrays: a tuple/list or dict of arrays sharing their leading size, or one
-        array; batches come back in the same container type.
+        array (NumPy or jax); batches come back in the same container type.
+        Boolean, integer and floating dtypes.
       batch_size, shuffle, rng, drop_remainder: as for :func:`batches`.
-      device: where to keep the arrays: ``None`` (the default device) or a
-        ``jax.sharding.Sharding``; ``fit(mesh=...)`` places them itself.
+      device: where to keep the arrays: ``None`` (the default device), a
+        ``jax.Device``, or a 1-D ``jax.sharding.Mesh``
+        (:func:`funcnet.distributed.data_mesh`) to split them over.
     """
 
     def __init__(self, arrays, batch_size: int, *, shuffle: bool = False, rng=None,
                  drop_remainder: bool = True, device=None):
         pack, values, n = _aligned("DeviceData", arrays, to_numpy=False)
+        bad = [str(v.dtype) for v in values if not _gatherable(v.dtype)]
+        if bad:
+            raise TypeError(f"DeviceData: arrays must have boolean, integer or floating dtypes, "
+                            f"got {bad}.")
         self.batch_size = checks.positive_int("DeviceData", "batch_size", batch_size)
         self.drop_remainder = checks.flag("DeviceData", "drop_remainder", drop_remainder)
         if self.drop_remainder and n < self.batch_size:
@@ -200,7 +215,15 @@ class DeviceData:
         if shuffle:
             epoch_order(1, rng, 0)  # a bad rng fails here, not in the first epoch
         self.shuffle, self.rng, self.n = bool(shuffle), rng, int(n)
-        self.arrays = jax.device_put(pack(values), device)
+        self.mesh, self._take_jit = None, None
+        if isinstance(device, jax.sharding.Mesh):
+            self._check_mesh(device)
+            self.arrays, self.mesh = _split_rows(device, pack(values), self.n), device
+        elif device is None or isinstance(device, jax.Device):
+            self.arrays = jax.device_put(pack(values), device)
+        else:
+            raise TypeError(f"DeviceData: device must be None (the default device), a "
+                            f"jax.Device or a jax.sharding.Mesh, got {type(device).__name__}.")
 
     @property
     def num_batches(self) -> int:
@@ -218,22 +241,136 @@ class DeviceData:
             tail = idx[full * self.batch_size:]
         return idx[:full * self.batch_size].reshape(full, self.batch_size), tail
 
-    def placed(self, sharding) -> "DeviceData":
-        """The same data set with its arrays moved to ``sharding``."""
+    def placed(self, mesh=None) -> "DeviceData":
+        """This data set with its arrays split over ``mesh`` (None: whole on the
+        default device); itself when they already are."""
+        if mesh is self.mesh or (mesh is not None and mesh == self.mesh):
+            return self
         out = object.__new__(DeviceData)
         out.__dict__.update(self.__dict__)
-        out.arrays = jax.device_put(self.arrays, sharding)
+        out._take_jit = None
+        if mesh is None:
+            out.arrays = jax.device_put(jax.tree.map(lambda a: np.asarray(a)[:self.n], self.arrays))
+        else:
+            out._check_mesh(mesh)
+            rows = self.arrays if self.mesh is None else jax.tree.map(
+                lambda a: np.asarray(a)[:self.n], self.arrays)
+            out.arrays = _split_rows(mesh, rows, self.n)
+        out.mesh = mesh
         return out
 
+    def take(self, arrays, idx):
+        """The batch of rows ``idx`` of ``arrays`` (this data set's, as placed): a pure
+        function of its arguments for use inside ``jax.jit`` (``fit``'s step calls it)."""
+        if self.mesh is None:
+            return jax.tree.map(lambda a: a[idx], arrays)
+        return _take_split(self.mesh, arrays, idx)
+
     def __call__(self, epoch: int = 0, skip: int = 0) -> Iterator:
+        if self._take_jit is None:
+            take = jax.jit(self.take)
+            self._take_jit = take if self.mesh is None else _with_mesh(self.mesh, take)
         full, tail = self.order(epoch)
         rows = list(full) + ([tail] if tail is not None else [])
         for idx in rows[skip:]:
-            yield jax.tree.map(lambda a: a[idx], self.arrays)
+            yield self._take_jit(self.arrays, idx)
+
+    def _check_mesh(self, mesh) -> None:
+        if len(mesh.axis_names) != 1:
+            raise ValueError(f"DeviceData: expected a 1-D mesh (funcnet.distributed.data_mesh), "
+                             f"got axes {mesh.axis_names}.")
+        tail = 0 if self.drop_remainder else self.n % self.batch_size
+        for size in (self.batch_size, tail):
+            if size % mesh.size:
+                raise ValueError(f"DeviceData: a batch of {size} examples cannot be split evenly "
+                                 f"over {mesh.size} devices (mesh axis {mesh.axis_names[0]!r}). "
+                                 f"Use a batch size that is a multiple of {mesh.size}, or drop "
+                                 f"the last partial batch (drop_remainder=True).")
 
     def __repr__(self) -> str:
+        where = "" if self.mesh is None else f", split over {self.mesh.size} devices"
         return (f"DeviceData(n={self.n}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-                f"drop_remainder={self.drop_remainder})")
+                f"drop_remainder={self.drop_remainder}{where})")
+
+
+def _gatherable(dtype) -> bool:
+    return (dtype == np.bool_ or jax.numpy.issubdtype(dtype, np.integer)
+            or (jax.numpy.issubdtype(dtype, np.floating) and dtype.itemsize in (1, 2, 4, 8)))
+
+
+def _split_rows(mesh, tree, n: int):
+    """Every leaf's rows split over ``mesh``'s axis, zero rows appended up to a multiple
+    of the device count (no index points at them)."""
+    per = -(-n // mesh.size)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
+
+    def put(x):
+        xp = jax.numpy if isinstance(x, jax.Array) else np
+
+        def part(index):
+            start = index[0].start or 0
+            stop = per * mesh.size if index[0].stop is None else index[0].stop
+            piece = x[start:min(stop, n)]
+            if stop > n:
+                piece = xp.concatenate([piece, xp.zeros((stop - max(start, n),) + x.shape[1:],
+                                                        x.dtype)])
+            return piece
+
+        return jax.make_array_from_callback((per * mesh.size,) + x.shape[1:], sharding, part)
+
+    return jax.tree.map(put, tree)
+
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _take_split(mesh, arrays, idx):
+    """Rows ``idx`` (the same on every device) of row-split ``arrays``, split over the axis.
+
+    Each device gathers the requested rows it holds, zeros elsewhere, and a reduce-scatter
+    adds the devices' parts and leaves each its slice of the batch. The sum runs over the
+    raw bits as unsigned integers (only one device's part is not zero), so every value,
+    -0.0 and NaN payloads included, arrives exactly.
+    """
+    from jax import lax
+    jnp = jax.numpy
+    axis = mesh.axis_names[0]
+    spec = jax.sharding.PartitionSpec(axis)
+
+    def local(arrays, idx):
+        rows = jax.tree.leaves(arrays)[0].shape[0]
+        at = idx - lax.axis_index(axis) * rows
+        mine = (at >= 0) & (at < rows)
+        at = jnp.where(mine, at, 0)
+
+        def one(a):
+            got = a[at]
+            if a.dtype == np.bool_:
+                bits = got.astype(np.uint8)
+            elif jnp.issubdtype(a.dtype, np.integer):
+                bits = got
+            else:
+                bits = lax.bitcast_convert_type(got, _UINT[a.dtype.itemsize])
+            keep = mine.reshape(mine.shape + (1,) * (got.ndim - 1))
+            bits = lax.psum_scatter(jnp.where(keep, bits, jnp.zeros((), bits.dtype)), axis,
+                                    scatter_dimension=0, tiled=True)
+            if a.dtype == np.bool_:
+                return bits != 0
+            if jnp.issubdtype(a.dtype, np.integer):
+                return bits
+            return lax.bitcast_convert_type(bits, a.dtype)
+
+        return jax.tree.map(one, arrays)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, jax.sharding.PartitionSpec()),
+                         out_specs=spec)(arrays, idx)
+
+
+def _with_mesh(mesh, fn):
+    def run(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+    return run
 
 
 # --------------------------------------------------------------------------- #

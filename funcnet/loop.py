@@ -110,19 +110,14 @@ class _Loop:
             return distributed.shard_batch(self.mesh, batch)
         return distributed.shard(batch, self.n) if self.n else batch
 
-    def put_device_data(self, data):
-        """A DeviceData's arrays where the step runs (whole on every mesh device)."""
-        if self.mesh is None:
-            return data.arrays
-        return distributed.replicate_on(self.mesh, data.arrays)
-
     def put_order(self, order):
-        """An epoch's ``(batches, batch_size)`` index matrix; on a mesh each row is
-        split over the devices, so every gathered batch is."""
+        """An epoch's index matrix (or the last batch's indices) where the step runs: whole
+        on every device of the mesh, where each device picks the rows it holds."""
         if self.mesh is None:
             return jax.device_put(order)
-        spec = jax.sharding.PartitionSpec(None, self.mesh.axis_names[0])
-        return jax.device_put(order, jax.sharding.NamedSharding(self.mesh, spec))
+        # Every process computes the same order and places its own devices' copies.
+        whole = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.make_array_from_callback(order.shape, whole, lambda index: order[index])
 
     def first(self, tree):
         """One replica's value of a per-device result (the value itself on one device)."""
@@ -134,17 +129,20 @@ class _Steps(NamedTuple):
     eval: Optional[Callable]
     add: Callable
     throttle: bool  # bound the pmap steps in flight (XLA:CPU collectives, see _train_epoch)
-    on_device: Optional[Callable] = None   # up to k steps over a DeviceData, one dispatch
+    on_device: Optional[Callable] = None      # up to k steps over a DeviceData, one dispatch
+    on_device_one: Optional[Callable] = None  # one step over given rows (the last, smaller batch)
     steps_per_dispatch: int = 1
 
 
-def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, device_data=False,
+def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, take=None,
              steps_per_dispatch=1) -> _Steps:
     """The jitted (one device, or a mesh) or pmapped (``n_dev`` devices) train and eval steps.
 
     On a mesh the steps are the one-device steps: their inputs' shardings make XLA
     partition them and insert the all-reduces, and they run with the mesh set
-    (``jax.set_mesh``) so that arrays they create land on it too.
+    (``jax.set_mesh``) so that arrays they create land on it too. ``take`` (a
+    :meth:`funcnet.data.DeviceData.take`) adds the steps that gather their batches
+    from a data set on the device.
     """
     axis = "batch" if n_dev else None
     step = make_train_step(loss_fn, optimizer, axis_name=axis)
@@ -160,43 +158,49 @@ def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, device_data=False,
         raw_eval = make_eval_step(eval_fn, axis_name=axis)
         evaluate = jax.pmap(raw_eval, axis_name=axis) if n_dev else jax.jit(raw_eval)
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+    on_device = on_device_one = None
+    if take is not None and not n_dev:
+        on_device, on_device_one = _device_steps(raw_step, take, steps_per_dispatch)
     if mesh is not None:
-        train, evaluate, add = (None if f is None else _on_mesh(mesh, f)
-                                for f in (train, evaluate, add))
-    on_device = None
-    if device_data and not n_dev:
-        on_device = _device_runner(raw_step, steps_per_dispatch)
-        if mesh is not None:
-            on_device = _on_mesh(mesh, on_device)
+        train, evaluate, add, on_device, on_device_one = (
+            None if f is None else _on_mesh(mesh, f)
+            for f in (train, evaluate, add, on_device, on_device_one))
     multi = bool(n_dev) or (mesh is not None and mesh.size > 1)
     throttle = multi and jax.local_devices()[0].platform == "cpu"
-    return _Steps(train, evaluate, add, throttle, on_device, steps_per_dispatch)
+    return _Steps(train, evaluate, add, throttle, on_device, on_device_one, steps_per_dispatch)
 
 
-def _device_runner(raw_step, k: int):
-    """``run(state, arrays, order, pos, n) -> (state, metrics)``: ``n <= k`` steps in one
-    dispatch, step ``j`` on the batch gathered from row ``pos + j`` of ``order``.
+def _device_steps(raw_step, take, k: int):
+    """The steps over a data set on the device, jitted, donating the train state.
 
+    ``several(state, arrays, order, pos, n) -> (state, metrics)`` runs ``n <= k`` steps
+    in one dispatch, step ``j`` on the batch ``take(arrays, order[pos + j])``;
     ``metrics`` holds ``k`` rows, the first ``n`` written. ``n`` is traced (a
     ``fori_loop``), so every dispatch runs the same compiled program whatever its
-    length, and a resumed run computes exactly what the uninterrupted one did.
+    length, and a resumed run computes exactly what the uninterrupted one did. For
+    ``k == 1`` it is ``several(state, arrays, order, pos)``: one step, no loop.
+    ``one(state, arrays, idx)`` is one step on the rows ``idx`` (the last, smaller batch).
     """
-    def gather(arrays, idx):
-        return jax.tree.map(lambda a: distributed.gather(a, idx), arrays)
+    def one(state, arrays, idx):
+        return raw_step(state, take(arrays, idx))
 
-    def run(state, arrays, order, pos, n):
-        example = jax.eval_shape(lambda: gather(arrays, order[0]))
-        metric_shapes = jax.eval_shape(raw_step, state, example)[1]
+    def single(state, arrays, order, pos):
+        state, metrics = one(state, arrays, order[pos])
+        return state, jax.tree.map(lambda m: m[None], metrics)
+
+    def several(state, arrays, order, pos, n):
+        metric_shapes = jax.eval_shape(one, state, arrays, order[0])[1]
         rows = jax.tree.map(lambda m: jnp.zeros((k, *m.shape), m.dtype), metric_shapes)
 
         def body(j, carry):
             state, rows = carry
-            state, metrics = raw_step(state, gather(arrays, order[pos + j]))
+            state, metrics = one(state, arrays, order[pos + j])
             return state, jax.tree.map(lambda r, m: r.at[j].set(m), rows, metrics)
 
         return jax.lax.fori_loop(0, n, body, (state, rows))
 
-    return jax.jit(run, donate_argnums=0)
+    return (jax.jit(single if k == 1 else several, donate_argnums=0),
+            jax.jit(one, donate_argnums=0))
 
 
 def _on_mesh(mesh, fn):
@@ -254,60 +258,69 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
 def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log_every,
                         on_nonfinite):
     """:func:`_train_epoch` over a :class:`funcnet.data.DeviceData`: batches are gathered
-    inside the step, up to ``steps.steps_per_dispatch`` steps per dispatch.
+    inside the step, up to ``steps.steps_per_dispatch`` (``k``) steps per dispatch.
 
     Dispatches end on multiples of ``k`` global steps (and at the epoch's end), so
     ``Checkpoint(every_steps=...)`` sees the steps it saves at; callbacks'
-    ``on_step_end`` runs once per dispatch, with the step count after it.
+    ``on_step_end`` runs once per dispatch, with the step count after it. The only
+    host work per dispatch is the dispatch; the progress bar reads the metrics of the
+    dispatch before the last one, which the device has finished, so it never waits.
     """
     t0 = time.perf_counter()
     k = steps.steps_per_dispatch
     full, tail = data.order(epoch)
     order = loop.put_order(full)
-    if not hasattr(loop, "data_arrays") or loop.data_source is not data:
-        loop.data_arrays, loop.data_source = loop.put_device_data(data), data
-    chunks, seen, i, logged, shown = [], 0, skip, ctx.host_step // log_every, 0
+    chunks, seen, i = [], 0, skip  # chunks: (metric rows, steps in them, global step after)
+    next_log = (ctx.host_step // log_every + 1) * log_every
     while i < len(full):
         n = min(k - ctx.host_step % k, len(full) - i)
-        loop.state, rows = steps.on_device(loop.state, loop.data_arrays, order, np.int32(i),
-                                           np.int32(n))
+        at = (np.int32(i),) if k == 1 else (np.int32(i), np.int32(n))
+        loop.state, rows = steps.on_device(loop.state, data.arrays, order, *at)
         if steps.throttle and chunks:
             jax.block_until_ready(chunks[-1][0])  # see _train_epoch
-        chunks.append((rows, n))
         i += n
         seen += n * data.batch_size
         ctx.batch_in_epoch = i
         ctx.host_step += n
+        chunks.append((rows, n, ctx.host_step))
         for cb in callbacks:
             cb.on_step_end(ctx, ctx.host_step)
-        if bar is not None and ctx.host_step // log_every > logged:
-            logged = ctx.host_step // log_every
-            last = jax.device_get(jax.tree.map(lambda r: r[n - 1], rows))
-            _check_losses(ctx, [last], epoch, ctx.host_step, on_nonfinite)
-            bar.update(i - skip - shown)
-            shown = i - skip
-            bar.set_postfix(loss=f"{float(last['loss']):.4f}",
-                            samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
+        if bar is not None and ctx.host_step >= next_log:
+            next_log = (ctx.host_step // log_every + 1) * log_every
+            _refresh_bar_lagged(bar, ctx, chunks, i - skip, seen, t0, epoch, on_nonfinite)
     if tail is not None and skip <= len(full):
-        loop.state, rows = steps.train(loop.state, loop.put_batch(
-            jax.tree.map(lambda a: a[tail], loop.data_arrays)))
-        chunks.append((jax.tree.map(lambda m: m[None], rows), 1))
+        loop.state, metrics = steps.on_device_one(loop.state, data.arrays, loop.put_order(tail))
         seen += len(tail)
         ctx.batch_in_epoch = len(full) + 1
         ctx.host_step += 1
+        chunks.append((jax.tree.map(lambda m: m[None], metrics), 1, ctx.host_step))
         for cb in callbacks:
             cb.on_step_end(ctx, ctx.host_step)
-    host = jax.device_get([rows for rows, _ in chunks])
-    return [jax.tree.map(lambda r: r[j], h) for h, (_, n) in zip(host, chunks)
+    host = jax.device_get([rows for rows, _, _ in chunks])
+    return [{key: h[key][j] for key in h} for h, (_, n, _) in zip(host, chunks)
             for j in range(n)], seen
+
+
+def _refresh_bar_lagged(bar, ctx, chunks, done, seen, t0, epoch, on_nonfinite):
+    """Progress from the last step of the dispatch before the latest: the device has
+    finished it (or is about to), so the read does not empty its queue."""
+    bar.update(done - bar.n)
+    if len(chunks) < 2:
+        return
+    rows, n, step = chunks[-2]
+    last = {key: r[n - 1] for key, r in jax.device_get(rows).items()}
+    _check_losses(ctx, [last], epoch, step, on_nonfinite)
+    bar.set_postfix(loss=f"{float(last['loss']):.4f}",
+                    samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
 
 
 def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: str) -> None:
     """Acts on the first non-finite loss among fetched step metrics (no extra device
     sync: fit fetches them anyway). ``last_step`` is the step of the last entry."""
-    bad = next((i for i, m in enumerate(host_metrics) if not np.isfinite(m["loss"]).all()), None)
-    if bad is None:
+    finite = np.isfinite(_per_step(host_metrics, "loss")).all(axis=1)
+    if finite.all():
         return
+    bad = int(np.argmin(finite))
     first = not ctx.loss_was_nonfinite
     ctx.loss_was_nonfinite = True  # later checkpoints are marked non-finite
     step = last_step - len(host_metrics) + bad + 1
@@ -323,11 +336,18 @@ def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: s
 
 
 def _mean_metrics(host) -> dict:
-    """Per-epoch means of the (fetched) step metrics, ``loss`` first."""
+    """Per-epoch means of the (fetched) step metrics, ``loss`` first: the mean over the
+    steps of each step's mean (over devices under pmap)."""
     if not host:
         return {}
     keys = ["loss"] + [k for k in host[0] if k != "loss"]
-    return {k: float(np.mean([np.mean(m[k]) for m in host])) for k in keys}
+    return {k: float(_per_step(host, k).mean(axis=1).mean()) for k in keys}
+
+
+def _per_step(host, key) -> np.ndarray:
+    """``(steps, values per step)``: metric ``key`` of every fetched step, in one array
+    (one NumPy call per epoch rather than one per step)."""
+    return np.asarray([m[key] for m in host]).reshape(len(host), -1)
 
 
 def _evaluate(loop, steps, metric, eval_data, epoch) -> dict:
@@ -371,33 +391,43 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
       loss_fn, optimizer: as for :func:`funcnet.train.make_train_step`. Arrays a
         loss_fn returns in ``Aux(outputs=...)`` are dropped by ``fit`` (it keeps
         metrics only); call the step from ``make_train_step`` to receive them.
-      train_data: a :class:`funcnet.data.DeviceData` (the data set on the device,
-        each batch gathered inside the jitted step: the fast path when the data
-        fits), or ``train_data(epoch)`` returning an iterable of batches, or an
-        iterable re-iterated every epoch. Use a seeded shuffle
-        (``DeviceData(..., shuffle=True, rng=seed)``, or the callable form with
-        ``funcnet.data.batches(..., rng=seed, epoch=epoch)``) when you want resuming
-        to reproduce the data order. Both give the same batches for the same seed.
+      train_data: a :class:`funcnet.data.DeviceData`, or ``train_data(epoch)``
+        returning an iterable of batches, or an iterable re-iterated every epoch.
+        ``DeviceData(arrays, batch_size, shuffle=True, rng=seed)`` is the fast path
+        when the data set fits in device memory: it is put on the device once, each
+        batch is gathered inside the jitted step, and several steps run per dispatch
+        (``steps_per_dispatch``), so no per-step host work is left. The host pipeline
+        (``lambda epoch: funcnet.data.batches(arrays, batch_size, shuffle=True,
+        rng=seed, epoch=epoch)``) is for data that does not fit; for the same
+        arguments both give the same batches, so the same result bit for bit. Use
+        a seeded shuffle when you want resuming to reproduce the data order.
       eval_data, eval_fn, metric: evaluation after every epoch. ``eval_fn(params,
         state, batch)`` returns a metric state of ``metric`` (a ``funcnet.metrics``
         metric or collection); batch states are added and ``metric.compute`` gives
-        the ``eval_*`` entries of the logs.
+        the ``eval_*`` entries of the logs. ``eval_data`` may be a ``DeviceData`` too.
       mesh: a 1-D ``jax.sharding.Mesh`` (:func:`funcnet.distributed.data_mesh`): the
         state is placed whole on each of its devices, every batch is split over them
         (:func:`funcnet.distributed.shard_batch`; batches already split that way, e.g.
         by ``shard_local_batch`` in a multi-process run, pass through), and the plain
         ``jax.jit`` step runs on them: XLA inserts the gradient all-reduce. The
-        result equals one device's on the same global batches.
+        result equals one device's on the same global batches. A ``DeviceData`` is
+        split over the mesh (each device holds ``1/N`` of the examples) and every
+        step gathers its global batch split over the devices.
       devices: ``None`` (and no ``mesh``) trains on one device with ``jax.jit``; ``N``
         replicates the state on N local devices and runs the ``jax.pmap`` step
         (gradients averaged with ``pmean``); every batch is split over the devices.
+        A ``DeviceData`` works here too, but as an ordinary iterable: each batch is
+        gathered on the default device, then split and sent to the others, one step
+        per dispatch; ``mesh=`` is its fast multi-device path.
       callbacks: :mod:`funcnet.callbacks` instances (checkpoints, loggers, early
         stopping), called in order: put callbacks that add log entries
-        (``LearningRateLogger``) before the loggers that write them.
+        (``LearningRateLogger``) before the loggers that write them. With several
+        steps per dispatch, ``on_step_end`` runs once per dispatch, after its last step.
       progress: a tqdm progress bar with loss and samples/s. ``None``: on when
         stderr is a terminal and tqdm is installed; ``False``: off.
-      log_every: steps between progress-bar refreshes (each one waits for the
-        device, so not every step).
+      log_every: steps between progress-bar refreshes (each one reads a loss from
+        the device, so not every step; on a ``DeviceData`` the loss of the dispatch
+        before the latest, which never makes the device wait).
       resume_from: a checkpoint directory written by ``callbacks.Checkpoint`` (npz),
         or a :class:`funcnet.checkpoint.Checkpointer` (e.g. an ``OrbaxCheckpointer``);
         training continues from its latest finite checkpoint (state, rng, epoch,
@@ -415,11 +445,14 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
       steps_per_dispatch: with a ``DeviceData`` on one device or a mesh, run up to
         this many steps per dispatch (a loop on the device), so the host's
         per-dispatch cost is paid once per ``k`` steps; the results are those of
-        ``k=1``, bit for bit. Default (None): ``log_every`` steps, reduced to divide
-        every callback's ``every_steps``; 1 for the host pipeline and pmap.
-        Callbacks' ``on_step_end`` runs once per dispatch; an explicit ``k`` needs
-        ``Checkpoint(every_steps=N)`` with ``N`` a multiple of ``k``.
-        ``BENCHMARKS.md`` (workload 6) has the measured effect.
+        ``k=1``, bit for bit, and a dispatch never crosses a multiple of ``k``
+        global steps or an epoch's end. Default (None): ``log_every`` steps, reduced
+        to divide every ``Checkpoint``'s ``every_steps``; 1 when a callback has its
+        own ``on_step_end`` (it then sees every step), and for the host pipeline and
+        pmap (which always run one). An explicit ``k > 1`` needs
+        ``Checkpoint(every_steps=N)`` with ``N`` a multiple of ``k``, and calls other
+        callbacks' ``on_step_end`` once per dispatch. ``BENCHMARKS.md`` (workload 6)
+        has the measured effect.
       print_fn: if given (e.g. ``print``), receives one summary line per epoch.
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps),
@@ -435,11 +468,12 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a "
                          f"mesh), not both.")
     n_dev = distributed.local_device_count(devices) if devices else None
-    device_data = isinstance(train_data, data_lib.DeviceData)
+    train_data, eval_data = _place_device_data(train_data, mesh), _place_device_data(eval_data, mesh)
+    take = train_data.take if isinstance(train_data, data_lib.DeviceData) and not n_dev else None
     log_every = checks.positive_int("fit", "log_every", log_every)
-    steps_per_dispatch = _check_dispatch(steps_per_dispatch, device_data, n_dev, callbacks,
+    steps_per_dispatch = _check_dispatch(steps_per_dispatch, take is not None, callbacks,
                                          log_every)
-    steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, device_data, steps_per_dispatch)
+    steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, take, steps_per_dispatch)
     loop = _Loop(train_state, n_dev, mesh)
     ctx = FitContext(loop)
     ctx.run_id = run_id
@@ -474,15 +508,23 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     return loop.host_state(), ctx.history
 
 
-def _check_dispatch(k, device_data: bool, n_dev, callbacks, log_every: int) -> int:
+def _place_device_data(data, mesh):
+    """A :class:`funcnet.data.DeviceData` placed where the steps run: split over ``mesh``,
+    or whole on the default device (one device, pmap); anything else as it is."""
+    return data.placed(mesh) if isinstance(data, data_lib.DeviceData) else data
+
+
+def _check_dispatch(k, on_device: bool, callbacks, log_every: int) -> int:
     """The steps per dispatch: ``k`` checked, or the default (see ``fit``)."""
     everies = [e for e in (getattr(cb, "every_steps", None) for cb in callbacks) if e]
     if k is None:
-        return math.gcd(log_every, *everies) if device_data and not n_dev else 1
+        if not on_device or _per_step_callbacks(callbacks):
+            return 1
+        return math.gcd(log_every, *everies)
     k = checks.positive_int("fit", "steps_per_dispatch", k)
     if k == 1:
         return k
-    if not device_data or n_dev:
+    if not on_device:
         raise ValueError(f"fit: steps_per_dispatch={k} needs train_data=funcnet.data.DeviceData"
                          f"(...) on one device or a mesh (not devices=N); the host pipeline "
                          f"and pmap run one step per dispatch.")
@@ -493,6 +535,14 @@ def _check_dispatch(k, device_data: bool, n_dev, callbacks, log_every: int) -> i
                              f"dispatch of steps_per_dispatch={k} steps; use an every_steps "
                              f"that is a multiple of {k}, or a smaller steps_per_dispatch.")
     return k
+
+
+def _per_step_callbacks(callbacks) -> list:
+    """The callbacks with an ``on_step_end`` of their own, other than ``Checkpoint``'s
+    (which only needs dispatches to end on its ``every_steps``)."""
+    from funcnet.callbacks import Callback, Checkpoint  # funcnet.callbacks imports this module
+    plain = (Callback.on_step_end, Checkpoint.on_step_end)
+    return [cb for cb in callbacks if getattr(type(cb), "on_step_end", None) not in plain]
 
 
 def _resume(resume_from, missing_ok, train_state):

@@ -170,3 +170,31 @@ def test_device_data_errors():
         data.DeviceData(x, 4, shuffle=True)
     with pytest.raises(TypeError, match="rng must be"):
         data.DeviceData(x, 4, shuffle=True, rng="seed")
+    with pytest.raises(TypeError, match="boolean, integer or floating dtypes, got \\['complex64'\\]"):
+        data.DeviceData(x.astype(np.complex64), 4)
+    with pytest.raises(TypeError, match="device must be None .*, got str"):
+        data.DeviceData(x, 4, device="cpu")
+    mesh = jax.make_mesh((4,), ("data",))  # conftest: 4 CPU devices
+    with pytest.raises(ValueError, match="a batch of 6 examples cannot be split evenly over 4"):
+        data.DeviceData(x, 6, device=mesh)
+    with pytest.raises(ValueError, match="a batch of 2 examples cannot be split evenly over 4"):
+        data.DeviceData(x, 4, drop_remainder=False, device=mesh)  # the last batch: 10 % 4
+
+
+def test_device_data_split_over_a_mesh_gathers_exact_batches():
+    """Rows split over 4 devices (10 rows: padded to 12); every dtype comes back bit for bit,
+    -0.0 and NaN payloads included, each batch split over the mesh."""
+    mesh = jax.make_mesh((4,), ("data",))
+    x = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)
+    x[1, 0], x[2, 1] = -0.0, np.float32(np.nan)
+    arrays = {"x": x, "h": x.astype(jnp.bfloat16), "i": np.arange(10, dtype=np.int8),
+              "b": np.arange(10) % 3 == 0}
+    dd = data.DeviceData(arrays, 4, shuffle=True, rng=1, device=mesh)
+    assert dd.arrays["x"].shape == (12, 3) and "split over 4 devices" in repr(dd)
+    got = list(dd(2))
+    want = list(data.batches(arrays, 4, shuffle=True, rng=1, epoch=2))
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        for k in arrays:
+            assert g[k].sharding.spec[0] == "data" and g[k].dtype == w[k].dtype
+            np.testing.assert_array_equal(np.asarray(g[k]).view(np.uint8), w[k].view(np.uint8))

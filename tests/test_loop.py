@@ -121,23 +121,29 @@ def test_callbacks_may_keep_the_train_state_they_see():
 # DeviceData: the data set on the device, batches gathered inside the step
 # --------------------------------------------------------------------------- #
 
-def _device_data(**kw):
-    return data.DeviceData((X, Y), 32, shuffle=True, rng=7, **kw)
+def _device_data(x=X, y=Y, **kw):
+    return data.DeviceData((x, y), 32, shuffle=True, rng=7, **kw)
 
 
-@pytest.mark.parametrize("k", [1, 3, 8])
-def test_device_data_gives_the_host_pipelines_result_bit_for_bit(k):
+def _without_times(history):
+    return [{k: v for k, v in h.items() if k not in ("seconds", "samples_per_s")} for h in history]
+
+
+def test_device_data_gives_the_host_pipelines_result_bit_for_bit(capsys):
     """Same seed, same batches: the params, metrics and eval logs of the host pipeline,
     whatever the number of steps per dispatch (3 does not divide the 8 batches)."""
     ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.3)
     host, h_host = fit(ts, loss_fn, opt, train_data, epochs=2, **kw)
-    dev, h_dev = fit(ts, loss_fn, opt, _device_data(), epochs=2, steps_per_dispatch=k, **kw)
-    params_equal((dev.params, dev.opt_state, jax.random.key_data(dev.rng)),
-                 (host.params, host.opt_state, jax.random.key_data(host.rng)))
-    for a, b in zip(h_dev, h_host):
-        assert {k_: v for k_, v in a.items() if k_ not in ("seconds", "samples_per_s")} == \
-               {k_: v for k_, v in b.items() if k_ not in ("seconds", "samples_per_s")}
+    kw["eval_data"] = data.DeviceData((X, Y), 64)
+    for k, progress in [(1, False), (3, True)]:
+        dev, h_dev = fit(ts, loss_fn, opt, _device_data(), epochs=2, steps_per_dispatch=k,
+                         **dict(kw, progress=progress), log_every=3)
+        params_equal((dev.params, dev.opt_state, jax.random.key_data(dev.rng)),
+                     (host.params, host.opt_state, jax.random.key_data(host.rng)))
+        assert _without_times(h_dev) == _without_times(h_host)
     assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(ts))
+    err = capsys.readouterr().err  # the bar shows a loss read without waiting for the device
+    assert "loss=" in err and "samples_s=" in err
 
 
 def test_device_data_keeps_the_last_smaller_batch_when_asked():
@@ -153,53 +159,76 @@ def test_device_data_keeps_the_last_smaller_batch_when_asked():
     params_equal(dev.params, host.params)
 
 
+class _Crash(Exception):
+    pass
+
+
+class _Steps(callbacks.Callback):
+    def __init__(self, crash_at=None):
+        self.seen, self.crash_at = [], crash_at
+
+    def on_step_end(self, ctx, step):
+        self.seen.append(step)
+        if self.crash_at is not None and step >= self.crash_at:
+            raise _Crash
+
+
 def test_device_data_resume_mid_epoch_is_bit_identical(tmp_path):
     ts, loss_fn, opt, _, kw = fit_setup(dropout=0.3)
     full, _ = fit(ts, loss_fn, opt, _device_data(), epochs=3, steps_per_dispatch=2, **kw)
-
-    class Crash(Exception):
-        pass
-
-    class CrashAt(callbacks.Callback):
-        def on_step_end(self, ctx, step):
-            if step >= 13:  # mid-epoch 1
-                raise Crash
-
-    saver = callbacks.Checkpoint(tmp_path, every_steps=4, every_epochs=None)
-    with pytest.raises(Crash):
-        fit(ts, loss_fn, opt, _device_data(), epochs=3, callbacks=[saver, CrashAt()],
+    saver, crash = callbacks.Checkpoint(tmp_path, every_steps=4, every_epochs=None), _Steps(13)
+    with pytest.raises(_Crash):
+        fit(ts, loss_fn, opt, _device_data(), epochs=3, callbacks=[saver, crash],
             steps_per_dispatch=2, **kw)
-    assert saver.checkpointer.latest_step() == 12  # taken between dispatches
-    # resumed with another steps_per_dispatch: still the same run, bit for bit
+    assert crash.seen == [2, 4, 6, 8, 10, 12, 14]  # once per dispatch, after its last step
+    assert saver.checkpointer.latest_step() == 12  # mid-epoch 1, taken between dispatches
+    # resumed with the default steps per dispatch (a callback of its own makes it 1: it
+    # sees every step): still the same run, bit for bit
+    steps = _Steps()
     resumed, history = fit(ts, loss_fn, opt, _device_data(), epochs=3, resume_from=tmp_path,
-                           steps_per_dispatch=3, **kw)
+                           callbacks=[steps], **kw)
+    assert steps.seen == list(range(13, 25))
     params_equal((resumed.params, resumed.opt_state, jax.random.key_data(resumed.rng)),
                  (full.params, full.opt_state, jax.random.key_data(full.rng)))
     assert history[0]["epoch"] == 1
 
 
-@pytest.mark.parametrize("explicit", [True, False])
-def test_device_data_on_a_mesh_matches_one_device(explicit):
-    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
-    one, h1 = fit(ts, loss_fn, opt, _device_data(), epochs=2, **kw)
-    mesh = distributed.data_mesh(explicit=explicit)
-    on_mesh, hm = fit(ts, loss_fn, opt, _device_data(), epochs=2, mesh=mesh,
-                      steps_per_dispatch=4, **kw)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
-                 (on_mesh.params, on_mesh.opt_state), (one.params, one.opt_state))
-    assert hm[-1]["loss"] == pytest.approx(h1[-1]["loss"], rel=1e-5)
-
-
-def test_device_data_under_pmap_runs_one_step_per_dispatch():
-    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
-    one, _ = fit(ts, loss_fn, opt, _device_data(), epochs=1, **kw)
-    four, _ = fit(ts, loss_fn, opt, _device_data(), epochs=1, devices=4, **kw)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
-                 four.params, one.params)
+def test_steps_per_dispatch_default_and_checks():
+    from funcnet.loop import _check_dispatch
+    ckpt4 = callbacks.Checkpoint("unused", every_steps=4, every_epochs=None)
+    assert _check_dispatch(None, True, [], 50) == 50             # log_every
+    assert _check_dispatch(None, True, [ckpt4, callbacks.EarlyStopping()], 50) == 2
+    assert _check_dispatch(None, True, [_Steps()], 50) == 1      # sees every step
+    assert _check_dispatch(None, False, [], 50) == 1             # host pipeline, pmap
+    assert _check_dispatch(4, True, [ckpt4, _Steps()], 50) == 4   # asked for: once per dispatch
+    with pytest.raises(ValueError, match=r"Checkpoint\(every_steps=4\) would fall inside"):
+        _check_dispatch(8, True, [ckpt4], 50)
     with pytest.raises(ValueError, match="steps_per_dispatch=2 needs train_data=funcnet.data"):
-        fit(ts, loss_fn, opt, _device_data(), devices=4, steps_per_dispatch=2)
-    with pytest.raises(ValueError, match="steps_per_dispatch=2 needs"):
-        fit(ts, loss_fn, opt, lambda e: data.batches((X, Y), 32), steps_per_dispatch=2)
-    with pytest.raises(ValueError, match=r"Checkpoint\(every_steps=5\) would fall inside"):
-        fit(ts, loss_fn, opt, _device_data(), steps_per_dispatch=2,
-            callbacks=[callbacks.Checkpoint("unused", every_steps=5, every_epochs=None)])
+        _check_dispatch(2, False, [], 50)
+    with pytest.raises(ValueError, match="steps_per_dispatch must be a positive int"):
+        _check_dispatch(0, True, [], 50)
+
+
+def test_device_data_on_a_mesh_is_split_and_under_pmap_is_iterated():
+    """On a mesh the data set is split over the devices and each step gathers a global
+    batch split over them: the host pipeline's result on the same mesh bit for bit, one
+    device's within float rounding (the all-reduce adds in another order). Under pmap
+    a DeviceData is an ordinary iterable of batches, one step per dispatch."""
+    ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.0)
+    mesh = distributed.data_mesh()
+    dd = _device_data(device=mesh)
+    assert dd.arrays[0].sharding.spec == jax.sharding.PartitionSpec("data")
+    assert {s.data.shape for s in dd.arrays[0].addressable_shards} == {(64, 8)}
+    host, hh = fit(ts, loss_fn, opt, train_data, epochs=2, mesh=mesh, **kw)
+    on_mesh, hm = fit(ts, loss_fn, opt, _device_data(), epochs=2, mesh=mesh,
+                      steps_per_dispatch=3, **kw)
+    params_equal((on_mesh.params, on_mesh.opt_state), (host.params, host.opt_state))
+    assert _without_times(hm) == _without_times(hh)
+    one, h1 = fit(ts, loss_fn, opt, dd, epochs=2, **kw)  # placed back on one device
+    four, _ = fit(ts, loss_fn, opt, dd, epochs=2, devices=4, **kw)
+    for other in (on_mesh, four):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
+                     (other.params, other.opt_state), (one.params, one.opt_state))
+    assert hm[-1]["loss"] == pytest.approx(h1[-1]["loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="steps_per_dispatch=2 needs train_data=funcnet.data"):
+        fit(ts, loss_fn, opt, dd, devices=4, steps_per_dispatch=2)
