@@ -68,6 +68,19 @@ def real(where: str, name: str, value: Any, *, low: Optional[float] = None,
     return v
 
 
+def concrete(x) -> Optional[np.ndarray]:
+    """``x`` as a NumPy array when its value is known now, None while it is traced.
+
+    Value checks (label ranges) run only on concrete values: outside ``jit`` they
+    raise; under ``jit`` the function's documented out-of-range behaviour applies.
+    """
+    import jax  # here, not at the top: this module is otherwise free of jax
+
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
 def flag(where: str, name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ArgumentError(f"{where}: {name} must be True or False, got {_got(value)}.")

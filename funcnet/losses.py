@@ -116,11 +116,7 @@ def _same_shape(fn: str, a, b, what_a: str, what_b: str) -> None:
                          f"{b.shape}. funcnet does not broadcast losses implicitly.")
 
 
-def _concrete(x):
-    """``x`` as a NumPy array when its value is known now, else None (traced)."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    return np.asarray(x)
+_concrete = checks.concrete  # the value when known now, None while traced
 
 
 def _check_label_range(fn: str, labels, num_classes: int, ignore_index=None) -> None:
