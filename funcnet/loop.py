@@ -223,16 +223,14 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     """
     t0 = time.perf_counter()
     step_metrics, seen = [], 0
+    # At most two multi-device steps in flight on CPU, where many queued executions
+    # can stall XLA:CPU's collectives (distributed.InFlight says what happens).
+    in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)
     for i, batch in enumerate(_iterate(train_data, epoch)):
         if i < skip:
             continue
         loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
-        if steps.throttle and step_metrics:
-            # At most two multi-device steps in flight: with many such executions
-            # queued, XLA:CPU's collectives can deadlock (seen with 4 simulated
-            # devices on 2 cores). GPUs order executions per stream; no need there.
-            jax.block_until_ready(step_metrics[-1])
-        step_metrics.append(metrics)
+        step_metrics.append(in_flight.add(metrics))
         seen += _batch_size(batch)
         ctx.batch_in_epoch = i + 1
         ctx.host_step += 1
@@ -267,13 +265,12 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
     if not hasattr(loop, "data_arrays") or loop.data_source is not data:
         loop.data_arrays, loop.data_source = loop.put_device_data(data), data
     chunks, seen, i, logged, shown = [], 0, skip, ctx.host_step // log_every, 0
+    in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)  # see _train_epoch
     while i < len(full):
         n = min(k - ctx.host_step % k, len(full) - i)
         loop.state, rows = steps.on_device(loop.state, loop.data_arrays, order, np.int32(i),
                                            np.int32(n))
-        if steps.throttle and chunks:
-            jax.block_until_ready(chunks[-1][0])  # see _train_epoch
-        chunks.append((rows, n))
+        chunks.append((in_flight.add(rows), n))
         i += n
         seen += n * data.batch_size
         ctx.batch_in_epoch = i
