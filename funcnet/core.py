@@ -90,6 +90,7 @@ def named(name: str, init: InitFn, apply: ApplyFn) -> Layer:
 
     @functools.wraps(init)
     def recorded_init(rng, input_shape):
+        checks.prng_key(f"{name}.init", rng)  # an int seed fails deep in jax.random otherwise
         recorder = _RECORDER.get()
         if recorder is None:
             return init(rng, input_shape)

@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from funcnet import _checks as checks
 from funcnet import metrics as metrics_lib
 from funcnet.core import as_layer
 
@@ -93,7 +94,7 @@ class TrainState(NamedTuple):
         models left out are not trained). Each model is initialised with its own
         key, split from ``rng`` in sorted name order.
         """
-        init_key, rng = jax.random.split(rng)
+        init_key, rng = jax.random.split(checks.prng_key("TrainState.create", rng))
         if isinstance(layer, dict):
             if input_shape is not None:
                 raise TypeError("TrainState.create: with a dict of models, each model's input "

@@ -36,7 +36,7 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
     vocab_size = checks.positive_int("Embedding", "vocab_size", vocab_size)
     dim = checks.positive_int("Embedding", "dim", dim)
     name = f"Embedding({vocab_size}, {dim})"
-    E_init = E_init or initializers.normal(1.0)
+    E_init = checks.initializer(name, "E_init", E_init) or initializers.normal(1.0)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=0)
