@@ -41,8 +41,13 @@ from funcnet import _checks as checks
 from funcnet import distributed
 from funcnet.core import describe_tree
 
-__all__ = ["Metric", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
+__all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
            "ConfusionMatrix", "collection", "merge"]
+
+
+class MetricStateError(ValueError):
+    """A metric's ``update``/``compute`` given a state that is not its own (another
+    metric's, or a collection's entries mixed up)."""
 
 
 class Metric(NamedTuple):
@@ -143,7 +148,7 @@ def _checked(name: str, init, update, compute) -> Metric:
         if not want:  # once; init builds small zero arrays, eval_shape none at all
             want.append(jax.eval_shape(init))
         if not _fits(state, want[0]):
-            raise ValueError(f"{fn}.{method}: the state does not fit this metric: it expects "
+            raise MetricStateError(f"{fn}.{method}: the state does not fit this metric: it expects "
                              f"{describe_tree(want[0])}, got {describe_tree(state)}. Pass this "
                              f"metric's init() (or what its last update returned); the state "
                              f"of another metric does not fit.")
@@ -371,7 +376,7 @@ def collection(**metrics: Metric) -> Metric:
         """The collection's keys, then each named metric's own state, so that a state
         mix-up names the entry rather than failing inside one metric."""
         if not isinstance(state, dict) or set(state) != set(metrics):
-            raise ValueError(f"{fn}.{method}: the state does not fit this collection: it "
+            raise MetricStateError(f"{fn}.{method}: the state does not fit this collection: it "
                              f"expects a dict of {sorted(metrics)}, got {describe_tree(state)}. "
                              f"Pass this collection's init() (or what its last update "
                              f"returned).")
@@ -380,7 +385,7 @@ def collection(**metrics: Metric) -> Metric:
         for name in names:
             if not _fits(state[name], want[0][name]):
                 what = getattr(metrics[name].update, "metric_name", "a user metric")
-                raise ValueError(f"{fn}.{method}: state[{name!r}] does not fit metric {name!r} "
+                raise MetricStateError(f"{fn}.{method}: state[{name!r}] does not fit metric {name!r} "
                                  f"({what}): it expects {describe_tree(want[0][name])}, got "
                                  f"{describe_tree(state[name])}. Are two metrics' states "
                                  f"swapped? Pass this collection's init() (or what its last "
