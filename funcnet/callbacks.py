@@ -12,6 +12,7 @@ import json
 import os
 from typing import Optional
 
+from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet import distributed
 from funcnet.loop import LoopPosition
@@ -66,6 +67,12 @@ class Checkpoint(Callback):
     def __init__(self, target, *, every_steps: Optional[int] = None,
                  every_epochs: Optional[int] = 1, keep: Optional[int] = 3, backend: str = "npz",
                  overwrite: bool = False):
+        for what, every in (("every_steps", every_steps), ("every_epochs", every_epochs)):
+            if every is not None:  # 0 never saved; -1 saved at every step (step % -1 == 0)
+                checks.positive_int("Checkpoint", f"{what} (or None)", every)
+        if every_steps is None and every_epochs is None:
+            raise checks.ArgumentError("Checkpoint: every_steps=None and every_epochs=None "
+                                       "would never save; give at least one of them.")
         self.every_steps, self.every_epochs, self.keep = every_steps, every_epochs, keep
         self.checkpointer = ckpt.checkpointer_for(target, backend=backend, keep=keep,
                                              overwrite=overwrite, where="Checkpoint")
@@ -176,6 +183,12 @@ class EarlyStopping(Callback):
                  min_delta: float = 0.0):
         if mode not in ("min", "max"):
             raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}.")
+        if not isinstance(monitor, str):
+            raise checks.ArgumentError(f"EarlyStopping: monitor must be a log key (a string, "
+                                       f"e.g. 'eval_loss'), got {monitor!r}.")
+        checks.non_negative_int("EarlyStopping", "patience", patience)
+        # A negative min_delta would count a worse value as an improvement.
+        checks.real("EarlyStopping", "min_delta", min_delta, low=0.0)
         self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
         self.best, self.wait = None, 0
 

@@ -58,3 +58,18 @@ def test_monitored_keys_fit_never_logs_fail_before_training(tmp_path):
         callbacks.LearningRateLogger(0.1), AddsKey(), callbacks.EarlyStopping("acc"),
         callbacks.EarlyStopping("lr"), callbacks.EarlyStopping("custom")])
     assert len(history) == 1
+
+
+def test_callback_arguments_that_would_silently_do_nothing_are_refused(tmp_path):
+    from funcnet import _checks as checks
+    # every_steps=0 / every_epochs=0 never saved; every_steps=-1 saved at every step.
+    for kw, says in (({"every_steps": 0}, "every_steps"), ({"every_steps": -1}, "every_steps"),
+                     ({"every_epochs": 0}, "every_epochs"), ({"every_epochs": 1.5}, "every_epochs"),
+                     ({"every_steps": None, "every_epochs": None}, "would never save")):
+        with pytest.raises(checks.ArgumentError, match=rf"Checkpoint: .*{says}"):
+            callbacks.Checkpoint(tmp_path / "a", **kw)
+    for kw, says in (({"patience": -1}, "patience"), ({"patience": 1.5}, "patience"),
+                     ({"min_delta": -0.1}, "min_delta"), ({"monitor": 3}, "monitor")):
+        with pytest.raises(checks.ArgumentError, match=rf"EarlyStopping: {says}"):
+            callbacks.EarlyStopping(**kw)
+    callbacks.EarlyStopping(patience=0)   # Keras' meaning: stop at the first epoch without gain
