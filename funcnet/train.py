@@ -348,7 +348,12 @@ def _update_names(optimizer, update) -> tuple:
 
 def _check_loss_output(out, loss_fn):
     if not (isinstance(out, tuple) and len(out) == 2):
-        got = f"a tuple of {len(out)}" if isinstance(out, tuple) else type(out).__name__
+        if isinstance(out, tuple):
+            got = f"a tuple of {len(out)}"
+        elif hasattr(out, "shape"):  # a traced array's type name (LinearizeTracer) says nothing
+            got = f"an array of shape {tuple(out.shape)} alone (the loss without its Aux?)"
+        else:
+            got = type(out).__name__
         raise TypeError(f"make_train_step: {_fn_name(loss_fn)} must return (loss, Aux(...)), got "
                         f"{got}. A loss without layer state returns: loss, Aux(state=state).")
     loss = out[0]

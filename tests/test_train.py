@@ -81,6 +81,10 @@ def test_loss_fn_must_return_aux():
     bad = make_train_step(lambda p, s, b, r: (jnp.sum(net.apply(p, s, b[0])[0]), s), opt)
     with pytest.raises(TypeError, match="Aux"):
         bad(ts, (X[:4], Y[:4]))
+    loss_only = make_train_step(lambda p, s, b, r: jnp.sum(net.apply(p, s, b[0])[0]), opt)
+    with pytest.raises(TypeError, match=r"must return \(loss, Aux\(...\)\), got an array of "
+                       r"shape \(\) alone \(the loss without its Aux\?\).*loss, Aux\(state=state\)"):
+        jax.jit(loss_only)(ts, (X[:4], Y[:4]))
 
 
 def _global_vs_pmap(net, loss_fn_factory, n_steps=4, lr=0.05):
