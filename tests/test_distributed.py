@@ -171,6 +171,8 @@ def test_int64_values_that_int32_cannot_hold_are_refused_not_wrapped():
         distributed.shard_batch(mesh, (np.zeros(4), ids))
     with pytest.raises(ValueError, match=r"shard: \[1\] holds -34359738368"):
         distributed.shard((np.zeros(4), ids))
+    with pytest.raises(ValueError, match=r"shard_local_batch: \[1\] holds -34359738368"):
+        distributed.shard_local_batch(mesh, (np.zeros(4), ids))
     # int64 values that fit are fine (NumPy's default integer dtype), and round-trip.
     small = {"count": np.int64(2**31 - 1), "labels": np.arange(8)}
     back = distributed.unreplicate(distributed.replicate(small))
