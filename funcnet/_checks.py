@@ -9,6 +9,7 @@ says all three and what would be accepted, so a person can fix the call.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Any, Optional, Sequence
@@ -68,6 +69,19 @@ def real(where: str, name: str, value: Any, *, low: Optional[float] = None,
     return v
 
 
+def concrete(x) -> Optional[np.ndarray]:
+    """``x`` as a NumPy array when its value is known now, None while it is traced.
+
+    Value checks (label ranges) run only on concrete values: outside ``jit`` they
+    raise; under ``jit`` the function's documented out-of-range behaviour applies.
+    """
+    import jax  # here, not at the top: this module is otherwise free of jax
+
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
 def flag(where: str, name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ArgumentError(f"{where}: {name} must be True or False, got {_got(value)}.")
@@ -114,3 +128,73 @@ def _as_number_hint(text: str) -> str:
         return repr(float(text))
     except ValueError:
         return "1e-3"
+
+
+def _initializer_factories() -> dict:
+    """The functions of funcnet.initializers / jax.nn.initializers that *make* initializers."""
+    import jax.nn.initializers as jinit
+
+    from funcnet import initializers as finit
+
+    made = {}
+    for module in (finit, jinit):
+        for name in getattr(module, "__all__", dir(module)):
+            f = getattr(module, name, None)
+            if callable(f) and name not in ("zeros", "ones", "calculate_gain", "Initializer"):
+                made[id(f)] = name
+    return made
+
+
+def initializer(where: str, name: str, value: Any):
+    """An initializer ``init(key, shape, dtype) -> array`` given to a layer, or None.
+
+    A factory passed uncalled (``W_init=initializers.xavier_uniform``) would be called
+    with ``(key, shape, dtype)`` as its own arguments and fail deep inside with "Cannot
+    interpret 'key<fry>' as a data type". Known factories are refused here; any other
+    initializer is wrapped so that a result that is not an array of the requested
+    shape (a user factory passed uncalled returns a function) names the argument.
+    """
+    if value is None:
+        return None
+    if not callable(value):
+        raise ArgumentError(f"{where}: {name} must be an initializer, init(key, shape, dtype) "
+                            f"-> array, got {_got(value)}.")
+    factory = _initializer_factories().get(id(value))
+    if factory is not None:
+        raise ArgumentError(f"{where}: {name}={factory} is an initializer factory, not an "
+                            f"initializer: call it: {name}=initializers.{factory}() (with its "
+                            f"arguments, e.g. a gain or a stddev).")
+
+    @functools.wraps(value)
+    def checked(key, shape, *args, **kwargs):
+        try:
+            out = value(key, shape, *args, **kwargs)
+        except TypeError as e:  # e.g. a factory's "takes 1 positional argument but 3 were given"
+            e.add_note(f"{where}: {name} is called as {name}(key, shape, dtype). If it is a "
+                       f"function that makes an initializer, call it: {name}={_name(value)}(...).")
+            raise
+        if tuple(getattr(out, "shape", ())) != tuple(shape) or callable(out):
+            got = (f"{type(out).__name__}, not an array" if not hasattr(out, "shape")
+                   else f"an array of shape {tuple(out.shape)}")
+            raise ArgumentError(f"{where}: {name}(key, shape, dtype) returned {got} for shape "
+                                f"{tuple(shape)}. If {name} is a function that makes an "
+                                f"initializer, call it: {name}={_name(value)}(...).")
+        return out
+
+    return checked
+
+
+def _name(f) -> str:
+    return getattr(f, "__name__", type(f).__name__)
+
+
+def prng_key(where: str, value: Any):
+    """An int seed where a jax PRNG key belongs is refused with the call that makes one.
+
+    Anything else passes: layers without parameters accept ``init(None, shape)``,
+    and jax.random reports other wrong keys itself.
+    """
+    if is_int(value):
+        raise ArgumentError(f"{where}: rng must be a jax PRNG key, got the int {value}: pass "
+                            f"jax.random.key({value}).")
+    return value

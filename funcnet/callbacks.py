@@ -12,6 +12,7 @@ import json
 import os
 from typing import Optional
 
+from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet import distributed
 from funcnet.loop import LoopPosition
@@ -21,8 +22,19 @@ __all__ = ["Callback", "Checkpoint", "CSVLogger", "JSONLLogger", "EarlyStopping"
 
 
 class Callback:
-    """Hooks called by :func:`funcnet.loop.fit`. Override what you need; all default to no-ops."""
+    """Hooks called by :func:`funcnet.loop.fit`. Override what you need; all default to no-ops.
 
+    Before training, ``fit`` calls ``check_log_keys(logs)`` with a
+    :class:`funcnet.loop.LogKeys`, what the epoch logs will hold when they reach this
+    callback: raise there for a key that cannot come (an epoch of training earlier
+    than ``on_epoch_end`` would). ``log_keys`` lists the keys a callback adds to the
+    logs; None (the default) means unknown, and a callback with its own
+    ``on_epoch_end`` may then add any key, so later callbacks cannot be checked.
+    """
+
+    log_keys = None
+
+    def check_log_keys(self, logs): ...
     def on_train_begin(self, ctx): ...
     def on_step_end(self, ctx, step: int): ...
     def on_epoch_end(self, ctx, epoch: int, logs: dict): ...
@@ -50,9 +62,17 @@ class Checkpoint(Callback):
     ``fit`` (or call ``self.checkpointer.wait()``).
     """
 
+    log_keys = ()
+
     def __init__(self, target, *, every_steps: Optional[int] = None,
                  every_epochs: Optional[int] = 1, keep: Optional[int] = 3, backend: str = "npz",
                  overwrite: bool = False):
+        for what, every in (("every_steps", every_steps), ("every_epochs", every_epochs)):
+            if every is not None:  # 0 never saved; -1 saved at every step (step % -1 == 0)
+                checks.positive_int("Checkpoint", f"{what} (or None)", every)
+        if every_steps is None and every_epochs is None:
+            raise checks.ArgumentError("Checkpoint: every_steps=None and every_epochs=None "
+                                       "would never save; give at least one of them.")
         self.every_steps, self.every_epochs, self.keep = every_steps, every_epochs, keep
         self.checkpointer = ckpt.checkpointer_for(target, backend=backend, keep=keep,
                                              overwrite=overwrite, where="Checkpoint")
@@ -82,6 +102,8 @@ class Checkpoint(Callback):
 
 
 class _FileLogger(Callback):
+    log_keys = ()
+
     def __init__(self, path):
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
@@ -89,6 +111,20 @@ class _FileLogger(Callback):
 
 class CSVLogger(_FileLogger):
     """Appends one row per epoch to a CSV file (header written when the file is new)."""
+
+    def check_log_keys(self, logs):
+        # Appending to an existing file (a resumed run): its columns must hold every key
+        # fit is known to log, or the first epoch's end would fail.
+        if not distributed.is_main_process() or not os.path.exists(self.path) \
+                or os.path.getsize(self.path) == 0:
+            return
+        with open(self.path, newline="") as f:
+            fields = next(csv.reader(f), [])
+        missing = sorted(logs.certain - set(fields))
+        if missing:
+            raise ValueError(f"CSVLogger: {self.path} has no column for {missing}, which fit "
+                             f"will log (columns: {fields}). Use a new file, or JSONLLogger for "
+                             f"logs whose keys change.")
 
     def on_epoch_end(self, ctx, epoch, logs):
         if not distributed.is_main_process():
@@ -120,12 +156,39 @@ class JSONLLogger(_FileLogger):
 
 
 class EarlyStopping(Callback):
-    """Stops when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs."""
+    """Stops when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs.
+
+    ``fit`` checks before training that ``monitor`` is a key its logs will have (the
+    step's metrics, ``eval_*`` from the metric's ``compute``, keys added by callbacks
+    before this one); a user callback that adds keys makes unknown keys pass.
+    """
+
+    log_keys = ()
+
+    def check_log_keys(self, logs):
+        if logs.has(self.monitor) is not False:
+            return
+        if self.monitor.startswith("eval_") and not logs.evaluates:
+            fix = ("Fit has no evaluation: pass eval_data, eval_fn and metric (its compute "
+                   "gives the eval_* keys), or monitor a training key such as 'loss'")
+        elif logs.added_later(self.monitor):
+            fix = (f"{logs.added_later(self.monitor)} adds it after this callback: put that "
+                   f"one first in callbacks=[...]")
+        else:
+            fix = "Monitor one of those"
+        raise ValueError(f"EarlyStopping: monitor={self.monitor!r} is not a key fit will log; "
+                         f"the epoch logs will have {sorted(logs.certain)}. {fix}.")
 
     def __init__(self, monitor: str = "eval_loss", *, patience: int = 3, mode: str = "min",
                  min_delta: float = 0.0):
         if mode not in ("min", "max"):
             raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}.")
+        if not isinstance(monitor, str):
+            raise checks.ArgumentError(f"EarlyStopping: monitor must be a log key (a string, "
+                                       f"e.g. 'eval_loss'), got {monitor!r}.")
+        checks.non_negative_int("EarlyStopping", "patience", patience)
+        # A negative min_delta would count a worse value as an improvement.
+        checks.real("EarlyStopping", "min_delta", min_delta, low=0.0)
         self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
         self.best, self.wait = None, 0
 
@@ -146,6 +209,8 @@ class EarlyStopping(Callback):
 class LearningRateLogger(Callback):
     """Adds ``"lr"``: the optax schedule's value at the current step (or a constant
     learning rate), to each epoch's logs."""
+
+    log_keys = ("lr",)
 
     def __init__(self, schedule):
         self.schedule = schedule

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from funcnet import _checks as checks
-from funcnet.core import Layer, as_layer, named, normalize_axis, split_rng
+from funcnet.core import (Layer, MismatchError, as_layer, describe_tree, named,
+                          normalize_axis, split_rng)
 
 
 def serial(*layers, **named_layers) -> Layer:
@@ -205,21 +206,68 @@ def _check_children(layer, params, state, n):
     if not isinstance(n, int):
         return _check_named_children(layer, params, state, n)
     if not isinstance(params, (tuple, list)) or len(params) != n:
-        raise ValueError(f"{layer}: params do not match this {layer} of {n} layers (got "
-                         f"{type(params).__name__} of length {len(params) if hasattr(params, '__len__') else '?'}). "
-                         f"Use the params returned by this layer's init.")
+        length = len(params) if hasattr(params, '__len__') else '?'
+        raise MismatchError(
+            layer, "params", layer, f"a tuple of {n} entries, one per layer",
+            describe_tree(params), "Use the params returned by this layer's init.",
+            f"{layer}: params do not match this {layer} of {n} layers (got "
+            f"{type(params).__name__} of length {length}). Use the params returned by this "
+            f"layer's init.")
     if not isinstance(state, (tuple, list)) or len(state) != n:
-        raise ValueError(f"{layer}: state does not match this {layer} of {n} layers. Use the "
-                         f"state returned by this layer's init (or the last apply).")
+        raise MismatchError(
+            layer, "state", layer, f"a tuple of {n} entries, one per layer", describe_tree(state),
+            "Use the state returned by this layer's init (or the last apply).",
+            f"{layer}: state does not match this {layer} of {n} layers. Use the state returned "
+            f"by this layer's init (or the last apply).")
 
 
 def _check_named_children(layer, params, state, names):
     for what, tree in (("params", params), ("state", state)):
         if not isinstance(tree, dict) or set(tree) != set(names):
             got = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
-            raise ValueError(f"{layer}: {what} do not match this {layer} of the named layers "
-                             f"{list(names)} (got {got}). Use the {what} returned by this "
-                             f"layer's init.")
+            raise MismatchError(
+                layer, what, layer, f"a dict of the named layers {list(names)}", str(got),
+                f"Use the {what} returned by this layer's init.",
+                f"{layer}: {what} do not match this {layer} of the named layers {list(names)} "
+                f"(got {got}). Use the {what} returned by this layer's init.")
+
+
+def _mismatch(layer, key, child, params, state, inputs, check_state=True):
+    """The :class:`MismatchError` that explains why ``child`` failed on these params or
+    state, or None when they have the structure its init gives (the failure is the
+    layer's own). Called only after a failure, so the happy path costs nothing."""
+    try:
+        shapes = jax.tree.map(lambda x: tuple(jnp.shape(x)), inputs)
+        _, want_params, want_state = jax.eval_shape(lambda k: child.init(k, shapes),
+                                                    jax.random.key(0))
+    except Exception:  # the init cannot tell us what it expects: keep the original error
+        return None
+
+    def fits(given, want):
+        try:
+            return all(jnp.shape(g) == w.shape for g, w in
+                       zip(jax.tree.leaves(given), jax.tree.leaves(want), strict=True)) and \
+                jax.tree.structure(given) == jax.tree.structure(want)
+        except ValueError:
+            return False
+
+    if (check_state and fits(params, want_state) and fits(state, want_params)
+            and not fits(params, want_params)):
+        err = MismatchError(layer, "params", child.name, describe_tree(want_params),
+                            describe_tree(params), "The params and state look swapped: call "
+                            "apply(params, state, x), params first.")
+    elif not fits(params, want_params):
+        err = MismatchError(layer, "params", child.name, describe_tree(want_params),
+                            describe_tree(params), "Pass the params this network's init "
+                            "returned: params of another network do not fit, even one with "
+                            "as many layers.")
+    elif check_state and not fits(state, want_state):
+        err = MismatchError(layer, "state", child.name, describe_tree(want_state),
+                            describe_tree(state), "Pass the state this network's init (or its "
+                            "last apply) returned.")
+    else:
+        return None
+    return err.placed_under(layer, key)
 
 
 # --------------------------------------------------------------------------- #
@@ -261,6 +309,8 @@ def _apply_child(layer, key, child, params, state, inputs, rng, train, given_emp
     """Runs one child; when it got an expanded ``state=()`` and fails, says which child."""
     try:
         return child.apply(params, state, inputs, rng=rng, train=train)
+    except MismatchError as e:  # from a combinator inside: say where it sits in this one
+        raise e.placed_under(layer, key)
     except (TypeError, KeyError, IndexError, AttributeError) as e:  # what indexing () raises
         notes = getattr(e, "__notes__", ())
         if given_empty and not any(n.startswith(_EMPTY_STATE_NOTE) for n in notes):
@@ -268,7 +318,13 @@ def _apply_child(layer, key, child, params, state, inputs, rng, train, given_emp
             e.add_note(f"{_EMPTY_STATE_NOTE}, which {layer} passed on as () to its layer "
                        f"{key!r} ({child.name}). If {child.name} keeps state (e.g. BatchNorm "
                        f"statistics), pass the state returned by init instead of ().")
-        raise
+        # Params of another network, or params and state swapped, fail here as a
+        # KeyError or "tuple indices must be integers": say which layer and what fits.
+        # (An expanded state=() is the note's business: only params are compared then.)
+        mismatch = _mismatch(layer, key, child, params, state, inputs, not given_empty)
+        if mismatch is None:
+            raise
+        raise mismatch from e
 
 
 def _pack(names, values):

@@ -90,6 +90,7 @@ def named(name: str, init: InitFn, apply: ApplyFn) -> Layer:
 
     @functools.wraps(init)
     def recorded_init(rng, input_shape):
+        checks.prng_key(f"{name}.init", rng)  # an int seed fails deep in jax.random otherwise
         recorder = _RECORDER.get()
         if recorder is None:
             return init(rng, input_shape)
@@ -214,9 +215,60 @@ def need_state(layer: str, state, keys) -> None:
     """
     if not isinstance(state, dict) or not set(keys) <= set(state):
         got = sorted(state) if isinstance(state, dict) else repr(state)
+        swapped = (" (Are params and state swapped? apply takes params first: "
+                   "apply(params, state, x).)" if isinstance(state, dict) and state else "")
         raise ValueError(f"{layer}: apply needs this layer's state {sorted(keys)}, got {got}. "
                          f"Pass the state returned by init (or by the last apply); state=() "
-                         f"is accepted only by networks whose layers are all stateless.")
+                         f"is accepted only by networks whose layers are all stateless.{swapped}")
+
+
+class MismatchError(ValueError, TypeError):
+    """Params or state that do not fit the layer they were given to (another network's,
+    or params and state swapped). Raised by the combinators, which know the layer's
+    place: ``path`` is the ``/``-joined key path (the one :func:`funcnet.params.paths`
+    shows), and each enclosing combinator adds its key on the way out. A ValueError
+    and a TypeError, as the KeyError/TypeError it replaces was mostly the latter."""
+
+    def __init__(self, where: str, what: str, layer: str, expected: str, given: str,
+                 hint: str = "", message: str = ""):
+        self.where, self.what, self.layer = where, what, layer
+        self.expected, self.given, self.hint = expected, given, hint
+        self.path: list = []
+        self._message = message  # used while no combinator has placed it (path empty)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        if not self.path and self._message:
+            return self._message
+        verb = "do" if self.what == "params" else "does"
+        at = "/".join(str(k) for k in self.path)
+        return (f"{self.where}: the {self.what} given to layer {at} ({self.layer}) {verb} not fit "
+                f"it: it expects {self.expected}, got {self.given}. {self.hint}").rstrip()
+
+    def placed_under(self, where: str, key) -> "MismatchError":
+        """This error, one combinator further out (``key`` is the child's key there)."""
+        self.path.insert(0, key)
+        self.where = where
+        self.args = (self.render(),)
+        return self
+
+
+def describe_tree(tree, limit: int = 300) -> str:
+    """A short picture of a params/state pytree: ``{'W': float32[4, 3], 'b': float32[3]}``."""
+    def show(t):
+        if isinstance(t, dict):
+            items = sorted(t.items(), key=lambda kv: str(kv[0]))
+            return "{" + ", ".join(f"{k!r}: {show(v)}" for k, v in items) + "}"
+        if isinstance(t, (tuple, list)):
+            inner = ", ".join(show(v) for v in t)
+            return f"({inner},)" if isinstance(t, tuple) and len(t) == 1 else (
+                f"({inner})" if isinstance(t, tuple) else f"[{inner}]")
+        shape, dtype = getattr(t, "shape", None), getattr(t, "dtype", None)
+        if shape is not None and dtype is not None:
+            return f"{dtype}{list(shape)}"
+        return type(t).__name__
+    text = show(tree)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def split_rng(rng, n: int):

@@ -25,8 +25,9 @@ feeds its local devices with its own part of the global batch
 
 from __future__ import annotations
 
+import collections
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,7 @@ from funcnet import _checks as checks
 
 __all__ = ["initialize", "data_mesh", "replicate_on", "shard_batch", "shard_local_batch",
            "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
-           "local_device_count", "explicit_spec", "explicit_sharding", "gather"]
+           "local_device_count", "InFlight", "explicit_spec", "explicit_sharding", "gather"]
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
@@ -52,17 +53,46 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     call that touches devices.
     """
     env = os.environ
-    coordinator_address = coordinator_address or env.get("FUNCNET_COORDINATOR")
+    if coordinator_address is None and "FUNCNET_COORDINATOR" in env:
+        coordinator_address = _env_address("FUNCNET_COORDINATOR", env["FUNCNET_COORDINATOR"])
     if num_processes is None and "FUNCNET_NUM_PROCESSES" in env:
-        num_processes = int(env["FUNCNET_NUM_PROCESSES"])
+        num_processes = _env_int("FUNCNET_NUM_PROCESSES", env["FUNCNET_NUM_PROCESSES"], 1,
+                                 "the number of processes", "2")
     if process_id is None and "FUNCNET_PROCESS_ID" in env:
-        process_id = int(env["FUNCNET_PROCESS_ID"])
+        process_id = _env_int("FUNCNET_PROCESS_ID", env["FUNCNET_PROCESS_ID"], 0,
+                              "this process's index, 0 to FUNCNET_NUM_PROCESSES - 1", "0")
+    if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
+        raise ValueError(f"initialize: process_id={process_id} is not in [0, num_processes="
+                         f"{num_processes}); number the processes 0 to {num_processes - 1} "
+                         f"(FUNCNET_PROCESS_ID).")
     platforms = (env.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
     if platforms in ("", "cpu") or platforms.startswith("cpu"):
         # Harmless on GPU/TPU backends; required for CPU all-reduce across processes.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                process_id=process_id, local_device_ids=local_device_ids, **kwargs)
+
+
+def _env_int(name: str, text: str, low: int, meaning: str, example: str) -> int:
+    """An integer environment variable, or an error naming it and what it holds."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise ValueError(f"initialize: the environment variable {name}={text!r} must be an int "
+                         f">= {low} ({meaning}), e.g. {name}={example}. Fix or unset it.")
+    return value
+
+
+def _env_address(name: str, text: str) -> str:
+    """``host:port`` from an environment variable, or an error naming it."""
+    host, _, port = text.strip().rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"initialize: the environment variable {name}={text!r} must be the "
+                         f"coordinator's host:port (process 0's address and a free port), e.g. "
+                         f"{name}=10.0.0.1:1234. Fix or unset it.")
+    return text.strip()
 
 
 def data_mesh(devices=None, axis_name: str = "data", *, explicit: bool = True) -> jax.sharding.Mesh:
@@ -92,6 +122,7 @@ def replicate_on(mesh: jax.sharding.Mesh, tree):
     Always new buffers (a jitted step may donate them without touching ``tree``'s).
     With several processes each must pass the same values; each places its own copies.
     """
+    _check_fits_x32("replicate_on", tree)
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
     def put(x):
@@ -114,6 +145,7 @@ def shard_batch(mesh: jax.sharding.Mesh, batch):
     Leaves that are already split this way are passed through.
     """
     sharding = _batch_sharding("shard_batch", mesh, batch, mesh.size)
+    _check_fits_x32("shard_batch", batch)
 
     def put(x):
         if isinstance(x, jax.Array) and x.sharding == sharding:
@@ -134,6 +166,7 @@ def shard_local_batch(mesh: jax.sharding.Mesh, batch):
     """
     local_devices = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
     sharding = _batch_sharding("shard_local_batch", mesh, batch, local_devices)
+    _check_fits_x32("shard_local_batch", batch)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
                         batch)
 
@@ -179,6 +212,7 @@ def replicate(tree, devices=None):
     The result is what ``jax.pmap`` expects for arguments that every replica shares.
     """
     devices = _devices(devices)
+    _check_fits_x32("replicate", tree)
     sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("devices",)),
                                           jax.sharding.PartitionSpec("devices"))
 
@@ -192,8 +226,82 @@ def replicate(tree, devices=None):
 
 
 def unreplicate(tree):
-    """The first replica of every leaf (inverse of :func:`replicate`)."""
+    """The first replica of every leaf (inverse of :func:`replicate`).
+
+    ``tree`` is what :func:`replicate` or a ``jax.pmap``-ed function returned (or a
+    host copy of it, ``jax.device_get``). Anything else is an error rather than a
+    silent first row: a device array whose leading axis is not split one row per
+    device, a leaf without a leading axis, or leaves with different leading sizes.
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for path, x in leaves:
+        _check_replicas(path, x)
+    sizes = {_where(path, "the value"): np.shape(x)[0] for path, x in leaves}
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+        raise ValueError(f"unreplicate: the leaves have different leading sizes ({shown}), so "
+                         f"they are not replicas of one tree (replicas share their leading, "
+                         f"device axis). Unreplicate only what replicate() or a pmapped "
+                         f"function returned.")
     return jax.tree.map(lambda x: x[0], tree)
+
+
+def _check_replicas(path, x) -> None:
+    where = _where(path, "the value")
+    if np.ndim(x) == 0:
+        raise ValueError(f"unreplicate: {where} has no leading replica axis (it is a scalar), "
+                         f"so it was never replicated. Unreplicate only what replicate() or a "
+                         f"pmapped function returned.")
+    if not isinstance(x, jax.Array):
+        return  # a host copy: only its leading size can be checked (above)
+    sharding = x.sharding
+    n = len(sharding.device_set)
+    if x.shape[0] == n and tuple(sharding.shard_shape(x.shape)) == (1,) + tuple(x.shape[1:]):
+        return
+    if n > 1 and sharding.is_fully_replicated:
+        raise ValueError(f"unreplicate: {where} (shape {tuple(x.shape)}) is whole on every device "
+                         f"of a mesh (as replicate_on and jit over a mesh leave it), not one "
+                         f"replica per device: there is no replica axis to drop. Use it as it "
+                         f"is (or jax.device_get it).")
+    raise ValueError(f"unreplicate: {where} is not split one row per device (shape "
+                     f"{tuple(x.shape)} on {n} device{'s' if n > 1 else ''}), so it was never "
+                     f"replicated and its first row is not a replica. unreplicate takes the first "
+                     f"replica of a tree made by replicate() or a pmapped function; a tree that "
+                     f"was not replicated needs no unreplicate.")
+
+
+def _where(path, whole: str) -> str:
+    return jax.tree_util.keystr(tuple(path)) or whole
+
+
+def _check_fits_x32(fn: str, tree) -> None:
+    """64-bit integers that JAX would store as 32-bit (x64 off, its default) must fit.
+
+    JAX converts int64/uint64 values to int32/uint32 without a word when
+    ``jax_enable_x64`` is off: ``2**40`` becomes 0. Only host values (NumPy,
+    Python ints) are looked at; device arrays are already 32-bit.
+    """
+    if jax.config.jax_enable_x64:
+        return
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if isinstance(x, jax.Array) or not isinstance(x, (np.ndarray, np.generic, int)):
+            continue
+        x = np.asarray(x)
+        if x.dtype not in (np.int64, np.uint64) or x.size == 0:
+            continue
+        small = np.int32 if x.dtype == np.int64 else np.uint32
+        info = np.iinfo(small)
+        lo, hi = x.min(), x.max()
+        if lo >= info.min and hi <= info.max:
+            continue
+        bad = lo if lo < info.min else hi
+        raise ValueError(
+            f"{fn}: {_where(path, 'the value')} holds {int(bad)}, which {np.dtype(small).name} "
+            f"cannot hold: with jax_enable_x64 off (JAX's default) {x.dtype} values are stored "
+            f"as {np.dtype(small).name}, and this one would silently become "
+            f"{int(np.asarray(bad).astype(small))}. Enable 64-bit types "
+            f"(jax.config.update('jax_enable_x64', True) at startup), or keep the value on the "
+            f"host, outside the tree.")
 
 
 def shard(batch, n_devices: Optional[int] = None):
@@ -204,6 +312,15 @@ def shard(batch, n_devices: Optional[int] = None):
     batch size that is a multiple of the device count.
     """
     n = local_device_count(n_devices)
+    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
+    sizes = {_where(path, "the batch"): np.shape(x)[0] for path, x in leaves if np.ndim(x)}
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+        raise ValueError(f"shard: every leaf of the batch needs the same leading (batch) size, "
+                         f"got {shown}. Split like this, device i would get rows of different "
+                         f"examples from different leaves; pass aligned arrays (e.g. from "
+                         f"funcnet.data.batches).")
+    _check_fits_x32("shard", batch)
 
     def split(x):
         x = np.asarray(x) if not isinstance(x, jax.Array) else x
@@ -216,6 +333,72 @@ def shard(batch, n_devices: Optional[int] = None):
         return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
     return jax.tree.map(split, batch)
+
+
+class InFlight:
+    """Bounds how many dispatched steps a hand-written multi-device loop leaves unfinished.
+
+    JAX dispatches asynchronously: ``ts, metrics = pstep(ts, batch)`` returns as soon
+    as the step is queued, so a Python loop runs ahead and queues every step of an
+    epoch. On CPU, the devices of a multi-device execution (``jax.pmap``, or ``jit``
+    over a mesh of several devices) run on host threads, and every collective (the
+    gradient all-reduce, synced BatchNorm) is a rendezvous where the threads of all
+    devices must meet. With many executions queued on few cores, a rendezvous can
+    wait for device threads that are busy with other queued executions: XLA:CPU
+    logs that a thread is stuck, and when the participants do not all arrive within
+    its termination timeout (``--xla_cpu_collective_call_terminate_timeout_seconds``)
+    it ends the process ("Termination timeout ... exceeded. Exiting to ensure a
+    consistent program state"), which Python cannot catch; until then the loop
+    hangs. funcnet's tests saw this with 4 simulated CPU devices on 2 cores. GPUs
+    and TPUs run each device's executions in order on its own stream, so the
+    bound is applied on CPU only by default.
+
+    ``add(outputs)`` after each step keeps at most ``max_in_flight`` steps
+    dispatched and unfinished: when the step just queued makes ``max_in_flight``,
+    it blocks (``jax.block_until_ready``) on the oldest step's outputs. With the
+    default 2 the host queues step ``i + 1`` while step ``i`` runs, so the device
+    is never idle waiting for the host, and never more than two executions meet
+    at a rendezvous. Blocking on a step's outputs waits for that step and, since
+    each step consumes the previous one's state, for every step before it.
+    ``funcnet.fit`` does this for its multi-device steps on CPU::
+
+        in_flight = distributed.InFlight()          # 2 on CPU; no-op on GPU/TPU
+        for batch in batches:
+            ts, metrics = pstep(ts, distributed.shard(batch))
+            in_flight.add(metrics)
+        in_flight.wait()
+
+    Args:
+      max_in_flight: the bound, >= 1; None never blocks.
+      cpu_only: bound only when this process's devices are CPUs (default), else
+        never block; False bounds on every platform.
+    """
+
+    def __init__(self, max_in_flight: Optional[int] = 2, *, cpu_only: bool = True):
+        if max_in_flight is not None:
+            max_in_flight = checks.positive_int("InFlight", "max_in_flight", max_in_flight)
+        if cpu_only and jax.local_devices()[0].platform != "cpu":
+            max_in_flight = None
+        self.max_in_flight = max_in_flight
+        self._pending: collections.deque = collections.deque()
+
+    def add(self, outputs: Any) -> Any:
+        """Records the outputs of the step just dispatched; returns them unchanged.
+
+        Blocks on the oldest recorded outputs while ``max_in_flight`` or more
+        steps are unfinished, so the next step dispatched makes at most that many.
+        """
+        if self.max_in_flight is None:
+            return outputs
+        self._pending.append(outputs)
+        while len(self._pending) >= self.max_in_flight:
+            jax.block_until_ready(self._pending.popleft())
+        return outputs
+
+    def wait(self) -> None:
+        """Blocks until every recorded step has finished."""
+        while self._pending:
+            jax.block_until_ready(self._pending.popleft())
 
 
 def process_slice(num_examples: int, process_index: Optional[int] = None,

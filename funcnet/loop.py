@@ -27,7 +27,7 @@ from funcnet import data as data_lib
 from funcnet import distributed
 from funcnet.train import TrainState, make_eval_step, make_train_step
 
-__all__ = ["fit", "FitContext", "LoopPosition"]
+__all__ = ["fit", "FitContext", "LoopPosition", "LogKeys"]
 
 
 class LoopPosition(NamedTuple):
@@ -227,16 +227,14 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     """
     t0 = time.perf_counter()
     step_metrics, seen = [], 0
+    # At most two multi-device steps in flight on CPU, where many queued executions
+    # can stall XLA:CPU's collectives (distributed.InFlight says what happens).
+    in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)
     for i, batch in enumerate(_iterate(train_data, epoch)):
         if i < skip:
             continue
         loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
-        if steps.throttle and step_metrics:
-            # At most two multi-device steps in flight: with many such executions
-            # queued, XLA:CPU's collectives can deadlock (seen with 4 simulated
-            # devices on 2 cores). GPUs order executions per stream; no need there.
-            jax.block_until_ready(step_metrics[-1])
-        step_metrics.append(metrics)
+        step_metrics.append(in_flight.add(metrics))
         seen += _batch_size(batch)
         ctx.batch_in_epoch = i + 1
         ctx.host_step += 1
@@ -272,12 +270,12 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
     order = loop.put_order(full)
     chunks, seen, i = [], 0, skip  # chunks: (metric rows, steps in them, global step after)
     next_log = (ctx.host_step // log_every + 1) * log_every
+    in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)  # see _train_epoch
     while i < len(full):
         n = min(k - ctx.host_step % k, len(full) - i)
         at = (np.int32(i),) if k == 1 else (np.int32(i), np.int32(n))
         loop.state, rows = steps.on_device(loop.state, data.arrays, order, *at)
-        if steps.throttle and chunks:
-            jax.block_until_ready(chunks[-1][0])  # see _train_epoch
+        in_flight.add(rows)
         i += n
         seen += n * data.batch_size
         ctx.batch_in_epoch = i
@@ -463,6 +461,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     on_nonfinite = checks.one_of("fit", "on_nonfinite", on_nonfinite, ("raise", "warn", "ignore"))
     callbacks = list(callbacks)
     train_state, position, run_id = _resume(resume_from, missing_ok, train_state)
+    _check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
+                           metric, callbacks, epochs)
 
     if mesh is not None and devices is not None:
         raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a "
@@ -606,3 +606,125 @@ def _progress_factory(progress):
         return lambda epoch, epochs: None
     return lambda epoch, epochs: tqdm(desc=f"epoch {epoch + 1}/{epochs}", unit="step",
                                       leave=False, dynamic_ncols=True)
+
+
+# --------------------------------------------------------------------------- #
+# Checks before the first step: mistakes that would otherwise surface only after
+# an epoch of training (at the first evaluation or the first epoch's end).
+# --------------------------------------------------------------------------- #
+
+class LogKeys:
+    """The keys of fit's epoch logs as known before training, as a callback will see them.
+
+    ``certain``: keys that will be there (``epoch``, ``loss``, ``samples_per_s``,
+    ``seconds``, the ``eval_*`` keys, keys added by earlier callbacks). ``has(key)``:
+    True, False (it cannot come), or None (cannot tell: an earlier user callback may
+    add keys, or the evaluation or the step could not be traced ahead of time).
+    """
+
+    def __init__(self, certain, eval_keys, step_keys, callbacks_after, open_ended=False):
+        self.certain = frozenset(certain)
+        self.evaluates = eval_keys is None or bool(eval_keys)
+        self._eval_known = eval_keys is not None
+        self._step_keys = step_keys          # () -> frozenset or None, traced when needed
+        self._after = callbacks_after         # the callbacks that run later
+        self._open = open_ended
+
+    def has(self, key: str):
+        if key in self.certain:
+            return True
+        if self._open:
+            return None
+        if key.startswith("eval_"):
+            return False if self._eval_known else None
+        step = self._step_keys()
+        return None if step is None else key in step
+
+    def added_later(self, key: str):
+        """The name of a later callback that adds ``key``, if one does."""
+        return next((type(cb).__name__ for cb in self._after
+                     if key in (getattr(cb, "log_keys", None) or ())), None)
+
+
+def _check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
+                           metric, callbacks, epochs) -> None:
+    """An eval_fn whose state ``metric`` cannot compute, and keys callbacks monitor that
+    fit will never log, fail here, before the first step (``jax.eval_shape``: traced,
+    never run). What cannot be known ahead (data that can only be read once, a step
+    or evaluation that traces only under pmap, user callbacks that add keys) is let
+    through, to fail where it fails today."""
+    from funcnet.callbacks import Callback
+
+    checks.non_negative_int("fit", "epochs", epochs)
+    eval_keys = frozenset()
+    if eval_fn is not None:
+        eval_keys = _eval_keys(train_state, eval_fn, metric, eval_data)
+    step_cache: list = []
+
+    def step_keys():
+        if not step_cache:
+            step_cache.append(_step_metric_keys(train_state, loss_fn, optimizer, train_data))
+        return step_cache[0]
+
+    certain = {"epoch", "loss", "samples_per_s", "seconds"} | (eval_keys or set())
+    open_ended = False
+    for i, cb in enumerate(callbacks):
+        cb_check = getattr(cb, "check_log_keys", None)
+        if cb_check is not None:
+            cb_check(LogKeys(certain, eval_keys, step_keys, callbacks[i + 1:], open_ended))
+        added = getattr(cb, "log_keys", None)
+        if added is not None:
+            certain |= set(added)
+        elif getattr(type(cb), "on_epoch_end", None) is not Callback.on_epoch_end:
+            open_ended = True  # a callback of its own may add any key
+
+
+def _first_batch(data):
+    """A batch with the shapes of the data's batches, or None when taking one would use
+    up data that can be read only once (an iterator)."""
+    from funcnet import data as data_lib
+
+    if isinstance(data, data_lib.DeviceData):
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct((data.batch_size,) + a.shape[1:],
+                                                           a.dtype), data.arrays)
+    if callable(data):
+        data = data(0)
+    elif iter(data) is data:
+        return None
+    return next(iter(data), None)
+
+
+def _eval_keys(train_state, eval_fn, metric, eval_data):
+    """The ``eval_*`` log keys, after checking that ``metric`` computes what eval_fn
+    returns; None when eval_fn cannot be traced ahead of time."""
+    from funcnet.metrics import MetricStateError
+
+    batch = _first_batch(eval_data)
+    if batch is None:
+        return None
+    try:
+        out = jax.eval_shape(lambda ts, b: eval_fn(ts.params, ts.state, b), train_state, batch)
+    except Exception:  # e.g. a collective that needs pmap: the evaluation will tell
+        return None
+    try:
+        computed = jax.eval_shape(metric.compute, out)
+    except MetricStateError as e:
+        raise ValueError(f"fit: eval_fn returns a state that metric= cannot compute: {e} Pass as "
+                         f"metric= the metric whose state eval_fn returns (the one whose update "
+                         f"it calls).") from e
+    except Exception:
+        return None
+    return frozenset(f"eval_{k}" for k in (computed if isinstance(computed, dict)
+                                           else {"metric": None}))
+
+
+def _step_metric_keys(train_state, loss_fn, optimizer, train_data):
+    """The keys of the step's metrics (``loss`` and ``Aux.metrics``), or None."""
+    batch = _first_batch(train_data)
+    if batch is None:
+        return None
+    try:
+        metrics = jax.eval_shape(make_train_step(loss_fn, optimizer), train_state, batch)[1]
+    except Exception:
+        return None
+    return frozenset(metrics)

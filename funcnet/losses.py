@@ -81,9 +81,16 @@ def _at_least_f32(x):
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
-def _int_labels(fn: str, labels, what: str = "labels"):
+def _int_labels(fn: str, labels, what: str = "labels", like=None, like_what: str = "inputs"):
+    """Integer class ids. ``like`` (the scores) tells one-hot targets from ids in the
+    wrong dtype: a cast would be the wrong advice for those."""
     labels = _array(fn, labels, what)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
+        if like is not None and labels.ndim >= 1 and labels.shape == jnp.shape(like):
+            raise TypeError(f"{fn}: {what} must be integer class ids, got dtype {labels.dtype} "
+                            f"of the {like_what}' shape {labels.shape}: one-hot or probability "
+                            f"targets? Pass the class ids, {what}.argmax(-1) (the class axis), "
+                            f"or use cross_entropy, which takes float targets.")
         raise TypeError(f"{fn}: {what} must be integer class ids, got dtype {labels.dtype}. "
                         f"Cast them, e.g. {what}.astype(jnp.int32).")
     return labels
@@ -116,11 +123,7 @@ def _same_shape(fn: str, a, b, what_a: str, what_b: str) -> None:
                          f"{b.shape}. funcnet does not broadcast losses implicitly.")
 
 
-def _concrete(x):
-    """``x`` as a NumPy array when its value is known now, else None (traced)."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    return np.asarray(x)
+_concrete = checks.concrete  # the value when known now, None while traced
 
 
 def _check_label_range(fn: str, labels, num_classes: int, ignore_index=None) -> None:
@@ -173,12 +176,18 @@ def _class_axis(fn: str, logits, axis) -> int:
     return int(axis) % logits.ndim
 
 
-def _check_index_labels(fn: str, logits, labels, axis: int) -> None:
+def _check_index_labels(fn: str, logits, labels, axis: int, *, has_axis: bool = True) -> None:
     expected = logits.shape[:axis] + logits.shape[axis + 1:]
     if labels.shape != expected:
         hint = ""
         if labels.shape == logits.shape:
             hint = " If these are one-hot or probability targets, pass them as floats."
+        elif (axis == logits.ndim - 1 and logits.ndim >= 3
+              and labels.shape == logits.shape[:1] + logits.shape[2:]):
+            fix = ("pass axis=1" if has_axis else
+                   "move the classes last, jnp.moveaxis(scores, 1, -1)")
+            hint = (f" The shapes fit classes on axis 1 (PyTorch's (N, C, d1, ...) layout): "
+                    f"{fix}.")
         raise ValueError(f"{fn}: integer labels must have the logits' shape {logits.shape} "
                          f"without the class axis {axis}, i.e. {expected}, got {labels.shape}."
                          f"{hint}")
@@ -243,7 +252,7 @@ def nll_loss(inputs, labels, *, weight=None, ignore_index: int = -100, reduction
     """
     fn = "funcnet.losses.nll_loss"
     inputs = _float_array(fn, inputs, "inputs")
-    labels = _int_labels(fn, labels)
+    labels = _int_labels(fn, labels, like=inputs)
     _check_reduction(fn, reduction)
     axis = _class_axis(fn, inputs, axis)
     _check_index_labels(fn, inputs, labels, axis)
@@ -482,10 +491,10 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
     """
     fn = "funcnet.losses.multiclass_hinge"
     scores = _float_array(fn, scores, "scores")
-    labels = _int_labels(fn, labels)
+    labels = _int_labels(fn, labels, like=scores, like_what="scores")
     _check_reduction(fn, reduction)
     axis = _class_axis(fn, scores, -1)
-    _check_index_labels(fn, scores, labels, axis)
+    _check_index_labels(fn, scores, labels, axis, has_axis=False)
     num_classes = scores.shape[-1]
     weight = _class_weight(fn, weight, num_classes, scores.dtype)
     _check_label_range(fn, labels, num_classes)

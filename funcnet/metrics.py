@@ -32,14 +32,22 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from funcnet import _checks as checks
 from funcnet import distributed
+from funcnet.core import describe_tree
 
-__all__ = ["Metric", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
+__all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
            "ConfusionMatrix", "collection", "merge"]
+
+
+class MetricStateError(ValueError):
+    """A metric's ``update``/``compute`` given a state that is not its own (another
+    metric's, or a collection's entries mixed up)."""
 
 
 class Metric(NamedTuple):
@@ -65,6 +73,7 @@ def _class_ids(fn: str, predictions, labels, *, need_scores: bool = False):
     """Predicted class ids of ``labels``' shape, from scores or from ids."""
     predictions = _array(fn, predictions, "predictions")
     labels = _array(fn, labels, "labels")
+    _check_not_one_hot(fn, predictions, labels)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         raise TypeError(f"{fn}: labels must be integer class ids, got dtype {labels.dtype}. "
                         f"Cast them, e.g. labels.astype(jnp.int32).")
@@ -78,8 +87,31 @@ def _class_ids(fn: str, predictions, labels, *, need_scores: bool = False):
                             f"take their argmax.")
         return predictions, labels, False
     want = f"{labels.shape + ('C',)}" + ("" if need_scores else f" (scores) or {labels.shape} (ids)")
+    hint = ""
+    if predictions.ndim == labels.ndim + 1 and predictions.ndim >= 3 \
+            and predictions.shape[:1] + predictions.shape[2:] == labels.shape:
+        hint = (" The shapes fit classes on axis 1 (PyTorch's (N, C, d1, ...) layout): metrics "
+                "take them last, jnp.moveaxis(predictions, 1, -1).")
     raise ValueError(f"{fn}: predictions of shape {predictions.shape} do not fit labels of "
-                     f"shape {labels.shape}: expected {want}.")
+                     f"shape {labels.shape}: expected {want}.{hint}")
+
+
+def _check_not_one_hot(fn: str, predictions, labels) -> None:
+    """One-hot labels next to scores have the scores' shape: the usual errors would blame
+    the predictions' dtype or suggest a cast. Say what the labels look like instead."""
+    if not (labels.ndim >= 2 and labels.shape == predictions.shape
+            and jnp.issubdtype(predictions.dtype, jnp.floating)):
+        return
+    values = checks.concrete(labels)
+    advice = (f"pass class ids of shape {labels.shape[:-1]} instead, labels.argmax(-1) (metrics "
+              f"take integer class ids, the scores' argmax is compared with them)")
+    if values is None:
+        raise checks.ArgumentError(
+            f"{fn}: labels of shape {labels.shape} have the shape of the scores. If they are "
+            f"one-hot, {advice}; if the predictions are class ids, give them an integer dtype.")
+    if np.isin(values, (0, 1)).all() and (values.sum(axis=-1) == 1).all():
+        raise checks.ArgumentError(f"{fn}: labels of shape {labels.shape} look one-hot (a single "
+                                   f"1 on the last axis of every row): {advice}.")
 
 
 def _mask(fn: str, mask, shape):
@@ -91,6 +123,46 @@ def _mask(fn: str, mask, shape):
     except ValueError:
         raise ValueError(f"{fn}: mask of shape {mask.shape} does not broadcast to the labels' "
                          f"shape {shape}.") from None
+
+
+def _fits(state, want) -> bool:
+    """``state`` has ``want``'s structure and leaf shapes (extra leading axes allowed: the
+    per-device states a pmapped evaluation returns compute one value per device)."""
+    try:
+        pairs = list(zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True))
+    except ValueError:
+        return False
+    if jax.tree.structure(state) != jax.tree.structure(want):
+        return False
+    return all(tuple(jnp.shape(g))[len(jnp.shape(g)) - len(w.shape):] == tuple(w.shape)
+               and len(jnp.shape(g)) >= len(w.shape) for g, w in pairs)
+
+
+def _checked(name: str, init, update, compute) -> Metric:
+    """The metric with ``update`` and ``compute`` checking the state they are given:
+    another metric's state fails with both structures shown, not with a KeyError."""
+    fn = f"funcnet.metrics.{name}"
+    want: list = []
+
+    def check(method, state):
+        if not want:  # once; init builds small zero arrays, eval_shape none at all
+            want.append(jax.eval_shape(init))
+        if not _fits(state, want[0]):
+            raise MetricStateError(f"{fn}.{method}: the state does not fit this metric: it expects "
+                             f"{describe_tree(want[0])}, got {describe_tree(state)}. Pass this "
+                             f"metric's init() (or what its last update returned); the state "
+                             f"of another metric does not fit.")
+
+    def checked_update(state, *args, **kwargs):
+        check("update", state)
+        return update(state, *args, **kwargs)
+
+    def checked_compute(state):
+        check("compute", state)
+        return compute(state)
+
+    checked_update.metric_name = checked_compute.metric_name = fn
+    return Metric(init, checked_update, checked_compute)
 
 
 def _ratio(num, den):
@@ -131,7 +203,7 @@ def Accuracy() -> Metric:
     def compute(state):
         return _ratio(state["correct"], state["count"])
 
-    return Metric(init, update, compute)
+    return _checked("Accuracy", init, update, compute)
 
 
 def TopKAccuracy(k: int) -> Metric:
@@ -161,7 +233,7 @@ def TopKAccuracy(k: int) -> Metric:
     def compute(state):
         return _ratio(state["correct"], state["count"])
 
-    return Metric(init, update, compute)
+    return _checked("TopKAccuracy", init, update, compute)
 
 
 def ConfusionMatrix(num_classes: int) -> Metric:
@@ -197,7 +269,7 @@ def ConfusionMatrix(num_classes: int) -> Metric:
     def compute(state):
         return state
 
-    return Metric(init, update, compute)
+    return _checked("ConfusionMatrix", init, update, compute)
 
 
 # --------------------------------------------------------------------------- #
@@ -233,7 +305,7 @@ def Mean() -> Metric:
     def compute(state):
         return state["total"] / state["weight"]
 
-    return Metric(init, update, compute)
+    return _checked("Mean", init, update, compute)
 
 
 def _error_metric(name: str, elementwise, finish) -> Metric:
@@ -253,7 +325,7 @@ def _error_metric(name: str, elementwise, finish) -> Metric:
     def compute(state):
         return finish(_ratio(state["total"], state["count"]))
 
-    return Metric(_counts_state, update, compute)
+    return _checked(name, _counts_state, update, compute)
 
 
 def MSE() -> Metric:
@@ -298,11 +370,33 @@ def collection(**metrics: Metric) -> Metric:
     def init():
         return {name: m.init() for name, m in metrics.items()}
 
+    want: list = []
+
+    def check(method, state, names):
+        """The collection's keys, then each named metric's own state, so that a state
+        mix-up names the entry rather than failing inside one metric."""
+        if not isinstance(state, dict) or set(state) != set(metrics):
+            raise MetricStateError(f"{fn}.{method}: the state does not fit this collection: it "
+                             f"expects a dict of {sorted(metrics)}, got {describe_tree(state)}. "
+                             f"Pass this collection's init() (or what its last update "
+                             f"returned).")
+        if not want:
+            want.append(jax.eval_shape(init))
+        for name in names:
+            if not _fits(state[name], want[0][name]):
+                what = getattr(metrics[name].update, "metric_name", "a user metric")
+                raise MetricStateError(f"{fn}.{method}: state[{name!r}] does not fit metric {name!r} "
+                                 f"({what}): it expects {describe_tree(want[0][name])}, got "
+                                 f"{describe_tree(state[name])}. Are two metrics' states "
+                                 f"swapped? Pass this collection's init() (or what its last "
+                                 f"update returned).")
+
     def update(state, **args):
         unknown = sorted(set(args) - set(metrics))
         if unknown:
             raise ValueError(f"{fn}.update: no metric named {unknown}; the collection has "
                              f"{sorted(metrics)}.")
+        check("update", state, args)
         new = dict(state)
         for name, a in args.items():
             if isinstance(a, tuple):
@@ -314,8 +408,10 @@ def collection(**metrics: Metric) -> Metric:
         return new
 
     def compute(state):
+        check("compute", state, metrics)
         return {name: m.compute(state[name]) for name, m in metrics.items()}
 
+    update.metric_name = compute.metric_name = fn
     return Metric(init, update, compute)
 
 

@@ -16,6 +16,12 @@ the n-th update (0-based) uses ``schedule(n)``.
 The constructors also work under ``optax.inject_hyperparams`` (numeric
 arguments then arrive as arrays, possibly traced, and are not range-checked).
 
+Frozen parameters: ``jax.lax.stop_gradient`` zeroes a parameter's gradient, not
+its update: ``weight_decay`` (and momentum from earlier steps) still move it,
+unlike PyTorch, where ``requires_grad=False`` parameters are skipped. Freeze with
+``funcnet.freeze(optimizer, mask)`` (:mod:`funcnet.params`): the optimizer never
+sees the masked parameters, and they stay bit-identical.
+
 Why not plain ``optax.sgd`` / ``optax.adam``?
 
 * ``optax.sgd(momentum=...)`` uses ``optax.trace``: no ``dampening``, and a
@@ -116,6 +122,11 @@ def sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.0,
     The learning rate multiplies the whole buffer (PyTorch), so changing it
     with a schedule does not rescale past gradients stored in the buffer.
 
+    Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
+    whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
+    freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
+    ``requires_grad=False``; see :mod:`funcnet.params`).
+
     Raises:
       ValueError: a negative ``learning_rate``/``momentum``/``weight_decay``, or
         ``nesterov=True`` without ``momentum > 0`` and ``dampening == 0``
@@ -153,6 +164,11 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
     PyTorch and ``optax.scale_by_adam`` (with ``eps_root=0``) put it, so the
     chain ``add_decayed_weights -> scale_by_adam -> scale_by_learning_rate`` is
     the same formula. For decoupled weight decay use ``optax.adamw``.
+
+    Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
+    whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
+    freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
+    ``requires_grad=False``; see :mod:`funcnet.params`).
 
     Raises:
       ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
@@ -302,6 +318,11 @@ def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: flo
     current learning rate multiplies (optax scales by the learning rate before
     the trace, which differs once a schedule changes the rate).
 
+    Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
+    whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
+    freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
+    ``requires_grad=False``; see :mod:`funcnet.params`).
+
     Raises:
       ValueError: a negative ``learning_rate``/``alpha``/``eps``/``weight_decay``/
         ``momentum`` (PyTorch's checks).
@@ -336,6 +357,11 @@ def adagrad(learning_rate: optax.ScalarOrSchedule, lr_decay: float = 0.0,
     at 0 (optax: 0.1), and there are ``lr_decay`` and ``weight_decay``. See
     :func:`scale_by_torch_adagrad`.
 
+    Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
+    whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
+    freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
+    ``requires_grad=False``; see :mod:`funcnet.params`).
+
     Raises:
       ValueError: a negative ``learning_rate``/``lr_decay``/``weight_decay``/
         ``initial_accumulator_value``/``eps`` (PyTorch's checks).
@@ -369,6 +395,11 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
     (``optax.adamw``'s). The difference from ``optax.adamw`` is the default
     ``weight_decay``: 0.01 here and in torch, 1e-4 in optax.
 
+    Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
+    whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
+    freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
+    ``requires_grad=False``; see :mod:`funcnet.params`).
+
     Raises:
       ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
         outside ``[0, 1)`` (PyTorch's checks).
@@ -394,6 +425,11 @@ def radam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
     Unlike ``optax.radam``: ``eps`` is added to ``sqrt(v)`` before the bias
     correction, the rectification test is strict (``rho_t > 5``), and there is a
     ``weight_decay``.
+
+    Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
+    whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
+    freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
+    ``requires_grad=False``; see :mod:`funcnet.params`).
 
     Raises:
       ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
@@ -424,6 +460,11 @@ def adadelta(learning_rate: optax.ScalarOrSchedule = 1.0, rho: float = 0.9, eps:
     ``add_decayed_weights -> scale_by_adadelta -> scale_by_learning_rate``, the
     same chain as ``optax.adadelta``; only the default ``learning_rate`` differs
     (1.0 here and in torch, required in optax).
+
+    Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
+    whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
+    freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
+    ``requires_grad=False``; see :mod:`funcnet.params`).
 
     Raises:
       ValueError: a negative ``learning_rate``/``eps``/``weight_decay`` or

@@ -26,7 +26,8 @@ bfloat16 loses most of its digits, and the cast fuses into the op.
 
 The semantics were checked against real MXNet 1.9.1 (``tests/golden``). Labels
 are compared after MXNet's C cast ``static_cast<int>(label)``, i.e. truncation
-toward zero; labels outside ``[0, C)`` match no class.
+toward zero; under ``jit``, labels outside ``[0, C)`` match no class
+(``softmax_output`` raises on them when their values are known, outside ``jit``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Callable, NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from funcnet import _checks as checks
 
@@ -170,6 +172,12 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
 
     ``label`` gets a zero gradient; the incoming cotangent is ignored.
 
+    Label range: labels whose values are known (called outside ``jit``, or closed
+    over) must be class ids in ``[0, C)`` after truncation, or ``ignore_label``;
+    anything else raises ValueError. Under ``jit`` they cannot be checked and MXNet's
+    rule holds: a label outside ``[0, C)`` matches no class (``t = 0``), so its
+    gradient is ``out * grad_scale / norm``, pushing every class down.
+
     Differences from MXNet, made errors instead of silent no-ops: ``smooth_alpha``
     with ``multi_output`` or with a probability label (MXNet ignores it), both
     ``multi_output`` and ``preserve_shape`` (MXNet picks ``multi_output``), and
@@ -189,6 +197,8 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
                              multi_output=checks.flag(fn, "multi_output", multi_output),
                              preserve_shape=checks.flag(fn, "preserve_shape", preserve_shape))
     _check_smoothing(fn, layout, smooth_alpha, label.shape, data.shape)
+    if not layout.probability_label:
+        _check_class_labels(fn, label, layout, ignore_label)
 
     def forward(x):
         return jax.nn.softmax(x, axis=layout.axis)
@@ -258,6 +268,27 @@ def _check_smoothing(fn: str, layout: _SoftmaxLayout, smooth_alpha: float, label
     if layout.num_classes < 2:
         raise ValueError(f"{fn}: smooth_alpha needs at least 2 classes, data has "
                          f"{layout.num_classes} on axis {layout.axis}.")
+
+
+def _check_class_labels(fn: str, label, layout: _SoftmaxLayout, ignore_label: float) -> None:
+    """Concrete labels (outside jit) must be classes or ignore_label: MXNet's silent
+    "hits no class" gives a gradient that pushes every class down, which is never
+    what a label meant. Traced labels keep MXNet's rule (see softmax_output)."""
+    values = checks.concrete(label)
+    if values is None or values.size == 0:
+        return
+    k = np.trunc(values.astype(np.float64))   # static_cast<int>: toward zero
+    bad = ((k < 0) | (k >= layout.num_classes)) & (k != math.trunc(ignore_label))
+    if bad.any():
+        found = [int(v) for v in np.unique(k[bad])[:8]]
+        where = "axis 1 (multi_output=True)" if layout.multi_output else "the last axis"
+        raise ValueError(
+            f"{fn}: labels must be class ids in [0, {layout.num_classes}) or "
+            f"ignore_label={ignore_label:g}, found {found} (after truncation toward zero, as "
+            f"MXNet compares labels). data has {layout.num_classes} classes on {where}: check "
+            f"the number of classes, the class axis (multi_output=True for (N, C, ...) data), "
+            f"or pass ignore_label= (with use_ignore=True) for padding labels. Under jit labels "
+            f"are not checked and an out-of-range one matches no class, as in MXNet.")
 
 
 def _class_index_grad(layout: _SoftmaxLayout, *, grad_scale: float, ignore_index: int,

@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from funcnet import _checks as checks
 from funcnet import metrics as metrics_lib
 from funcnet.core import as_layer
 
@@ -93,7 +94,7 @@ class TrainState(NamedTuple):
         models left out are not trained). Each model is initialised with its own
         key, split from ``rng`` in sorted name order.
         """
-        init_key, rng = jax.random.split(rng)
+        init_key, rng = jax.random.split(checks.prng_key("TrainState.create", rng))
         if isinstance(layer, dict):
             if input_shape is not None:
                 raise TypeError("TrainState.create: with a dict of models, each model's input "
@@ -260,6 +261,7 @@ def _updater(optimizer, update) -> _Updater:
     if not isinstance(optimizer, dict) and update is None:
         def apply(grads, ts):
             _check_joint_opt_state(optimizer, ts)
+            _check_opt_state("opt_state", optimizer, ts.opt_state, ts.params)
             updates, opt_state = optimizer.update(grads, ts.opt_state, ts.params)
             return optax.apply_updates(ts.params, updates), opt_state
         return _Updater(lambda ts: ts.params, lambda params, trained: trained, apply)
@@ -278,6 +280,8 @@ def _updater(optimizer, update) -> _Updater:
     def apply(grads, ts):
         params, opt_state = dict(ts.params), dict(ts.opt_state)
         for name in names:
+            _check_opt_state(f"opt_state[{name!r}]", opts[name], ts.opt_state[name],
+                             ts.params[name])
             updates, opt_state[name] = opts[name].update(grads[name], ts.opt_state[name],
                                                          ts.params[name])
             params[name] = optax.apply_updates(ts.params[name], updates)
@@ -299,6 +303,34 @@ def _check_joint_opt_state(optimizer, ts) -> None:
                          f"optionally with update=name.")
 
 
+def _check_opt_state(what: str, optimizer, opt_state, params) -> None:
+    """An opt_state made by another optimizer fails inside optax with messages about its
+    internals (a missing ``.trace``, "number of updates and states"): compare structures
+    first. ``eval_shape`` of the init builds nothing, and this runs at trace time."""
+    want = jax.eval_shape(optimizer.init, params)
+    if jax.tree.structure(opt_state) == jax.tree.structure(want):
+        return
+    raise ValueError(f"make_train_step: the TrainState's {what} was made by another optimizer: "
+                     f"it holds {_state_kinds(opt_state)}, this optimizer's init gives "
+                     f"{_state_kinds(want)}. Step it with the same optimizer it was created "
+                     f"with (TrainState.create(..., optimizer, ...)), or start this optimizer "
+                     f"afresh: ts._replace(opt_state=optimizer.init(ts.params)).")
+
+
+def _state_kinds(tree, limit: int = 200) -> str:
+    """An optimizer state by the names of its parts: ``(ScaleByAdamState, EmptyState)``."""
+    def show(t):
+        if hasattr(t, "_fields"):
+            return type(t).__name__
+        if isinstance(t, (tuple, list)):
+            return "(" + ", ".join(show(v) for v in t) + ")"
+        if isinstance(t, dict):
+            return "{" + ", ".join(f"{k!r}: {show(v)}" for k, v in sorted(t.items())) + "}"
+        return type(t).__name__
+    text = show(tree)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _update_names(optimizer, update) -> tuple:
     if update is None:
         return tuple(optimizer)
@@ -316,7 +348,12 @@ def _update_names(optimizer, update) -> tuple:
 
 def _check_loss_output(out, loss_fn):
     if not (isinstance(out, tuple) and len(out) == 2):
-        got = f"a tuple of {len(out)}" if isinstance(out, tuple) else type(out).__name__
+        if isinstance(out, tuple):
+            got = f"a tuple of {len(out)}"
+        elif hasattr(out, "shape"):  # a traced array's type name (LinearizeTracer) says nothing
+            got = f"an array of shape {tuple(out.shape)} alone (the loss without its Aux?)"
+        else:
+            got = type(out).__name__
         raise TypeError(f"make_train_step: {_fn_name(loss_fn)} must return (loss, Aux(...)), got "
                         f"{got}. A loss without layer state returns: loss, Aux(state=state).")
     loss = out[0]

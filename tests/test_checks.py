@@ -95,3 +95,40 @@ def test_real_arguments_take_numpy_floats_and_refuse_bools_and_strings(build):
     for bad in (True, "0.5"):
         with pytest.raises((TypeError, ValueError)):
             build(bad)
+
+
+@pytest.mark.parametrize("build,arg", [
+    (lambda f: Dense(3, W_init=f), "W_init"),
+    (lambda f: Dense(3, b_init=f), "b_init"),
+    (lambda f: Conv(3, (2, 2), W_init=f), "W_init"),
+    (lambda f: ConvTranspose(3, (2, 2), b_init=f), "b_init"),
+    (lambda f: Embedding(10, 3, E_init=f), "E_init"),
+])
+def test_an_initializer_factory_passed_uncalled_is_refused_at_construction(build, arg):
+    from funcnet import initializers
+    for factory in (initializers.xavier_uniform, initializers.normal, initializers.torch_default):
+        with pytest.raises(checks.ArgumentError, match=rf"{arg}={factory.__name__} is an "
+                           rf"initializer factory.*call it: {arg}=initializers."
+                           rf"{factory.__name__}\(\)"):
+            build(factory)
+    build(initializers.zeros)              # zeros and ones are initializers themselves
+    build(initializers.xavier_uniform())
+
+
+def test_a_user_factory_passed_uncalled_is_named_at_init():
+    import jax
+
+    def my_init(scale=1.0, mode="fan_in", dtype=None):    # a factory: makes the initializer
+        return lambda key, shape, dtype=np.float32: scale * jax.random.normal(key, shape, dtype)
+
+    with pytest.raises(checks.ArgumentError, match=r"Dense\(3\): W_init\(key, shape, dtype\) "
+                       r"returned function, not an array.*call it: W_init=my_init\(...\)"):
+        Dense(3, W_init=my_init).init(jax.random.key(0), (-1, 4))
+    Dense(3, W_init=my_init()).init(jax.random.key(0), (-1, 4))
+
+    def one_arg_factory(scale=1.0):
+        return my_init(scale)
+
+    with pytest.raises(TypeError) as info:                 # the call itself fails: a note
+        Dense(3, W_init=one_arg_factory).init(jax.random.key(0), (-1, 4))
+    assert "W_init=one_arg_factory(...)" in info.value.__notes__[0]

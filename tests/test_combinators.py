@@ -124,3 +124,40 @@ def test_plain_pairs_are_accepted_by_combinators():
     _, params, state = net.init(KEY, (-1, 2))
     y, _ = net.apply(params, state, jnp.ones((1, 2)))
     assert y.shape == (1, 2)
+
+
+def test_params_of_another_network_name_the_layer_and_the_keys():
+    from funcnet.layers import BatchNorm, Relu
+    net = funcnet.serial(Dense(3), Relu, Dense(2))
+    other = funcnet.serial(BatchNorm(), Relu, Dense(2))      # as many layers: no length error
+    x = jnp.ones((2, 4))
+    _, params, state = net.init(KEY, (-1, 4))
+    _, other_params, _ = other.init(KEY, (-1, 4))
+    with pytest.raises(ValueError, match=r"serial: the params given to layer 0 \(Dense\(3\)\) do "
+                       r"not fit it: it expects \{'W': float32\[4, 3\], 'b': float32\[3\]\}, got "
+                       r"\{'bias': float32\[4\], 'scale': float32\[4\]\}.*init"):
+        net.apply(other_params, state, x)
+    with pytest.raises(ValueError, match=r"params and state look swapped.*apply\(params, state"):
+        net.apply(state, params, x)                          # today: tuple indices must be...
+    with pytest.raises(ValueError, match=r"apply needs this layer's state.*swapped"):
+        other.apply(*reversed(other.init(KEY, (-1, 4))[1:]), x)
+    # Nested: the path is the params path (funcnet.params.paths), the layer named.
+    deep = funcnet.serial(Relu, funcnet.serial(encoder=Dense(3), head=Dense(2)))
+    _, deep_params, _ = deep.init(KEY, (-1, 4))
+    wrong = (deep_params[0], {"encoder": {"E": jnp.ones((5, 3))}, "head": deep_params[1]["head"]})
+    with pytest.raises(ValueError, match=r"serial: the params given to layer 1/encoder "
+                       r"\(Dense\(3\)\) do not fit it"):
+        deep.apply(wrong, (), x)
+    with pytest.raises(ValueError, match=r"layer 1 \(serial\).*encoder.*got \['a'\]"):
+        deep.apply((deep_params[0], {"a": 1}), (), x)
+    # A layer's own bug (a KeyError with the right params) is left as it is.
+    def init(rng, shape):
+        return shape, {"w": jnp.ones(())}, ()
+
+    def apply(params, state, x, *, rng=None, train=False):
+        return x * params["typo"], state
+
+    buggy = funcnet.serial(funcnet.named("Buggy", init, apply))
+    _, bp, bs = buggy.init(KEY, (-1, 4))
+    with pytest.raises(KeyError, match="typo"):
+        buggy.apply(bp, bs, x)

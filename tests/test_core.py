@@ -2,6 +2,7 @@
 import chex
 import jax
 import jax.numpy as jnp
+import optax
 import pytest
 import funcnet
 from funcnet import combinators, core
@@ -116,3 +117,13 @@ def test_split_rng_and_shape_helpers():
     with pytest.raises(ValueError, match="L: strides must be a positive int or 2 positive ints"):
         core.as_tuple("L", (1, 0), 2, "strides")
     chex.assert_equal(core.check_shape("L", [2, 3]), (2, 3))
+
+
+def test_an_int_seed_where_init_needs_a_key_says_use_jax_random_key():
+    from funcnet.train import TrainState
+    net = funcnet.serial(Dense(3), Dense(2))
+    for call in (lambda: net.init(0, (-1, 4)), lambda: Dense(3).init(7, (-1, 4)),
+                 lambda: TrainState.create(net, optax.sgd(0.1), 0, (-1, 4))):
+        with pytest.raises(TypeError, match=r"rng must be a jax PRNG key, got the int \d: pass "
+                           r"jax.random.key\(\d\)"):
+            call()

@@ -145,3 +145,101 @@ def test_mesh_helpers_place_state_whole_and_split_batches():
         distributed.shard_batch(mesh, (x, y[:4]))
     with pytest.raises(ValueError, match="asked for 9 devices"):
         distributed.data_mesh(9)
+
+
+def test_shard_refuses_leaves_of_different_leading_sizes():
+    # Each would be split on its own: images and labels of different examples, silently.
+    with pytest.raises(ValueError, match=r"shard: every leaf of the batch needs the same leading "
+                       r"\(batch\) size, got \[0\]: 8, \[1\]: 4"):
+        distributed.shard((np.zeros((8, 2)), np.zeros(4)), 4)
+    with pytest.raises(ValueError, match=r"\['y'\]: 12"):
+        distributed.shard({"x": np.zeros((8, 2)), "y": np.zeros(12)}, 4)
+
+
+def test_int64_values_that_int32_cannot_hold_are_refused_not_wrapped():
+    # With x64 off JAX stores int64 as int32: 2**40 would silently become 0.
+    assert not jax.config.jax_enable_x64
+    big = {"count": np.int64(2**40)}
+    with pytest.raises(ValueError, match=r"replicate: \['count'\] holds 1099511627776, which "
+                       r"int32 cannot hold.*jax_enable_x64"):
+        distributed.replicate(big)
+    mesh = distributed.data_mesh()
+    with pytest.raises(ValueError, match=r"replicate_on: \['count'\]"):
+        distributed.replicate_on(mesh, big)
+    ids = np.array([0, 1, 2, -2**35], np.int64)
+    with pytest.raises(ValueError, match=r"shard_batch: \[1\] holds -34359738368"):
+        distributed.shard_batch(mesh, (np.zeros(4), ids))
+    with pytest.raises(ValueError, match=r"shard: \[1\] holds -34359738368"):
+        distributed.shard((np.zeros(4), ids))
+    with pytest.raises(ValueError, match=r"shard_local_batch: \[1\] holds -34359738368"):
+        distributed.shard_local_batch(mesh, (np.zeros(4), ids))
+    # int64 values that fit are fine (NumPy's default integer dtype), and round-trip.
+    small = {"count": np.int64(2**31 - 1), "labels": np.arange(8)}
+    back = distributed.unreplicate(distributed.replicate(small))
+    assert int(back["count"]) == 2**31 - 1
+    distributed.shard_batch(mesh, (np.arange(8),))
+
+
+def test_unreplicate_refuses_trees_that_were_never_replicated():
+    rep = distributed.replicate({"w": jnp.ones(3)})
+    np.testing.assert_array_equal(distributed.unreplicate(rep)["w"], np.ones(3))
+    out = jax.pmap(lambda x: x * 2)(jnp.ones((4, 3)))      # a pmap output is per-device too
+    np.testing.assert_array_equal(distributed.unreplicate(out), 2 * np.ones(3))
+    host = jax.device_get(rep)                               # a host copy of replicas
+    np.testing.assert_array_equal(distributed.unreplicate(host)["w"], np.ones(3))
+    with pytest.raises(ValueError, match=r"unreplicate: \['w'\] is not split one row per device"
+                       r".*shape \(10,\) on 1 device.*replicate\(\) or a pmapped"):
+        distributed.unreplicate({"w": jnp.arange(10.0)})
+    mesh_copy = distributed.replicate_on(distributed.data_mesh(), {"w": jnp.ones((4, 3))})
+    with pytest.raises(ValueError, match=r"whole on every device.*replicate_on.*as it is"):
+        distributed.unreplicate(mesh_copy)
+    with pytest.raises(ValueError, match=r"unreplicate: \['b'\] has no leading replica axis"):
+        distributed.unreplicate({"a": np.ones((4, 3)), "b": np.float32(1.0)})
+    with pytest.raises(ValueError, match=r"leading sizes.*\['a'\]: 4.*\['b'\]: 3"):
+        distributed.unreplicate({"a": np.ones((4, 3)), "b": np.ones(3)})
+
+
+@pytest.mark.parametrize("var,value", [("FUNCNET_NUM_PROCESSES", "two"),
+                                       ("FUNCNET_PROCESS_ID", "1.5"),
+                                       ("FUNCNET_COORDINATOR", "localhost")])
+def test_initialize_names_a_bad_environment_variable(monkeypatch, var, value):
+    for v in ("FUNCNET_NUM_PROCESSES", "FUNCNET_PROCESS_ID", "FUNCNET_COORDINATOR"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv(var, value)
+    # Checked before jax.distributed is touched: nothing is started.
+    with pytest.raises(ValueError, match=rf"initialize: the environment variable {var}={value!r}"):
+        distributed.initialize()
+
+
+class _FakeStep:
+    """Outputs of a step dispatched but not finished until someone blocks on them."""
+
+    def __init__(self, log, i):
+        self.log, self.i = log, i
+
+    def block_until_ready(self):
+        self.log.append(self.i)
+        return self
+
+
+def test_in_flight_never_lets_more_than_k_steps_run_unfinished():
+    for k in (1, 2, 3):
+        waited, in_flight_at_dispatch = [], []
+        in_flight = distributed.InFlight(k, cpu_only=False)
+        for i in range(10):
+            # Dispatching step i: steps 0..i are dispatched, `waited` are known finished.
+            in_flight_at_dispatch.append(i + 1 - len(waited))
+            assert in_flight.add({"loss": _FakeStep(waited, i)})["loss"].i == i
+        assert max(in_flight_at_dispatch) == k      # bounded, and no tighter than asked
+        assert waited == list(range(10 - (k - 1)))  # always the oldest step first
+        in_flight.wait()
+        assert waited == list(range(10))
+    unbounded = distributed.InFlight(None)
+    waited = []
+    for i in range(5):
+        unbounded.add(_FakeStep(waited, i))
+    assert waited == []
+    # cpu_only (the default): bounded here, on CPU devices.
+    assert distributed.InFlight().max_in_flight == 2
+    with pytest.raises(ValueError, match="max_in_flight"):
+        distributed.InFlight(0)

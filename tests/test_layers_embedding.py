@@ -77,3 +77,12 @@ def test_embedding_errors_and_contract():
         with pytest.raises(ValueError, match="Embedding"):
             Embedding(*bad)
     check_layer(Embedding(6, 3), (-1, 4), inputs=jnp.asarray(_ids(0, 6, 2, 4), jnp.int32))
+
+
+def test_embedding_concrete_out_of_range_ids_are_an_error_like_torch():
+    init, apply = Embedding(5, 3)
+    _, params, _ = init(jax.random.key(0), (-1,))
+    with pytest.raises(ValueError, match=r"Embedding\(5, 3\): ids must be in \[0, 5\), found "
+                       r"\[-1, 5, 100\].*vocab_size.*NaN"):
+        apply(params, (), jnp.array([1, -1, 5, 100, 4]))
+    apply(params, (), np.array([0, 4]))          # in range: fine eagerly too

@@ -207,3 +207,25 @@ def test_layernorm_errors_and_contract():
     with pytest.raises(ValueError, match=r"LayerNorm.*built for \(5,\)"):
         apply(params, (), jnp.ones((2, 6)))
     check_layer(LayerNorm(axis=(-2, -1)), (-1, 2, 5), inputs=jnp.asarray(_randn(0, 2, 2, 5)))
+
+
+def test_batchnorm_train_needs_more_than_one_value_per_channel():
+    # One value per channel has variance 0: the output would be the bias alone, silently.
+    init, apply = BatchNorm()
+    _, params, state = init(jax.random.key(0), (-1, 3))
+    for shape in ((1, 3), (0, 3)):
+        with pytest.raises(ValueError, match=r"BatchNorm: expected more than 1 value per channel "
+                           rf"when training, got input of shape \({shape[0]}, 3\).*"
+                           r"drop_remainder=True.*train=False"):
+            apply(params, state, jnp.ones(shape), train=True)
+    channels_first = BatchNorm(axis=1)
+    _, p2, s2 = channels_first.init(jax.random.key(0), (-1, 2, 1))
+    with pytest.raises(ValueError, match=r"BatchNorm\(axis=1\).*\(1, 2, 1\)"):
+        jax.jit(lambda x: channels_first.apply(p2, s2, x, train=True))(jnp.ones((1, 2, 1)))
+    apply(params, state, jnp.ones((1, 3)), train=False)   # eval mode uses the running stats
+    channels_first.apply(p2, s2, jnp.ones((1, 2, 2)), train=True)  # 2 values per channel
+    # Synced: one example per device is fine, the statistics are over all of them.
+    synced = BatchNorm(axis_name="b")
+    y, _ = jax.pmap(lambda x: synced.apply(params, state, x, train=True), axis_name="b")(
+        jnp.arange(12.0).reshape(4, 1, 3))
+    assert np.isfinite(y).all() and np.abs(y).max() > 0.5

@@ -232,3 +232,22 @@ def test_device_data_on_a_mesh_is_split_and_under_pmap_is_iterated():
     assert hm[-1]["loss"] == pytest.approx(h1[-1]["loss"], rel=1e-5)
     with pytest.raises(ValueError, match="steps_per_dispatch=2 needs train_data=funcnet.data"):
         fit(ts, loss_fn, opt, dd, devices=4, steps_per_dispatch=2)
+
+
+def test_fit_checks_eval_metric_and_epochs_before_training():
+    from funcnet import metrics
+    ts, loss_fn, opt, train_data, kw = fit_setup()
+    steps = []
+
+    class Steps(callbacks.Callback):
+        def on_step_end(self, ctx, step):
+            steps.append(step)
+
+    # eval_fn returns the collection's state; metric= is one Accuracy: found before epoch 1.
+    with pytest.raises(ValueError, match=r"fit: eval_fn returns a state that metric= cannot "
+                       r"compute: funcnet.metrics.Accuracy.compute: the state does not fit.*"
+                       r"got \{'acc': .*'loss': .*the metric whose state eval_fn returns"):
+        fit(ts, loss_fn, opt, train_data, callbacks=[Steps()], **dict(kw, metric=metrics.Accuracy()))
+    with pytest.raises(ValueError, match=r"fit: epochs must be a non-negative int, got -1"):
+        fit(ts, loss_fn, opt, train_data, epochs=-1, callbacks=[Steps()], **kw)
+    assert steps == []

@@ -570,3 +570,20 @@ def test_sum_mean_gradient_is_the_formulas():
     grad = jax.grad(lambda p: losses.mse(p, y, reduction="sum_mean"))(jnp.asarray(p))
     # d/dp (1/N) sum_n sum_i (p - y)^2 = 2 (p - y) / N, N = 4 examples
     np.testing.assert_allclose(grad, 2 * (p - y) / SM_SHAPE[0], rtol=1e-5, atol=1e-7)
+
+
+def test_one_hot_labels_and_torch_layout_get_the_right_hint():
+    logits = jnp.zeros((4, 3))
+    one_hot = jax.nn.one_hot(jnp.array([0, 2, 1, 0]), 3)
+    with pytest.raises(TypeError, match=r"nll_loss: labels must be integer class ids, got dtype "
+                       r"float32 of the inputs' shape \(4, 3\): one-hot.*argmax\(-1\)"):
+        losses.nll_loss(jax.nn.log_softmax(logits), one_hot)
+    # Classes on axis 1, torch's (N, C, d1) layout: the shapes fit axis=1 only.
+    torch_logits, labels = jnp.zeros((2, 3, 5)), jnp.zeros((2, 5), jnp.int32)
+    for loss in (losses.cross_entropy, losses.nll_loss):
+        with pytest.raises(ValueError, match=r"fit classes on axis 1 \(PyTorch's \(N, C, d1, "
+                           r"...\) layout\): pass axis=1"):
+            loss(torch_logits, labels)
+        loss(torch_logits, labels, axis=1)
+    with pytest.raises(ValueError, match=r"multiclass_hinge.*axis 1.*jnp.moveaxis\(scores, 1, -1\)"):
+        losses.multiclass_hinge(torch_logits, labels)

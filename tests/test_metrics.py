@@ -169,3 +169,37 @@ def test_merge_under_pmap():
     out = jax.pmap(per_device, axis_name="batch")(*sharded)
     for d in range(devices):
         _assert_tree_close(jax.tree.map(lambda x: x[d], out), full)
+
+
+def test_another_metrics_state_is_a_clear_error_not_a_key_error():
+    acc, mean, cm = metrics.Accuracy(), metrics.Mean(), metrics.ConfusionMatrix(C)
+    with pytest.raises(ValueError, match=r"funcnet.metrics.Accuracy.update: the state does not "
+                       r"fit this metric: it expects \{'correct': int32\[\], 'count': int32\[\]\}, "
+                       r"got \{'total': float32\[\], 'weight': float32\[\]\}.*init\(\)"):
+        acc.update(mean.init(), LOGITS, LABELS)
+    with pytest.raises(ValueError, match=r"Accuracy.compute: the state does not fit"):
+        acc.compute(mean.init())
+    with pytest.raises(ValueError, match=r"ConfusionMatrix.update: .*int32\[4, 4\].*int32\[5, 5\]"):
+        cm.update(metrics.ConfusionMatrix(C + 1).init(), LOGITS, LABELS)
+    col = metrics.collection(acc=acc, loss=mean)
+    with pytest.raises(ValueError, match=r"collection.update: the state does not fit this "
+                       r"collection: it expects a dict of \['acc', 'loss'\], got "
+                       r"\{'correct': int32\[\], 'count': int32\[\]\}"):
+        col.update(acc.init(), acc=(LOGITS, LABELS))
+    swapped = {"acc": mean.init(), "loss": acc.init()}
+    with pytest.raises(ValueError, match=r"collection.compute: state\['acc'\] does not fit "
+                       r"metric 'acc' \(funcnet.metrics.Accuracy\)"):
+        col.compute(swapped)
+    # A leading axis (per-device states from pmap) still computes, one value per device.
+    per_device = jax.tree.map(lambda x: np.stack([x] * 2), acc.update(acc.init(), LOGITS, LABELS))
+    assert acc.compute(per_device).shape == (2,)
+
+
+def test_accuracy_with_one_hot_labels_says_so():
+    acc = metrics.Accuracy()
+    one_hot = np.eye(C, dtype=np.int32)[LABELS]
+    with pytest.raises(ValueError, match=r"labels of shape \(24, 4\) look one-hot.*"
+                       r"argmax\(-1\).*class ids"):
+        acc.update(acc.init(), LOGITS, one_hot)
+    with pytest.raises(ValueError, match=r"look one-hot"):
+        metrics.TopKAccuracy(2).update(acc.init(), LOGITS, one_hot)

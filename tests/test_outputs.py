@@ -347,3 +347,20 @@ def test_errors_raise_at_trace_time_under_jit():
     with pytest.raises(ValueError, match="label"):
         jax.jit(lambda d, l: O.softmax_output(d, l))(_X, _LAB[:2])
     assert math.isclose(float(jnp.sum(jax.jit(O.softmax_output)(_X, _LAB))), 4.0, rel_tol=1e-5)
+
+
+def test_softmax_output_checks_concrete_label_range_and_keeps_mxnet_semantics_under_jit():
+    x = np.zeros((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"softmax_output: labels must be class ids in \[0, 4\) "
+                       r"or ignore_label=-1, found \[4, 7\].*multi_output"):
+        O.softmax_output(x, np.array([0, 4, 7], np.float32))
+    with pytest.raises(ValueError, match=r"found \[-2\]"):
+        O.grad(lambda d: O.softmax_output(d, np.array([0, -2, 1])))(x)  # labels concrete
+    with pytest.raises(ValueError, match=r"\[0, 3\).*found \[3\]"):  # classes on axis 1
+        O.softmax_output(np.zeros((2, 3, 5), np.float32), np.full((2, 5), 3),
+                         multi_output=True)
+    O.softmax_output(x, np.array([0, -1, 3.7]))   # ignore_label, and 3.7 truncates to 3
+    O.softmax_output(x, np.array([0, 5, 1]), ignore_label=5, use_ignore=True)
+    # Under jit the values are unknown: MXNet's rule, an out-of-range label hits no class.
+    g = jax.jit(O.grad(lambda d, l: O.softmax_output(d, l)))(x, jnp.array([0, 4, 7]))
+    close(g[1:], np.full((2, 4), 0.25))

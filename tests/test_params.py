@@ -126,3 +126,19 @@ def _stop_gradient(layer):
     def apply(params, state, x, *, rng=None, train=False):
         return layer.apply(jax.lax.stop_gradient(params), state, x, rng=rng, train=train)
     return funcnet.named("StopGradient", layer.init, apply)
+
+
+@pytest.mark.parametrize("name,make", [
+    ("sgd", lambda: optim.sgd(0.1, momentum=0.9, weight_decay=0.1)),
+    ("adam", lambda: optim.adam(0.1, weight_decay=0.1)),
+    ("adamw", lambda: optim.adamw(0.1)),                    # weight_decay=0.01 by default
+    ("rmsprop", lambda: optim.rmsprop(0.1, momentum=0.9, weight_decay=0.1)),
+])
+def test_freeze_keeps_params_bit_identical_under_every_decaying_recipe(name, make):
+    """The promise in optim's docstrings: freeze(), not stop_gradient, freezes."""
+    net = autoencoder()
+    _, params, _ = net.init(KEY, (-1, 6))
+    x = jnp.ones((4, 6))
+    after = _frozen_step(freeze(make(), lambda p: subtree_mask(p, "encoder")), net, params, x)
+    jax.tree.map(np.testing.assert_array_equal, after["encoder"], params["encoder"])
+    assert not np.allclose(after["decoder"][0]["W"], params["decoder"][0]["W"])

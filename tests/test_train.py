@@ -81,6 +81,10 @@ def test_loss_fn_must_return_aux():
     bad = make_train_step(lambda p, s, b, r: (jnp.sum(net.apply(p, s, b[0])[0]), s), opt)
     with pytest.raises(TypeError, match="Aux"):
         bad(ts, (X[:4], Y[:4]))
+    loss_only = make_train_step(lambda p, s, b, r: jnp.sum(net.apply(p, s, b[0])[0]), opt)
+    with pytest.raises(TypeError, match=r"must return \(loss, Aux\(...\)\), got an array of "
+                       r"shape \(\) alone \(the loss without its Aux\?\).*loss, Aux\(state=state\)"):
+        jax.jit(loss_only)(ts, (X[:4], Y[:4]))
 
 
 def _global_vs_pmap(net, loss_fn_factory, n_steps=4, lr=0.05):
@@ -198,3 +202,23 @@ def test_metrics_may_not_shadow_the_loss():
                           optax.sgd(0.1))
     with pytest.raises(ValueError, match="may not contain 'loss'"):
         bad(ts, (X[:4], Y[:4]))
+
+
+def test_train_state_of_another_optimizer_is_named_before_optax_fails():
+    net = Dense(4)
+    ts = TrainState.create(net, optax.adam(1e-2), KEY, (-1, 8))
+    loss_fn = make_loss(net)
+    with pytest.raises(ValueError, match=r"make_train_step: the TrainState's opt_state was made "
+                       r"by another optimizer: it holds \(ScaleByAdamState, EmptyState\), this "
+                       r"optimizer's init gives \(TraceState, EmptyState\).*the same optimizer"):
+        make_train_step(loss_fn, optax.sgd(0.1, momentum=0.9))(ts, (X[:4], Y[:4]))
+    from funcnet import fit
+    with pytest.raises(ValueError, match=r"opt_state was made by another optimizer"):
+        fit(ts, loss_fn, optax.sgd(0.1, momentum=0.9), [(X[:4], Y[:4])], progress=False)
+    # Per model: the optimizer that does not fit is named.
+    models = {"a": (net, (-1, 8)), "b": (net, (-1, 8))}
+    two = TrainState.create(models, {"a": optax.adam(1e-2), "b": optax.sgd(0.1)}, KEY)
+    two_loss = lambda p, s, b, r: (jnp.sum(net.apply(p["a"], (), b[0])[0]) +  # noqa: E731
+                                   jnp.sum(net.apply(p["b"], (), b[0])[0]), Aux(state=s))
+    with pytest.raises(ValueError, match=r"opt_state\['b'\] was made by another optimizer"):
+        make_train_step(two_loss, {"a": optax.adam(1e-2), "b": optax.adam(1e-2)})(two, (X[:4],))

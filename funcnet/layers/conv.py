@@ -158,7 +158,8 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     perm = _layout_perm(spatial, rhs_spec, "I", "O")
     c_axis = lhs_spec.index("C")
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
-    W_init = W_init or initializers.torch_default()
+    W_init = checks.initializer(name, "W_init", W_init) or initializers.torch_default()
+    b_init = checks.initializer(name, "b_init", b_init)
     implementation = checks.one_of(name, "implementation", implementation,
                                    ("auto", "xla", "patches"))
     patches_ok = groups == 1 and (lhs_spec, rhs_spec, out_spec) == _DEFAULT_SPECS[n]
@@ -315,7 +316,9 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
         (lo, hi - op) for (lo, hi), op in zip(padding, output_padding))
     c_axis = lhs_spec.index("C")
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
-    W_init = W_init or initializers.torch_default(in_axis=-1, out_axis=-2)
+    W_init = (checks.initializer(name, "W_init", W_init)
+              or initializers.torch_default(in_axis=-1, out_axis=-2))
+    b_init = checks.initializer(name, "b_init", b_init)
 
     def spatial_size(i, letter, size):
         pad = padding if isinstance(padding, str) else padding[i]

@@ -19,7 +19,8 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
     """
     out_dim = checks.positive_int("Dense", "out_dim", out_dim)
     name = f"Dense({out_dim})"
-    W_init = W_init or initializers.torch_default()
+    W_init = checks.initializer(name, "W_init", W_init) or initializers.torch_default()
+    b_init = checks.initializer(name, "b_init", b_init)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=1)

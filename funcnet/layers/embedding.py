@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from funcnet import _checks as checks
 from funcnet import distributed
@@ -30,13 +31,16 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
     row of NaN, so the mistake shows up as a NaN loss instead of a wrong but
     plausible vector. Such rows get no gradient.
 
+    Ids whose values are known (``apply`` called outside ``jit``) are checked as
+    torch does: one outside ``[0, vocab_size)`` raises ValueError.
+
     Ids split over Explicit mesh axes (``jax.make_mesh``) give rows split the same
     way (:func:`funcnet.distributed.gather`).
     """
     vocab_size = checks.positive_int("Embedding", "vocab_size", vocab_size)
     dim = checks.positive_int("Embedding", "dim", dim)
     name = f"Embedding({vocab_size}, {dim})"
-    E_init = E_init or initializers.normal(1.0)
+    E_init = checks.initializer(name, "E_init", E_init) or initializers.normal(1.0)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=0)
@@ -49,6 +53,7 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
                             f"Cast them, e.g. ids.astype(jnp.int32).")
         table = params["E"]
         n = table.shape[0]
+        _check_concrete_ids(name, inputs, n)
         # int32 indices unless the ids are 64-bit: `n` must fit (uint8 ids, vocab 256), and
         # uint32 ids past 2**31 wrap negative, which the range check below catches.
         ids = inputs if inputs.dtype.itemsize >= 8 else inputs.astype(jnp.int32)
@@ -56,3 +61,17 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
         return distributed.gather(table, ids, mode="fill", fill_value=jnp.nan), state
 
     return named(name, init, apply)
+
+
+def _check_concrete_ids(layer: str, ids, n: int) -> None:
+    """Outside jit the ids are known: an out-of-range one is an error (torch's IndexError)
+    rather than the NaN rows jit gives."""
+    values = checks.concrete(ids)
+    if values is None or values.size == 0:
+        return
+    bad = (values < 0) | (values >= n)
+    if bad.any():
+        found = np.unique(values[bad])[:8].tolist()
+        raise ValueError(f"{layer}: ids must be in [0, {n}), found {found}. Check vocab_size "
+                         f"(the largest id + 1) and the tokenizer. Under jit such ids are not "
+                         f"checked and give rows of NaN.")

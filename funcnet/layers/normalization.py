@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Hashable, Optional
 
 import jax.numpy as jnp
@@ -47,6 +48,23 @@ def _check_stats_dtype(layer: str, state) -> None:
                             f"from init (cast only params and inputs for mixed precision, "
                             f"e.g. with funcnet.precision.apply_policy), or upcast it once: "
                             f"jax.tree.map(lambda a: a.astype(jnp.float32), state).")
+
+
+def _check_batch_statistics(layer: str, shape, reduce_axes, axis_name) -> None:
+    """torch's "Expected more than 1 value per channel when training": with one value
+    per channel the batch variance is 0 and the output is the bias alone, silently;
+    with none, NaN. Shapes are static, so this fires once, at trace time."""
+    count = math.prod(shape[a] for a in reduce_axes)
+    if count == 1 and axis_name is not None:
+        count *= lax.axis_size(axis_name)  # synced: statistics over every device's values
+    if count > 1:
+        return
+    raise ValueError(
+        f"{layer}: expected more than 1 value per channel when training, got input of shape "
+        f"{tuple(shape)}: the batch statistics over axes {tuple(reduce_axes)} would be taken "
+        f"over {count} value(s) per channel, and the output would be the bias alone (or NaN). "
+        f"Drop the last partial batch (funcnet.data.batches(..., drop_remainder=True)), use "
+        f"batches of at least 2 examples, or apply it with train=False (running statistics).")
 
 
 def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, center: bool = True,
@@ -130,6 +148,7 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
         x = inputs.astype(_compute_dtype(inputs.dtype))
 
         if train:
+            _check_batch_statistics(name, inputs.shape, reduce_axes, axis_name)
             mean = jnp.mean(x, axis=reduce_axes)
             if axis_name is not None:
                 mean = lax.pmean(mean, axis_name)
