@@ -77,14 +77,14 @@ def run(peer, cfg, case):
     first = time.perf_counter() - t0
     ts, m = run_steps(ts, 2)
     common.block(m)
-    holder = {"ts": ts}
+    holder = {"ts": ts, "m": m}
 
     def block():
-        holder["ts"], m = run_steps(holder["ts"], steps)
-        common.block(m)
+        holder["ts"], holder["m"] = run_steps(holder["ts"], steps)
+        common.block(holder["m"])
 
     values = [t / steps for t in common.measure(block, reps)]
-    ts = holder["ts"]
+    ts, m = holder["ts"], holder["m"]
     predict = jax.jit(lambda p, s, xb: jnp.argmax(net.apply(p, s, xb)[0], -1))
     correct = sum(int(jnp.sum(predict(ts.params, ts.state, x_test[i:i + 1000])
                               == y_test[i:i + 1000])) for i in range(0, len(x_test), 1000))
