@@ -272,7 +272,7 @@ def Im2colConv(out_chan, filter_shape):
     return named(f"Im2colConv({out_chan}, {filter_shape!r})", init, apply)
 
 
-def _funcnet_model(weights, im2col=False, conv_impl="auto"):
+def _funcnet_model(weights, im2col=False, conv_impl=("auto", "auto")):
     import jax
     import jax.numpy as jnp
     from funcnet.combinators import serial
@@ -282,9 +282,10 @@ def _funcnet_model(weights, im2col=False, conv_impl="auto"):
     from funcnet.layers.pooling import MaxPool
     from funcnet.layers.shape import Flatten
 
-    C = Im2colConv if im2col else functools.partial(Conv, implementation=conv_impl)
+    C1, C2 = ((Im2colConv,) * 2 if im2col else
+              [functools.partial(Conv, implementation=impl) for impl in conv_impl])
     P = lambda: MaxPool((2, 2))  # window == stride: funcnet's reshape + argmax path
-    init, apply = serial(C(32, (K, K)), Relu, P(), C(64, (K, K)), Relu, P(),
+    init, apply = serial(C1(32, (K, K)), Relu, P(), C2(64, (K, K)), Relu, P(),
                          Flatten, Dense(128), Relu, Dense(10))
     # Only the tree structure is needed (the shared weights replace the drawn ones), so
     # init is traced abstractly rather than run op by op.
@@ -320,8 +321,9 @@ def _jax_peer(peer, cfg, case):
     w = cnn_weights()
     channels_first = False
     if peer.startswith("funcnet"):
-        params, forward = _funcnet_model(w, im2col="im2col" in peer,
-                                         conv_impl="xla" if peer == "funcnet-xlaconv" else "auto")
+        conv_impl = {"funcnet-xlaconv": ("xla", "xla"),
+                     "funcnet-unchunked": ("auto", "xla")}.get(peer, ("auto", "auto"))
+        params, forward = _funcnet_model(w, im2col="im2col" in peer, conv_impl=conv_impl)
     else:
         wts, forward, channels_first = JAX_VARIANTS[peer](w)
         params = {k: jnp.asarray(v) for k, v in wts.items()}

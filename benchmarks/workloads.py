@@ -78,9 +78,11 @@ WORKLOADS: List[Workload] = [
     Workload(
         "cnn", "3. LeNet-style CNN: conv5x5x32-maxpool2-conv5x5x64-maxpool2-dense128-dense10, "
                "batch 128, Adam(1e-3)", "s/step",
-        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC); MaxPool takes its reshape+argmax path; the one-channel conv1 runs as patches @ kernel (Conv's CPU default)"),
+        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC); MaxPool takes its reshape+argmax path; Conv's CPU default: the one-channel conv1 as patches @ kernel, conv2 on 4 chunks of 32 examples"),
+               Peer("funcnet-unchunked", "benchmarks.cnn:run",
+                    note="the same with conv2 as Conv(implementation='xla'): one convolution over the batch"),
                Peer("funcnet-xlaconv", "benchmarks.cnn:run",
-                    note="the same with Conv(implementation='xla'): lax.conv_general_dilated for conv1 too"),
+                    note="the same with both convs as Conv(implementation='xla'): one lax.conv_general_dilated each"),
                Peer("funcnet-im2col", "benchmarks.cnn:run",
                     note="funcnet serial with a benchmark-local im2col Conv layer"),
                Peer("jax-nhwc", "benchmarks.cnn:run",

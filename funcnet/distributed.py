@@ -37,7 +37,8 @@ from funcnet import _checks as checks
 
 __all__ = ["initialize", "data_mesh", "replicate_on", "shard_batch", "shard_local_batch",
            "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
-           "local_device_count", "InFlight", "explicit_spec", "explicit_sharding", "gather"]
+           "local_device_count", "InFlight", "explicit_spec", "explicit_sharding", "gather",
+           "on_global_mesh"]
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
@@ -448,6 +449,21 @@ def explicit_spec(x) -> Optional[tuple]:
     spec = tuple(jax.typeof(x).sharding.spec)
     spec += (None,) * (np.ndim(x) - len(spec))
     return spec if any(p is not None for p in spec) else None
+
+
+def on_global_mesh(x) -> bool:
+    """Whether ``x``, being traced, is a global value the compiler may split over a mesh.
+
+    True under ``jax.set_mesh`` with Auto or Explicit axes, and for ``x`` split over
+    Explicit axes; False on one device and in the body of ``jax.pmap`` or
+    ``jax.shard_map``, where values are per device. A ``jax.jit`` over arrays placed
+    with a ``NamedSharding`` but no ``jax.set_mesh`` cannot be told from one device
+    while tracing (False). For layers that would reorganise the batch axis, which only
+    pays off where that axis is local.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    on_mesh = not mesh.empty and any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
+    return on_mesh or explicit_spec(x) is not None
 
 
 def explicit_sharding(like, *spec) -> Optional[jax.sharding.NamedSharding]:

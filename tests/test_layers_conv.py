@@ -364,3 +364,47 @@ def test_patches_implementation_needs_the_default_layout_and_one_group():
     _, params, _ = layer.init(jax.random.PRNGKey(0), (1, 5, 5, 2))
     assert "conv_general_dilated" in str(jax.make_jaxpr(
         lambda x: layer.apply(params, (), x)[0])(jnp.ones((1, 5, 5, 2))))
+
+
+def _conv_count(layer, params, x):
+    """How many convolutions the forward and backward pass trace to (traced, not run)."""
+    grad = jax.grad(lambda p, x: jnp.sum(layer.apply(p, (), x)[0]), (0, 1))
+    return str(jax.make_jaxpr(grad)(params, x)).count("conv_general_dilated")
+
+
+@pytest.mark.parametrize("kwargs,shape,pieces", [
+    (dict(padding="SAME"), (70, 6, 6, 3), 3),                        # 32 + 32 + 6
+    (dict(strides=2, dimension_numbers=("NCHW", "OIHW", "NCHW")), (64, 3, 7, 7), 2),
+    (dict(feature_group_count=2, dilation=2), (33, 9, 9, 4), 2),     # 32 + 1
+    (dict(implementation="chunked"), (40, 9, 3), 2),                 # 1-D only when asked
+])
+def test_batch_chunked_conv_equals_one_convolution(kwargs, shape, pieces):
+    """On CPU a 2-D Conv of a batch over 32 (or any Conv with implementation='chunked') runs
+    XLA's convolution 32 examples at a time: values and both gradients as one convolution."""
+    filt = (3,) * (len(shape) - 2)
+    chunked = Conv(4, filt, **{"implementation": "auto", **kwargs})
+    whole = Conv(4, filt, **{**kwargs, "implementation": "xla"})
+    _, params, _ = chunked.init(jax.random.key(0), shape)
+    x = jnp.asarray(_randn(*shape))
+    np.testing.assert_allclose(chunked.apply(params, (), x)[0], whole.apply(params, (), x)[0],
+                               rtol=1e-5, atol=1e-5)
+    loss = lambda layer: lambda p, x: jnp.sum(jnp.sin(layer.apply(p, (), x)[0]))  # noqa: E731
+    for got, want in zip(jax.grad(loss(chunked), (0, 1))(params, x),
+                         jax.grad(loss(whole), (0, 1))(params, x)):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), got, want)
+    # forward, input gradient and filter gradient: one convolution each per piece
+    assert _conv_count(chunked, params, x) == 3 * pieces
+    assert _conv_count(whole, params, x) == 3
+
+
+def test_auto_chunks_only_large_2d_batches_on_cpu_and_caps_the_pieces():
+    key = jax.random.key(0)
+    cases = [((32, 6, 6, 3), (3, 3), 1),      # 32 examples: one convolution
+             ((600, 6, 6, 3), (3, 3), 16),    # at most 16 pieces (of 38)
+             ((96, 9, 3), (3,), 1),           # 1-D and 3-D: not measured to gain, one
+             ((96, 4, 4, 4, 2), (2, 2, 2), 1)]
+    for shape, filt, pieces in cases:
+        layer = Conv(2, filt, W_init=jax.nn.initializers.zeros)
+        _, params, _ = layer.init(key, shape)
+        x = jax.ShapeDtypeStruct(shape, jnp.float32)
+        assert _conv_count(layer, params, x) == 3 * pieces, shape

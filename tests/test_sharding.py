@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from funcnet import combinators as C
 from funcnet import layers as L
-from funcnet import losses, metrics, outputs
+from funcnet import distributed, losses, metrics, outputs
 
 N = 8  # global batch: two examples per device
 
@@ -86,6 +86,8 @@ LAYERS = {
     "Conv2D": _layer(L.Conv(4, (3, 3), strides=2), img2),
     "Conv3D": _layer(L.Conv(2, (2, 2, 2)), img3),
     "Conv2D-one-channel": _layer(L.Conv(4, (3, 3), padding="SAME"), img2[..., :1]),  # patches
+    # 72 examples: 3 chunks on one device, one convolution on the meshes
+    "Conv2D-large-batch": _layer(L.Conv(4, (3, 3), padding="SAME"), _randn(7, 72, 6, 6, 3)),
     "ConvTranspose": _layer(L.ConvTranspose(2, (3, 3), strides=2, padding="SAME"), img2),
     "MaxPool": _layer(L.MaxPool((2, 2)), img2),
     "MaxPool-overlapping": _layer(L.MaxPool((3, 3), strides=1, padding=1), img2),
@@ -194,3 +196,25 @@ def test_batch_sharded_jit_equals_one_device(case, mesh_kind):
         scale = float(np.nanmax(np.abs(want), initial=1.0)) if want.dtype.kind == "f" else 0.0
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * scale,
                                    err_msg=f"{case} on the {mesh_kind} mesh")
+
+
+def test_conv_chunks_the_batch_only_where_it_is_local():
+    """Conv's batch chunks (CPU, 2-D, over 32 examples) would slice across devices on a
+    global mesh, so there it is one convolution; in shard_map and pmap bodies the batch
+    is the device's own and is chunked."""
+    layer = L.Conv(4, (3, 3))
+    _, params, _ = layer.init(jax.random.key(0), (-1, 6, 6, 3))
+    count = lambda f, *a: str(jax.make_jaxpr(f)(*a)).count("conv_general_dilated")  # noqa: E731
+    apply = lambda x: layer.apply(params, (), x)[0]  # noqa: E731
+    x = jnp.zeros((4 * 40, 6, 6, 3))
+    assert count(apply, x) == 5  # 160 examples: 5 chunks of 32
+    for kind in MESHES.values():
+        mesh = jax.make_mesh((4,), ("data",), axis_types=kind)
+        split = jax.device_put(x, NamedSharding(mesh, P("data")))
+        with jax.set_mesh(mesh):
+            assert distributed.on_global_mesh(x)
+            assert count(apply, split) == 1
+            local = jax.shard_map(apply, in_specs=P("data"), out_specs=P("data"))
+            assert count(local, split) == 2  # 40 examples per device: 32 + 8
+    assert not distributed.on_global_mesh(x)
+    assert count(jax.pmap(apply), x.reshape(4, 40, 6, 6, 3)) == 2

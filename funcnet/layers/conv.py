@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from funcnet import _checks as checks
+from funcnet import distributed
 from funcnet import initializers
 from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
 from funcnet.layers._patches import patch_conv
@@ -131,12 +132,19 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         ``torch_default_bias(fan_in)`` with ``fan_in = prod(filter_shape) * in_chan /
         groups``. Together these match ``nn.ConvNd.reset_parameters``.
       use_bias: whether to add the bias ``b``.
-      implementation: ``"xla"`` (``lax.conv_general_dilated``), ``"patches"``
+      implementation: ``"xla"`` (one ``lax.conv_general_dilated``), ``"patches"``
         (the input's patches times the kernel, with a hand-written gradient; the
-        default layout and ``feature_group_count=1`` only), or ``"auto"`` (default):
-        patches for a one-channel input on CPU, where XLA's filter gradient of such a
-        convolution is slow (``benchmarks/CONV_NOTES.md``), else xla. Both give the
-        same values and gradients up to float rounding.
+        default layout and ``feature_group_count=1`` only), ``"chunked"`` (XLA's
+        convolution on 32 examples at a time, the outputs concatenated; at most 16
+        pieces, so larger batches get larger ones), or ``"auto"`` (default). On CPU,
+        ``"auto"`` takes patches for a one-channel input, and chunks for a 2-D
+        convolution of a batch over 32: XLA:CPU's kernels, the filter gradient above
+        all, are up to 2.5x slower on a whole batch of 128 than on four of 32
+        (``benchmarks/CONV_NOTES.md``); elsewhere xla. Chunks need the batch axis on
+        this device: on a global mesh (``jax.set_mesh`` with Auto or Explicit axes,
+        or an input split over Explicit axes) ``"chunked"`` and ``"auto"`` use one
+        convolution; inside ``pmap``/``shard_map`` they chunk the local batch. All give
+        the same values and gradients up to float rounding.
 
     Params are ``{"W": kernel in the rhs layout, "b": (out_chan,)}``. To port a
     PyTorch ``Conv2d`` weight ``w`` (``OIHW``) to the default layout use
@@ -161,7 +169,7 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     W_init = checks.initializer(name, "W_init", W_init) or initializers.torch_default()
     b_init = checks.initializer(name, "b_init", b_init)
     implementation = checks.one_of(name, "implementation", implementation,
-                                   ("auto", "xla", "patches"))
+                                   ("auto", "xla", "patches", "chunked"))
     patches_ok = groups == 1 and (lhs_spec, rhs_spec, out_spec) == _DEFAULT_SPECS[n]
     if implementation == "patches" and not patches_ok:
         raise ValueError(f"{name}: implementation='patches' needs the default channels-last "
@@ -192,23 +200,52 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         out_shape(tuple(inputs.shape))  # a readable error for inputs smaller than the window
         dtype = jnp.result_type(inputs, W)
         x, W = inputs.astype(dtype), W.astype(dtype)
-        if _use_patches(implementation, patches_ok, x.shape[c_axis]):
+        path = _conv_path(implementation, patches_ok, x, c_axis, lhs_spec.index("N"), n)
+        if path == "patches":
             pads = (lax.padtype_to_pads(x.shape[1:-1], window, strides, padding)
                     if isinstance(padding, str) else padding)
             out = patch_conv(x, W, strides, dilation, pads)
         else:
-            out = lax.conv_general_dilated(
-                x, W, strides, padding, rhs_dilation=dilation,
-                dimension_numbers=(lhs_spec, rhs_spec, out_spec), feature_group_count=groups)
+            def conv(x):
+                return lax.conv_general_dilated(
+                    x, W, strides, padding, rhs_dilation=dilation,
+                    dimension_numbers=(lhs_spec, rhs_spec, out_spec), feature_group_count=groups)
+            out = (_batch_chunked(conv, x, lhs_spec.index("N"), out_spec.index("N"))
+                   if path == "chunked" else conv(x))
         return _add_bias(out, params, out_spec), state
 
     return named(name, init, apply)
 
 
-def _use_patches(implementation: str, patches_ok: bool, in_chan: int) -> bool:
-    if implementation != "auto":
-        return implementation == "patches"
-    return patches_ok and in_chan == 1 and jax.default_backend() == "cpu"
+# Examples per convolution on the "chunked" path, and at most this many pieces
+# (benchmarks/CONV_NOTES.md: 16-32 examples were best for LeNet's conv2 on XLA:CPU).
+_CHUNK = 32
+_MAX_CHUNKS = 16
+
+
+def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: int,
+               n_spatial: int) -> str:
+    """"patches", "chunked" or "xla": what ``Conv`` computes ``x`` with (see its docstring)."""
+    if implementation == "auto" and jax.default_backend() == "cpu":
+        if patches_ok and x.shape[c_axis] == 1:
+            return "patches"
+        if n_spatial == 2 and x.shape[n_axis] > _CHUNK:
+            implementation = "chunked"
+    if implementation == "chunked":
+        # Slices of a batch split over devices would cut across them.
+        return "xla" if distributed.on_global_mesh(x) else "chunked"
+    return "patches" if implementation == "patches" else "xla"
+
+
+def _batch_chunked(conv, x, n_in: int, n_out: int):
+    """``conv(x)`` as ``conv`` of consecutive slices of the batch axis, concatenated:
+    each output example depends on its own input only, so the values are the same."""
+    size = x.shape[n_in]
+    chunk = max(_CHUNK, -(-size // _MAX_CHUNKS))
+    if size <= chunk:
+        return conv(x)
+    return jnp.concatenate([conv(lax.slice_in_dim(x, i, min(i + chunk, size), axis=n_in))
+                            for i in range(0, size, chunk)], axis=n_out)
 
 
 # --------------------------------------------------------------------------- #
