@@ -379,8 +379,9 @@ def _conv_count(layer, params, x):
     (dict(implementation="chunked"), (40, 9, 3), 2),                 # 1-D only when asked
 ])
 def test_batch_chunked_conv_equals_one_convolution(kwargs, shape, pieces):
-    """On CPU a 2-D Conv of a batch over 32 (or any Conv with implementation='chunked') runs
-    XLA's convolution 32 examples at a time: values and both gradients as one convolution."""
+    """On CPU a 2-D Conv of a batch over 32 on small images (or any Conv with
+    implementation='chunked') runs XLA's convolution 32 examples at a time: values and
+    both gradients as one convolution."""
     filt = (3,) * (len(shape) - 2)
     chunked = Conv(4, filt, **{"implementation": "auto", **kwargs})
     whole = Conv(4, filt, **{**kwargs, "implementation": "xla"})
@@ -397,10 +398,12 @@ def test_batch_chunked_conv_equals_one_convolution(kwargs, shape, pieces):
     assert _conv_count(whole, params, x) == 3
 
 
-def test_auto_chunks_only_large_2d_batches_on_cpu_and_caps_the_pieces():
+def test_auto_chunks_only_large_2d_batches_of_small_images_on_cpu_and_caps_the_pieces():
     key = jax.random.key(0)
     cases = [((32, 6, 6, 3), (3, 3), 1),      # 32 examples: one convolution
              ((600, 6, 6, 3), (3, 3), 16),    # at most 16 pieces (of 38)
+             ((64, 16, 16, 3), (3, 3), 2),    # 16x16 positions: chunked
+             ((64, 17, 16, 3), (3, 3), 1),    # more: one convolution
              ((96, 9, 3), (3,), 1),           # 1-D and 3-D: not measured to gain, one
              ((96, 4, 4, 4, 2), (2, 2, 2), 1)]
     for shape, filt, pieces in cases:

@@ -138,13 +138,14 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         convolution on 32 examples at a time, the outputs concatenated; at most 16
         pieces, so larger batches get larger ones), or ``"auto"`` (default). On CPU,
         ``"auto"`` takes patches for a one-channel input, and chunks for a 2-D
-        convolution of a batch over 32: XLA:CPU's kernels, the filter gradient above
-        all, are up to 2.5x slower on a whole batch of 128 than on four of 32
-        (``benchmarks/CONV_NOTES.md``); elsewhere xla. Chunks need the batch axis on
-        this device: on a global mesh (``jax.set_mesh`` with Auto or Explicit axes,
-        or an input split over Explicit axes) ``"chunked"`` and ``"auto"`` use one
-        convolution; inside ``pmap``/``shard_map`` they chunk the local batch. All give
-        the same values and gradients up to float rounding.
+        convolution of a batch over 32 on an input of at most 16x16 positions:
+        XLA:CPU's kernels there, the filter gradient above all, are up to 2.9x slower
+        on a whole batch than in pieces of 32 (on larger images pieces were even or
+        slower; ``benchmarks/CONV_NOTES.md``); elsewhere xla. Chunks need the batch
+        axis on this device: on a global mesh (``jax.set_mesh`` with Auto or Explicit
+        axes, or an input split over Explicit axes) ``"chunked"`` and ``"auto"`` use
+        one convolution; inside ``pmap``/``shard_map`` they chunk the local batch. All
+        give the same values and gradients up to float rounding.
 
     Params are ``{"W": kernel in the rhs layout, "b": (out_chan,)}``. To port a
     PyTorch ``Conv2d`` weight ``w`` (``OIHW``) to the default layout use
@@ -221,6 +222,9 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
 # (benchmarks/CONV_NOTES.md: 16-32 examples were best for LeNet's conv2 on XLA:CPU).
 _CHUNK = 32
 _MAX_CHUNKS = 16
+# "auto" chunks only inputs of at most 16x16 positions: there chunks won (1.1-2.9x);
+# at 28x28 and 32x32 they were even, or slower (up to 1.5x for 32x32x16 -> 32).
+_CHUNK_MAX_POSITIONS = 16 * 16
 
 
 def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: int,
@@ -229,7 +233,8 @@ def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: in
     if implementation == "auto" and jax.default_backend() == "cpu":
         if patches_ok and x.shape[c_axis] == 1:
             return "patches"
-        if n_spatial == 2 and x.shape[n_axis] > _CHUNK:
+        positions = math.prod(d for i, d in enumerate(x.shape) if i not in (c_axis, n_axis))
+        if n_spatial == 2 and x.shape[n_axis] > _CHUNK and positions <= _CHUNK_MAX_POSITIONS:
             implementation = "chunked"
     if implementation == "chunked":
         # Slices of a batch split over devices would cut across them.
