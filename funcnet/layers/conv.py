@@ -165,7 +165,7 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     lhs_spec, rhs_spec, out_spec = _specs(name, dimension_numbers, n)
     spatial = _spatial(rhs_spec, "OI")
     perm = _layout_perm(spatial, rhs_spec, "I", "O")
-    c_axis = lhs_spec.index("C")
+    c_axis, n_axis = lhs_spec.index("C"), lhs_spec.index("N")
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
     W_init = checks.initializer(name, "W_init", W_init) or initializers.torch_default()
     b_init = checks.initializer(name, "b_init", b_init)
@@ -201,7 +201,7 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         out_shape(tuple(inputs.shape))  # a readable error for inputs smaller than the window
         dtype = jnp.result_type(inputs, W)
         x, W = inputs.astype(dtype), W.astype(dtype)
-        path = _conv_path(implementation, patches_ok, x, c_axis, lhs_spec.index("N"), n)
+        path = _conv_path(implementation, patches_ok, x, c_axis, n_axis, n)
         if path == "patches":
             pads = (lax.padtype_to_pads(x.shape[1:-1], window, strides, padding)
                     if isinstance(padding, str) else padding)
@@ -211,7 +211,7 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
                 return lax.conv_general_dilated(
                     x, W, strides, padding, rhs_dilation=dilation,
                     dimension_numbers=(lhs_spec, rhs_spec, out_spec), feature_group_count=groups)
-            out = (_batch_chunked(conv, x, lhs_spec.index("N"), out_spec.index("N"))
+            out = (_batch_chunked(conv, x, n_axis, out_spec.index("N"))
                    if path == "chunked" else conv(x))
         return _add_bias(out, params, out_spec), state
 
