@@ -218,3 +218,10 @@ def test_conv_chunks_the_batch_only_where_it_is_local():
             assert count(local, split) == 2  # 40 examples per device: 32 + 8
     assert not distributed.on_global_mesh(x)
     assert count(jax.pmap(apply), x.reshape(4, 40, 6, 6, 3)) == 2
+    # jit over split inputs without jax.set_mesh cannot be told from one device while
+    # tracing: it chunks, and the compiler's resharding keeps the values.
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,))
+    x = jnp.asarray(_randn(8, 160, 6, 6, 3))
+    split = jax.device_put(x, NamedSharding(mesh, P("data")))
+    assert count(apply, split) == 5
+    np.testing.assert_allclose(jax.jit(apply)(split), jax.jit(apply)(x), rtol=1e-5, atol=1e-5)
