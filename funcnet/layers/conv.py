@@ -229,7 +229,7 @@ _CHUNK_MAX_POSITIONS = 16 * 16
 
 def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: int,
                n_spatial: int) -> str:
-    """"patches", "chunked" or "xla": what ``Conv`` computes ``x`` with (see its docstring)."""
+    """What ``Conv`` computes ``x`` with: "patches", "chunked" or "xla" (see its docstring)."""
     if implementation == "auto" and jax.default_backend() == "cpu":
         if patches_ok and x.shape[c_axis] == 1:
             return "patches"
