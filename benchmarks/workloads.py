@@ -194,6 +194,35 @@ WORKLOADS: List[Workload] = [
               "of steps (compile, 2 warm-up steps and the timed blocks), on the 10000 test "
               "images. On this CPU (AVX-512 BF16), bfloat16 compute is what XLA:CPU makes of it: "
               "read the speed column before choosing it."),
+    Workload(
+        "gpt", "9. nanoGPT's character GPT, one AdamW step (its CPU configuration: 4 layers, "
+               "4 heads, 128 wide, block 64, batch 12)", "s/step",
+        peers=[Peer("funcnet", "benchmarks.gpt:run_funcnet",
+                    note="funcnet.models.GPT (TiedEmbedding, TransformerBlock), jit(make_train_step)"),
+               Peer("funcnet-2dev", "benchmarks.gpt:run_funcnet",
+                    xla_flags="--xla_force_host_platform_device_count=2",
+                    note="the same, the batch split over 2 CPU devices (one per core), params replicated"),
+               Peer("funcnet-scan", "benchmarks.gpt:run_funcnet",
+                    note="the blocks as Scan(block, n_layer): one compiled block"),
+               Peer("funcnet-bf16", "benchmarks.gpt:run_funcnet",
+                    note="precision.apply_policy: float32 params, bfloat16 compute"),
+               Peer("jax", "benchmarks.gpt:run_jax",
+                    note="hand-written jax.numpy GPT: flattened matmuls, fused qkv, heads in the batch"),
+               Peer("torch", "benchmarks.gpt:run_torch",
+                    note="nanoGPT's architecture in torch.nn, eager (nanoGPT's compile=False on CPU)"),
+               Peer("torch-compile", "benchmarks.gpt:run_torch", note="the same under torch.compile"),
+               Peer("torch-bf16", "benchmarks.gpt:run_torch",
+                    note="eager under torch.autocast('cpu', bfloat16)")],
+        cases=[dict(name="4 x 128, block 64, batch 12", n_layer=4, n_head=4, n_embd=128,
+                    block=64, batch=12, steps=50, reps=5, quick_steps=2, quick_reps=2),
+               dict(name="12 x 128 (compile time of a deep stack)", n_layer=12, n_head=4,
+                    n_embd=128, block=64, batch=12, steps=20, reps=3, quick_steps=1,
+                    quick_reps=1)],
+        throughput="steps/s", check="loss_first", check_rtol=2e-2,
+        columns=(("first_step_s", "compile + 1st step (s)", "{:.2f}"),
+                 ("loss_first", "loss, step 1", "{:.5f}")),
+        notes="Same initial weights and batches for every peer (bf16 peers agree to ~1e-2). "
+              "'compile + 1st step' is where Scan pays: one block compiled instead of n_layer."),
 ]
 
 

@@ -6,10 +6,12 @@ says which module holds which concept.
 """
 
 from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
-                     distributed, inference, initializers, introspect, layers, loop, losses,
-                     metrics, optim, outputs, params, precision, testing, train)
-from funcnet.combinators import FanInConcat, FanInSum, FanOut, Identity, Residual, parallel, serial
+                     decoding, distributed, inference, initializers, introspect, layers, loop,
+                     losses, metrics, models, optim, outputs, params, precision, testing, train)
+from funcnet.combinators import (FanInConcat, FanInSum, FanOut, Identity, Remat, Residual, Scan,
+                                 parallel, serial, stack_params, unstack_params)
 from funcnet.core import Layer, named
+from funcnet.decoding import generate
 from funcnet.inference import make_predict_fn
 from funcnet.introspect import count, summary
 from funcnet.loop import fit
@@ -20,9 +22,9 @@ from funcnet.train import (Aux, TrainState, copy_params, make_eval_step, make_tr
 __version__ = "0.2.0.dev0"
 
 __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Residual",
-           "Identity", "summary", "count", "fit", "TrainState", "Aux", "make_train_step",
+           "Identity", "Remat", "Scan", "stack_params", "unstack_params", "generate", "summary", "count", "fit", "TrainState", "Aux", "make_train_step",
            "make_eval_step", "copy_params", "polyak_update", "make_predict_fn", "paths",
            "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze", "callbacks",
            "checkpoint", "checkpoint_orbax", "combinators", "core", "data", "datasets",
-           "distributed", "inference", "initializers", "introspect", "layers", "loop", "losses",
+           "decoding", "models", "distributed", "inference", "initializers", "introspect", "layers", "loop", "losses",
            "metrics", "optim", "outputs", "params", "precision", "testing", "train"]

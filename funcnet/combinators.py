@@ -16,8 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from funcnet import _checks as checks
-from funcnet.core import (Layer, MismatchError, as_layer, describe_tree, named,
+from funcnet.core import (Layer, MismatchError, PyTree, as_layer, describe_tree, named,
                           normalize_axis, split_rng)
+
+__all__ = ["serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Identity", "Residual",
+           "Remat", "Scan", "stack_params", "unstack_params"]
 
 
 def serial(*layers, **named_layers) -> Layer:
@@ -190,6 +193,120 @@ def Residual(layer) -> Layer:
         return inputs + out, state
 
     return named(f"Residual({inner.name})", init, apply)
+
+
+def Remat(layer, *, policy=None, prevent_cse: bool = True) -> Layer:
+    """The same layer, its intermediates recomputed in the backward pass (``jax.checkpoint``).
+
+    Same init, same outputs and gradients; the backward pass re-runs ``apply`` instead
+    of keeping its intermediates, trading compute for memory (activation
+    rematerialisation, torch's ``torch.utils.checkpoint``). ``policy`` is a
+    ``jax.checkpoint_policies`` entry naming what may still be saved (e.g.
+    ``dots_with_no_batch_dims_saveable``); ``prevent_cse`` as ``jax.checkpoint``.
+    ``train`` is a Python bool and stays static; ``rng`` (or None) is passed through.
+    """
+    inner = as_layer(layer, "Remat")
+    if policy is not None and not callable(policy):
+        raise TypeError(f"Remat: policy must be one of jax.checkpoint_policies (a callable) or "
+                        f"None, got {type(policy).__name__}.")
+    prevent_cse = checks.flag("Remat", "prevent_cse", prevent_cse)
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        def run(params, state, inputs, rng):
+            return inner.apply(params, state, inputs, rng=rng, train=train)
+        return jax.checkpoint(run, policy=policy, prevent_cse=prevent_cse)(params, state,
+                                                                           inputs, rng)
+
+    return named(f"Remat({inner.name})", inner.init, apply)
+
+
+def Scan(layer, n: int, *, unroll: int = 1) -> Layer:
+    """``n`` copies of a shape-keeping layer in sequence, run by ``lax.scan``.
+
+    The same network as ``serial(*[layer] * n)`` -- the same init keys, the same
+    params (stacked on a new leading axis of size ``n``: ``stack_params`` of
+    serial's), the same per-copy keys at apply, so even dropout masks agree -- but
+    one compiled body instead of ``n``: compile time stays flat as ``n`` grows.
+    State (if the layer keeps any) is stacked the same way, threaded and returned
+    stacked. ``unroll`` is passed to ``lax.scan`` (copies per loop iteration).
+    ``state=()`` is accepted for stateless layers; each copy then gets ``()``.
+    Wrap the layer in :func:`Remat` to keep only the carry of each copy for the
+    backward pass.
+    """
+    inner = as_layer(layer, "Scan")
+    n = checks.positive_int("Scan", "n", n)
+    unroll = checks.positive_int("Scan", "unroll", unroll)
+    name = f"Scan({inner.name}, {n})"
+
+    def init(rng, input_shape):
+        outs = [inner.init(k, input_shape) for k in split_rng(rng, n)]
+        out_shape = outs[0][0]
+        if _shape_tree(out_shape) != _shape_tree(input_shape):
+            raise ValueError(f"{name}: the layer must keep the shape (each copy's output is the "
+                             f"next copy's input), but maps {_shape_tree(input_shape)} to "
+                             f"{_shape_tree(out_shape)}. Scan only the shape-keeping part (e.g. "
+                             f"serial(Dense(d), Scan(block, n))).")
+        return out_shape, stack_params([o[1] for o in outs]), stack_params([o[2] for o in outs])
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        for what, tree in (("params", params), ("state", state)):
+            if not all(jnp.ndim(x) > 0 and jnp.shape(x)[0] == n for x in jax.tree.leaves(tree)):
+                hint = (f"Use the {what} this Scan's init returned; those of "
+                        f"serial(*[layer] * {n}) convert with stack_params.")
+                raise MismatchError(name, what, name, f"{n} copies stacked on axis 0",
+                                    describe_tree(tree), hint,
+                                    f"{name}: expected {what} of {n} copies stacked on axis 0, "
+                                    f"got shapes {describe_tree(tree)}. {hint}")
+        keys = None if rng is None else jax.random.split(rng, n)  # = split_rng, as serial's
+
+        def body(x, per_copy):
+            p, s, k = per_copy
+            return inner.apply(p, s, x, rng=k, train=train)
+
+        # length: a layer without params or state (Dropout) gives scan no xs to count.
+        return jax.lax.scan(body, inputs, (params, state, keys), length=n, unroll=unroll)
+
+    return named(name, init, apply)
+
+
+def stack_params(trees) -> PyTree:
+    """One tree from a sequence of same-structured trees, each leaf stacked on a new axis 0.
+
+    Turns the params (or state) of ``serial(*[layer] * n)`` into those of
+    ``Scan(layer, n)``: ``stack_params(serial_params)``. The inverse of
+    :func:`unstack_params`.
+    """
+    trees = list(trees)
+    if not trees:
+        raise ValueError("stack_params: expected a non-empty sequence of trees (one per copy), "
+                         "got none.")
+    structure = jax.tree.structure(trees[0])
+    for i, tree in enumerate(trees):
+        if jax.tree.structure(tree) != structure:
+            raise ValueError(f"stack_params: every tree must have the structure of the first, "
+                             f"but tree {i} is {describe_tree(tree)} and tree 0 is "
+                             f"{describe_tree(trees[0])}.")
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def unstack_params(tree, n: int) -> tuple:
+    """The ``n`` trees stacked on axis 0 of every leaf of ``tree``, as a tuple.
+
+    Turns the params (or state) of ``Scan(layer, n)`` into those of
+    ``serial(*[layer] * n)``. The inverse of :func:`stack_params`.
+    """
+    n = checks.positive_int("unstack_params", "n", n)
+    if not all(jnp.ndim(x) > 0 and jnp.shape(x)[0] == n for x in jax.tree.leaves(tree)):
+        raise ValueError(f"unstack_params: expected every leaf to hold {n} copies stacked on "
+                         f"axis 0, got shapes {describe_tree(tree)}.")
+    return tuple(jax.tree.map(lambda x: x[i], tree) for i in range(n))
+
+
+def _shape_tree(shape):
+    """A shape (or a tuple of shapes) with lists made tuples, for comparing and showing."""
+    if isinstance(shape, (tuple, list)):
+        return tuple(_shape_tree(s) for s in shape)
+    return shape
 
 
 def _check_tuple(layer, value, n, what):

@@ -379,7 +379,8 @@ def adagrad(learning_rate: optax.ScalarOrSchedule, lr_decay: float = 0.0,
 
 
 def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-          eps: float = 1e-8, weight_decay: float = 0.01) -> optax.GradientTransformation:
+          eps: float = 1e-8, weight_decay: float = 0.01,
+          mask=None) -> optax.GradientTransformation:
     """AdamW with the trajectory of ``torch.optim.AdamW`` (decoupled weight decay).
 
     Per parameter at update ``t = 1, 2, ...``::
@@ -395,6 +396,11 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
     (``optax.adamw``'s). The difference from ``optax.adamw`` is the default
     ``weight_decay``: 0.01 here and in torch, 1e-4 in optax.
 
+    ``mask`` (a bool pytree like the params, or a function of the params returning
+    one) limits the decay to the True leaves, as two torch param groups, one with
+    ``weight_decay=0``, do. nanoGPT decays only parameters of 2 or more dimensions:
+    ``mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)``.
+
     Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
     whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
     freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
@@ -408,7 +414,7 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
                   below_one=dict(b1=b1, b2=b2))
     parts = [optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0)]
     if not _is_static_zero(weight_decay):
-        parts.append(optax.add_decayed_weights(weight_decay))
+        parts.append(optax.add_decayed_weights(weight_decay, mask=mask))
     parts.append(optax.scale_by_learning_rate(learning_rate))
     return optax.chain(*parts)
 

@@ -229,3 +229,102 @@ def test_batchnorm_train_needs_more_than_one_value_per_channel():
     y, _ = jax.pmap(lambda x: synced.apply(params, state, x, train=True), axis_name="b")(
         jnp.arange(12.0).reshape(4, 1, 3))
     assert np.isfinite(y).all() and np.abs(y).max() > 0.5
+
+
+# --------------------------------------------------------------------------- #
+# RMSNorm, GroupNorm, LayerNorm(use_bias=False) against torch
+# --------------------------------------------------------------------------- #
+
+from funcnet.layers.normalization import GroupNorm, RMSNorm  # noqa: E402
+
+
+def _torch_parity(layer, tmod, x, to_torch, dtype, tol, params_from):
+    """Forward and gradients (input and params) of ``layer`` on ``x`` vs ``tmod`` on
+    ``to_torch(x)`` (None: the same layout; "nchw": channels moved to axis 1)."""
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    tmod = tmod.to(tdtype)
+    with torch.no_grad():
+        for p in tmod.parameters():
+            p.copy_(torch.rand(p.shape, dtype=tdtype) + 0.5)
+    x = x.astype(dtype)
+    back = (lambda a: a) if to_torch is None else (lambda a: np.moveaxis(a, 1, -1))
+    tx = torch.tensor(x if to_torch is None else np.ascontiguousarray(np.moveaxis(x, -1, 1)),
+                      requires_grad=True)
+    ty = tmod(tx)
+    cot = np.random.default_rng(7).standard_normal(ty.shape).astype(dtype)
+    (ty * torch.tensor(cot)).sum().backward()
+    params = params_from(tmod, dtype)
+    f = lambda p, x: jnp.sum(layer.apply(p, (), x)[0] * jnp.asarray(back(cot)))
+    y, _ = layer.apply(params, (), jnp.asarray(x))
+    np.testing.assert_allclose(y, back(ty.detach().numpy()), rtol=tol, atol=tol)
+    gp, gx = jax.grad(f, argnums=(0, 1))(params, jnp.asarray(x))
+    np.testing.assert_allclose(gx, back(tx.grad.numpy()), rtol=tol, atol=tol)
+    return gp, tmod
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-10)])
+def test_rmsnorm_matches_torch(dtype, tol):
+    x = _randn(0, 3, 5, 8) * 3
+    with jax.enable_x64(dtype == np.float64):
+        gp, tmod = _torch_parity(RMSNorm(), torch.nn.RMSNorm(8), x, None, dtype, tol,
+                                 lambda m, d: {"scale": jnp.asarray(m.weight.detach().numpy())})
+        np.testing.assert_allclose(gp["scale"], tmod.weight.grad.numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-10)])
+def test_groupnorm_matches_torch_nhwc_and_nchw(dtype, tol):
+    x = _randn(1, 2, 4, 3, 6) * 2 + 1  # NHWC, 6 channels
+    with jax.enable_x64(dtype == np.float64):
+        params_from = lambda m, d: {"scale": jnp.asarray(m.weight.detach().numpy()),
+                                    "bias": jnp.asarray(m.bias.detach().numpy())}
+        gp, tmod = _torch_parity(GroupNorm(3), torch.nn.GroupNorm(3, 6), x, "nchw", dtype,
+                                 tol, params_from)
+        np.testing.assert_allclose(gp["scale"], tmod.weight.grad.numpy(), rtol=tol, atol=tol)
+        np.testing.assert_allclose(gp["bias"], tmod.bias.grad.numpy(), rtol=tol, atol=tol)
+        # axis=1 on NCHW directly
+        gp, tmod = _torch_parity(GroupNorm(2, axis=1), torch.nn.GroupNorm(2, 6),
+                                 np.ascontiguousarray(np.moveaxis(x, -1, 1)), None, dtype,
+                                 tol, params_from)
+        np.testing.assert_allclose(gp["bias"], tmod.bias.grad.numpy(), rtol=tol, atol=tol)
+
+
+def test_layernorm_without_bias_matches_torch():
+    x = _randn(2, 4, 6) * 2
+    tmod = torch.nn.LayerNorm(6, bias=False)
+    with torch.no_grad():
+        tmod.weight.uniform_(0.5, 1.5)
+    layer = LayerNorm(use_bias=False)
+    _, params, _ = layer.init(jax.random.key(0), (-1, 6))
+    assert set(params) == {"scale"}
+    y, _ = layer.apply({"scale": jnp.asarray(tmod.weight.detach().numpy())}, (), jnp.asarray(x))
+    np.testing.assert_allclose(y, tmod(torch.tensor(x)).detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert set(LayerNorm(center=False).init(jax.random.key(0), (-1, 6))[1]) == {"scale"}
+    with pytest.raises(ValueError, match="same switch"):
+        LayerNorm(center=True, use_bias=False)
+
+
+def test_rmsnorm_eps_follows_the_input_dtype_and_bf16_stays_bf16():
+    x = jnp.full((1, 4), 1e-4, jnp.float32)
+    layer = RMSNorm(scale=False)
+    y, _ = layer.apply({}, (), x)
+    want = 1e-4 / np.sqrt(1e-8 + np.finfo(np.float32).eps)  # torch: finfo(input dtype).eps
+    np.testing.assert_allclose(y, want, rtol=1e-5)
+    xb = jnp.asarray(_randn(3, 2, 8) * 4).astype(jnp.bfloat16)
+    yb, _ = RMSNorm().apply({"scale": jnp.ones(8)}, (), xb)
+    y32, _ = RMSNorm(epsilon=float(jnp.finfo(jnp.bfloat16).eps)).apply(
+        {"scale": jnp.ones(8)}, (), xb.astype(jnp.float32))
+    assert yb.dtype == jnp.bfloat16
+    np.testing.assert_allclose(yb.astype(jnp.float32), y32, rtol=2e-2, atol=2e-2)
+    gb, _ = GroupNorm(2).apply({"scale": jnp.ones(8), "bias": jnp.zeros(8)}, (), xb)
+    assert gb.dtype == jnp.bfloat16
+
+
+def test_rms_and_group_norm_contract_and_errors():
+    check_layer(RMSNorm(), (-1, 3, 4))
+    check_layer(GroupNorm(2), (-1, 3, 3, 4))
+    with pytest.raises(ValueError, match="num_groups=3 does not divide the 4 channels"):
+        GroupNorm(3).init(jax.random.key(0), (-1, 5, 4))
+    with pytest.raises(ValueError, match="axis 0 is the batch"):
+        GroupNorm(1, axis=0).init(jax.random.key(0), (4, 5))
+    with pytest.raises(ValueError, match="built for"):
+        RMSNorm().apply({"scale": jnp.ones(3)}, (), jnp.ones((2, 4)))

@@ -249,6 +249,16 @@ def test_adamw_matches_torch(kw):
     assert_same_trajectory(funcnet_trajectory(optim.adamw(0.03, **kw)), ref)
 
 
+def test_adamw_mask_equals_torch_param_groups():
+    """nanoGPT's groups: decay the matrices (ndim >= 2), not the bias."""
+    ref = torch_trajectory(lambda ps: torch.optim.AdamW(
+        [{"params": [ps[0], ps[2]], "weight_decay": 0.3}, {"params": [ps[1]], "weight_decay": 0.0}],
+        lr=0.03, betas=(0.9, 0.99)))
+    tx = optim.adamw(0.03, b2=0.99, weight_decay=0.3,
+                     mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+    assert_same_trajectory(funcnet_trajectory(tx), ref)
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(b2=0.9, eps=0.1),
                                 dict(b1=0.5, b2=0.95, eps=0.3, weight_decay=0.05)], ids=_ids)
 def test_radam_matches_torch(kw):

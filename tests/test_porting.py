@@ -148,3 +148,37 @@ def test_torch_defaults_named_in_the_guide():
     assert sizes == [4, 4, 2]
     assert [len(b) for b in data.batches(np.arange(10), 4, drop_remainder=False)] == sizes
     assert [len(b) for b in data.batches(np.arange(10), 4)] == [4, 4]
+
+
+def _porting_block(name):
+    """The ```python block of docs/porting.md that defines ``name``, executed."""
+    import os
+    import re
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                        "porting.md")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", open(path).read(), re.S)
+              if f"def {name}(" in b]
+    assert len(blocks) == 1, f"docs/porting.md should define {name} once"
+    scope = {}
+    exec(compile(blocks[0], "docs/porting.md", "exec"), scope)
+    return scope[name]
+
+
+@pytest.mark.parametrize("kdim", [None, 5])
+def test_torch_multihead_attention_mapping(kdim):
+    """The guide's mha_params_from_torch: same outputs and input gradients as torch."""
+    from funcnet.layers import MultiHeadAttention, causal_mask
+    convert = _porting_block("mha_params_from_torch")
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(6, 2, kdim=kdim, vdim=kdim, batch_first=True)
+    q = RNG.normal(size=(2, 4, 6)).astype(np.float32)
+    kv = RNG.normal(size=(2, 4, kdim or 6)).astype(np.float32) if kdim else q
+    tq = torch.tensor(q, requires_grad=True)
+    want, _ = mha(tq, torch.tensor(kv), torch.tensor(kv), need_weights=False,
+                  attn_mask=torch.tensor(~np.asarray(causal_mask(4))))
+    want.sum().backward()
+    layer = MultiHeadAttention(2)
+    f = lambda q: layer.apply(convert(mha), (), (q, jnp.asarray(kv)), mask=causal_mask(4))[0]
+    np.testing.assert_allclose(f(jnp.asarray(q)), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.grad(lambda q: f(q).sum())(jnp.asarray(q)),
+                               tq.grad.numpy(), rtol=1e-5, atol=1e-5)

@@ -10,13 +10,20 @@ from funcnet.layers.activations import (Elu, Gelu, LeakyRelu, LogSoftmax, Relu, 
 from funcnet.layers.conv import Conv, ConvTranspose
 from funcnet.layers.dense import Dense
 from funcnet.layers.dropout import Dropout
-from funcnet.layers.embedding import Embedding
-from funcnet.layers.normalization import BatchNorm, LayerNorm
+from funcnet.layers.attention import (MultiHeadAttention, causal_mask, dot_product_attention,
+                                      padding_mask)
+from funcnet.layers.embedding import Embedding, TiedEmbedding
+from funcnet.layers.normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
 from funcnet.layers.pooling import AvgPool, GlobalAvgPool, MaxPool
 from funcnet.layers.recurrent import GRU, LSTM, RNN
 from funcnet.layers.shape import Flatten, Reshape
+from funcnet.layers.position import LearnedPositions, SinusoidalPositions, rope, sinusoidal_table
+from funcnet.layers.transformer import TransformerBlock
 
 __all__ = ["Dense", "Conv", "ConvTranspose", "MaxPool", "AvgPool", "GlobalAvgPool", "Flatten",
            "Reshape", "Dropout", "BatchNorm", "LayerNorm", "Embedding", "RNN", "LSTM", "GRU",
            "Relu", "LeakyRelu", "Elu", "Selu", "Gelu", "Sigmoid", "Tanh", "Softplus", "Softmax",
-           "LogSoftmax", "elementwise"]
+           "LogSoftmax", "elementwise", "MultiHeadAttention", "dot_product_attention",
+           "causal_mask", "padding_mask", "TiedEmbedding", "TransformerBlock",
+           "LearnedPositions", "SinusoidalPositions", "rope", "sinusoidal_table", "RMSNorm",
+           "GroupNorm"]

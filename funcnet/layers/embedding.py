@@ -1,14 +1,18 @@
-"""Embedding: a lookup table from integer ids to vectors."""
+"""Embedding: a lookup table from integer ids to vectors, and its tied output head."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
 from funcnet import distributed
 from funcnet import initializers
-from funcnet.core import Layer, check_input, check_shape, named
+from funcnet.core import Layer, as_layer, check_input, check_shape, named
+from funcnet.layers.dense import linear
+
+__all__ = ["Embedding", "TiedEmbedding"]
 
 
 def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
@@ -75,3 +79,50 @@ def _check_concrete_ids(layer: str, ids, n: int) -> None:
         raise ValueError(f"{layer}: ids must be in [0, {n}), found {found}. Check vocab_size "
                          f"(the largest id + 1) and the tokenizer. Under jit such ids are not "
                          f"checked and give rows of NaN.")
+
+
+def TiedEmbedding(vocab_size: int, dim: int, body=None, E_init=None) -> Layer:
+    """Token embedding, ``body``, and an output head that reuses the embedding table.
+
+    ::
+
+        h = body(E[ids])              ids: integers S -> h: S + (dim,)
+        logits = h @ E^T              -> S + (vocab_size,)
+
+    One parameter used in two places (weight tying, Press & Wolf 2017; nanoGPT sets
+    ``transformer.wte.weight = lm_head.weight``): params are ``{"E": (vocab_size, dim),
+    "body": body's params}``, and the gradient of ``E`` is the sum of what both uses
+    send it, as autodiff of the shared array gives (tested against torch's tied GPT).
+    ``body`` is any layer mapping ``S + (dim,)`` to ``S + (dim,)`` (default none: the
+    identity); its state is this layer's state. The lookup is :func:`Embedding`'s
+    (integer ids, out-of-range ids checked outside jit, NaN rows under jit).
+
+    The same pattern ties any parameter: write a layer whose ``init`` creates the
+    shared array once and whose ``apply`` reads it twice, around the child layers it
+    runs with their own ``init``/``apply``.
+    """
+    vocab_size = checks.positive_int("TiedEmbedding", "vocab_size", vocab_size)
+    dim = checks.positive_int("TiedEmbedding", "dim", dim)
+    lookup = Embedding(vocab_size, dim, E_init=E_init)
+    body = None if body is None else as_layer(body, "TiedEmbedding(body=...)")
+    name = f"TiedEmbedding({vocab_size}, {dim})"
+
+    def init(rng, input_shape):
+        k1, k2 = jax.random.split(rng)
+        shape, emb, _ = lookup.init(k1, input_shape)
+        params, state = {"E": emb["E"]}, ()
+        if body is not None:
+            out, params["body"], state = body.init(k2, shape)
+            if tuple(out) != tuple(shape):
+                raise ValueError(f"{name}: the body must keep the shape {tuple(shape)} (its "
+                                 f"output feeds the tied head), but maps it to {tuple(out)}.")
+        return shape[:-1] + (vocab_size,), params, state
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        h, _ = lookup.apply({"E": params["E"]}, (), inputs)
+        if body is not None:
+            h, state = body.apply(params["body"], state, h, rng=rng, train=train)
+        # the head in h's dtype (a bf16 policy casts E too); logits as torch's lm_head
+        return linear(h, params["E"].astype(h.dtype).T), state
+
+    return named(name, init, apply)

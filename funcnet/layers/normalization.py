@@ -1,4 +1,5 @@
-"""Normalization layers: BatchNorm (optionally synced across devices) and LayerNorm."""
+"""Normalization layers: BatchNorm (optionally synced across devices), LayerNorm, RMSNorm and
+GroupNorm."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from jax import lax
 from funcnet import _checks as checks
 from funcnet.core import (Layer, check_input, check_known, check_shape, named, need_state,
                           normalize_axis)
+
+__all__ = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
 
 def _check_axes(layer: str, axis):
@@ -173,7 +176,8 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
     return named(name, init, apply)
 
 
-def LayerNorm(axis=-1, epsilon: float = 1e-5, center: bool = True, scale: bool = True) -> Layer:
+def LayerNorm(axis=-1, epsilon: float = 1e-5, center: Optional[bool] = None, scale: bool = True,
+              use_bias: Optional[bool] = None) -> Layer:
     """Layer normalization, as ``torch.nn.LayerNorm``: per example, over ``axis``.
 
     ::
@@ -188,7 +192,16 @@ def LayerNorm(axis=-1, epsilon: float = 1e-5, center: bool = True, scale: bool =
     torch's ``weight``/``bias``) have the shape of the normalised axes in increasing
     axis order, so torch's ``weight`` copies over unchanged. Stateless. Statistics
     are computed in at least float32; the output has the input's dtype.
+
+    ``use_bias=False`` drops the bias: torch's ``nn.LayerNorm(bias=False)`` and nanoGPT's
+    ``LayerNorm(ndim, bias=False)``. ``center`` is the same switch under Keras's name;
+    give one of them (both, disagreeing, is an error).
     """
+    if center is not None and use_bias is not None and bool(center) != bool(use_bias):
+        raise ValueError(f"LayerNorm: center={center!r} and use_bias={use_bias!r} are the same "
+                         f"switch (a learned bias) and disagree; give only use_bias.")
+    given = use_bias if use_bias is not None else center
+    center = True if given is None else checks.flag("LayerNorm", "use_bias", given)
     axes = _check_axes("LayerNorm", axis)
     epsilon = checks.real("LayerNorm", "epsilon", epsilon, low=0.0)
     name = f"LayerNorm(axis={axis})" if axis != -1 else "LayerNorm"
@@ -220,6 +233,126 @@ def LayerNorm(axis=-1, epsilon: float = 1e-5, center: bool = True, scale: bool =
         mean = jnp.mean(x, axis=norm, keepdims=True)
         var = jnp.mean(jnp.square(x - mean), axis=norm, keepdims=True)
         y = (x - mean) * lax.rsqrt(var + epsilon)
+        if "scale" in params:
+            y = y * params["scale"].reshape(bshape)
+        if "bias" in params:
+            y = y + params["bias"].reshape(bshape)
+        return y.astype(_out_dtype(inputs.dtype)), state
+
+    return named(name, init, apply)
+
+
+def RMSNorm(axis=-1, epsilon: Optional[float] = None, scale: bool = True) -> Layer:
+    """Root-mean-square normalization, as ``torch.nn.RMSNorm``: per example, over ``axis``.
+
+    ::
+
+        y = x / sqrt(E[x^2] + epsilon) * scale           (the mean over `axis`)
+
+    ``epsilon=None`` is torch's default: ``torch.finfo(x.dtype).eps`` of the *input*
+    dtype (1.19e-7 for float32, 7.8e-3 for bfloat16, 2.2e-16 for float64). params
+    ``{"scale"}`` (ones; torch's ``weight``, copied as is) of the shape of the
+    normalised axes; ``scale=False`` drops it (torch's ``elementwise_affine=False``).
+    ``axis`` as :func:`LayerNorm`. Statistics in at least float32; the output has the
+    input's dtype. Stateless.
+    """
+    axes = _check_axes("RMSNorm", axis)
+    if epsilon is not None:
+        epsilon = checks.real("RMSNorm", "epsilon", epsilon, low=0.0)
+    scale = checks.flag("RMSNorm", "scale", scale)
+    name = f"RMSNorm(axis={axis})" if axis != -1 else "RMSNorm"
+    min_rank = max(max(axes) + 1, -min(axes))
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=min_rank)
+        norm = _normalized_axes(name, axes, len(shape))
+        check_known(name, shape, norm, "normalised dimension")
+        params = {"scale": jnp.ones(tuple(shape[a] for a in norm), jnp.float32)} if scale else {}
+        return shape, params, ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs, min_rank=min_rank)
+        norm = _normalized_axes(name, axes, inputs.ndim)
+        pshape = tuple(inputs.shape[a] for a in norm)
+        if "scale" in params and params["scale"].shape != pshape:
+            raise ValueError(f"{name}: input shape {tuple(inputs.shape)} has {pshape} on the "
+                             f"normalised axes {norm}, but params['scale'] was built for "
+                             f"{tuple(params['scale'].shape)}. Re-run init with the right "
+                             f"input_shape.")
+        eps = epsilon if epsilon is not None else float(jnp.finfo(_out_dtype(inputs.dtype)).eps)
+        x = inputs.astype(_compute_dtype(inputs.dtype))
+        y = x * lax.rsqrt(jnp.mean(jnp.square(x), axis=norm, keepdims=True) + eps)
+        if "scale" in params:
+            bshape = [inputs.shape[i] if i in norm else 1 for i in range(inputs.ndim)]
+            y = y * params["scale"].reshape(bshape)
+        return y.astype(_out_dtype(inputs.dtype)), state
+
+    return named(name, init, apply)
+
+
+def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bool = True,
+              scale: bool = True) -> Layer:
+    """Group normalization, as ``torch.nn.GroupNorm(num_groups, C)``: per example and group.
+
+    The ``C`` channels (on ``axis``; -1 is channels-last, funcnet's conv layout; use
+    ``axis=1`` for torch's ``NCHW``) split into ``num_groups`` contiguous groups of
+    ``C / num_groups``; each group is normalised over its channels and every axis but
+    the batch (axis 0)::
+
+        y = (x - E_g[x]) / sqrt(Var_g[x] + epsilon) * scale_c + bias_c
+
+    with the biased variance; params ``{"scale", "bias"}`` of shape ``(C,)`` (ones,
+    zeros; torch's ``weight``/``bias``). ``num_groups=1`` normalises every channel
+    together (LayerNorm over all but the batch), ``num_groups=C`` each alone
+    (InstanceNorm). Statistics in at least float32; the output has the input's dtype.
+    Stateless.
+    """
+    num_groups = checks.positive_int("GroupNorm", "num_groups", num_groups)
+    axis = checks.integer("GroupNorm", "axis", axis)
+    epsilon = checks.real("GroupNorm", "epsilon", epsilon, low=0.0)
+    name = f"GroupNorm({num_groups})"
+
+    def _channels(shape):
+        ax = normalize_axis(name, axis, len(shape))
+        if ax == 0:
+            raise ValueError(f"{name}: axis 0 is the batch; the channel axis must be another "
+                             f"(-1 for NHWC, 1 for NCHW).")
+        c = shape[ax]
+        if c % num_groups:
+            raise ValueError(f"{name}: num_groups={num_groups} does not divide the {c} "
+                             f"channels on axis {ax} of shape {tuple(shape)}. Pick a divisor "
+                             f"of {c}.")
+        return ax, c
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=2)
+        ax = normalize_axis(name, axis, len(shape))
+        check_known(name, shape, [ax], "channel dimension")
+        _, c = _channels(shape)
+        params = {}
+        if scale:
+            params["scale"] = jnp.ones((c,), jnp.float32)
+        if center:
+            params["bias"] = jnp.zeros((c,), jnp.float32)
+        return shape, params, ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs, min_rank=2)
+        ax, c = _channels(inputs.shape)
+        for key, p in params.items():
+            if p.shape != (c,):
+                raise ValueError(f"{name}: the input has {c} channels on axis {ax} but "
+                                 f"params[{key!r}] was built for {p.shape[0]}. Re-run init "
+                                 f"with the right input_shape.")
+        x = inputs.astype(_compute_dtype(inputs.dtype))
+        # channels -> (groups, channels per group), then reduce all but batch and group
+        grouped = x.reshape(x.shape[:ax] + (num_groups, c // num_groups) + x.shape[ax + 1:])
+        reduce = tuple(i for i in range(1, grouped.ndim) if i != ax)
+        mean = jnp.mean(grouped, axis=reduce, keepdims=True)
+        var = jnp.mean(jnp.square(grouped - mean), axis=reduce, keepdims=True)
+        y = ((grouped - mean) * lax.rsqrt(var + epsilon)).reshape(x.shape)
+        bshape = [1] * x.ndim
+        bshape[ax] = c
         if "scale" in params:
             y = y * params["scale"].reshape(bshape)
         if "bias" in params:

@@ -1,0 +1,83 @@
+"""The pre-norm transformer block, built from funcnet's own layers and combinators."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from funcnet import _checks as checks
+from funcnet.combinators import Residual, serial
+from funcnet.core import Layer, check_input, check_known, check_shape, named
+from funcnet.layers.activations import Gelu
+from funcnet.layers.attention import MultiHeadAttention
+from funcnet.layers.dense import Dense
+from funcnet.layers.dropout import Dropout
+from funcnet.layers.normalization import LayerNorm
+
+__all__ = ["TransformerBlock"]
+
+
+def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float = 0.0,
+                     use_bias: bool = True, causal: bool = True, norm=None, activation=None,
+                     W_init=None, out_W_init=None, b_init=None, rope: bool = False,
+                     cache_length: Optional[int] = None,
+                     implementation: Optional[str] = None) -> Layer:
+    """A pre-norm transformer block (GPT-2, nanoGPT's ``Block``) on ``(B, T, E)``::
+
+        x = x + Dropout(Attention(norm_1(x)))
+        x = x + Dropout(W_2 act(W_1 norm_2(x)))          W_1: E -> mlp_ratio*E, W_2: back to E
+
+    It is ``serial(attn=Residual(serial(norm, attn, drop)), mlp=Residual(serial(norm,
+    fc, act, proj, drop)))``, so params read ``attn/norm``, ``attn/attn/{query,key,value,
+    out}``, ``mlp/fc``, ``mlp/proj``, and everything (``summary``, ``paths``, masks
+    for weight decay) sees through it. ``E`` comes from the input shape at init.
+
+    ``norm``: a layer constructor called once per norm (default
+    ``lambda: LayerNorm(use_bias=use_bias)``; e.g. ``RMSNorm``). ``activation``: a layer
+    (default exact ``Gelu``, torch's ``nn.GELU()``). ``W_init`` initialises every
+    projection but the two that write into the residual stream (the attention's output
+    projection and ``mlp/proj``), which take ``out_W_init`` (GPT-2 scales those by
+    ``1/sqrt(2 n_layer)``); both default to each layer's own default, and so does
+    ``b_init`` (every bias; nanoGPT's are zeros). ``dropout``
+    applies to the attention weights and after both residual branches, as nanoGPT.
+    ``causal``, ``rope``, ``cache_length`` (decoding) and ``implementation`` go to
+    :func:`MultiHeadAttention`.
+    """
+    num_heads = checks.positive_int("TransformerBlock", "num_heads", num_heads)
+    name = f"TransformerBlock({num_heads})"
+    mlp_ratio = checks.real(name, "mlp_ratio", mlp_ratio, low=0.0, low_open=True)
+    use_bias = checks.flag(name, "use_bias", use_bias)
+    W_init = checks.initializer(name, "W_init", W_init)
+    out_W_init = checks.initializer(name, "out_W_init", out_W_init)
+    if norm is None:
+        def norm():
+            return LayerNorm(use_bias=use_bias)
+    elif not callable(norm):
+        raise TypeError(f"{name}: norm must be a layer constructor called with no arguments "
+                        f"(e.g. funcnet.layers.RMSNorm), got {type(norm).__name__}.")
+    act = Gelu if activation is None else activation
+    b_init = checks.initializer(name, "b_init", b_init)
+
+    def build(E: int) -> Layer:
+        hidden = int(round(mlp_ratio * E))
+        attn = MultiHeadAttention(num_heads, use_bias=use_bias, dropout=dropout, causal=causal,
+                                  rope=rope, cache_length=cache_length, W_init=W_init,
+                                  b_init=b_init, out_W_init=out_W_init,
+                                  implementation=implementation)
+        dense = dict(use_bias=use_bias, b_init=b_init)
+        return serial(
+            attn=Residual(serial(norm=norm(), attn=attn, drop=Dropout(dropout))),
+            mlp=Residual(serial(norm=norm(), fc=Dense(hidden, W_init=W_init, **dense),
+                                act=act, proj=Dense(E, W_init=out_W_init, **dense),
+                                drop=Dropout(dropout))))
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, rank=3)
+        check_known(name, shape, [-1], "model dimension")
+        return build(shape[-1]).init(rng, shape)
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs, rank=3)
+        E = inputs.shape[-1]
+        return build(E).apply(params, state, inputs, rng=rng, train=train)
+
+    return named(name, init, apply)
