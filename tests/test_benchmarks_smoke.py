@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import center_loss, cnn, mlp, pmap, softmax_output
+from benchmarks import center_loss, cnn, gpt, mlp, pmap, softmax_output
 from benchmarks.workloads import WORKLOADS
 
 CFG = {"quick": False, "threads": 1}
@@ -100,3 +100,17 @@ def test_pmap_matches_jit():
     _finite(mesh)
     assert ours["extra"]["loss_first"] == pytest.approx(ref["extra"]["loss_first"], rel=1e-5)
     assert mesh["extra"]["loss_first"] == pytest.approx(ref["extra"]["loss_first"], rel=1e-5)
+
+
+def test_gpt_peers_start_from_the_same_loss():
+    """funcnet's GPT (split over two devices, its blocks scanned), the hand-written JAX GPT
+    and the PyTorch GPT load the same weights and see the same batch: the same first loss."""
+    case = dict(n_layer=2, n_head=2, n_embd=16, block=8, batch=4, steps=1, reps=1)
+    results = {peer: fn(peer, CFG, case) for peer, fn in (
+        ("funcnet-2dev", gpt.run_funcnet), ("funcnet-scan", gpt.run_funcnet),
+        ("jax", gpt.run_jax), ("torch", gpt.run_torch))}
+    ref = results["torch"]["extra"]["loss_first"]
+    assert ref == pytest.approx(math.log(gpt.VOCAB), abs=0.1)
+    for peer, r in results.items():
+        _finite(r)
+        assert r["extra"]["loss_first"] == pytest.approx(ref, rel=1e-5), peer

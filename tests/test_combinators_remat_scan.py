@@ -38,6 +38,11 @@ def _value_and_grads(layer, params, state, x, train=True, rng=APPLY_KEY):
     return out, new_state, grads
 
 
+def _jitted(thunk):
+    """Runs ``thunk`` as one compiled program (eagerly, each primitive compiles alone)."""
+    return jax.jit(thunk)()
+
+
 def _residual_bytes(fn, *args):
     """Bytes the backward pass of ``fn`` keeps from the forward pass (jax.vjp's closure)."""
     # eval_shape: traced, never run; the residuals are the leaves of the vjp closure.
@@ -61,7 +66,8 @@ def test_remat_matches_the_layer_with_dropout():
     chex.assert_trees_all_close(got, want, **TOL)
     assert np.any(np.asarray(got[0]) == 0)  # the dropout mask did apply inside the checkpoint
     # rng=None in eval mode goes through the checkpoint too.
-    chex.assert_trees_all_close(remat.apply(params, state, X)[0], plain.apply(params, state, X)[0])
+    chex.assert_trees_all_close(*_jitted(lambda: (remat.apply(params, state, X)[0],
+                                                   plain.apply(params, state, X)[0])))
     # Not a tautology: the apply really runs under jax.checkpoint.
     run = lambda p: remat.apply(p, state, X, rng=APPLY_KEY, train=True)  # noqa: E731
     jaxpr = str(jax.make_jaxpr(run)(params))
@@ -92,9 +98,9 @@ def test_remat_policy_is_passed_and_checked():
     dots = saved(Remat(net, policy=jax.checkpoint_policies.dots_saveable))
     everything = saved(Remat(net, policy=jax.checkpoint_policies.everything_saveable))
     assert nothing < dots < plain and everything >= dots
-    chex.assert_trees_all_close(
-        Remat(net, policy=jax.checkpoint_policies.dots_saveable, prevent_cse=False)
-        .apply(params, state, x)[0], net.apply(params, state, x)[0], **TOL)
+    no_cse = Remat(net, policy=jax.checkpoint_policies.dots_saveable, prevent_cse=False)
+    chex.assert_trees_all_close(*_jitted(lambda: (no_cse.apply(params, state, x)[0],
+                                                   net.apply(params, state, x)[0])), **TOL)
     with pytest.raises(TypeError, match=r"Remat: policy must be .*got str"):
         Remat(net, policy="dots_saveable")
     with pytest.raises(ValueError, match=r"Remat: prevent_cse must be True or False"):
@@ -183,9 +189,9 @@ def test_scan_equals_serial_with_dropout():
     assert new_state == state
     assert np.any(np.asarray(out) == 0)  # dropout ran: the keys match serial's per copy
     # Eval mode with rng=None needs no key; state=() is accepted and given back.
-    y, s = scan.apply(params, (), X)
+    (y, s), s_y = _jitted(lambda: (scan.apply(params, (), X), unrolled.apply(s_params, (), X)[0]))
     assert s == ()
-    chex.assert_trees_all_close(y, unrolled.apply(s_params, (), X)[0], **TOL)
+    chex.assert_trees_all_close(y, s_y, **TOL)
 
 
 def test_scan_threads_batchnorm_state_like_serial():
@@ -203,8 +209,8 @@ def test_scan_threads_batchnorm_state_like_serial():
     assert new_state[1]["mean"].shape == (n, 4)
     assert not np.allclose(new_state[1]["mean"], state[1]["mean"])
     # The running statistics are used in eval mode, copy by copy.
-    chex.assert_trees_all_close(scan.apply(params, new_state, X)[0],
-                                unrolled.apply(s_params, s_new, X)[0], **TOL)
+    chex.assert_trees_all_close(*_jitted(lambda: (scan.apply(params, new_state, X)[0],
+                                                   unrolled.apply(s_params, s_new, X)[0])), **TOL)
     with pytest.raises(ValueError, match=r"BatchNorm.*state"):
         scan.apply(params, (), X)
 
@@ -249,11 +255,14 @@ def test_scan_without_params_counts_its_copies():
     _, params, state = scan.init(KEY, (-1, 4))
     assert params == () and state == ()
     x = np.ones((2, 4), np.float32)
-    y, _ = scan.apply(params, state, x, rng=APPLY_KEY, train=True)
-    s_y, _ = serial(*[Dropout(0.5)] * 3).apply(((),) * 3, (), x, rng=APPLY_KEY, train=True)
+    unrolled = serial(*[Dropout(0.5)] * 3)
+    y, s_y, y_eval = _jitted(lambda: (
+        scan.apply(params, state, x, rng=APPLY_KEY, train=True)[0],
+        unrolled.apply(((),) * 3, (), x, rng=APPLY_KEY, train=True)[0],
+        scan.apply(params, state, x)[0]))
     chex.assert_trees_all_close(y, s_y)
     assert set(np.unique(np.asarray(y))) <= {0.0, 8.0}  # three inverted-dropout scalings
-    chex.assert_trees_all_close(scan.apply(params, state, x)[0], x)
+    chex.assert_trees_all_close(y_eval, x)
 
 
 def test_scan_errors():

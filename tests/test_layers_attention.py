@@ -132,9 +132,9 @@ def test_default_init_follows_torch():
 def test_check_layer_self_cross_and_decoding():
     check_layer(MultiHeadAttention(2, causal=True), (-1, 4, 6), train_modes=(False,))
     check_layer(MultiHeadAttention(2, head_dim=3, out_dim=5), ((-1, 3, 4), (-1, 5, 6)),
-                train_modes=(False,))
+                train_modes=(False,), grad_check=False)  # gradients: the torch parity tests
     check_layer(MultiHeadAttention(2, causal=True, cache_length=6), (2, 3, 4),
-                train_modes=(False,))
+                train_modes=(False,), grad_check=False)
 
 
 def test_fused_and_reference_paths_agree():
