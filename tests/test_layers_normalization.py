@@ -237,94 +237,185 @@ def test_batchnorm_train_needs_more_than_one_value_per_channel():
 
 from funcnet.layers.normalization import GroupNorm, RMSNorm  # noqa: E402
 
+_TORCH = {np.float32: torch.float32, np.float64: torch.float64}
 
-def _torch_parity(layer, tmod, x, to_torch, dtype, tol, params_from):
-    """Forward and gradients (input and params) of ``layer`` on ``x`` vs ``tmod`` on
-    ``to_torch(x)`` (None: the same layout; "nchw": channels moved to axis 1)."""
-    tdtype = torch.float64 if dtype == np.float64 else torch.float32
-    tmod = tmod.to(tdtype)
+
+def _torch_parity(layer, tmod, x, dtype, tol, move=None):
+    """Forward and gradients (input and params) of ``layer`` on ``x`` against ``tmod``.
+
+    ``move=(a, b)``: torch gets ``np.moveaxis(x, a, b)`` (e.g. NHWC -> NCHW is
+    ``(-1, 1)``) and its results are moved back. torch's parameters are drawn away
+    from their ones/zeros init, so a dropped or misplaced scale or bias shows; they
+    map by name: ``weight`` -> ``scale``, ``bias`` -> ``bias``.
+    """
+    a, b = move or (0, 0)
+    tmod = tmod.to(_TORCH[dtype])
     with torch.no_grad():
         for p in tmod.parameters():
-            p.copy_(torch.rand(p.shape, dtype=tdtype) + 0.5)
+            p.copy_(torch.rand(p.shape, dtype=_TORCH[dtype], generator=torch.Generator().manual_seed(3)) + 0.5)
     x = x.astype(dtype)
-    back = (lambda a: a) if to_torch is None else (lambda a: np.moveaxis(a, 1, -1))
-    tx = torch.tensor(x if to_torch is None else np.ascontiguousarray(np.moveaxis(x, -1, 1)),
-                      requires_grad=True)
+    tx = torch.tensor(np.ascontiguousarray(np.moveaxis(x, a, b)), requires_grad=True)
     ty = tmod(tx)
     cot = np.random.default_rng(7).standard_normal(ty.shape).astype(dtype)
     (ty * torch.tensor(cot)).sum().backward()
-    params = params_from(tmod, dtype)
-    f = lambda p, x: jnp.sum(layer.apply(p, (), x)[0] * jnp.asarray(back(cot)))
-    y, _ = layer.apply(params, (), jnp.asarray(x))
-    np.testing.assert_allclose(y, back(ty.detach().numpy()), rtol=tol, atol=tol)
-    gp, gx = jax.grad(f, argnums=(0, 1))(params, jnp.asarray(x))
-    np.testing.assert_allclose(gx, back(tx.grad.numpy()), rtol=tol, atol=tol)
-    return gp, tmod
+    back = lambda t: np.moveaxis(t.detach().numpy(), b, a)
+    names = {"weight": "scale", "bias": "bias"}
+    params = {names[k]: jnp.asarray(v.detach().numpy()) for k, v in tmod.named_parameters()}
+    _, init_params, _ = layer.init(jax.random.key(0), (-1,) + x.shape[1:])
+    assert {k: v.shape for k, v in init_params.items()} == {k: v.shape for k, v in params.items()}
+
+    @jax.jit
+    def forward_and_grads(params, x, cot):
+        y, vjp = jax.vjp(lambda p, x: layer.apply(p, (), x)[0], params, x)
+        return y, vjp(cot)
+
+    y, (gp, gx) = forward_and_grads(params, jnp.asarray(x), jnp.asarray(np.moveaxis(cot, b, a)))
+    assert y.dtype == dtype and set(gp) == set(params)
+    np.testing.assert_allclose(y, back(ty), rtol=tol, atol=tol)
+    np.testing.assert_allclose(gx, back(tx.grad), rtol=tol, atol=tol)
+    for k, v in tmod.named_parameters():
+        np.testing.assert_allclose(gp[names[k]], v.grad.numpy(), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-10)])
+_DTYPES = [(np.float32, 1e-5), (np.float64, 1e-10)]
+
+
+@pytest.mark.parametrize("dtype, tol", _DTYPES)
 def test_rmsnorm_matches_torch(dtype, tol):
     x = _randn(0, 3, 5, 8) * 3
     with jax.enable_x64(dtype == np.float64):
-        gp, tmod = _torch_parity(RMSNorm(), torch.nn.RMSNorm(8), x, None, dtype, tol,
-                                 lambda m, d: {"scale": jnp.asarray(m.weight.detach().numpy())})
-        np.testing.assert_allclose(gp["scale"], tmod.weight.grad.numpy(), rtol=tol, atol=tol)
+        _torch_parity(RMSNorm(), torch.nn.RMSNorm(8), x, dtype, tol)
+        # torch's normalized_shape (5, 8) is the last two axes; axis=1 on (N, C, L) is
+        # torch's RMSNorm(C) on the input moved to channels-last.
+        _torch_parity(RMSNorm(axis=(-2, -1)), torch.nn.RMSNorm((5, 8)), x, dtype, tol)
+        _torch_parity(RMSNorm(axis=1), torch.nn.RMSNorm(5), x, dtype, tol, move=(1, -1))
 
 
-@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float64, 1e-10)])
+@pytest.mark.parametrize("dtype, tol", _DTYPES)
 def test_groupnorm_matches_torch_nhwc_and_nchw(dtype, tol):
     x = _randn(1, 2, 4, 3, 6) * 2 + 1  # NHWC, 6 channels
     with jax.enable_x64(dtype == np.float64):
-        params_from = lambda m, d: {"scale": jnp.asarray(m.weight.detach().numpy()),
-                                    "bias": jnp.asarray(m.bias.detach().numpy())}
-        gp, tmod = _torch_parity(GroupNorm(3), torch.nn.GroupNorm(3, 6), x, "nchw", dtype,
-                                 tol, params_from)
-        np.testing.assert_allclose(gp["scale"], tmod.weight.grad.numpy(), rtol=tol, atol=tol)
-        np.testing.assert_allclose(gp["bias"], tmod.bias.grad.numpy(), rtol=tol, atol=tol)
-        # axis=1 on NCHW directly
-        gp, tmod = _torch_parity(GroupNorm(2, axis=1), torch.nn.GroupNorm(2, 6),
-                                 np.ascontiguousarray(np.moveaxis(x, -1, 1)), None, dtype,
-                                 tol, params_from)
-        np.testing.assert_allclose(gp["bias"], tmod.bias.grad.numpy(), rtol=tol, atol=tol)
+        _torch_parity(GroupNorm(3), torch.nn.GroupNorm(3, 6), x, dtype, tol, move=(-1, 1))
+        _torch_parity(GroupNorm(2, axis=1), torch.nn.GroupNorm(2, 6),
+                      np.moveaxis(x, -1, 1), dtype, tol)
+
+
+def test_groupnorm_groups_are_contiguous_channels():
+    # Channels 0-1 hold one scale and 2-3 another: contiguous groups normalise each
+    # pair to unit variance; interleaved groups (0, 2), (1, 3) would not.
+    x = _randn(4, 2, 5, 4) * np.float32([1, 1, 100, 100]) + np.float32([0, 0, 50, 50])
+    y, _ = GroupNorm(2, center=False, scale=False).apply({}, (), jnp.asarray(x))
+    xn = _np(x).reshape(2, 5, 2, 2)
+    mean, var = xn.mean((1, 3), keepdims=True), xn.var((1, 3), keepdims=True)
+    np.testing.assert_allclose(y, ((xn - mean) / np.sqrt(var + 1e-5)).reshape(x.shape),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_layernorm_without_bias_matches_torch():
-    x = _randn(2, 4, 6) * 2
-    tmod = torch.nn.LayerNorm(6, bias=False)
-    with torch.no_grad():
-        tmod.weight.uniform_(0.5, 1.5)
-    layer = LayerNorm(use_bias=False)
-    _, params, _ = layer.init(jax.random.key(0), (-1, 6))
-    assert set(params) == {"scale"}
-    y, _ = layer.apply({"scale": jnp.asarray(tmod.weight.detach().numpy())}, (), jnp.asarray(x))
-    np.testing.assert_allclose(y, tmod(torch.tensor(x)).detach().numpy(), rtol=1e-5, atol=1e-5)
-    assert set(LayerNorm(center=False).init(jax.random.key(0), (-1, 6))[1]) == {"scale"}
-    with pytest.raises(ValueError, match="same switch"):
-        LayerNorm(center=True, use_bias=False)
+    x = _randn(2, 4, 6) * 2 + 1
+    _torch_parity(LayerNorm(use_bias=False), torch.nn.LayerNorm(6, bias=False), x, np.float32,
+                  1e-5)
+    for kwargs, keys in (({"use_bias": False}, {"scale"}), ({"center": False}, {"scale"}),
+                         ({"center": False, "use_bias": False}, {"scale"}),
+                         ({"center": True, "use_bias": True}, {"scale", "bias"}),
+                         ({"use_bias": True}, {"scale", "bias"}), ({}, {"scale", "bias"})):
+        assert set(LayerNorm(**kwargs).init(jax.random.key(0), (-1, 6))[1]) == keys, kwargs
+    for kwargs in ({"center": True, "use_bias": False}, {"center": False, "use_bias": True}):
+        with pytest.raises(ValueError, match=r"LayerNorm: center=.* and use_bias=.* are the "
+                           r"same switch.*disagree"):
+            LayerNorm(**kwargs)
+    with pytest.raises(ValueError, match="LayerNorm: use_bias must be True or False"):
+        LayerNorm(use_bias="no")
 
 
-def test_rmsnorm_eps_follows_the_input_dtype_and_bf16_stays_bf16():
-    x = jnp.full((1, 4), 1e-4, jnp.float32)
+def test_rmsnorm_default_eps_is_torchs_per_dtype():
+    # torch uses the eps of its compute ("opmath") dtype: float32's for bfloat16/float16/
+    # float32 inputs, float64's for float64 (its docs said the input dtype's). The inputs
+    # have a mean square near eps, so another eps gives another output.
     layer = RMSNorm(scale=False)
-    y, _ = layer.apply({}, (), x)
-    want = 1e-4 / np.sqrt(1e-8 + np.finfo(np.float32).eps)  # torch: finfo(input dtype).eps
-    np.testing.assert_allclose(y, want, rtol=1e-5)
-    xb = jnp.asarray(_randn(3, 2, 8) * 4).astype(jnp.bfloat16)
-    yb, _ = RMSNorm().apply({"scale": jnp.ones(8)}, (), xb)
-    y32, _ = RMSNorm(epsilon=float(jnp.finfo(jnp.bfloat16).eps)).apply(
-        {"scale": jnp.ones(8)}, (), xb.astype(jnp.float32))
-    assert yb.dtype == jnp.bfloat16
-    np.testing.assert_allclose(yb.astype(jnp.float32), y32, rtol=2e-2, atol=2e-2)
-    gb, _ = GroupNorm(2).apply({"scale": jnp.ones(8), "bias": jnp.zeros(8)}, (), xb)
-    assert gb.dtype == jnp.bfloat16
+    for dtype, tdtype, value, eps in ((jnp.bfloat16, torch.bfloat16, 3e-4, np.finfo(np.float32).eps),
+                                      (jnp.float16, torch.float16, 3e-4, np.finfo(np.float32).eps),
+                                      (jnp.float32, torch.float32, 3e-4, np.finfo(np.float32).eps),
+                                      (jnp.float64, torch.float64, 1e-8, np.finfo(np.float64).eps)):
+        with jax.enable_x64(dtype == jnp.float64):
+            x = jnp.full((1, 4), value, dtype)
+            y, _ = layer.apply({}, (), x)
+            assert y.dtype == dtype
+            xv = float(np.asarray(x.astype(jnp.float64 if dtype == jnp.float64 else jnp.float32))[0, 0])
+            want = xv / np.sqrt(xv ** 2 + eps)
+            np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=4e-3, err_msg=str(dtype))
+            theirs = torch.nn.RMSNorm(4, elementwise_affine=False)(
+                torch.tensor(np.asarray(x, np.float64)).to(tdtype))
+            np.testing.assert_array_equal(np.asarray(y, np.float64), theirs.double().numpy())
+    # a given epsilon replaces the default (here the bfloat16 eps of torch's old docs)
+    y, _ = RMSNorm(scale=False, epsilon=float(jnp.finfo(jnp.bfloat16).eps)).apply(
+        {}, (), jnp.full((1, 4), 0.01, jnp.bfloat16))
+    np.testing.assert_allclose(np.asarray(y, np.float32), 0.01 / np.sqrt(1e-4 + 2.0 ** -7),
+                               rtol=1e-2)
 
 
-def test_rms_and_group_norm_contract_and_errors():
-    check_layer(RMSNorm(), (-1, 3, 4))
-    check_layer(GroupNorm(2), (-1, 3, 3, 4))
-    with pytest.raises(ValueError, match="num_groups=3 does not divide the 4 channels"):
-        GroupNorm(3).init(jax.random.key(0), (-1, 5, 4))
+def test_bf16_inputs_give_bf16_outputs_close_to_float32():
+    x32 = jnp.asarray(_randn(3, 2, 3, 8) * 4 + 1).astype(jnp.bfloat16).astype(jnp.float32)
+    rng = np.random.default_rng(4)
+    ones_ish = jnp.asarray(rng.uniform(0.5, 1.5, 8), jnp.float32)
+    for layer, params in ((RMSNorm(), {"scale": ones_ish}),
+                          (GroupNorm(4), {"scale": ones_ish, "bias": ones_ish - 1}),
+                          (LayerNorm(use_bias=False), {"scale": ones_ish})):
+        y32, _ = layer.apply(params, (), x32)
+        yb, _ = layer.apply(params, (), x32.astype(jnp.bfloat16))
+        assert yb.dtype == jnp.bfloat16, layer.name
+        # one bfloat16 rounding of the float32 result: float32 statistics, no bf16 sums
+        np.testing.assert_allclose(np.asarray(yb, np.float32), y32, rtol=2 ** -8, atol=1e-6,
+                                   err_msg=layer.name)
+
+
+def test_rms_and_group_norm_contract():
+    # The layers ignore `train`: one mode is enough. Their gradients are checked against
+    # torch's in float64 to 1e-10 above, tighter than check_grads' finite differences
+    # (which would cost ~2 s of compilation here).
+    check_layer(RMSNorm(axis=(1, 2)), (-1, 3, 4), train_modes=(False,), grad_check=False,
+                inputs=jnp.asarray(_randn(5, 2, 3, 4)))
+    check_layer(GroupNorm(2), (-1, 3, 2, 4), train_modes=(False,), grad_check=False,
+                inputs=jnp.asarray(_randn(6, 2, 3, 2, 4)))
+    out_shape, params, state = GroupNorm(2, axis=1).init(jax.random.key(0), (-1, 4, -1, 3))
+    assert out_shape == (-1, 4, -1, 3) and state == ()
+    np.testing.assert_array_equal(params["scale"], np.ones(4))
+    np.testing.assert_array_equal(params["bias"], np.zeros(4))
+    assert RMSNorm(axis=(-2, -1)).init(jax.random.key(0), (-1, 3, 4))[1]["scale"].shape == (3, 4)
+    assert GroupNorm(2, center=False, scale=False).init(jax.random.key(0), (-1, 4))[1] == {}
+    assert RMSNorm(scale=False).init(jax.random.key(0), (-1, 4))[1] == {}
+
+
+def test_rms_and_group_norm_errors():
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match=r"GroupNorm\(3\): num_groups=3 does not divide the 4 "
+                       r"channels on axis 2 of shape \(-1, 5, 4\)"):
+        GroupNorm(3).init(key, (-1, 5, 4))
+    with pytest.raises(ValueError, match=r"GroupNorm\(4, axis=1\): num_groups=4 does not divide "
+                       r"the 6 channels on axis 1"):
+        GroupNorm(4, axis=1).apply({}, (), jnp.ones((2, 6, 3)))
+    with pytest.raises(ValueError, match=r"GroupNorm\(1\): expected an input of rank >= 2, got "
+                       r"rank 1"):
+        GroupNorm(1).init(key, (4,))
+    with pytest.raises(ValueError, match=r"GroupNorm\(1\): expected an input of rank >= 2"):
+        GroupNorm(1).apply({}, (), jnp.ones(4))
     with pytest.raises(ValueError, match="axis 0 is the batch"):
-        GroupNorm(1, axis=0).init(jax.random.key(0), (4, 5))
-    with pytest.raises(ValueError, match="built for"):
+        GroupNorm(1, axis=0).init(key, (4, 5))
+    with pytest.raises(ValueError, match="channel dimension"):
+        GroupNorm(1).init(key, (2, -1))
+    _, params, _ = GroupNorm(2).init(key, (-1, 4))
+    with pytest.raises(ValueError, match=r"GroupNorm\(2\): the input has 6 channels on axis 1 "
+                       r"but params\['scale'\] was built for 4"):
+        GroupNorm(2).apply(params, (), jnp.ones((2, 6)))
+    for bad in ({"num_groups": 0}, {"num_groups": 2.0}, {"num_groups": 2, "epsilon": -1.0},
+                {"num_groups": 2, "axis": "channels"}, {"num_groups": 2, "center": 1}):
+        with pytest.raises(ValueError, match="GroupNorm"):
+            GroupNorm(**bad)
+    for bad in ({"epsilon": -1e-6}, {"axis": ()}, {"scale": "yes"}):
+        with pytest.raises(ValueError, match="RMSNorm"):
+            RMSNorm(**bad)
+    with pytest.raises(ValueError, match=r"RMSNorm\(axis=\(-2, -1\)\): expected an input of rank >= 2"):
+        RMSNorm(axis=(-2, -1)).init(key, (4,))
+    with pytest.raises(ValueError, match=r"RMSNorm.*\(4,\) on the normalised axes.*built for "
+                       r"\(3,\)"):
         RMSNorm().apply({"scale": jnp.ones(3)}, (), jnp.ones((2, 4)))

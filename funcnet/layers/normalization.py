@@ -249,9 +249,15 @@ def RMSNorm(axis=-1, epsilon: Optional[float] = None, scale: bool = True) -> Lay
 
         y = x / sqrt(E[x^2] + epsilon) * scale           (the mean over `axis`)
 
-    ``epsilon=None`` is torch's default: ``torch.finfo(x.dtype).eps`` of the *input*
-    dtype (1.19e-7 for float32, 7.8e-3 for bfloat16, 2.2e-16 for float64). params
-    ``{"scale"}`` (ones; torch's ``weight``, copied as is) of the shape of the
+    ``epsilon=None`` is torch's default: the machine epsilon of the dtype the statistics
+    are computed in, at least float32 -- ``finfo(float32).eps`` = 1.19e-7 for bfloat16,
+    float16 and float32 inputs, ``finfo(float64).eps`` = 2.2e-16 for float64. That is
+    what torch computes (its "opmath" eps since pytorch#142848, early 2025; checked on
+    torch 2.13), although its docs said ``torch.finfo(x.dtype).eps`` of the *input*
+    dtype until pytorch#173039: for bfloat16 that would be 7.8e-3, large enough to
+    shrink activations whose mean square is ~1e-2. Pass
+    ``epsilon=float(jnp.finfo(jnp.bfloat16).eps)`` for that documented-only rule.
+    params ``{"scale"}`` (ones; torch's ``weight``, copied as is) of the shape of the
     normalised axes; ``scale=False`` drops it (torch's ``elementwise_affine=False``).
     ``axis`` as :func:`LayerNorm`. Statistics in at least float32; the output has the
     input's dtype. Stateless.
@@ -279,8 +285,9 @@ def RMSNorm(axis=-1, epsilon: Optional[float] = None, scale: bool = True) -> Lay
                              f"normalised axes {norm}, but params['scale'] was built for "
                              f"{tuple(params['scale'].shape)}. Re-run init with the right "
                              f"input_shape.")
-        eps = epsilon if epsilon is not None else float(jnp.finfo(_out_dtype(inputs.dtype)).eps)
-        x = inputs.astype(_compute_dtype(inputs.dtype))
+        compute = _compute_dtype(inputs.dtype)
+        eps = epsilon if epsilon is not None else float(jnp.finfo(compute).eps)
+        x = inputs.astype(compute)
         y = x * lax.rsqrt(jnp.mean(jnp.square(x), axis=norm, keepdims=True) + eps)
         if "scale" in params:
             bshape = [inputs.shape[i] if i in norm else 1 for i in range(inputs.ndim)]
@@ -310,7 +317,9 @@ def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bo
     num_groups = checks.positive_int("GroupNorm", "num_groups", num_groups)
     axis = checks.integer("GroupNorm", "axis", axis)
     epsilon = checks.real("GroupNorm", "epsilon", epsilon, low=0.0)
-    name = f"GroupNorm({num_groups})"
+    center = checks.flag("GroupNorm", "center", center)
+    scale = checks.flag("GroupNorm", "scale", scale)
+    name = f"GroupNorm({num_groups}, axis={axis})" if axis != -1 else f"GroupNorm({num_groups})"
 
     def _channels(shape):
         ax = normalize_axis(name, axis, len(shape))

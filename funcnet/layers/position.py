@@ -28,10 +28,26 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, dtype=jnp.
 
 
 def rope(x, positions=None, *, base: float = 10000.0):
-    """Rotary position embedding on ``x`` of shape ``(..., T, H, D)``, rotate-half convention."""
+    """Rotary position embedding (RoPE, Su et al. 2021) on ``x`` of shape ``(..., T, H, D)``.
+
+    Feature ``i < D/2`` is paired with ``i + D/2`` (the "rotate-half" convention of
+    GPT-NeoX and Hugging Face's Llama) and the pair is rotated by the angle
+    ``p * base^(-2i/D)``, ``p`` the token's position::
+
+        y_i       = x_i cos(a) - x_{i+D/2} sin(a)
+        y_{i+D/2} = x_{i+D/2} cos(a) + x_i sin(a)
+
+    so ``<rope(q, m), rope(k, n)>`` depends on ``m - n`` only. ``positions``: ints
+    broadcastable to ``x.shape[:-2]`` (``(T,)`` or ``(B, T)``), default ``arange(T)``.
+    Meta's original Llama code rotates adjacent pairs ``(x_2i, x_2i+1)`` instead; the two
+    agree after permuting the features by ``[0, 2, 4, ..., 1, 3, 5, ...]`` (apply it to
+    the columns of the query and key projections when loading such weights; tested).
+    Angles in float32; the output has ``x``'s dtype. An odd ``D`` is a ValueError.
+    """
     D = x.shape[-1]
     if D % 2:
-        raise ValueError(f"rope: the head dim must be even, got {D}.")
+        raise ValueError(f"rope: rotary embeddings rotate pairs of features, so the head dim "
+                         f"(the last axis) must be even, got {D}.")
     T = x.shape[-3]
     pos = jnp.arange(T) if positions is None else jnp.asarray(positions)
     half = D // 2
@@ -70,7 +86,19 @@ def _positions_layer(name, max_length, table_fn, params_fn, decode):
 
 
 def LearnedPositions(max_length: int, dim=None, E_init=None, *, decode: bool = False) -> Layer:
-    """``x + E[0:T]``: a learned position table ``{"E": (max_length, dim)}``."""
+    """``x + E[0:T]`` on ``(B, T, dim)``: a learned position table, nanoGPT's ``wpe``.
+
+    params ``{"E": (max_length, dim)}``, torch ``nn.Embedding``'s ``weight`` layout
+    (nanoGPT's ``wpe.weight`` copies as is); ``E_init`` defaults to ``N(0, 1)`` like
+    ``nn.Embedding``; ``dim`` defaults to the input's last axis. A sequence longer
+    than ``max_length`` is a ValueError naming both lengths.
+
+    ``decode=True`` is the decoding form (see :func:`funcnet.generate`): state
+    ``{"index": int32}`` (0 at init), each apply adds ``E[index : index + T]`` and
+    returns ``index + T``. Outside ``jit`` going past ``max_length`` is a ValueError;
+    under ``jit`` ``lax.dynamic_slice`` clamps the start, so keep decoding within the
+    table (``generate`` checks the length before it runs).
+    """
     max_length = checks.positive_int("LearnedPositions", "max_length", max_length)
     name = f"LearnedPositions({max_length})"
     E_init = checks.initializer(name, "E_init", E_init) or initializers.normal(1.0)
@@ -82,8 +110,11 @@ def LearnedPositions(max_length: int, dim=None, E_init=None, *, decode: bool = F
 
 
 def SinusoidalPositions(max_length: int, *, base: float = 10000.0, decode: bool = False) -> Layer:
-    """``x + sinusoidal_table(max_length, dim)[0:T]``; no params."""
+    """``x + sinusoidal_table(max_length, dim)[0:T]``: fixed positions, no params.
+
+    ``decode=True`` as :func:`LearnedPositions`.
+    """
     max_length = checks.positive_int("SinusoidalPositions", "max_length", max_length)
     return _positions_layer(f"SinusoidalPositions({max_length})", max_length,
                             lambda p, x: sinusoidal_table(max_length, x.shape[-1], base=base),
-                            lambda rng, shape: {}, decode)
+                            lambda rng, shape: (), decode)
