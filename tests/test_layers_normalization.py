@@ -250,9 +250,10 @@ def _torch_parity(layer, tmod, x, dtype, tol, move=None):
     """
     a, b = move or (0, 0)
     tmod = tmod.to(_TORCH[dtype])
+    gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for p in tmod.parameters():
-            p.copy_(torch.rand(p.shape, dtype=_TORCH[dtype], generator=torch.Generator().manual_seed(3)) + 0.5)
+            p.copy_(torch.rand(p.shape, dtype=_TORCH[dtype], generator=gen) + 0.5)
     x = x.astype(dtype)
     tx = torch.tensor(np.ascontiguousarray(np.moveaxis(x, a, b)), requires_grad=True)
     ty = tmod(tx)
@@ -333,17 +334,19 @@ def test_rmsnorm_default_eps_is_torchs_per_dtype():
     # float32 inputs, float64's for float64 (its docs said the input dtype's). The inputs
     # have a mean square near eps, so another eps gives another output.
     layer = RMSNorm(scale=False)
-    for dtype, tdtype, value, eps in ((jnp.bfloat16, torch.bfloat16, 3e-4, np.finfo(np.float32).eps),
-                                      (jnp.float16, torch.float16, 3e-4, np.finfo(np.float32).eps),
-                                      (jnp.float32, torch.float32, 3e-4, np.finfo(np.float32).eps),
-                                      (jnp.float64, torch.float64, 1e-8, np.finfo(np.float64).eps)):
+    eps32, eps64 = np.finfo(np.float32).eps, np.finfo(np.float64).eps
+    for dtype, tdtype, value, eps in ((jnp.bfloat16, torch.bfloat16, 3e-4, eps32),
+                                      (jnp.float16, torch.float16, 3e-4, eps32),
+                                      (jnp.float32, torch.float32, 3e-4, eps32),
+                                      (jnp.float64, torch.float64, 1e-8, eps64)):
         with jax.enable_x64(dtype == jnp.float64):
             x = jnp.full((1, 4), value, dtype)
             y, _ = layer.apply({}, (), x)
             assert y.dtype == dtype
-            xv = float(np.asarray(x.astype(jnp.float64 if dtype == jnp.float64 else jnp.float32))[0, 0])
+            xv = float(np.asarray(x, np.float64)[0, 0])  # the value after rounding to dtype
             want = xv / np.sqrt(xv ** 2 + eps)
-            np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=4e-3, err_msg=str(dtype))
+            np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=4e-3,
+                                       err_msg=str(dtype))
             theirs = torch.nn.RMSNorm(4, elementwise_affine=False)(
                 torch.tensor(np.asarray(x, np.float64)).to(tdtype))
             np.testing.assert_array_equal(np.asarray(y, np.float64), theirs.double().numpy())
@@ -414,7 +417,8 @@ def test_rms_and_group_norm_errors():
     for bad in ({"epsilon": -1e-6}, {"axis": ()}, {"scale": "yes"}):
         with pytest.raises(ValueError, match="RMSNorm"):
             RMSNorm(**bad)
-    with pytest.raises(ValueError, match=r"RMSNorm\(axis=\(-2, -1\)\): expected an input of rank >= 2"):
+    with pytest.raises(ValueError,
+                       match=r"RMSNorm\(axis=\(-2, -1\)\): expected an input of rank >= 2"):
         RMSNorm(axis=(-2, -1)).init(key, (4,))
     with pytest.raises(ValueError, match=r"RMSNorm.*\(4,\) on the normalised axes.*built for "
                        r"\(3,\)"):
