@@ -74,3 +74,57 @@ def test_defaults_are_nanogpts_config(shakespeare):
             a.warmup_iters, a.eval_interval, a.eval_iters, a.log_interval) == (
         1e-3, 5000, 5000, 1e-4, 0.99, 100, 250, 200, 10)
     assert shakespeare.parse_args(["--n-layer=4", "--block-size", "64"]).n_layer == 4
+
+
+def test_the_recipe_follows_nanogpt_step_for_step(shakespeare):
+    """The example's optimizer (AdamW with nanoGPT's decay groups, warmup + cosine schedule,
+    clipping at 1.0) and funcnet's GPT, started from the weights of a PyTorch GPT built like
+    nanoGPT's and fed the same batches, give torch's losses step for step (torch: AdamW with
+    two param groups, clip_grad_norm_, nanoGPT's get_lr)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from benchmarks import gpt
+    from funcnet import losses
+    from funcnet.train import Aux, TrainState, make_train_step
+
+    case = dict(n_layer=2, n_head=2, n_embd=16, block=16, batch=4)
+    args = shakespeare.parse_args(["--block-size=16", "--batch-size=4", "--n-layer=2",
+                                   "--n-head=2", "--n-embd=16", "--dropout=0.0",
+                                   "--learning-rate=1e-2", "--min-lr=1e-3", "--warmup-iters=5",
+                                   "--lr-decay-iters=25"])
+    tm = gpt._torch_model(case)
+    decay = [p for p in tm.parameters() if p.dim() >= 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": [p for p in tm.parameters() if p.dim() < 2],
+                              "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.99))
+    net, tx = shakespeare.build(args, gpt.VOCAB)
+    params = gpt._funcnet_params(gpt._weights(case), case, scan=False)
+    ts = TrainState.create(net, tx, jax.random.key(0), (-1, 16))
+    ts = ts._replace(params=params, opt_state=tx.init(params))
+
+    def loss_fn(p, s, batch, rng):
+        logits, s = net.apply(p, s, batch[0], rng=rng, train=True)
+        return losses.cross_entropy(logits.reshape(-1, gpt.VOCAB), batch[1].reshape(-1)), \
+            Aux(state=s)
+
+    step = jax.jit(make_train_step(loss_fn, tx))
+    lr = shakespeare.lr_schedule(args)
+    data = np.random.default_rng(3).integers(0, gpt.VOCAB, 5000)
+    rng = np.random.default_rng(4)
+    for it in range(30):  # warmup, cosine decay, then min_lr
+        starts = rng.integers(0, len(data) - 17, 4)
+        x = np.stack([data[i:i + 16] for i in starts])
+        y = np.stack([data[i + 1:i + 17] for i in starts])
+        for group in opt.param_groups:
+            group["lr"] = float(lr(it))
+        loss = tm(torch.tensor(x), torch.tensor(y))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ts, metrics = step(ts, (jnp.asarray(x, jnp.int32), jnp.asarray(y, jnp.int32)))
+        np.testing.assert_allclose(float(metrics["loss"]), loss.item(), rtol=2e-5,
+                                   err_msg=f"step {it}")
+    np.testing.assert_allclose(ts.params["E"], tm.wte.weight.detach().numpy(), atol=2e-5)
