@@ -1,5 +1,4 @@
 """funcnet.decoding: generate with a key/value cache and with a window, under jit."""
-import functools
 
 import jax
 import jax.numpy as jnp

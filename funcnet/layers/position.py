@@ -4,7 +4,6 @@ and learned position tables. Sequences are (batch, time, features); attention he
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
