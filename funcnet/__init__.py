@@ -7,7 +7,8 @@ says which module holds which concept.
 
 from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
                      decoding, distributed, inference, initializers, introspect, layers, loop,
-                     losses, metrics, models, optim, outputs, params, precision, testing, train)
+                     losses, metrics, models, optim, outputs, params, precision, sharding, testing,
+                     train)
 from funcnet.combinators import (FanInConcat, FanInSum, FanOut, Identity, Remat, Residual, Scan,
                                  parallel, serial, stack_params, unstack_params)
 from funcnet.core import Layer, named
@@ -27,4 +28,4 @@ __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInC
            "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze", "callbacks",
            "checkpoint", "checkpoint_orbax", "combinators", "core", "data", "datasets",
            "decoding", "models", "distributed", "inference", "initializers", "introspect", "layers", "loop", "losses",
-           "metrics", "optim", "outputs", "params", "precision", "testing", "train"]
+           "metrics", "optim", "outputs", "params", "precision", "sharding", "testing", "train"]

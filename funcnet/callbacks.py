@@ -158,6 +158,12 @@ class JSONLLogger(_FileLogger):
 class EarlyStopping(Callback):
     """Stops when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs.
 
+    ``restore_best=True`` keeps a copy of the train state at the best epoch and hands
+    it back at the end of training, whether the run stopped early or not (Keras's
+    ``restore_best_weights=True``; the copy lives where the state does, so it costs
+    one more train state of device memory). ``fit`` then returns the best epoch's
+    state; the history still lists every epoch run.
+
     ``fit`` checks before training that ``monitor`` is a key its logs will have (the
     step's metrics, ``eval_*`` from the metric's ``compute``, keys added by callbacks
     before this one); a user callback that adds keys makes unknown keys pass.
@@ -180,7 +186,7 @@ class EarlyStopping(Callback):
                          f"the epoch logs will have {sorted(logs.certain)}. {fix}.")
 
     def __init__(self, monitor: str = "eval_loss", *, patience: int = 3, mode: str = "min",
-                 min_delta: float = 0.0):
+                 min_delta: float = 0.0, restore_best: bool = False):
         if mode not in ("min", "max"):
             raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}.")
         if not isinstance(monitor, str):
@@ -190,7 +196,8 @@ class EarlyStopping(Callback):
         # A negative min_delta would count a worse value as an improvement.
         checks.real("EarlyStopping", "min_delta", min_delta, low=0.0)
         self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
-        self.best, self.wait = None, 0
+        self.restore_best = checks.flag("EarlyStopping", "restore_best", restore_best)
+        self.best, self.wait, self.best_state, self.best_epoch = None, 0, None, None
 
     def on_epoch_end(self, ctx, epoch, logs):
         if self.monitor not in logs:
@@ -200,10 +207,16 @@ class EarlyStopping(Callback):
                                         else value > self.best + self.min_delta))
         if better:
             self.best, self.wait = value, 0
+            if self.restore_best:
+                self.best_state, self.best_epoch = ctx.train_state, epoch
         else:
             self.wait += 1
             if self.wait >= self.patience:
                 ctx.stop_training = True
+
+    def on_train_end(self, ctx):
+        if self.restore_best and self.best_state is not None:
+            ctx.replace_train_state(self.best_state)
 
 
 class LearningRateLogger(Callback):

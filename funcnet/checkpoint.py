@@ -718,22 +718,36 @@ class NpzCheckpointer:
     """:class:`Checkpointer` over :func:`save`/:func:`restore`: one ``ckpt-<step>.npz``
     per step, written synchronously (atomically) by process 0 only.
 
+    A state sharded over a mesh (:func:`funcnet.sharding.shard_params`) is gathered
+    whole into process 0's host memory to be written (and placed back with its
+    shardings on restore). That is fine for what fits one host; past
+    ``max_gather_bytes`` the save refuses, as it does for a state split across
+    processes (no one host holds it all): use the orbax backend
+    (``backend="orbax"``), which writes each process's shards where they lie.
+
     Args:
       directory: the checkpoint directory.
       keep: ``keep=`` of :func:`save`.
       run_id, overwrite: as for :func:`save`.
+      max_gather_bytes: the largest sharded state to gather (default 2 GiB; None:
+        no limit).
     """
 
     every_process_saves = False
 
     def __init__(self, directory, *, keep: Optional[int] = None, run_id: Optional[str] = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False, max_gather_bytes: Optional[int] = 2 ** 31):
         if keep is not None:
             keep = checks.positive_int("NpzCheckpointer", "keep (or None)", keep)
+        if max_gather_bytes is not None:
+            max_gather_bytes = checks.non_negative_int("NpzCheckpointer", "max_gather_bytes",
+                                                       max_gather_bytes)
         self.directory, self.keep, self.run_id = Path(directory), keep, run_id
         self.overwrite = checks.flag("NpzCheckpointer", "overwrite", overwrite)
+        self.max_gather_bytes = max_gather_bytes
 
     def save(self, step, tree, *, finite=None) -> None:
+        _check_gatherable(tree, self.max_gather_bytes)
         if jax.process_index() == 0:
             save(self.directory, jax.device_get(tree), step, keep=self.keep, run_id=self.run_id,
                  finite=finite, overwrite=self.overwrite)
@@ -758,6 +772,29 @@ class NpzCheckpointer:
 
     def __repr__(self):
         return f"NpzCheckpointer({str(self.directory)!r}, keep={self.keep})"
+
+
+def _check_gatherable(tree, limit: Optional[int]) -> None:
+    """Refuses, with the way out, a sharded state the npz backend cannot or should not
+    gather to one host."""
+    split = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)
+             and not x.sharding.is_fully_replicated and len(x.sharding.device_set) > 1]
+    if not split:
+        return
+    if any(not x.is_fully_addressable for x in split):
+        raise ValueError("NpzCheckpointer.save: the state is sharded across processes, and the "
+                         "npz backend writes one file from process 0, which does not hold the "
+                         "other processes' shards. Use the orbax backend (Checkpoint(..., "
+                         "backend='orbax') or funcnet.checkpoint_orbax.OrbaxCheckpointer): "
+                         "each process writes its own shards.")
+    total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)
+                if hasattr(x, "dtype") and not _is_key(x))
+    if limit is not None and total > limit:
+        raise ValueError(f"NpzCheckpointer.save: the state is sharded over a mesh and the npz "
+                         f"backend would gather all {total / 2**20:.0f} MiB of it into this "
+                         f"host's memory, past max_gather_bytes={limit}. Use the orbax backend "
+                         f"(backend='orbax'), which writes each device's shards without "
+                         f"gathering, or raise max_gather_bytes.")
 
 
 def checkpointer_for(target, *, backend: str = "npz", keep: Optional[int] = None,

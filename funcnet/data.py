@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from funcnet import _checks as checks
+from funcnet._mesh import data_axis
 
 __all__ = ["batches", "epoch_order", "num_batches", "prefetch_to_device", "DeviceData"]
 
@@ -175,8 +176,9 @@ class DeviceData:
     as float32); the host pipeline (:func:`batches`) is for data that does not.
 
     On a mesh (``device=mesh``, or ``fit(..., mesh=mesh)``, which places it so) the
-    examples are split over the mesh's axis, each device holding about
-    ``n / mesh.size`` of them, and each step gathers a global batch split over the
+    examples are split over the mesh's data axis (:func:`funcnet.sharding.data_axis`),
+    each device holding about ``n / N`` of them for ``N`` devices along it (whole
+    along a second, tensor-parallel axis), and each step gathers a global batch split over the
     devices as :func:`funcnet.distributed.shard_batch` splits one: every device
     picks the batch's rows it holds and one reduce-scatter (over the raw bits, so
     the values are exact) gives each device its part. With several processes, each
@@ -276,19 +278,19 @@ class DeviceData:
             yield self._take_jit(self.arrays, idx)
 
     def _check_mesh(self, mesh) -> None:
-        if len(mesh.axis_names) != 1:
-            raise ValueError(f"DeviceData: expected a 1-D mesh (funcnet.distributed.data_mesh), "
-                             f"got axes {mesh.axis_names}.")
+        axis = data_axis(mesh)
+        n_split = mesh.shape[axis]
         tail = 0 if self.drop_remainder else self.n % self.batch_size
         for size in (self.batch_size, tail):
-            if size % mesh.size:
+            if size % n_split:
                 raise ValueError(f"DeviceData: a batch of {size} examples cannot be split evenly "
-                                 f"over {mesh.size} devices (mesh axis {mesh.axis_names[0]!r}). "
-                                 f"Use a batch size that is a multiple of {mesh.size}, or drop "
+                                 f"over {n_split} devices (mesh axis {axis!r}). "
+                                 f"Use a batch size that is a multiple of {n_split}, or drop "
                                  f"the last partial batch (drop_remainder=True).")
 
     def __repr__(self) -> str:
-        where = "" if self.mesh is None else f", split over {self.mesh.size} devices"
+        where = ("" if self.mesh is None else
+                 f", split over {self.mesh.shape[data_axis(self.mesh)]} devices")
         return (f"DeviceData(n={self.n}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"drop_remainder={self.drop_remainder}{where})")
 
@@ -301,22 +303,23 @@ def _gatherable(dtype) -> bool:
 def _split_rows(mesh, tree, n: int):
     """Every leaf's rows split over ``mesh``'s axis, zero rows appended up to a multiple
     of the device count (no index points at them)."""
-    per = -(-n // mesh.size)
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
+    split = mesh.shape[data_axis(mesh)]
+    per = -(-n // split)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(data_axis(mesh)))
 
     def put(x):
         xp = jax.numpy if isinstance(x, jax.Array) else np
 
         def part(index):
             start = index[0].start or 0
-            stop = per * mesh.size if index[0].stop is None else index[0].stop
+            stop = per * split if index[0].stop is None else index[0].stop
             piece = x[start:min(stop, n)]
             if stop > n:
                 piece = xp.concatenate([piece, xp.zeros((stop - max(start, n),) + x.shape[1:],
                                                         x.dtype)])
             return piece
 
-        return jax.make_array_from_callback((per * mesh.size,) + x.shape[1:], sharding, part)
+        return jax.make_array_from_callback((per * split,) + x.shape[1:], sharding, part)
 
     return jax.tree.map(put, tree)
 
@@ -334,7 +337,7 @@ def _take_split(mesh, arrays, idx):
     """
     from jax import lax
     jnp = jax.numpy
-    axis = mesh.axis_names[0]
+    axis = data_axis(mesh)
     spec = jax.sharding.PartitionSpec(axis)
 
     def local(arrays, idx):

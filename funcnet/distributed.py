@@ -34,11 +34,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
+# The explicit-axis helpers layers use live below layers and this module (funcnet._mesh);
+# the sharding plan in funcnet.sharding. Both are re-exported here, where users look.
+from funcnet._mesh import data_axis, explicit_sharding, explicit_spec, gather, on_global_mesh
+from funcnet.sharding import (explain, fsdp_rules, megatron_rules, param_specs, shard_params,
+                              state_shardings)
 
 __all__ = ["initialize", "data_mesh", "replicate_on", "shard_batch", "shard_local_batch",
            "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
            "local_device_count", "InFlight", "explicit_spec", "explicit_sharding", "gather",
-           "on_global_mesh"]
+           "on_global_mesh", "data_axis", "shard_params", "param_specs", "fsdp_rules",
+           "megatron_rules", "explain", "state_shardings"]
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
@@ -145,7 +151,7 @@ def shard_batch(mesh: jax.sharding.Mesh, batch):
     parts; with each process holding only its part, use :func:`shard_local_batch`.
     Leaves that are already split this way are passed through.
     """
-    sharding = _batch_sharding("shard_batch", mesh, batch, mesh.size)
+    sharding = _batch_sharding("shard_batch", mesh, batch, mesh.shape[data_axis(mesh)])
     _check_fits_x32("shard_batch", batch)
 
     def put(x):
@@ -165,7 +171,11 @@ def shard_local_batch(mesh: jax.sharding.Mesh, batch):
     jitted step takes as it would a whole batch. With one process it is
     :func:`shard_batch`.
     """
-    local_devices = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+    axis = data_axis(mesh)
+    # the devices along the data axis whose rows this process feeds
+    rows = np.moveaxis(mesh.devices, list(mesh.axis_names).index(axis), 0)
+    local_devices = sum(any(d.process_index == jax.process_index() for d in np.ravel(r))
+                        for r in rows)
     sharding = _batch_sharding("shard_local_batch", mesh, batch, local_devices)
     _check_fits_x32("shard_local_batch", batch)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
@@ -174,10 +184,7 @@ def shard_local_batch(mesh: jax.sharding.Mesh, batch):
 
 def _batch_sharding(fn, mesh, batch, divisor):
     """The batch-split sharding, after checking the leading sizes agree and divide evenly."""
-    if len(mesh.axis_names) != 1:
-        raise ValueError(f"{fn}: expected a 1-D mesh (funcnet.distributed.data_mesh), got axes "
-                         f"{mesh.axis_names}; shard over one of them with "
-                         f"jax.device_put(batch, NamedSharding(mesh, P(axis))).")
+    axis = data_axis(mesh)
     leaves = jax.tree.leaves(batch)
     sizes = {tuple(np.shape(x)[:1]) for x in leaves}
     if not leaves or () in sizes or len(sizes) != 1:
@@ -186,10 +193,10 @@ def _batch_sharding(fn, mesh, batch, divisor):
     (size,) = sizes.pop()
     if size % divisor:
         raise ValueError(f"{fn}: a batch of {size} examples cannot be split evenly over "
-                         f"{divisor} devices (mesh axis {mesh.axis_names[0]!r}). Use a batch "
+                         f"{divisor} devices (mesh axis {axis!r}). Use a batch "
                          f"size that is a multiple of {divisor}, or drop the last partial batch "
                          f"(drop_remainder=True).")
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names[0]))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
 
 
 def local_device_count(devices: Optional[int] = None) -> int:
@@ -429,67 +436,3 @@ def _devices(devices):
     if checks.is_int(devices):
         return jax.local_devices()[:local_device_count(devices)]
     return list(devices)
-
-
-# --------------------------------------------------------------------------- #
-# Ops that need to be told their result's sharding. Under a mesh whose axes are
-# Explicit (``jax.make_mesh``'s default), every array's type carries its
-# sharding, and JAX refuses ops whose result layout it cannot infer: gathers
-# from a table by sharded ids, scatters into a global table, reshapes that
-# split an axis. These helpers give that layout and are no-ops everywhere else.
-# --------------------------------------------------------------------------- #
-
-def explicit_spec(x) -> Optional[tuple]:
-    """``x``'s ``PartitionSpec``, one entry per axis, when ``x`` is split over Explicit mesh axes.
-
-    None when no axis of ``x`` is split in its type: one device, the body of
-    ``jax.pmap`` or ``jax.shard_map``, a mesh with Auto axes (the compiler decides
-    the layout there), or a replicated value. Meant to be read while tracing.
-    """
-    spec = tuple(jax.typeof(x).sharding.spec)
-    spec += (None,) * (np.ndim(x) - len(spec))
-    return spec if any(p is not None for p in spec) else None
-
-
-def on_global_mesh(x) -> bool:
-    """Whether ``x``, being traced, is a global value the compiler may split over a mesh.
-
-    True under ``jax.set_mesh`` with Auto or Explicit axes, and for ``x`` split over
-    Explicit axes; False on one device and in the body of ``jax.pmap`` or
-    ``jax.shard_map``, where values are per device. A ``jax.jit`` over arrays placed
-    with a ``NamedSharding`` but no ``jax.set_mesh`` cannot be told from one device
-    while tracing (False). For layers that would reorganise the batch axis, which only
-    pays off where that axis is local.
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    on_mesh = not mesh.empty and any(t != jax.sharding.AxisType.Manual for t in mesh.axis_types)
-    return on_mesh or explicit_spec(x) is not None
-
-
-def explicit_sharding(like, *spec) -> Optional[jax.sharding.NamedSharding]:
-    """``NamedSharding(mesh of like, PartitionSpec(*spec))`` when ``like`` is split over Explicit
-    mesh axes (see :func:`explicit_spec`), else None.
-
-    Pass it as an op's ``out_sharding=``: None then leaves the op exactly as it is
-    without a mesh.
-    """
-    if explicit_spec(like) is None:
-        return None
-    return jax.typeof(like).sharding.update(spec=jax.sharding.PartitionSpec(*spec))
-
-
-def gather(table, indices, **kwargs):
-    """``table[indices]`` (rows of a global table, one per index), also over Explicit mesh axes.
-
-    Same as ``table.at[indices].get(**kwargs)``. When ``indices`` are split over
-    Explicit mesh axes (e.g. a batch of labels), ``table`` is first made whole on
-    every device (``jax.sharding.reshard`` to a replicated layout on that mesh) and
-    the result is split as ``indices`` are, its trailing axes whole. Used by the
-    embedding lookup, class weights and center loss.
-    """
-    spec = explicit_spec(indices)
-    if spec is None:
-        return table.at[indices].get(**kwargs)
-    table = jax.sharding.reshard(table, explicit_sharding(indices, *(None,) * table.ndim))
-    out = explicit_sharding(indices, *spec, *(None,) * (table.ndim - 1))
-    return table.at[indices].get(out_sharding=out, **kwargs)

@@ -25,6 +25,7 @@ from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet import data as data_lib
 from funcnet import distributed
+from funcnet import sharding
 from funcnet.train import TrainState, make_eval_step, make_train_step
 
 __all__ = ["fit", "FitContext", "LoopPosition", "LogKeys"]
@@ -79,6 +80,11 @@ class FitContext:
     def train_state(self) -> TrainState:
         return self._loop.host_state()
 
+    def replace_train_state(self, train_state: TrainState) -> None:
+        """Continues (or ends) the run from ``train_state`` instead, placed as the
+        loop's own state is (e.g. ``EarlyStopping(restore_best=True)`` at the end)."""
+        self._loop.replace(train_state)
+
     @property
     def step(self) -> int:
         return self.host_step
@@ -88,16 +94,29 @@ class _Loop:
     """Holds the (possibly replicated) state between steps; keeps the host out of the way.
 
     Three placements: one device (``n`` and ``mesh`` None), ``n`` pmap replicas, or
-    whole on every device of ``mesh`` with each batch split over it.
+    on ``mesh`` with each batch split over it: as given when the state already lies
+    on that mesh (sharded by :func:`funcnet.sharding.shard_params`), else whole on
+    every device.
     """
 
     def __init__(self, train_state, n_devices, mesh=None):
         self.n, self.mesh = n_devices, mesh
         # The step donates its input buffers; copying once keeps the caller's state alive.
-        if mesh is not None:
+        if mesh is not None and _lies_on(train_state, mesh):
+            self.state = _copy_placed(train_state)
+        elif mesh is not None:
             self.state = distributed.replicate_on(mesh, train_state)
         elif n_devices:
             self.state = distributed.replicate(train_state, n_devices)
+        else:
+            self.state = jax.tree.map(jnp.copy, train_state)
+
+    def replace(self, train_state):
+        if self.mesh is not None:
+            self.state = jax.jit(lambda t: jax.tree.map(jnp.copy, t),
+                                 out_shardings=sharding.state_shardings(self.state))(train_state)
+        elif self.n:
+            self.state = distributed.replicate(train_state, self.n)
         else:
             self.state = jax.tree.map(jnp.copy, train_state)
 
@@ -124,6 +143,23 @@ class _Loop:
         return jax.tree.map(lambda x: x[0], tree) if self.n else tree
 
 
+def _lies_on(tree, mesh) -> bool:
+    """Whether every array of ``tree`` is placed on ``mesh`` (a NamedSharding over it)."""
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and all(
+        isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.NamedSharding)
+        and x.sharding.mesh.devices.shape == mesh.devices.shape
+        and (x.sharding.mesh.devices == mesh.devices).all()
+        and x.sharding.mesh.axis_names == mesh.axis_names for x in leaves)
+
+
+def _copy_placed(tree):
+    """A copy of ``tree`` with the same shardings (new buffers a donating step may
+    consume); each process copies its own shards."""
+    return jax.jit(lambda t: jax.tree.map(jnp.copy, t),
+                   out_shardings=sharding.state_shardings(tree))(tree)
+
+
 class _Steps(NamedTuple):
     train: Callable
     eval: Optional[Callable]
@@ -135,27 +171,33 @@ class _Steps(NamedTuple):
 
 
 def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, take=None,
-             steps_per_dispatch=1) -> _Steps:
+             steps_per_dispatch=1, state_shardings=None, step_options=None,
+             eval_on_ema=False) -> _Steps:
     """The jitted (one device, or a mesh) or pmapped (``n_dev`` devices) train and eval steps.
 
     On a mesh the steps are the one-device steps: their inputs' shardings make XLA
     partition them and insert the all-reduces, and they run with the mesh set
     (``jax.set_mesh``) so that arrays they create land on it too. ``take`` (a
     :meth:`funcnet.data.DeviceData.take`) adds the steps that gather their batches
-    from a data set on the device.
+    from a data set on the device. ``state_shardings`` (on a mesh) keeps the train
+    state's layout from step to step: on Auto mesh axes the compiler would otherwise
+    choose the outputs' layout, e.g. gather a sharded parameter whole.
     """
     axis = "batch" if n_dev else None
-    step = make_train_step(loss_fn, optimizer, axis_name=axis)
+    step = make_train_step(loss_fn, optimizer, axis_name=axis, **(step_options or {}))
 
     def raw_step(state, batch):
         # fit consumes metrics only; Aux(outputs=...) arrays are for hand-written loops.
-        return step(state, batch)[:2]
+        state, metrics = step(state, batch)[:2]
+        if state_shardings is not None:
+            state = jax.lax.with_sharding_constraint(state, state_shardings)
+        return state, metrics
 
     train = (jax.pmap(raw_step, axis_name=axis, donate_argnums=0) if n_dev
              else jax.jit(raw_step, donate_argnums=0))
     evaluate = None
     if eval_fn is not None:
-        raw_eval = make_eval_step(eval_fn, axis_name=axis)
+        raw_eval = make_eval_step(eval_fn, axis_name=axis, ema=eval_on_ema)
         evaluate = jax.pmap(raw_eval, axis_name=axis) if n_dev else jax.jit(raw_eval)
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
     on_device = on_device_one = None
@@ -381,7 +423,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         metric=None, devices: Optional[int] = None, mesh=None, callbacks: Iterable = (),
         progress: Optional[bool] = None, log_every: int = 50, resume_from=None,
         missing_ok: bool = False, on_nonfinite: str = "raise",
-        steps_per_dispatch: Optional[int] = None, print_fn: Optional[Callable[[str], None]] = None):
+        steps_per_dispatch: Optional[int] = None, print_fn: Optional[Callable[[str], None]] = None,
+        step_options: Optional[dict] = None, eval_on_ema: bool = False):
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
 
     Args:
@@ -403,14 +446,19 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         state, batch)`` returns a metric state of ``metric`` (a ``funcnet.metrics``
         metric or collection); batch states are added and ``metric.compute`` gives
         the ``eval_*`` entries of the logs. ``eval_data`` may be a ``DeviceData`` too.
-      mesh: a 1-D ``jax.sharding.Mesh`` (:func:`funcnet.distributed.data_mesh`): the
-        state is placed whole on each of its devices, every batch is split over them
-        (:func:`funcnet.distributed.shard_batch`; batches already split that way, e.g.
-        by ``shard_local_batch`` in a multi-process run, pass through), and the plain
-        ``jax.jit`` step runs on them: XLA inserts the gradient all-reduce. The
-        result equals one device's on the same global batches. A ``DeviceData`` is
-        split over the mesh (each device holds ``1/N`` of the examples) and every
-        step gathers its global batch split over the devices.
+      mesh: a ``jax.sharding.Mesh``, 1-D (:func:`funcnet.distributed.data_mesh`) or
+        with a ``"data"`` axis (2-D ``("data", "model")`` for tensor parallelism).
+        A train state already placed on this mesh
+        (:func:`funcnet.sharding.shard_params`: FSDP, tensor parallel) is kept as
+        given, step after step; any other is placed whole on each device. Every
+        batch is split over the data axis (:func:`funcnet.distributed.shard_batch`;
+        batches already split that way, e.g. by ``shard_local_batch`` in a
+        multi-process run, pass through), and the plain ``jax.jit`` step runs on
+        them: XLA inserts the gradient all-reduce (and, for a sharded state, the
+        gathers and reduce-scatters). The result equals one device's on the same
+        global batches. A ``DeviceData`` is split over the data axis (each device
+        holds ``1/N`` of the examples) and every step gathers its global batch
+        split over the devices.
       devices: ``None`` (and no ``mesh``) trains on one device with ``jax.jit``; ``N``
         replicates the state on N local devices and runs the ``jax.pmap`` step
         (gradients averaged with ``pmean``); every batch is split over the devices.
@@ -452,9 +500,14 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         callbacks' ``on_step_end`` once per dispatch. ``BENCHMARKS.md`` (workload 6)
         has the measured effect.
       print_fn: if given (e.g. ``print``), receives one summary line per epoch.
+      step_options: keyword arguments for :func:`funcnet.train.make_train_step`:
+        ``clip_grad_norm``, ``microbatches``, ``ema_decay``, ``update``, e.g.
+        ``{"clip_grad_norm": 1.0, "microbatches": 4}``.
+      eval_on_ema: evaluate the params' moving average (``ema_decay`` in
+        ``step_options``, a TrainState created with ``ema=True``) instead of the params.
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps),
-    the step's other metrics, ``eval_*``, ``samples_per_s``, ``seconds``.
+    ``grad_norm`` (likewise), the step's other metrics, ``eval_*``, ``samples_per_s``, ``seconds``.
     """
     if (eval_data is None) != (eval_fn is None) or (eval_fn is not None and metric is None):
         raise ValueError("fit: evaluation needs eval_data, eval_fn and metric together.")
@@ -473,8 +526,10 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     log_every = checks.positive_int("fit", "log_every", log_every)
     steps_per_dispatch = _check_dispatch(steps_per_dispatch, take is not None, callbacks,
                                          log_every)
-    steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, take, steps_per_dispatch)
     loop = _Loop(train_state, n_dev, mesh)
+    steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, take, steps_per_dispatch,
+                     sharding.state_shardings(loop.state) if mesh is not None else None,
+                     _step_options(step_options), checks.flag("fit", "eval_on_ema", eval_on_ema))
     ctx = FitContext(loop)
     ctx.run_id = run_id
     ctx.host_step = int(jax.device_get(train_state.step))
@@ -506,6 +561,23 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     for cb in callbacks:
         cb.on_train_end(ctx)
     return loop.host_state(), ctx.history
+
+
+_STEP_OPTIONS = ("clip_grad_norm", "microbatches", "ema_decay", "update")
+
+
+def _step_options(options) -> dict:
+    """``fit(step_options=...)``: the keyword arguments of ``make_train_step`` it passes on."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or set(options) - set(_STEP_OPTIONS):
+        unknown = sorted(set(options) - set(_STEP_OPTIONS)) if isinstance(options, dict) else None
+        raise checks.ArgumentError(
+            f"fit: step_options must be a dict of make_train_step's options "
+            f"{list(_STEP_OPTIONS)}" + (f"; unknown: {unknown}" if unknown else
+                                        f", got {type(options).__name__}") +
+            ". E.g. step_options={'clip_grad_norm': 1.0, 'microbatches': 4}.")
+    return dict(options)
 
 
 def _place_device_data(data, mesh):
@@ -666,7 +738,7 @@ def _check_before_training(train_state, loss_fn, optimizer, train_data, eval_dat
             step_cache.append(_step_metric_keys(train_state, loss_fn, optimizer, train_data))
         return step_cache[0]
 
-    certain = {"epoch", "loss", "samples_per_s", "seconds"} | (eval_keys or set())
+    certain = {"epoch", "loss", "grad_norm", "samples_per_s", "seconds"} | (eval_keys or set())
     open_ended = False
     for i, cb in enumerate(callbacks):
         cb_check = getattr(cb, "check_log_keys", None)

@@ -44,7 +44,7 @@ import optax
 from jax import lax
 
 from funcnet import _checks as checks
-from funcnet import distributed
+from funcnet import _mesh
 
 __all__ = [
     "cross_entropy", "nll_loss", "sigmoid_binary_cross_entropy", "mse", "mae", "huber",
@@ -212,7 +212,7 @@ def _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, 
     in_range = (labels >= 0) & (labels < num_classes)
     safe = jnp.where(in_range, labels, 0)
     picked = jnp.take_along_axis(log_probs, safe[..., None], axis=-1)[..., 0]
-    w_y = jnp.ones(labels.shape, dtype) if weight is None else distributed.gather(weight, safe)
+    w_y = jnp.ones(labels.shape, dtype) if weight is None else _mesh.gather(weight, safe)
     # NaN marks a class id that is neither a class nor ignore_index (see module doc).
     w_y = jnp.where(valid, jnp.where(in_range, w_y, jnp.nan), 0.0).astype(dtype)
     loss = jnp.where(valid, -w_y * picked, 0.0)
@@ -504,7 +504,7 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
     target = jnp.take_along_axis(scores, safe[..., None], axis=-1)
     terms = jnp.maximum(0.0, margin - target + scores) * (1.0 - one_hot)
     if weight is not None:
-        terms = terms * distributed.gather(weight, safe)[..., None]
+        terms = terms * _mesh.gather(weight, safe)[..., None]
     loss = jnp.sum(terms, axis=-1) / num_classes
     loss = jnp.where(in_range, loss, jnp.nan)
     return _reduce(fn, loss, reduction)
@@ -580,16 +580,16 @@ def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None
     # Invalid ids go to segment `num_classes`, which segment_sum drops.
     segments = jnp.where(in_range, labels, num_classes)
     c = lax.stop_gradient(centers)
-    diff = features - distributed.gather(c, jnp.where(in_range, labels, 0))
+    diff = features - _mesh.gather(c, jnp.where(in_range, labels, 0))
     sq = jnp.where(in_range, jnp.sum(diff * diff, axis=-1), jnp.nan)
     local = jnp.sum(sq) / (2 * batch)
 
     # Per-class sums of a batch split over Explicit mesh axes are whole on every device.
     delta = jax.ops.segment_sum(lax.stop_gradient(diff), segments, num_segments=num_classes,
-                                out_sharding=distributed.explicit_sharding(features, None, None))
+                                out_sharding=_mesh.explicit_sharding(features, None, None))
     counts = jax.ops.segment_sum(jnp.ones_like(labels, centers.dtype), segments,
                                  num_segments=num_classes,
-                                 out_sharding=distributed.explicit_sharding(features, None))
+                                 out_sharding=_mesh.explicit_sharding(features, None))
     if axis_name is None:
         loss = local
     else:

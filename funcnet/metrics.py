@@ -38,7 +38,7 @@ import numpy as np
 from jax import lax
 
 from funcnet import _checks as checks
-from funcnet import distributed
+from funcnet import _mesh
 from funcnet.core import describe_tree
 
 __all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
@@ -263,7 +263,7 @@ def ConfusionMatrix(num_classes: int) -> Metric:
         cell = jnp.where(ok, labels * n + predictions, n * n).ravel()
         # A batch split over Explicit mesh axes adds into one whole matrix.
         counts = jnp.zeros((n * n,), jnp.int32).at[cell].add(
-            1, mode="drop", out_sharding=distributed.explicit_sharding(cell, None))
+            1, mode="drop", out_sharding=_mesh.explicit_sharding(cell, None))
         return state + counts.reshape(n, n)
 
     def compute(state):

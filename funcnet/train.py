@@ -55,10 +55,12 @@ import jax.numpy as jnp
 import optax
 
 from funcnet import _checks as checks
+from funcnet import _mesh
 from funcnet import metrics as metrics_lib
 from funcnet.core import as_layer
 
-__all__ = ["TrainState", "Aux", "make_train_step", "make_eval_step", "copy_params", "polyak_update"]
+__all__ = ["TrainState", "Aux", "EMA", "make_train_step", "make_eval_step", "copy_params",
+           "polyak_update"]
 
 
 class TrainState(NamedTuple):
@@ -74,6 +76,8 @@ class TrainState(NamedTuple):
       step: number of steps taken (int32 scalar).
       rng: the key the next step splits for its randomness (dropout).
       loss_state: state kept by the loss (e.g. center-loss centers), ``()`` if none.
+      ema: an :class:`EMA` of the params when created with ``ema=True`` (updated by a
+        step built with ``ema_decay=``), ``()`` otherwise.
     """
 
     params: Any
@@ -82,10 +86,16 @@ class TrainState(NamedTuple):
     step: jax.Array
     rng: jax.Array
     loss_state: Any = ()
+    ema: Any = ()
 
     @classmethod
-    def create(cls, layer, optimizer, rng, input_shape=None, *, loss_state=()) -> "TrainState":
+    def create(cls, layer, optimizer, rng, input_shape=None, *, loss_state=(),
+               ema: bool = False) -> "TrainState":
         """Initialises ``layer`` for ``input_shape`` and the optimizer on its params.
+
+        ``ema=True`` also keeps an exponential moving average of the params
+        (:class:`EMA`, a copy of the initial params until the first step), for a step
+        built with ``make_train_step(..., ema_decay=...)``.
 
         Several models: ``layer`` is a dict ``{name: (layer, input_shape)}`` and
         ``input_shape`` is left out; ``params``/``state`` become dicts keyed by
@@ -108,7 +118,29 @@ class TrainState(NamedTuple):
                                 "e.g. TrainState.create(net, optimizer, rng, (-1, 784)).")
             _, params, state = as_layer(layer, "TrainState.create").init(init_key, input_shape)
             opt_state = optimizer.init(params)
-        return cls(params, state, opt_state, jnp.zeros((), jnp.int32), rng, loss_state)
+        average = (EMA(jax.tree.map(jnp.copy, params), jnp.zeros((), jnp.int32))
+                   if checks.flag("TrainState.create", "ema", ema) else ())
+        return cls(params, state, opt_state, jnp.zeros((), jnp.int32), rng, loss_state, average)
+
+
+class EMA(NamedTuple):
+    """An exponential moving average of the params, PyTorch's
+    ``AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))`` updated after
+    every optimizer step::
+
+        count == 0:  ema = params                      (the first update copies)
+        otherwise:   ema = ema + (1 - decay) * (params - ema)
+
+    Attributes:
+      params: the averaged params (the structure of ``TrainState.params``).
+      count: updates so far (torch's ``n_averaged``).
+
+    Only params are averaged: layer state (BatchNorm statistics) is the live model's,
+    as with ``AveragedModel(use_buffers=False)``, torch's default.
+    """
+
+    params: Any
+    count: jax.Array
 
 
 def _init_models(models: dict, rng):
@@ -170,7 +202,9 @@ def _as_aux(aux, where) -> Aux:
 
 
 def make_train_step(loss_fn: Callable, optimizer, *, update=None,
-                    axis_name: Optional[str] = None) -> Callable:
+                    axis_name: Optional[str] = None, clip_grad_norm: Optional[float] = None,
+                    microbatches: Optional[int] = None,
+                    ema_decay: Optional[float] = None) -> Callable:
     """Builds ``step(train_state, batch) -> (train_state, metrics)``, pure and unjitted.
 
     Per step: split ``train_state.rng``; compute ``value_and_grad`` of ``loss_fn``;
@@ -180,8 +214,34 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     device count instead), ``lax.pmean`` the
     metrics and the floating layer state, and give each device its own dropout key
     (``fold_in`` of the device index); apply the optax update. ``metrics`` is
-    ``{"loss": loss, **aux.metrics}``. When the loss_fn returns ``Aux(outputs=...)``
-    with any array in it, the step returns ``(train_state, metrics, outputs)``.
+    ``{"loss": loss, "grad_norm": ..., **aux.metrics}``, ``grad_norm`` being the global
+    2-norm of the gradients the update sees (before clipping). When the loss_fn
+    returns ``Aux(outputs=...)`` with any array in it, the step returns
+    ``(train_state, metrics, outputs)``.
+
+    Options:
+      clip_grad_norm: rescale the gradients as PyTorch's
+        ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` does: with ``n`` the
+        global norm over every trained parameter (after the cross-device mean),
+        ``g * min(1, max_norm / (n + 1e-6))``. None: no clipping.
+      microbatches: ``k`` accumulates the gradient over ``k`` micro-batches inside the
+        one step (a ``lax.scan``), for a batch too large for memory at once: one
+        update per step, with the mean of the micro-batches' gradients, so for a
+        loss that is a mean over examples the step equals the full-batch step. The
+        batch's leading axis must be a multiple of ``k``; micro-batch ``i`` takes rows
+        ``i, i + k, i + 2k, ...`` (on a mesh each micro-batch stays split over the
+        devices as the batch was). Layer state (BatchNorm statistics) and loss state
+        thread through the micro-batches in order; each gets its own dropout key
+        (``fold_in`` of its index); ``loss`` and the ``Aux.metrics`` are the means
+        over the micro-batches, ``outputs`` come back in the batch's row order.
+      ema_decay: update ``train_state.ema`` (create the state with ``ema=True``) after
+        every step: see :class:`EMA` for the formula, PyTorch's
+        ``get_ema_multi_avg_fn(decay)``. ``make_eval_step(..., ema=True)`` evaluates
+        with it.
+
+    Optimizers that take extra arguments (``optax.GradientTransformationExtraArgs``:
+    ``optax.chain`` of anything, ``optax.contrib.reduce_on_plateau``) get
+    ``value=loss`` (the step's mean loss), so a plateau schedule works in the step.
 
     Several models (a TrainState created from a dict of models): ``optimizer`` is the
     same one optimizer or dict of optimizers the state was created with. ``update``
@@ -194,6 +254,19 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     """
     takes_loss_state = _takes_loss_state(loss_fn)
     updater = _updater(optimizer, update)
+    where = "make_train_step"
+    if clip_grad_norm is not None:
+        clip_grad_norm = checks.real(where, "clip_grad_norm", clip_grad_norm)
+        if not clip_grad_norm > 0:
+            raise checks.ArgumentError(f"{where}: clip_grad_norm={clip_grad_norm!r} must be > 0 "
+                                       f"(the largest global gradient norm let through), or "
+                                       f"None for no clipping.")
+    k = 1 if microbatches is None else checks.positive_int(where, "microbatches", microbatches)
+    if ema_decay is not None:
+        ema_decay = checks.real(where, "ema_decay", ema_decay)
+        if not 0.0 < ema_decay < 1.0:
+            raise checks.ArgumentError(f"{where}: ema_decay={ema_decay!r} must be in (0, 1), "
+                                       f"e.g. 0.999 (the weight of the old average).")
 
     def step(train_state: TrainState, batch):
         rng, key = jax.random.split(train_state.rng)
@@ -205,20 +278,33 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
                             f"{_fn_name(loss_fn)} has no loss_state parameter, so it could "
                             f"neither read nor return it. Define it as loss_fn(params, state, "
                             f"batch, rng, loss_state) and return Aux(..., loss_state=new).")
+        if ema_decay is not None and not isinstance(train_state.ema, EMA):
+            raise ValueError("make_train_step: ema_decay is set but the TrainState keeps no "
+                             "EMA; create it with TrainState.create(..., ema=True).")
 
-        def objective(trained):
+        def objective(trained, state, loss_state, batch, key):
             params = updater.merge(train_state.params, trained)
             if takes_loss_state:
-                out = loss_fn(params, train_state.state, batch, key, loss_state=train_state.loss_state)
+                out = loss_fn(params, state, batch, key, loss_state=loss_state)
             else:
-                out = loss_fn(params, train_state.state, batch, key)
+                out = loss_fn(params, state, batch, key)
             return _check_loss_output(out, loss_fn)
 
+        def one(state, loss_state, batch, key):
+            (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(
+                trained, state, loss_state, batch, key)
+            aux = _checked_aux(aux, has_loss_state)
+            return loss, aux._replace(loss_state=aux.loss_state if has_loss_state
+                                      else loss_state), grads
+
         trained = updater.select(train_state)
-        (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(trained)
-        aux = _checked_aux(aux, has_loss_state)
+        if k == 1:
+            loss, aux, grads = one(train_state.state, train_state.loss_state, batch, key)
+        else:
+            loss, aux, grads = _accumulate(one, train_state, trained, batch, key, k)
         metrics = {"loss": loss, **aux.metrics}
         new_state = aux.state
+        new_loss_state = aux.loss_state
         if axis_name is not None:
             grads = _mean_gradients(grads, axis_name)
             metrics = jax.lax.pmean(metrics, axis_name)
@@ -226,15 +312,72 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
             # (e.g. center_loss called without axis_name); a no-op for synced state.
             new_state = _pmean_floating(new_state, axis_name)
             if has_loss_state:
-                aux = aux._replace(loss_state=_pmean_floating(aux.loss_state, axis_name))
-        params, opt_state = updater.apply(grads, train_state)
+                new_loss_state = _pmean_floating(new_loss_state, axis_name)
+        norm = _global_norm(grads)
+        metrics = {"loss": metrics["loss"], "grad_norm": norm,
+                   **{n: v for n, v in metrics.items() if n != "loss"}}
+        if clip_grad_norm is not None:
+            scale = jnp.minimum(1.0, clip_grad_norm / (norm + 1e-6))
+            grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
+        params, opt_state = updater.apply(grads, train_state, metrics["loss"])
+        average = train_state.ema
+        if ema_decay is not None:
+            average = _ema_update(average, params, ema_decay)
         new = TrainState(params, new_state, opt_state, train_state.step + 1, rng,
-                         aux.loss_state if has_loss_state else train_state.loss_state)
+                         new_loss_state if has_loss_state else train_state.loss_state, average)
         if jax.tree.leaves(aux.outputs):
             return new, metrics, aux.outputs
         return new, metrics
 
     return step
+
+
+def _accumulate(one, train_state, trained, batch, key, k):
+    """``one`` over ``k`` micro-batches of ``batch`` in a ``lax.scan``: the mean loss,
+    the last Aux (state and loss state threaded through; metrics averaged; outputs
+    in row order) and the mean gradients."""
+    micro = jax.tree.map(lambda x: _split_rows("make_train_step", x, k), batch)
+
+    def body(carry, xs):
+        state, loss_state, total = carry
+        chunk, i = xs
+        loss, aux, grads = one(state, loss_state, chunk, jax.random.fold_in(key, i))
+        total = jax.tree.map(jnp.add, total, grads)
+        return (aux.state, aux.loss_state, total), (loss, aux.metrics, aux.outputs)
+
+    zeros = jax.tree.map(jnp.zeros_like, trained)  # the gradients' shapes, dtypes and layouts
+    (state, loss_state, total), (losses, metrics, outputs) = jax.lax.scan(
+        body, (train_state.state, train_state.loss_state, zeros), (micro, jnp.arange(k)))
+    aux = Aux(state=state, loss_state=loss_state,
+              metrics=jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics),
+              outputs=jax.tree.map(_mesh.merge_leading, outputs))
+    return jnp.mean(losses), aux, jax.tree.map(lambda g: g / k, total)
+
+
+def _split_rows(where, x, k):
+    x = jnp.asarray(x)
+    if x.ndim == 0 or x.shape[0] % k:
+        size = x.shape[0] if x.ndim else "a scalar"
+        raise ValueError(f"{where}: microbatches={k} must divide the batch's leading size, got "
+                         f"{size} (a batch of {size} cannot be cut into {k} equal micro-batches). "
+                         f"Use a batch size that is a multiple of {k}, or another microbatches.")
+    return _mesh.split_leading(x, k)
+
+
+def _global_norm(grads):
+    """The 2-norm of all gradients together (torch's ``clip_grad_norm_`` total norm)."""
+    leaves = jax.tree.leaves(grads)
+    if not leaves:
+        return jnp.zeros((), jnp.float32)
+    return jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.promote_types(g.dtype, jnp.float32))))
+                        for g in leaves))
+
+
+def _ema_update(average, params, decay):
+    first = average.count == 0
+    new = jax.tree.map(lambda e, p: jnp.where(first, p, e + (1.0 - decay) * (p - e)).astype(e.dtype),
+                       average.params, params)
+    return EMA(new, average.count + 1)
 
 
 def _checked_aux(aux, has_loss_state) -> Aux:
@@ -254,15 +397,16 @@ class _Updater(NamedTuple):
 
     select: Callable  # train_state -> the trained params (what value_and_grad sees)
     merge: Callable   # (all params, trained params) -> the params loss_fn sees
-    apply: Callable   # (grads, train_state) -> (new params, new opt_state)
+    apply: Callable   # (grads, train_state, loss) -> (new params, new opt_state)
 
 
 def _updater(optimizer, update) -> _Updater:
     if not isinstance(optimizer, dict) and update is None:
-        def apply(grads, ts):
+        def apply(grads, ts, loss):
             _check_joint_opt_state(optimizer, ts)
             _check_opt_state("opt_state", optimizer, ts.opt_state, ts.params)
-            updates, opt_state = optimizer.update(grads, ts.opt_state, ts.params)
+            updates, opt_state = optimizer.update(grads, ts.opt_state, ts.params,
+                                                  **_extra_args(optimizer, loss))
             return optax.apply_updates(ts.params, updates), opt_state
         return _Updater(lambda ts: ts.params, lambda params, trained: trained, apply)
     names = _update_names(optimizer, update)
@@ -277,17 +421,24 @@ def _updater(optimizer, update) -> _Updater:
                              f"TrainState.create(models, {{{names[0]!r}: optimizer, ...}}, rng).")
         return {name: ts.params[name] for name in names}
 
-    def apply(grads, ts):
+    def apply(grads, ts, loss):
         params, opt_state = dict(ts.params), dict(ts.opt_state)
         for name in names:
             _check_opt_state(f"opt_state[{name!r}]", opts[name], ts.opt_state[name],
                              ts.params[name])
             updates, opt_state[name] = opts[name].update(grads[name], ts.opt_state[name],
-                                                         ts.params[name])
+                                                         ts.params[name],
+                                                         **_extra_args(opts[name], loss))
             params[name] = optax.apply_updates(ts.params[name], updates)
         return params, opt_state
 
     return _Updater(select, lambda params, trained: {**params, **trained}, apply)
+
+
+def _extra_args(optimizer, loss) -> dict:
+    """``value=loss`` for optimizers that take extra arguments (a plateau schedule
+    reads it); nothing for plain ``GradientTransformation``s, which would refuse it."""
+    return {"value": loss} if isinstance(optimizer, optax.GradientTransformationExtraArgs) else {}
 
 
 def _check_joint_opt_state(optimizer, ts) -> None:
@@ -409,17 +560,28 @@ def _pmean_floating(tree, axis_name):
         lambda x: jax.lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
-def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None) -> Callable:
+def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None,
+                   ema: bool = False) -> Callable:
     """Builds ``eval_step(train_state, batch) -> metric_state``.
 
     ``metric_fn(params, state, batch)`` returns the metric state of one batch (e.g.
     ``metric.update(metric.init(), logits, labels)`` for a ``funcnet.metrics``
     metric). States are sums and counts, so batches combine by adding them; under
     ``axis_name`` the step ``psum``-s them so every device holds the global value.
+    ``ema=True`` evaluates the params' moving average (``train_state.ema.params``)
+    with the live layer state.
     """
+    ema = checks.flag("make_eval_step", "ema", ema)
 
     def eval_step(train_state: TrainState, batch):
-        out = metric_fn(train_state.params, train_state.state, batch)
+        params = train_state.params
+        if ema:
+            if not isinstance(train_state.ema, EMA):
+                raise ValueError("make_eval_step: ema=True but the TrainState keeps no EMA; "
+                                 "create it with TrainState.create(..., ema=True) and train "
+                                 "with make_train_step(..., ema_decay=...).")
+            params = train_state.ema.params
+        out = metric_fn(params, train_state.state, batch)
         return metrics_lib.merge(out, axis_name) if axis_name is not None else out
 
     return eval_step

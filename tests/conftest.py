@@ -16,8 +16,16 @@ import os
 import shutil
 import tempfile
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=4").strip()
+# LLVM's optimisation of the generated CPU code is most of what compiling the suite's
+# thousands of tiny programs costs, and nothing a test checks depends on it: XLA's own
+# (HLO) optimisations, buffer assignment and float semantics are the same at level 0
+# (no fast-math at any level). It takes about a third off the suite's time on 2 cores.
+# Processes the tests start get these flags from FUNCNET_TEST_XLA_FLAGS and add their
+# own device count.
+os.environ.setdefault("FUNCNET_TEST_XLA_FLAGS", "--xla_backend_optimization_level=0")
+os.environ["XLA_FLAGS"] = " ".join(f for f in (
+    os.environ.get("XLA_FLAGS", ""), os.environ["FUNCNET_TEST_XLA_FLAGS"],
+    "--xla_force_host_platform_device_count=4") if f)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # The first process of the run (pytest itself, before xdist starts its workers) makes the

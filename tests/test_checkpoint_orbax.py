@@ -136,7 +136,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_sigkill_during_async_save_keeps_previous_step(tmp_path):
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = env.get("FUNCNET_TEST_XLA_FLAGS", "")
     proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]

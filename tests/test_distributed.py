@@ -2,6 +2,7 @@
 127.0.0.1 (gloo collectives, 2 CPU devices each) that train like one."""
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,33 +30,14 @@ def _free_port():
 @pytest.mark.parametrize("mode", ["pmap", "mesh"])
 def test_two_processes_match_single_process(tmp_path, mode):
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
-    env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     outs = [tmp_path / f"p{i}.npz" for i in range(2)]
-    logs = [open(tmp_path / f"p{i}.log", "w+") for i in range(2)]
     # The mesh run also saves and restores a sharded tree with orbax from both processes.
     orbax = (mode == "mesh" and importlib.util.find_spec("orbax") is not None)
     extra = [str(tmp_path / "orbax")] if orbax else []
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", "distributed_worker.py"),
-                               str(i), "2", str(port), str(outs[i]), mode, *extra], env=env,
-                              stdout=logs[i],
-                              stderr=subprocess.STDOUT) for i in range(2)]
-    try:
-        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
-    except subprocess.TimeoutExpired:
-        codes = None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    text = []
-    for i, f in enumerate(logs):
-        f.seek(0)
-        text.append(f"--- process {i} output ---\n{f.read()[-3000:]}")
-        f.close()
-    assert codes is not None, f"workers did not finish in {TIMEOUT_S} s\n" + "\n".join(text)
-    assert codes == [0, 0], f"worker exit codes {codes}\n" + "\n".join(text)
+    codes, text = _run_workers(tmp_path, "distributed_worker.py",
+                               lambda i: (i, 2, port, outs[i], mode, *extra), mode)
+    assert codes is not None, f"workers did not finish in {TIMEOUT_S} s\n{text}"
+    assert codes == [0, 0], f"worker exit codes {codes}\n{text}"
 
     ts, step = build(axis_name=None)
     step = jax.jit(step)
@@ -75,6 +57,54 @@ def test_two_processes_match_single_process(tmp_path, mode):
     if orbax:  # one committed step, written by both processes together
         from funcnet.checkpoint_orbax import OrbaxCheckpointer
         assert OrbaxCheckpointer(tmp_path / "orbax").all_steps() == [N_STEPS]
+
+
+def _run_workers(tmp_path, script, args_of, name):
+    """Starts the two processes of ``script``; returns (exit codes or None, their output)."""
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("FUNCNET_TEST_XLA_FLAGS", ""))
+    env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
+    logs = [open(tmp_path / f"{name}{i}.log", "w+") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", script),
+                               *map(str, args_of(i))], env=env, stdout=logs[i],
+                              stderr=subprocess.STDOUT) for i in range(2)]
+    try:
+        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = []
+    for i, f in enumerate(logs):
+        f.seek(0)
+        text.append(f"--- {name} process {i} output ---\n{f.read()[-3000:]}")
+        f.close()
+    return codes, "\n".join(text)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("orbax") is None, reason="needs orbax-checkpoint")
+def test_two_processes_train_fsdp_are_killed_and_resume_bit_identically(tmp_path):
+    """FSDP over the 4 devices of 2 processes with fit and orbax checkpoints: killed at
+    step 5, restarted from step 3's checkpoint, the run ends bit for bit where an
+    uninterrupted one does."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "final.npz"
+    port = _free_port()
+    codes, text = _run_workers(tmp_path, "fsdp_worker.py",
+                               lambda i: (i, port, ckpt, out, "crash"), "crash")
+    assert codes == [-signal.SIGKILL] * 2, f"exit codes {codes}\n{text}"
+    from funcnet.checkpoint_orbax import OrbaxCheckpointer
+    assert 3 in OrbaxCheckpointer(ckpt).all_steps()
+    port = _free_port()
+    codes, text = _run_workers(tmp_path, "fsdp_worker.py",
+                               lambda i: (i, port, ckpt, out, "resume"), "resume")
+    assert codes == [0, 0], f"exit codes {codes}\n{text}"
+    got = np.load(out)
+    n = len([k for k in got.files if k.startswith("arr_")])
+    assert n == 6  # the three Dense layers' W and b
+    for i in range(n):
+        np.testing.assert_array_equal(got[f"arr_{i}"], got[f"fresh_{i}"])
 
 
 def test_replicate_puts_one_copy_per_device_and_unreplicate_inverts():

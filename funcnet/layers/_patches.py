@@ -26,7 +26,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 
-from funcnet import distributed
+from funcnet import _mesh
 
 
 def _patches(x, window, strides, dilation, pads):
@@ -67,7 +67,7 @@ def _bwd(args, res, dy):
     # Summed over the batch: under an Explicit mesh that axis is split, so the result's
     # (whole, replicated) layout is stated; elsewhere explicit_sharding gives None.
     dW = jnp.einsum("...k,...o->ko", p, dy,
-                    out_sharding=distributed.explicit_sharding(p, None, None))
+                    out_sharding=_mesh.explicit_sharding(p, None, None))
     dW = dW.reshape(W.shape)
     dp = dy @ W.reshape(-1, o).T
     # The patch extraction is linear in x; its transpose is the overlap-add (col2im).

@@ -20,6 +20,7 @@ from jax import lax
 
 from funcnet import _checks as checks
 from funcnet import initializers
+from funcnet import _mesh
 from funcnet.core import Layer, check_known, check_shape, named, need_rng, need_state
 from funcnet.layers.dense import linear
 from funcnet.layers.position import rope as _rope
@@ -143,10 +144,19 @@ def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng):
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     dtype = jnp.promote_types(q.dtype, jnp.float32)
     # heads folded into the batch: XLA:CPU runs (and differentiates) a product with one
-    # batch axis 2-3x faster than one with two, (batch, heads)
-    heads = lambda x: x.transpose(0, 2, 1, 3).reshape(B * H, x.shape[1], D)
-    per_head = lambda m: jnp.broadcast_to(m, (B, H, T, S)).reshape(B * H, T, S)
-    logits = jnp.einsum("ntd,nsd->nts", heads(q), heads(k), preferred_element_type=dtype)
+    # batch axis 2-3x faster than one with two, (batch, heads). Not for arrays split over
+    # a mesh's axes (batch over data, heads over model): folding would merge two splits.
+    if _is_split(q):
+        heads = lambda x: x.transpose(0, 2, 1, 3)
+        per_head = lambda m: m
+        unfold = lambda out: out.transpose(0, 2, 1, 3)
+        ts, tsd = "bhtd,bhsd->bhts", "bhts,bhsd->bhtd"
+    else:
+        heads = lambda x: x.transpose(0, 2, 1, 3).reshape(B * H, x.shape[1], D)
+        per_head = lambda m: jnp.broadcast_to(m, (B, H, T, S)).reshape(B * H, T, S)
+        unfold = lambda out: out.reshape(B, H, T, D).transpose(0, 2, 1, 3)
+        ts, tsd = "ntd,nsd->nts", "nts,nsd->ntd"
+    logits = jnp.einsum(ts, heads(q), heads(k), preferred_element_type=dtype)
     logits = logits * jnp.asarray(scale, dtype)
     if bias is not None:
         logits = logits + per_head(bias.astype(dtype))
@@ -161,8 +171,7 @@ def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng):
         keep = jax.random.bernoulli(need_rng("dot_product_attention", rng), 1.0 - dropout,
                                     weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout), 0.0)
-    out = jnp.einsum("nts,nsd->ntd", weights.astype(v.dtype), heads(v))
-    return out.reshape(B, H, T, D).transpose(0, 2, 1, 3)
+    return unfold(jnp.einsum(tsd, weights.astype(v.dtype), heads(v)))
 
 
 def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
@@ -264,10 +273,13 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
         D = params["query"]["W"].shape[1] // num_heads
 
         def project(x, p):
-            y = linear(x, params[p]["W"], params[p].get("b"))
-            return y.reshape(x.shape[:-1] + (num_heads, D))
+            return _mesh.split_last(linear(x, params[p]["W"], params[p].get("b")),
+                                       (num_heads, D))
 
-        if q_in is k_in is v_in:
+        # Fused, the three kernels would be concatenated: not for kernels split over a
+        # mesh (tensor parallel), which each projection uses as they lie.
+        if q_in is k_in is v_in and not any(_is_split(params[p]["W"]) for p in
+                                            ("query", "key", "value")):
             q, k, v = _project_together(params, q_in, num_heads, D)
         else:
             q, k, v = project(q_in, "query"), project(k_in, "key"), project(v_in, "value")
@@ -285,7 +297,7 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
         else:
             y, new_state = _decode(name, q, k, v, state, mask, bias, drop, rng, train,
                                    rope, rope_base, implementation)
-        y = y.reshape(y.shape[:-2] + (num_heads * D,))
+        y = _mesh.merge_last(y, 2)
         return linear(y, params["out"]["W"], params["out"].get("b")), new_state
 
     return named(name, init, apply)
@@ -365,6 +377,10 @@ def _decode(name, q, k, v, state, mask, bias, drop, rng, train, rope, rope_base,
                               implementation=implementation)
     y = jnp.where(index + t > L, jnp.nan, y)  # past the cache under jit: visible, not wrong
     return y, {"key": cache_k, "value": cache_v, "index": index + t}
+
+
+def _is_split(W) -> bool:
+    return any(e is not None for e in getattr(jax.typeof(W).sharding, "spec", ()))
 
 
 def _project_together(params, x, H, D):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from funcnet import _checks as checks
-from funcnet import distributed
+from funcnet import _mesh
 from funcnet import initializers
 from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
 from funcnet.layers._patches import patch_conv
@@ -238,7 +238,7 @@ def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: in
             implementation = "chunked"
     if implementation == "chunked":
         # Slices of a batch split over devices would cut across them.
-        return "xla" if distributed.on_global_mesh(x) else "chunked"
+        return "xla" if _mesh.on_global_mesh(x) else "chunked"
     return "patches" if implementation == "patches" else "xla"
 
 

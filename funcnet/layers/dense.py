@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from funcnet import _checks as checks
 from funcnet import initializers
+from funcnet import _mesh
 from funcnet.core import Layer, check_input, check_known, check_shape, named
 
 __all__ = ["Dense", "linear"]
@@ -21,12 +22,19 @@ def linear(x, W, b=None):
     gradient of the flattened rank-2 product (measured on a (12, 64, 128) @ (128, 512)
     MLP; nanoGPT's CPU GPT trained 35 % faster per step). A rank-2 input is used as
     it is.
+
+    On a mesh with Explicit axes the kernel is first laid out for this input
+    (:func:`funcnet.sharding.at_use`: a split over the batch's axis is gathered, a
+    tensor-parallel split is kept) and the product's layout is stated
+    (:func:`funcnet.sharding.matmul_sharding`).
     """
+    W = _mesh.at_use(W, x, (x.ndim - 1, None))
+    flat = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
+    out = jnp.matmul(flat, W, out_sharding=_mesh.matmul_sharding(flat, W))
     if x.ndim > 2:
-        lead = x.shape[:-1]
-        out = (x.reshape(-1, x.shape[-1]) @ W).reshape(lead + (W.shape[-1],))
-    else:
-        out = x @ W
+        out = out.reshape(x.shape[:-1] + (W.shape[-1],))
+    if b is not None:
+        b = _mesh.at_use(b, out, (out.ndim - 1,))
     return out if b is None else out + b
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
-from funcnet import distributed
+from funcnet import _mesh
 from funcnet import initializers
 from funcnet.core import Layer, as_layer, check_input, check_shape, named
 from funcnet.layers.dense import linear
@@ -62,7 +62,7 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
         # uint32 ids past 2**31 wrap negative, which the range check below catches.
         ids = inputs if inputs.dtype.itemsize >= 8 else inputs.astype(jnp.int32)
         ids = jnp.where((ids >= 0) & (ids < n), ids, n)
-        return distributed.gather(table, ids, mode="fill", fill_value=jnp.nan), state
+        return _mesh.gather(table, ids, mode="fill", fill_value=jnp.nan), state
 
     return named(name, init, apply)
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from funcnet import _checks as checks
+from funcnet import _mesh
 from funcnet.core import (Layer, check_input, check_known, check_shape, named, need_state,
                           normalize_axis)
 
@@ -167,10 +168,10 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
 
         mul = lax.rsqrt(var + epsilon)
         if "scale" in params:
-            mul = mul * params["scale"]
+            mul = mul * _mesh.at_use(params["scale"], x, (ax,))
         y = (x - mean.reshape(bshape)) * mul.reshape(bshape)
         if "bias" in params:
-            y = y + params["bias"].reshape(bshape)
+            y = y + _mesh.at_use(params["bias"], x, (ax,)).reshape(bshape)
         return y.astype(_out_dtype(inputs.dtype)), new_state
 
     return named(name, init, apply)
@@ -234,9 +235,9 @@ def LayerNorm(axis=-1, epsilon: float = 1e-5, center: Optional[bool] = None, sca
         var = jnp.mean(jnp.square(x - mean), axis=norm, keepdims=True)
         y = (x - mean) * lax.rsqrt(var + epsilon)
         if "scale" in params:
-            y = y * params["scale"].reshape(bshape)
+            y = y * _mesh.at_use(params["scale"], x, norm).reshape(bshape)
         if "bias" in params:
-            y = y + params["bias"].reshape(bshape)
+            y = y + _mesh.at_use(params["bias"], x, norm).reshape(bshape)
         return y.astype(_out_dtype(inputs.dtype)), state
 
     return named(name, init, apply)
@@ -291,7 +292,7 @@ def RMSNorm(axis=-1, epsilon: Optional[float] = None, scale: bool = True) -> Lay
         y = x * lax.rsqrt(jnp.mean(jnp.square(x), axis=norm, keepdims=True) + eps)
         if "scale" in params:
             bshape = [inputs.shape[i] if i in norm else 1 for i in range(inputs.ndim)]
-            y = y * params["scale"].reshape(bshape)
+            y = y * _mesh.at_use(params["scale"], x, norm).reshape(bshape)
         return y.astype(_out_dtype(inputs.dtype)), state
 
     return named(name, init, apply)
@@ -363,9 +364,9 @@ def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bo
         bshape = [1] * x.ndim
         bshape[ax] = c
         if "scale" in params:
-            y = y * params["scale"].reshape(bshape)
+            y = y * _mesh.at_use(params["scale"], x, (ax,)).reshape(bshape)
         if "bias" in params:
-            y = y + params["bias"].reshape(bshape)
+            y = y + _mesh.at_use(params["bias"], x, (ax,)).reshape(bshape)
         return y.astype(_out_dtype(inputs.dtype)), state
 
     return named(name, init, apply)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from funcnet import distributed
+from funcnet import _mesh
 from funcnet.core import Layer, as_tuple, check_input, check_shape, named
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
 
@@ -104,16 +104,16 @@ def _tiled_max(x, window):
     out = [d // w for d, w in zip(x.shape[1:-1], window)]
     x = x[(slice(None),) + tuple(slice(0, o * w) for o, w in zip(out, window))]  # VALID drops the rest
     # Batch and channel axes keep their Explicit-mesh split (if any); spatial ones are whole.
-    spec = distributed.explicit_spec(x) or (None,) * x.ndim
+    spec = _mesh.explicit_spec(x) or (None,) * x.ndim
     batch, channel = spec[0], spec[-1]
     tiles = tuple(v for o, w in zip(out, window) for v in (o, w))
     tiled = jnp.reshape(x, (x.shape[0],) + tiles + (x.shape[-1],),
-                        out_sharding=distributed.explicit_sharding(x, batch, *(None,) * 2 * n,
+                        out_sharding=_mesh.explicit_sharding(x, batch, *(None,) * 2 * n,
                                                                    channel))
     # (N, o1, w1, ..., on, wn, C) -> (N, o1, ..., on, C, w1 * ... * wn)
     order = (0,) + tuple(1 + 2 * i for i in range(n)) + (2 * n + 1,) + tuple(2 + 2 * i for i in range(n))
     windows = jnp.reshape(tiled.transpose(order), (tiled.shape[0], *out, x.shape[-1], -1),
-                          out_sharding=distributed.explicit_sharding(x, batch, *(None,) * n,
+                          out_sharding=_mesh.explicit_sharding(x, batch, *(None,) * n,
                                                                      channel, None))
     first = jnp.argmax(windows, axis=-1)[..., None] == jnp.arange(windows.shape[-1])
     # where, not a one-hot product: -inf * 0 would be NaN.
@@ -123,7 +123,7 @@ def _tiled_max(x, window):
 def _spatially_split(x) -> bool:
     """True when a spatial axis of ``x`` is split over Explicit mesh axes: windows would
     straddle devices, which ``reduce_window`` handles and a reshape into tiles cannot."""
-    spec = distributed.explicit_spec(x)
+    spec = _mesh.explicit_spec(x)
     return spec is not None and any(p is not None for p in spec[1:-1])
 
 

@@ -9,6 +9,7 @@ from jax import lax
 
 from funcnet import _checks as checks
 from funcnet import initializers
+from funcnet import _mesh
 from funcnet.core import Layer, check_input, check_shape, named, need_state
 
 __all__ = ["sinusoidal_table", "rope", "LearnedPositions", "SinusoidalPositions"]
@@ -66,7 +67,9 @@ def _positions_layer(name, max_length, table_fn, params_fn, decode):
     def apply(params, state, inputs, *, rng=None, train=False):
         check_input(name, inputs, rank=3)
         T = inputs.shape[1]
-        table = table_fn(params, inputs)
+        # Lined up with (positions, features) of the input: a split over the batch's
+        # axis is gathered (FSDP), one that matches the features' is kept.
+        table = _mesh.at_use(table_fn(params, inputs), inputs, (1, 2))
         if T > table.shape[0]:
             raise ValueError(f"{name}: sequence of length {T} but the table has "
                              f"{table.shape[0]} positions.")

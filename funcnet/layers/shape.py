@@ -7,7 +7,7 @@ import math
 import jax.numpy as jnp
 
 from funcnet import _checks as checks
-from funcnet import distributed
+from funcnet import _mesh
 from funcnet.core import Layer, check_input, check_known, check_shape, named
 
 
@@ -61,8 +61,8 @@ def Reshape(shape) -> Layer:
         check_input(name, inputs, min_rank=1)
         out_shape = (inputs.shape[0],) + resolve(inputs.shape)
         # The batch axis keeps its Explicit-mesh split, which JAX cannot infer for a split axis.
-        batch = (distributed.explicit_spec(inputs) or (None,))[0]
-        out = distributed.explicit_sharding(inputs, batch, *(None,) * (len(out_shape) - 1))
+        batch = (_mesh.explicit_spec(inputs) or (None,))[0]
+        out = _mesh.explicit_sharding(inputs, batch, *(None,) * (len(out_shape) - 1))
         return jnp.reshape(inputs, out_shape, out_sharding=out), state
 
     return named(name, init, apply)
