@@ -8,6 +8,7 @@ only, so a multi-process run writes one copy.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 from typing import Optional
@@ -18,7 +19,7 @@ from funcnet import distributed
 from funcnet.loop import LoopPosition
 
 __all__ = ["Callback", "Checkpoint", "CSVLogger", "JSONLLogger", "EarlyStopping",
-           "LearningRateLogger"]
+           "LearningRateLogger", "TensorBoardLogger", "Profile"]
 
 
 class Callback:
@@ -231,3 +232,107 @@ class LearningRateLogger(Callback):
     def on_epoch_end(self, ctx, epoch, logs):
         lr = self.schedule(ctx.step) if callable(self.schedule) else self.schedule
         logs["lr"] = float(lr)
+
+
+class TensorBoardLogger(Callback):
+    """Writes scalars to TensorBoard event files in ``logdir``.
+
+    Every epoch, each numeric entry of the epoch logs (``loss``, ``grad_norm``,
+    ``eval_*``, ``samples_per_s``, ...) as ``epoch/<key>`` at step ``epoch`` (Keras's
+    TensorBoard callback does the same per epoch); with ``every_steps=N``, the latest
+    step's metrics (:attr:`funcnet.loop.FitContext.step_metrics`) as ``step/<key>``
+    at the global step, every ``N`` steps (reading them waits for that step). Process
+    0 writes. The writer is ``tensorboardX``'s ``SummaryWriter`` (the ``tensorboard``
+    extra: ``pip install tensorboardX``), which needs neither TensorFlow nor
+    TensorBoard itself; view with ``tensorboard --logdir LOGDIR``.
+    """
+
+    log_keys = ()
+
+    def __init__(self, logdir, *, every_steps: Optional[int] = None):
+        if every_steps is not None:
+            every_steps = checks.positive_int("TensorBoardLogger", "every_steps (or None)",
+                                              every_steps)
+        if importlib.util.find_spec("tensorboardX") is None:  # fail here, not mid-training
+            raise ImportError("TensorBoardLogger needs tensorboardX: pip install tensorboardX "
+                              "(or funcnet's 'tensorboard' extra).")
+        self.logdir, self.every_steps = str(logdir), every_steps
+        self._writer = None
+
+    def on_train_begin(self, ctx):
+        if distributed.is_main_process():
+            from tensorboardX import SummaryWriter
+            self._writer = SummaryWriter(self.logdir)
+
+    def on_step_end(self, ctx, step):
+        if self._writer is not None and self.every_steps and step % self.every_steps == 0:
+            for key, value in ctx.step_metrics.items():
+                self._writer.add_scalar(f"step/{key}", value, step)
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        if self._writer is None:
+            return
+        for key, value in logs.items():
+            if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(f"epoch/{key}", float(value), epoch)
+        self._writer.flush()
+
+    def on_train_end(self, ctx):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class Profile(Callback):
+    """Traces global steps ``start < step <= stop`` with ``jax.profiler`` into ``logdir``.
+
+    The trace starts after step ``start`` and stops after step ``stop`` (waiting for
+    the device to finish them), so it holds those steps; open it with TensorBoard's
+    profile plugin or Perfetto (``.xplane.pb`` under ``logdir/plugins/profile``).
+    ``fit``'s dispatches are unchanged: with several steps per dispatch (a
+    ``DeviceData``) the trace starts and stops between dispatches, so it holds the
+    dispatches around the window. A window that ends past the run's last step is
+    warned about at the start.
+    """
+
+    log_keys = ()
+
+    def __init__(self, logdir, steps=(1, 3)):
+        if not (isinstance(steps, (tuple, list)) and len(steps) == 2
+                and all(checks.is_int(s) for s in steps) and 0 <= steps[0] < steps[1]):
+            raise checks.ArgumentError(f"Profile: steps must be (start, stop) with "
+                                       f"0 <= start < stop, e.g. (10, 15); got {steps!r}.")
+        self.logdir, self.start, self.stop = str(logdir), int(steps[0]), int(steps[1])
+        self.every_steps = None  # called between dispatches; fit keeps its dispatch size
+        self._on = False
+
+    def on_train_begin(self, ctx):
+        planned = ctx.planned_steps
+        if planned is not None and self.stop > planned:
+            import warnings
+            warnings.warn(f"Profile: the window ends at step {self.stop}, past this run's "
+                          f"last step ({planned}); the trace will stop at the end of training.",
+                          stacklevel=2)
+        if ctx.host_step >= self.start and ctx.host_step < self.stop:
+            self._begin()
+
+    def _begin(self):
+        import jax
+        jax.profiler.start_trace(self.logdir)
+        self._on = True
+
+    def on_step_end(self, ctx, step):
+        if not self._on and self.start <= step < self.stop:
+            self._begin()
+        elif self._on and step >= self.stop:
+            self._end(ctx)
+
+    def _end(self, ctx):
+        import jax
+        ctx.wait()
+        jax.profiler.stop_trace()
+        self._on = False
+
+    def on_train_end(self, ctx):
+        if self._on:
+            self._end(ctx)

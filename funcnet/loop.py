@@ -75,6 +75,26 @@ class FitContext:
         self.host_step = 0  # steps taken, counted on the host (reading the device would sync)
         self.run_id: Optional[str] = None  # what Checkpoint saves under (see funcnet.checkpoint.save)
         self.loss_was_nonfinite = False  # set once fit has seen a NaN/inf loss
+        self._last = None  # the latest dispatch's metrics on the device, and the row to read
+        self.planned_steps: Optional[int] = None  # the run's last global step, when known
+
+    def wait(self) -> None:
+        """Blocks until every step dispatched so far has finished on the device."""
+        jax.block_until_ready(self._loop.state)
+
+    @property
+    def step_metrics(self) -> dict:
+        """The latest step's metrics as Python floats (``loss``, ``grad_norm``, ...);
+        reading them waits for that step. ``{}`` before the first step."""
+        if self._last is None:
+            return {}
+        metrics, row = self._last
+        host = jax.device_get(metrics)
+        if row is not None:
+            host = {k: v[row] for k, v in host.items()}
+        elif self._loop.n:
+            host = {k: v[0] for k, v in host.items()}   # pmap: one replica's value
+        return {k: float(v) for k, v in host.items()}
 
     @property
     def train_state(self) -> TrainState:
@@ -277,6 +297,7 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
             continue
         loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
         step_metrics.append(in_flight.add(metrics))
+        ctx._last = (metrics, None)
         seen += _batch_size(batch)
         ctx.batch_in_epoch = i + 1
         ctx.host_step += 1
@@ -323,6 +344,7 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
         ctx.batch_in_epoch = i
         ctx.host_step += n
         chunks.append((rows, n, ctx.host_step))
+        ctx._last = (rows, n - 1)
         for cb in callbacks:
             cb.on_step_end(ctx, ctx.host_step)
         if bar is not None and ctx.host_step >= next_log:
@@ -334,6 +356,7 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
         ctx.batch_in_epoch = len(full) + 1
         ctx.host_step += 1
         chunks.append((jax.tree.map(lambda m: m[None], metrics), 1, ctx.host_step))
+        ctx._last = (metrics, None)
         for cb in callbacks:
             cb.on_step_end(ctx, ctx.host_step)
     host = jax.device_get([rows for rows, _, _ in chunks])
@@ -533,6 +556,11 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     ctx = FitContext(loop)
     ctx.run_id = run_id
     ctx.host_step = int(jax.device_get(train_state.step))
+    if isinstance(train_data, data_lib.DeviceData):
+        full, tail = train_data.order(0)
+        per_epoch = len(full) + (tail is not None)
+        ctx.planned_steps = ctx.host_step + per_epoch * (epochs - position.epoch) \
+            - position.batch_in_epoch
     bar_factory = _progress_factory(progress)
     for cb in callbacks:
         cb.on_train_begin(ctx)
@@ -610,11 +638,12 @@ def _check_dispatch(k, on_device: bool, callbacks, log_every: int) -> int:
 
 
 def _per_step_callbacks(callbacks) -> list:
-    """The callbacks with an ``on_step_end`` of their own, other than ``Checkpoint``'s
-    (which only needs dispatches to end on its ``every_steps``)."""
-    from funcnet.callbacks import Callback, Checkpoint  # funcnet.callbacks imports this module
-    plain = (Callback.on_step_end, Checkpoint.on_step_end)
-    return [cb for cb in callbacks if getattr(type(cb), "on_step_end", None) not in plain]
+    """The callbacks with an ``on_step_end`` of their own that want every step: not those
+    with an ``every_steps`` attribute (``Checkpoint``, ``TensorBoardLogger``), which only
+    need dispatches to end on its multiples."""
+    from funcnet.callbacks import Callback  # funcnet.callbacks imports this module
+    return [cb for cb in callbacks if getattr(type(cb), "on_step_end", None)
+            is not Callback.on_step_end and not hasattr(cb, "every_steps")]
 
 
 def _resume(resume_from, missing_ok, train_state):
