@@ -86,3 +86,24 @@ def test_embedding_concrete_out_of_range_ids_are_an_error_like_torch():
                        r"\[-1, 5, 100\].*vocab_size.*NaN"):
         apply(params, (), jnp.array([1, -1, 5, 100, 4]))
     apply(params, (), np.array([0, 4]))          # in range: fine eagerly too
+
+
+def test_padding_idx_row_starts_at_zero_and_gets_no_gradient_as_in_torch():
+    import torch
+    from funcnet.layers import Embedding
+    layer = Embedding(6, 3, padding_idx=-2)      # row 4
+    _, params, _ = layer.init(jax.random.key(0), (-1, 5))
+    assert not np.asarray(params["E"][4]).any()
+    params = {"E": params["E"].at[4].set(1.5)}   # a loaded, non-zero padding row is read as is
+    ids = np.array([[0, 4, 2, 4, 5]])
+    out, _ = layer.apply(params, (), jnp.asarray(ids))
+    grad = jax.grad(lambda p: jnp.sum(layer.apply(p, (), jnp.asarray(ids))[0] ** 2))(params)
+    t = torch.nn.Embedding(6, 3, padding_idx=-2)
+    with torch.no_grad():
+        t.weight.copy_(torch.tensor(np.asarray(params["E"])))
+    (t(torch.tensor(ids)) ** 2).sum().backward()
+    np.testing.assert_allclose(np.asarray(out), t(torch.tensor(ids)).detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad["E"]), t.weight.grad.numpy(), rtol=1e-6)
+    assert not np.asarray(grad["E"][4]).any()
+    with pytest.raises(ValueError, match=r"padding_idx=6 must be in \[-6, 6\)"):
+        Embedding(6, 3, padding_idx=6)

@@ -108,3 +108,74 @@ def test_recurrent_grads():
         f = jax.jit(lambda p, x: stack.apply(p, state, x)[0])
         assert f(params64, x64).dtype == jnp.float64
         check_grads(f, (params64, x64), order=1, modes=["rev"])
+
+
+# --------------------------------------------------------------------------- #
+# torch's full recurrent layers: layers, directions, initial state, lengths
+# --------------------------------------------------------------------------- #
+
+def _load_torch(params, module, num_layers, dirs):
+    import torch
+    with torch.no_grad():
+        for k in range(num_layers):
+            for d in range(dirs):
+                sfx = f"l{k}" + ("_reverse" if d else "")
+                p = params[sfx]
+                getattr(module, f"weight_ih_{sfx}").copy_(torch.tensor(np.asarray(p["W_ih"]).T))
+                getattr(module, f"weight_hh_{sfx}").copy_(torch.tensor(np.asarray(p["W_hh"]).T))
+                getattr(module, f"bias_ih_{sfx}").copy_(torch.tensor(np.asarray(p["b_ih"])))
+                getattr(module, f"bias_hh_{sfx}").copy_(torch.tensor(np.asarray(p["b_hh"])))
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_two_layer_bidirectional_with_lengths_and_initial_state_match_torch(kind):
+    import torch
+    from funcnet import layers as L
+    N, T, F, H = 3, 5, 4, 6
+    layer = getattr(L, kind)(H, num_layers=2, bidirectional=True, return_state=True)
+    shape, params, _ = layer.init(jax.random.key(0), (-1, T, F))
+    carries = 2 if kind == "LSTM" else 1
+    assert shape[0] == (-1, T, 2 * H)
+    r = np.random.default_rng(0)
+    x = r.normal(size=(N, T, F)).astype(np.float32)
+    lengths = np.array([5, 2, 4])
+    h0 = [r.normal(size=(4, N, H)).astype(np.float32) for _ in range(carries)]
+    init_state = tuple(h0) if carries == 2 else h0[0]
+    (out, final), _ = jax.jit(lambda p, x, l, s: layer.apply(p, (), x, lengths=l,
+                                                             initial_state=s))(
+        params, x, lengths, init_state)
+
+    module = getattr(torch.nn, kind)(F, H, num_layers=2, bidirectional=True, batch_first=True)
+    _load_torch(params, module, 2, 2)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.tensor(x), torch.tensor(lengths),
+                                                     batch_first=True, enforce_sorted=False)
+    state_in = tuple(torch.tensor(h) for h in h0) if carries == 2 else torch.tensor(h0[0])
+    t_out, t_final = module(packed, state_in)
+    t_out, _ = torch.nn.utils.rnn.pad_packed_sequence(t_out, batch_first=True, total_length=T)
+    np.testing.assert_allclose(np.asarray(out), t_out.detach().numpy(), rtol=1e-5, atol=1e-5)
+    finals = final if carries == 2 else (final,)
+    t_finals = t_final if carries == 2 else (t_final,)
+    for a, b in zip(finals, t_finals):
+        np.testing.assert_allclose(np.asarray(a), b.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert not np.asarray(out)[1, 2:].any()  # padded steps output zeros
+
+
+def test_full_recurrent_layer_contract_dropout_and_bad_input():
+    from funcnet import layers as L
+    from funcnet.testing import check_layer
+    layer = L.GRU(4, num_layers=2, bidirectional=True, dropout=0.5)
+    check_layer(layer, (-1, 3, 2), train_modes=(False,))
+    _, params, _ = layer.init(jax.random.key(0), (-1, 3, 2))
+    x = jnp.ones((2, 3, 2))
+    a, _ = layer.apply(params, (), x, rng=jax.random.key(1), train=True)
+    b, _ = layer.apply(params, (), x, rng=jax.random.key(2), train=True)
+    c, _ = layer.apply(params, (), x)
+    assert not np.allclose(a, b) and a.shape == c.shape == (2, 3, 8)
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, 3\].*from 1 to 4"):
+        layer.apply(params, (), x, lengths=np.array([1, 4]))
+    with pytest.raises(ValueError, match=r"lengths must be 2 integers"):
+        layer.apply(params, (), x, lengths=np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"initial_state arrays must have shape \(4, 2, 4\)"):
+        layer.apply(params, (), x, initial_state=jnp.zeros((2, 2, 4)))
+    with pytest.raises(ValueError, match="dropout=1.0 must be in"):
+        L.LSTM(4, num_layers=2, dropout=1.0)

@@ -15,12 +15,16 @@ from funcnet.layers.dense import linear
 __all__ = ["Embedding", "TiedEmbedding"]
 
 
-def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
+def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None) -> Layer:
     """``y[..., :] = E[ids[...], :]``: integer ids of any shape ``S`` -> ``S + (dim,)``.
 
     As ``torch.nn.Embedding(vocab_size, dim)``: params ``{"E": (vocab_size, dim)}``
     (torch's ``weight``, copied as is), drawn from ``E_init`` (default
     ``initializers.normal(1.0)``, i.e. ``N(0, 1)`` like torch).
+
+    ``padding_idx``, as torch's: that row starts as zeros and gets no gradient from
+    the lookup (ids equal to it read the row as it is, with the gradient stopped);
+    a negative value counts from the end (``vocab_size + padding_idx``).
 
     Inputs must have an integer dtype; anything else (floats, bool) is a TypeError
     at trace time rather than a silent cast.
@@ -45,10 +49,19 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
     dim = checks.positive_int("Embedding", "dim", dim)
     name = f"Embedding({vocab_size}, {dim})"
     E_init = checks.initializer(name, "E_init", E_init) or initializers.normal(1.0)
+    if padding_idx is not None:
+        padding_idx = checks.integer(name, "padding_idx", padding_idx)
+        if not -vocab_size <= padding_idx < vocab_size:
+            raise ValueError(f"{name}: padding_idx={padding_idx} must be in [-{vocab_size}, "
+                             f"{vocab_size}) (a row of the table; negative counts from the end).")
+        padding_idx %= vocab_size
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=0)
-        return shape + (dim,), {"E": E_init(rng, (vocab_size, dim), jnp.float32)}, ()
+        E = E_init(rng, (vocab_size, dim), jnp.float32)
+        if padding_idx is not None:
+            E = E.at[padding_idx].set(0.0)
+        return shape + (dim,), {"E": E}, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
         check_input(name, inputs)
@@ -62,7 +75,10 @@ def Embedding(vocab_size: int, dim: int, E_init=None) -> Layer:
         # uint32 ids past 2**31 wrap negative, which the range check below catches.
         ids = inputs if inputs.dtype.itemsize >= 8 else inputs.astype(jnp.int32)
         ids = jnp.where((ids >= 0) & (ids < n), ids, n)
-        return _mesh.gather(table, ids, mode="fill", fill_value=jnp.nan), state
+        out = _mesh.gather(table, ids, mode="fill", fill_value=jnp.nan)
+        if padding_idx is not None:  # torch: the padding row is read but never trained
+            out = jnp.where((ids == padding_idx)[..., None], jax.lax.stop_gradient(out), out)
+        return out, state
 
     return named(name, init, apply)
 

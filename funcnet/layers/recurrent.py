@@ -27,7 +27,8 @@ from jax import lax
 
 from funcnet import _checks as checks
 from funcnet import initializers
-from funcnet.core import Layer, check_input, check_known, check_shape, named
+from funcnet.core import Layer, check_input, check_known, check_shape, named, need_rng
+from funcnet.layers.dense import linear
 
 
 class _Cell(NamedTuple):
@@ -43,48 +44,162 @@ class _Cell(NamedTuple):
     step: Callable
 
 
-def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool) -> Layer:
+def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers: int = 1,
+               bidirectional: bool = False, dropout: float = 0.0,
+               return_state: bool = False) -> Layer:
     """Builds the layer: shared init, input checks and the ``lax.scan`` over time."""
     hidden_size = checks.positive_int(cell.kind, "hidden_size", hidden_size)
-    if not isinstance(return_sequences, bool):
-        raise ValueError(f"{cell.kind}: return_sequences must be True or False, got "
-                         f"{return_sequences!r}.")
+    for flag, value in (("return_sequences", return_sequences), ("bidirectional", bidirectional),
+                        ("return_state", return_state)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{cell.kind}: {flag} must be True or False, got {value!r}.")
+    num_layers = checks.positive_int(cell.kind, "num_layers", num_layers)
+    dropout = checks.real(cell.kind, "dropout", dropout, low=0.0)
+    if dropout >= 1.0:
+        raise checks.ArgumentError(f"{cell.kind}: dropout={dropout!r} must be in [0, 1): the "
+                                   f"probability of zeroing each output of a layer but the last.")
     name = f"{cell.kind}({hidden_size})"
     H, G = hidden_size, cell.gates
+    dirs = 2 if bidirectional else 1
+    flat = num_layers == 1 and not bidirectional   # the layout of a one-layer, one-way RNN
+    keys = [f"l{k}" + ("_reverse" if d else "") for k in range(num_layers) for d in range(dirs)]
     uniform = initializers.uniform_symmetric(1.0 / math.sqrt(H))
 
-    def init(rng, input_shape):
-        shape = check_shape(name, input_shape, rank=3, what="(batch, time, features)")
-        check_known(name, shape, [-1], "feature dimension")
+    def init_one(rng, features):
         k = jax.random.split(rng, 4)
-        params = {
-            "W_ih": uniform(k[0], (shape[-1], G * H), jnp.float32),
+        return {
+            "W_ih": uniform(k[0], (features, G * H), jnp.float32),
             "W_hh": uniform(k[1], (H, G * H), jnp.float32),
             "b_ih": uniform(k[2], (G * H,), jnp.float32),
             "b_hh": uniform(k[3], (G * H,), jnp.float32),
         }
-        out_shape = (shape[0], shape[1], H) if return_sequences else (shape[0], H)
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, rank=3, what="(batch, time, features)")
+        check_known(name, shape, [-1], "feature dimension")
+        if flat:
+            params = init_one(rng, shape[-1])
+        else:
+            rngs = jax.random.split(rng, len(keys))
+            params = {key: init_one(r, shape[-1] if key.startswith("l0") else dirs * H)
+                      for key, r in zip(keys, rngs)}
+        width = dirs * H
+        out_shape = (shape[0], shape[1], width) if return_sequences else (shape[0], width)
+        if return_state:
+            final = (num_layers * dirs, shape[0], H)
+            out_shape = (out_shape, (final,) * cell.carry_size if cell.carry_size > 1 else final)
         return out_shape, params, ()
 
-    def apply(params, state, inputs, *, rng=None, train=False):
-        check_input(name, inputs, rank=3, axis=-1, size=params["W_ih"].shape[0])
-        xp = inputs @ params["W_ih"] + params["b_ih"]          # (N, T, G*H), all steps at once
-        # zeros_like, not zeros: the carry must have the type the step gives it, i.e. the
-        # input's batch sharding (Explicit mesh axes) and its varying axes (shard_map).
-        h0 = jnp.zeros_like(xp[:, 0, :H])
-        carry0 = (h0,) * cell.carry_size
+    def run(p, x, carry0, lengths, reverse):
+        """One direction of one layer over ``x`` (N, T, F): outputs (N, T, H), last carry."""
+        T = x.shape[1]
+        if reverse:
+            x = _reverse_within(x, lengths)
+        xp = linear(x, p["W_ih"], p["b_ih"])          # (N, T, G*H), all steps at once
+        if carry0 is None:
+            # zeros_like, not zeros: the carry must have the type the step gives it, i.e. the
+            # input's batch sharding (Explicit mesh axes) and its varying axes (shard_map).
+            carry0 = (jnp.zeros_like(xp[:, 0, :H]),) * cell.carry_size
+        else:
+            carry0 = tuple(c.astype(xp.dtype) for c in carry0)
+        valid = None if lengths is None else (jnp.arange(T)[None, :] < lengths[:, None])
 
-        def body(carry, xp_t):
-            carry = cell.step(params, carry, xp_t)
-            return carry, (carry[0] if return_sequences else None)
+        def body(carry, inp):
+            xp_t, ok = inp
+            new = cell.step(p, carry, xp_t)
+            if ok is not None:
+                new = tuple(jnp.where(ok[:, None], n, c) for n, c in zip(new, carry))
+                out = jnp.where(ok[:, None], new[0], 0.0)
+            else:
+                out = new[0]
+            return new, out
 
-        carry, hs = lax.scan(body, carry0, jnp.swapaxes(xp, 0, 1))  # scan runs over axis 0: time
-        return (jnp.swapaxes(hs, 0, 1) if return_sequences else carry[0]), state
+        steps = (jnp.swapaxes(xp, 0, 1), None if valid is None else valid.T)
+        carry, hs = lax.scan(body, carry0, steps)      # scan runs over axis 0: time
+        hs = jnp.swapaxes(hs, 0, 1)
+        return (_reverse_within(hs, lengths) if reverse else hs), carry
+
+    def apply(params, state, inputs, *, rng=None, train=False, initial_state=None,
+              lengths=None):
+        first = params if flat else params["l0"]
+        check_input(name, inputs, rank=3, axis=-1, size=first["W_ih"].shape[0])
+        N, T = inputs.shape[0], inputs.shape[1]
+        if lengths is not None:
+            lengths = _checked_lengths(name, lengths, N, T)
+        carries = (None if initial_state is None else
+                   _initial_carries(name, initial_state, cell.carry_size, num_layers * dirs, N, H))
+        drop = dropout if train and num_layers > 1 else 0.0
+        if drop:
+            need_rng(name, rng)
+        x, finals = inputs, []
+        for k in range(num_layers):
+            outs = []
+            for d in range(dirs):
+                index = k * dirs + d
+                p = params if flat else params[keys[index]]
+                carry0 = None if carries is None else tuple(c[index] for c in carries)
+                hs, carry = run(p, x, carry0, lengths, reverse=bool(d))
+                outs.append(hs)
+                finals.append(carry)
+            x = outs[0] if dirs == 1 else jnp.concatenate(outs, axis=-1)
+            if drop and k < num_layers - 1:
+                keep = jax.random.bernoulli(jax.random.fold_in(rng, k), 1.0 - drop, x.shape)
+                x = jnp.where(keep, x / (1.0 - drop), 0.0)
+        if return_sequences:
+            out = x
+        elif dirs == 1:
+            out = finals[-1][0]
+        else:  # torch's h_n of the last layer: forward's last valid step, reverse's first
+            out = jnp.concatenate([finals[-2][0], finals[-1][0]], axis=-1)
+        if return_state:
+            stacked = tuple(jnp.stack([f[i] for f in finals]) for i in range(cell.carry_size))
+            out = (out, stacked if cell.carry_size > 1 else stacked[0])
+        return out, state
 
     return named(name, init, apply)
 
 
-def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = True) -> Layer:
+def _checked_lengths(name, lengths, N, T):
+    lengths = jnp.asarray(lengths)
+    if lengths.shape != (N,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"{name}: lengths must be {N} integers (one per sequence of the "
+                         f"batch), got shape {tuple(lengths.shape)} and dtype {lengths.dtype}.")
+    known = checks.concrete(lengths)
+    if known is not None and (known.min() < 0 or known.max() > T):
+        raise ValueError(f"{name}: lengths must lie in [0, {T}] (the sequence length), got "
+                         f"values from {int(known.min())} to {int(known.max())}.")
+    return lengths
+
+
+def _initial_carries(name, initial_state, carry_size, n, N, H):
+    """The given initial carries, each (num_layers * directions, N, H), checked."""
+    given = initial_state if carry_size > 1 else (initial_state,)
+    if not isinstance(given, tuple) or len(given) != carry_size:
+        raise ValueError(f"{name}: initial_state must be "
+                         f"{'(h_0, c_0)' if carry_size > 1 else 'h_0'}, arrays of shape "
+                         f"{(n, N, H)} (layers x directions, batch, hidden), as torch's.")
+    for g in given:
+        if tuple(jnp.shape(g)) != (n, N, H):
+            raise ValueError(f"{name}: initial_state arrays must have shape {(n, N, H)} "
+                             f"(layers x directions, batch, hidden), as torch's; got "
+                             f"{tuple(jnp.shape(g))}.")
+    return tuple(jnp.asarray(g) for g in given)
+
+
+def _reverse_within(x, lengths):
+    """Each sequence's first ``length`` steps reversed, its padding left in place
+    (what a packed sequence's reverse direction reads); all of it without lengths."""
+    if lengths is None:
+        return jnp.flip(x, axis=1)
+    T = x.shape[1]
+    t = jnp.arange(T)[None, :]
+    idx = jnp.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)
+    return jnp.take_along_axis(x, idx[:, :, None], axis=1)
+
+
+def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = True, *,
+        num_layers: int = 1, bidirectional: bool = False, dropout: float = 0.0,
+        return_state: bool = False) -> Layer:
     """Elman RNN, as ``torch.nn.RNN(F, hidden_size, nonlinearity, batch_first=True)``::
 
         h_t = act(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh),   h_0 = 0
@@ -92,6 +207,22 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
     Input ``(N, T, F)`` (batch first); output ``(N, T, H)`` every step, or ``(N, H)``
     the last step when ``return_sequences=False``. ``nonlinearity`` is ``"tanh"``
     or ``"relu"``. Parameter layout: see :mod:`funcnet.layers.recurrent`.
+
+    Options, as torch's: ``num_layers`` stacked layers (each layer's input is the one
+    below's output), ``bidirectional`` (a second pass over the reversed sequence; the
+    output's last axis is ``2 * H``, forward then reverse), ``dropout`` on every layer's
+    output but the last (training only, needs ``rng``). ``apply(..., initial_state=,
+    lengths=)``: ``initial_state`` is torch's ``h_0`` (LSTM: ``(h_0, c_0)``) of shape
+    ``(num_layers * directions, N, H)``, zeros by default; ``lengths`` (``(N,)`` ints)
+    marks each sequence's valid steps: padded steps leave the state as it was and
+    output zeros, and the reverse direction starts at each sequence's last valid step,
+    as ``pack_padded_sequence`` gives. ``return_state=True`` makes the output
+    ``(outputs, h_n)`` (LSTM: ``(outputs, (h_n, c_n))``), torch's final states, each
+    ``(num_layers * directions, N, H)``. With ``return_sequences=False`` the output is
+    the last layer's final ``h`` (both directions side by side).
+    Parameters: one layer, one direction keeps the flat layout above; otherwise one
+    such dict per layer and direction under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ...
+    (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
     """
     acts = {"tanh": jnp.tanh, "relu": jax.nn.relu}
     if nonlinearity not in acts:
@@ -102,10 +233,12 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
         (h,) = carry
         return (act(xp + h @ params["W_hh"] + params["b_hh"]),)
 
-    return _recurrent(_Cell("RNN", 1, 1, step), hidden_size, return_sequences)
+    return _recurrent(_Cell("RNN", 1, 1, step), hidden_size, return_sequences, num_layers,
+                      bidirectional, dropout, return_state)
 
 
-def LSTM(hidden_size: int, return_sequences: bool = True) -> Layer:
+def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
+         bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False) -> Layer:
     """LSTM, as ``torch.nn.LSTM(F, hidden_size, batch_first=True)``::
 
         i, f, g, o = split(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh, 4)
@@ -115,6 +248,22 @@ def LSTM(hidden_size: int, return_sequences: bool = True) -> Layer:
     Input ``(N, T, F)``; output ``h``: ``(N, T, H)`` or, with
     ``return_sequences=False``, ``(N, H)``. Parameter layout: see
     :mod:`funcnet.layers.recurrent` (gate order ``i, f, g, o``).
+
+    Options, as torch's: ``num_layers`` stacked layers (each layer's input is the one
+    below's output), ``bidirectional`` (a second pass over the reversed sequence; the
+    output's last axis is ``2 * H``, forward then reverse), ``dropout`` on every layer's
+    output but the last (training only, needs ``rng``). ``apply(..., initial_state=,
+    lengths=)``: ``initial_state`` is torch's ``h_0`` (LSTM: ``(h_0, c_0)``) of shape
+    ``(num_layers * directions, N, H)``, zeros by default; ``lengths`` (``(N,)`` ints)
+    marks each sequence's valid steps: padded steps leave the state as it was and
+    output zeros, and the reverse direction starts at each sequence's last valid step,
+    as ``pack_padded_sequence`` gives. ``return_state=True`` makes the output
+    ``(outputs, h_n)`` (LSTM: ``(outputs, (h_n, c_n))``), torch's final states, each
+    ``(num_layers * directions, N, H)``. With ``return_sequences=False`` the output is
+    the last layer's final ``h`` (both directions side by side).
+    Parameters: one layer, one direction keeps the flat layout above; otherwise one
+    such dict per layer and direction under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ...
+    (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
     """
 
     def step(params, carry, xp):
@@ -123,10 +272,12 @@ def LSTM(hidden_size: int, return_sequences: bool = True) -> Layer:
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
-    return _recurrent(_Cell("LSTM", 4, 2, step), hidden_size, return_sequences)
+    return _recurrent(_Cell("LSTM", 4, 2, step), hidden_size, return_sequences, num_layers,
+                      bidirectional, dropout, return_state)
 
 
-def GRU(hidden_size: int, return_sequences: bool = True) -> Layer:
+def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
+        bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False) -> Layer:
     """GRU, as ``torch.nn.GRU(F, hidden_size, batch_first=True)``::
 
         r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
@@ -137,6 +288,22 @@ def GRU(hidden_size: int, return_sequences: bool = True) -> Layer:
     (``b_hn`` sits inside the ``r *`` product, which is why the two biases are kept
     apart.) Input ``(N, T, F)``; output ``(N, T, H)`` or ``(N, H)``. Parameter
     layout: see :mod:`funcnet.layers.recurrent` (gate order ``r, z, n``).
+
+    Options, as torch's: ``num_layers`` stacked layers (each layer's input is the one
+    below's output), ``bidirectional`` (a second pass over the reversed sequence; the
+    output's last axis is ``2 * H``, forward then reverse), ``dropout`` on every layer's
+    output but the last (training only, needs ``rng``). ``apply(..., initial_state=,
+    lengths=)``: ``initial_state`` is torch's ``h_0`` (LSTM: ``(h_0, c_0)``) of shape
+    ``(num_layers * directions, N, H)``, zeros by default; ``lengths`` (``(N,)`` ints)
+    marks each sequence's valid steps: padded steps leave the state as it was and
+    output zeros, and the reverse direction starts at each sequence's last valid step,
+    as ``pack_padded_sequence`` gives. ``return_state=True`` makes the output
+    ``(outputs, h_n)`` (LSTM: ``(outputs, (h_n, c_n))``), torch's final states, each
+    ``(num_layers * directions, N, H)``. With ``return_sequences=False`` the output is
+    the last layer's final ``h`` (both directions side by side).
+    Parameters: one layer, one direction keeps the flat layout above; otherwise one
+    such dict per layer and direction under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ...
+    (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
     """
 
     def step(params, carry, xp):
@@ -148,4 +315,5 @@ def GRU(hidden_size: int, return_sequences: bool = True) -> Layer:
         n = jnp.tanh(xn + r * hn)
         return ((1.0 - z) * n + z * h,)
 
-    return _recurrent(_Cell("GRU", 3, 1, step), hidden_size, return_sequences)
+    return _recurrent(_Cell("GRU", 3, 1, step), hidden_size, return_sequences, num_layers,
+                      bidirectional, dropout, return_state)
