@@ -6,7 +6,7 @@ says which module holds which concept.
 """
 
 from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
-                     decoding, distributed, inference, initializers, introspect, layers, loop,
+                     decoding, distributed, inference, initializers, interop, introspect, layers, loop,
                      losses, metrics, models, optim, outputs, params, precision, sharding, testing,
                      train)
 from funcnet.combinators import (FanInConcat, FanInSum, FanOut, Identity, Remat, Residual, Scan,
@@ -27,5 +27,5 @@ __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInC
            "make_eval_step", "copy_params", "polyak_update", "make_predict_fn", "paths",
            "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze", "callbacks",
            "checkpoint", "checkpoint_orbax", "combinators", "core", "data", "datasets",
-           "decoding", "models", "distributed", "inference", "initializers", "introspect", "layers", "loop", "losses",
+           "decoding", "models", "distributed", "inference", "initializers", "interop", "introspect", "layers", "loop", "losses",
            "metrics", "optim", "outputs", "params", "precision", "sharding", "testing", "train"]

@@ -1,0 +1,244 @@
+"""Weights from PyTorch: a ``state_dict`` loaded into funcnet's params and layer state.
+
+:func:`load_torch_state_dict` pairs funcnet's layers with torch's modules by order and
+checks every shape. funcnet's side is read in the order of its params tree
+(:func:`funcnet.paths`: for a positional ``serial`` that is the layer order; a dict of
+named layers is in sorted-name order), one *unit* per layer that has params. torch's
+side is the ``state_dict``'s modules in their order (a module's entries share the key
+prefix before the last ``.``; an ``nn.MultiheadAttention``'s ``out_proj`` belongs to it).
+Each pair is converted with the layouts docs/porting.md gives:
+
+=================  ===========================================  ==========================
+funcnet unit       torch module entries                         conversion
+=================  ===========================================  ==========================
+Dense ``W, b``     Linear ``weight (out, in), bias``            ``W = weight.T``
+Conv ``W (kh, kw,  Conv2d ``weight (out, in, kh, kw)``;         ``permute(2, 3, 1, 0)``;
+in, out), b``      ConvTranspose2d ``(in, out, kh, kw)``        ``permute(2, 3, 0, 1)``
+                   (1-D convolutions alike)
+Embedding ``E``    Embedding ``weight``                          as is
+BatchNorm          ``weight, bias, running_mean, running_var``  into ``scale, bias`` and
+                                                                 the state's ``mean, var``
+LayerNorm,         ``weight, bias`` (RMSNorm: ``weight``)       as is
+GroupNorm, RMSNorm
+RNN/LSTM/GRU       ``weight_ih_l0 ...`` (all layers/directions)  transposes
+MultiHeadAttention ``in_proj_weight, in_proj_bias,``            split in three, transposed
+                   ``out_proj.weight, out_proj.bias``
+=================  ===========================================  ==========================
+
+A ``Conv`` kernel matches a Conv's or a ConvTranspose's layout; which one is read from
+the shapes, and where both fit (``in == out``) it is a plain convolution unless its
+path is in ``conv_transpose``. Missing or unexpected entries are named, as torch's
+``load_state_dict(strict=True)`` does. Flattening differs: funcnet's images are NHWC,
+so a ``Flatten`` before a ``Dense`` orders features as ``(h, w, c)``, torch's as
+``(c, h, w)``: permute that Dense's rows yourself (or pool globally first).
+``state_dict`` may hold torch tensors or NumPy arrays, so torch need not be installed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from funcnet.params import path_str
+
+__all__ = ["load_torch_state_dict", "StateDictMismatchError"]
+
+
+class StateDictMismatchError(ValueError):
+    """A torch ``state_dict`` that does not fit the funcnet params: the message names the
+    funcnet path and the torch key of each mismatch."""
+
+
+_RNN = re.compile(r"^(weight|bias)_(ih|hh)_l(\d+)(_reverse)?$")
+
+
+def load_torch_state_dict(params, state, state_dict, *,
+                          conv_transpose: Sequence[str] = ()) -> Tuple[Any, Any]:
+    """``(params, state)`` with every array replaced by its torch counterpart.
+
+    Args:
+      params, state: funcnet's, e.g. from ``layer.init`` (only their structure, shapes
+        and dtypes are used).
+      state_dict: ``module.state_dict()``, or a dict of NumPy arrays with its keys.
+      conv_transpose: funcnet paths (as :func:`funcnet.paths` spells them, without
+        the trailing ``/W``) of ``ConvTranspose`` layers whose kernel shape cannot
+        tell a transposed from a plain convolution.
+
+    Returns:
+      New ``(params, state)`` trees (float arrays in the dtypes of the given ones).
+
+    Raises:
+      StateDictMismatchError: a shape that does not fit (naming the funcnet path and
+        the torch key), a different number of layers, or leftover entries.
+    """
+    torch_units = _torch_units(state_dict)
+    ours = _units(params)
+    if len(ours) != len(torch_units):
+        raise StateDictMismatchError(
+            f"load_torch_state_dict: funcnet's params have {len(ours)} layers with weights "
+            f"({[p or '<root>' for p, _ in ours]}) and the state_dict {len(torch_units)} "
+            f"modules ({[m or '<root>' for m, _ in torch_units]}). Load into a network "
+            f"with the same layers in the same order.")
+    flat_state = _by_path(state)
+    new_params, new_state = {}, {}
+    for (path, unit), (prefix, entries) in zip(ours, torch_units):
+        got_p, got_s = _convert(path, unit, flat_state, prefix, entries,
+                                path in set(conv_transpose))
+        new_params.update(got_p)
+        new_state.update(got_s)
+    return _rebuilt(params, new_params), _rebuilt(state, new_state)
+
+
+def _np(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _torch_units(state_dict) -> List[Tuple[str, Dict[str, np.ndarray]]]:
+    units: Dict[str, Dict[str, np.ndarray]] = {}
+    for key, value in state_dict.items():
+        prefix, _, leaf = key.rpartition(".")
+        if leaf == "num_batches_tracked":
+            continue
+        if prefix == "out_proj" or prefix.endswith(".out_proj"):
+            owner = prefix[:-len("out_proj")].rstrip(".")
+            if _tkey(owner, "in_proj_weight") in state_dict:  # nn.MultiheadAttention's own
+                units.setdefault(owner, {})[f"out_proj.{leaf}"] = _np(value)
+                continue
+        units.setdefault(prefix, {})[leaf] = _np(value)
+    return list(units.items())
+
+
+def _units(params) -> List[Tuple[str, dict]]:
+    """funcnet's layers with weights, in params order: the dicts whose values are
+    arrays (a layer's own params), or MultiHeadAttention's / a stacked RNN's dict of
+    such dicts."""
+    out = []
+
+    def visit(node, path):
+        if isinstance(node, dict) and node:
+            if all(_is_array(v) for v in node.values()):
+                out.append((path, node))
+                return
+            if set(node) >= {"query", "key", "value", "out"} or all(
+                    re.fullmatch(r"l\d+(_reverse)?", k) for k in node):
+                out.append((path, node))
+                return
+            for k in sorted(node):
+                visit(node[k], f"{path}/{k}" if path else str(k))
+        elif isinstance(node, (tuple, list)):
+            for i, v in enumerate(node):
+                visit(v, f"{path}/{i}" if path else str(i))
+
+    visit(params, "")
+    return out
+
+
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _by_path(tree) -> Dict[str, Any]:
+    return {path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _join(path, key):
+    return f"{path}/{key}" if path else key
+
+
+def _convert(path, unit, flat_state, prefix, entries, transposed):
+    where = f"funcnet {path or '<root>'!r} and torch module {prefix or '<root>'!r}"
+    out_p: Dict[str, np.ndarray] = {}
+    out_s: Dict[str, np.ndarray] = {}
+    used = set()
+
+    last = []
+
+    def take(key):
+        last[:] = [key]
+        if key not in entries:
+            raise StateDictMismatchError(
+                f"load_torch_state_dict: {where}: torch has no {_tkey(prefix, key)!r} (its "
+                f"entries: {sorted(entries)}).")
+        used.add(key)
+        return entries[key]
+
+    def put(target, fkey, value, like):
+        if tuple(value.shape) != tuple(like.shape):
+            raise StateDictMismatchError(
+                f"load_torch_state_dict: {where}: {_join(path, fkey)!r} has shape "
+                f"{tuple(like.shape)} but torch's {_tkey(prefix, last[0])!r} converts to "
+                f"{tuple(value.shape)}. The layers do not line up (see the order rules in "
+                f"funcnet.interop).")
+        target[_join(path, fkey)] = value
+
+    keys = set(unit)
+    if keys >= {"query", "key", "value", "out"}:
+        W = take("in_proj_weight")
+        E = unit["query"]["W"].shape[1]
+        for i, name in enumerate(("query", "key", "value")):
+            put(out_p, f"{name}/W", W[i * E:(i + 1) * E].T, unit[name]["W"])
+            if "b" in unit[name]:
+                put(out_p, f"{name}/b", take("in_proj_bias")[i * E:(i + 1) * E], unit[name]["b"])
+        put(out_p, "out/W", take("out_proj.weight").T, unit["out"]["W"])
+        if "b" in unit["out"]:
+            put(out_p, "out/b", take("out_proj.bias"), unit["out"]["b"])
+    elif "W_ih" in keys or all(re.fullmatch(r"l\d+(_reverse)?", k) for k in keys):
+        layers = {"l0": unit} if "W_ih" in keys else unit
+        for sub, p in layers.items():
+            for ours, theirs, t in (("W_ih", "weight_ih", True), ("W_hh", "weight_hh", True),
+                                    ("b_ih", "bias_ih", False), ("b_hh", "bias_hh", False)):
+                value = take(f"{theirs}_{sub}")
+                fkey = ours if "W_ih" in keys else f"{sub}/{ours}"
+                put(out_p, fkey, value.T if t else value, p[ours])
+    elif keys <= {"W", "b"} and "W" in keys:
+        weight, W = take("weight"), unit["W"]
+        if W.ndim == 2:
+            put(out_p, "W", weight.T, W)
+        else:
+            spatial = tuple(range(2, W.ndim))
+            plain = weight.transpose(spatial + (1, 0))     # Conv: (out, in, *k)
+            trans = weight.transpose(spatial + (0, 1))     # ConvTranspose: (in, out, *k)
+            fits_trans = tuple(trans.shape) == tuple(W.shape)
+            value = trans if transposed or (fits_trans and tuple(plain.shape) != tuple(W.shape)) \
+                else plain
+            put(out_p, "W", value, W)
+        if "b" in keys:
+            put(out_p, "b", take("bias"), unit["b"])
+    elif keys == {"E"}:
+        put(out_p, "E", take("weight"), unit["E"])
+    elif keys <= {"scale", "bias"}:
+        if "scale" in keys:
+            put(out_p, "scale", take("weight"), unit["scale"])
+        if "bias" in keys:
+            put(out_p, "bias", take("bias"), unit["bias"])
+        for ours, theirs in (("mean", "running_mean"), ("var", "running_var")):
+            if _join(path, ours) in flat_state:
+                put(out_s, ours, take(theirs), flat_state[_join(path, ours)])
+    else:
+        raise StateDictMismatchError(f"load_torch_state_dict: {where}: funcnet's params "
+                                     f"{sorted(keys)} are not a layer this loader knows.")
+    left = sorted(set(entries) - used)
+    if left:
+        raise StateDictMismatchError(f"load_torch_state_dict: {where}: unexpected torch "
+                                     f"entries {[_tkey(prefix, k) for k in left]} (funcnet's "
+                                     f"layer has {sorted(keys)}).")
+    return out_p, out_s
+
+
+def _tkey(prefix, key):
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _rebuilt(tree, values: Dict[str, np.ndarray]):
+    def one(p, x):
+        key = path_str(p)
+        if key not in values:
+            return x
+        return jnp.asarray(values[key], dtype=x.dtype)
+    return jax.tree_util.tree_map_with_path(one, tree)
