@@ -6,9 +6,9 @@ says which module holds which concept.
 """
 
 from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
-                     decoding, distributed, inference, initializers, interop, introspect, layers, loop,
-                     losses, metrics, models, optim, outputs, params, precision, sharding, testing,
-                     train)
+                     decoding, distributed, inference, initializers, interop, introspect,
+                     layers, loop, losses, metrics, models, optim, outputs, params, precision,
+                     sharding, testing, train)
 from funcnet.combinators import (FanInConcat, FanInSum, FanOut, Identity, Remat, Residual, Scan,
                                  parallel, serial, stack_params, unstack_params)
 from funcnet.core import Layer, named
