@@ -29,6 +29,11 @@ import jax
 
 from funcnet import _checks as checks
 
+__all__ = ["Layer", "named", "as_layer", "InitRecord", "record_inits", "MismatchError",
+           "describe_tree", "split_rng", "check_shape", "check_known", "check_input",
+           "normalize_axis", "as_tuple", "need_rng", "need_state", "Shape", "PyTree", "InitFn",
+           "ApplyFn"]
+
 Shape = Tuple[int, ...]
 PyTree = Any
 InitFn = Callable[[jax.Array, Shape], Tuple[Any, PyTree, PyTree]]

@@ -1,18 +1,35 @@
-"""Running a trained network: the inputs-to-outputs function, with params and state bound."""
+"""Running a trained network: the inputs-to-outputs function, with params and state bound.
+
+* :func:`make_predict_fn` -- in this process, with the model's code: ``predict(x)``.
+* :func:`export` / :func:`load_exported` -- for serving: one file holding the
+  eval-mode network as StableHLO (:mod:`jax.export`) with its params and state,
+  loaded in any process that has jax, without the model's code.
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import json
+import math
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
+from funcnet import _checks as checks
+from funcnet import precision
 from funcnet.core import as_layer
+from funcnet.fileio import atomic_write
 
-__all__ = ["make_predict_fn"]
+__all__ = ["make_predict_fn", "export", "load_exported"]
 
 
-def make_predict_fn(layer, params, state: Any = ()) -> Callable:
+def make_predict_fn(layer, params, state: Any = (), *, policy=None) -> Callable:
     """Returns ``predict(inputs) -> outputs``: ``layer.apply`` in eval mode, jitted.
 
     ``predict(x)`` is ``layer.apply(params, state, x, rng=None, train=False)[0]``
@@ -22,12 +39,20 @@ def make_predict_fn(layer, params, state: Any = ()) -> Callable:
     stateless; a network with BatchNorm needs the state from training
     (``train_state.state``, or ``train_state.state["gen"]`` for one model of several).
 
+    ``policy`` (a :class:`funcnet.precision.Policy` or a string such as ``"bf16"``
+    or ``"params=float32,compute=bfloat16,output=float32"``) runs the network as
+    ``funcnet.precision.apply_policy(layer, policy)`` does: params and floating
+    inputs cast to the compute dtype, outputs to the output dtype. Leave it None
+    for a layer that is already wrapped, or to run in the params' own dtypes.
+
     Named ``make_*`` like :func:`funcnet.make_train_step`: it builds a function.
     ``params`` and ``state`` are passed to the jitted function as arguments, not
     baked into the compiled program as constants, so large models compile as fast
     as small ones; a new input shape compiles once more.
     """
     layer = as_layer(layer, "make_predict_fn")
+    if policy is not None:
+        layer = _with_policy(layer, _policy("make_predict_fn", policy))
     return functools.partial(_predictor(layer), params, state)
 
 
@@ -41,3 +66,472 @@ def _predictor(layer):
         return outputs
 
     return predict
+
+
+def _policy(where: str, policy):
+    """``policy`` as a validated, hashable :class:`funcnet.precision.Policy`."""
+    if isinstance(policy, str):
+        return precision.parse_policy(policy)
+    if isinstance(policy, precision.Policy):
+        return precision.Policy.make(*policy)
+    raise checks.ArgumentError(
+        f"{where}: policy must be None, a funcnet.precision.Policy or a string like "
+        f"'bf16' or 'params=float32,compute=bfloat16,output=float32', got {checks._got(policy)}.")
+
+
+@functools.lru_cache(maxsize=64)
+def _with_policy(layer, policy):
+    # Cached so that make_predict_fn(..., policy=p) for new params reuses _predictor's program.
+    return precision.apply_policy(layer, policy)
+
+
+def _policy_text(policy) -> str:
+    name = lambda d: jnp.dtype(d).name
+    return (f"params={name(policy.param_dtype)},compute={name(policy.compute_dtype)},"
+            f"output={name(policy.output_dtype)}")
+
+
+# --------------------------------------------------------------------------- #
+# Export for serving.
+# --------------------------------------------------------------------------- #
+
+_MAGIC = b"funcnet-export\n"
+_FORMAT_VERSION = 1
+_HEADER_LEN = struct.Struct("<Q")
+_BATCH = "batch"
+_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.float32,
+           platforms: Optional[Sequence[str]] = None) -> Path:
+    """Writes the eval-mode network, with its params and state, to one file for serving.
+
+    The file holds ``predict = make_predict_fn(layer, params, state, policy=policy)``
+    as a :mod:`jax.export` program (StableHLO), so :func:`load_exported` can run it
+    in any process that has jax -- no model code, no funcnet layers, no pickles.
+    Eval mode: ``train=False``, no rng (Dropout off, BatchNorm's running statistics).
+    Returns the path written.
+
+    Args:
+      layer: the network (a :class:`funcnet.Layer`).
+      params, state: its trained params and state (``()`` for a stateless network).
+      input_spec: the inputs' shapes, as ``init``'s ``input_shape``: ``(-1, 784)``
+        for one float input whose batch size may vary, where ``-1`` marks the batch
+        dimension (it may stand on any axis; every ``-1``, in every input, is the
+        same batch size). A spec without ``-1`` exports one fixed shape. A
+        ``jax.ShapeDtypeStruct((-1, 128), jnp.int32)`` gives an input another dtype
+        than ``dtype``. Several inputs: a tuple, list or dict (string keys) of
+        those, nested as the network's ``apply`` takes them, e.g.
+        ``{"image": (-1, 28, 28, 1), "ids": jax.ShapeDtypeStruct((-1, 16), jnp.int32)}``.
+      path: the file to write (its directory must exist). It is written atomically:
+        a reader sees the old file or the whole new one.
+      policy: a :class:`funcnet.precision.Policy` or a policy string (``"bf16"``,
+        ``"params=float32,compute=bfloat16,output=float32"``) to run the network
+        under, as ``make_predict_fn(..., policy=...)``; None runs it as it is.
+      dtype: the dtype of the inputs given as plain shapes (default float32).
+      platforms: what the program is compiled for: None (default) for this process's
+        backend (``jax.default_backend()``: "cpu", "cuda", ...), or several of
+        "cpu", "cuda", "rocm", "tpu" -- ``platforms=("cpu", "cuda")`` makes one file
+        that runs on both (jax lowers for a platform without its hardware or plugin
+        here). Layers that pick an implementation by ``jax.default_backend()``
+        (``Conv(implementation="auto")``) pick it for *this* process's backend, for
+        every platform exported.
+
+    The file: the line ``funcnet-export``, an 8-byte little-endian header length,
+    a JSON header (format version, funcnet and jax versions, layer name, policy,
+    platforms, each input's path, shape -- ``null`` for the batch -- and dtype, the
+    outputs' shapes, and where the weights and the program lie), then the params
+    and state leaves (raw little-endian bytes), then ``Exported.serialize()``'s bytes.
+    :func:`load_exported` checks call-time inputs against the header's input spec.
+
+    Params and state are stored in the file and handed to the program as arguments
+    rather than folded into it as XLA constants: XLA would then precompute parts of
+    the network at compile time (BatchNorm's ``rsqrt(var + eps) * scale``) on the
+    host, which differs from the compiled kernels in the last bit; as arguments the
+    loaded program computes what ``make_predict_fn`` computes, bit for bit on the
+    same platform, jax version and XLA flags (the tests check it on CPU). It stays
+    one file either way.
+
+    Limits: a layer whose Python code compares the batch size with a number while
+    tracing (``if x.shape[0] > 32``) cannot be exported with a symbolic batch:
+    export a fixed batch instead (no ``-1``). Exported programs hold no gradient
+    (serving only). jax's serialization needs the ``flatbuffers`` package; params
+    and state must be arrays (a PRNG key in the state is refused).
+    """
+    where = "funcnet.inference.export"
+    layer = as_layer(layer, where)
+    if policy is not None:
+        policy = _policy(where, policy)
+        layer = _with_policy(layer, policy)
+    dtype = _dtype(where, "dtype", dtype)
+    specs, structs = _input_specs(where, input_spec, dtype)
+    platforms = _platforms(where, platforms)
+    path = _dest(where, path)
+    leaves, weights_tree = _weight_leaves(where, params, state)
+
+    def predict(weights, inputs):
+        p, s = jax.tree.unflatten(weights_tree, weights)
+        outputs, _ = layer.apply(p, s, inputs, rng=None, train=False)
+        return outputs
+
+    weight_structs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+    try:
+        exported = jax.export.export(jax.jit(predict), platforms=platforms)(weight_structs,
+                                                                            structs)
+    except Exception as e:
+        if type(e).__name__ == "InconclusiveDimensionOperation":
+            raise ValueError(
+                f"{where}: {layer.name} (or a layer in it) compares the batch size with a "
+                f"number while it is traced, which a symbolic batch (-1 in input_spec) "
+                f"cannot answer: {e}\n"
+                f"Export a fixed batch size instead (input_spec without -1, one file per "
+                f"batch size), or change the layer to decide without the batch size.") from e
+        raise
+    blob = _serialize(where, exported)
+
+    weights_meta, offset, crc = [], 0, 0
+    for x in leaves:
+        weights_meta.append({"shape": list(x.shape), "dtype": x.dtype.name, "offset": offset,
+                             "nbytes": x.nbytes})
+        offset += x.nbytes
+        crc = zlib.crc32(_le_bytes(x), crc)
+    out_paths = jax.tree_util.tree_flatten_with_path(
+        jax.tree.unflatten(exported.out_tree, range(len(exported.out_avals))))[0]
+    header = {
+        "format": "funcnet-export", "version": _FORMAT_VERSION,
+        "funcnet_version": _funcnet_version(), "jax_version": jax.__version__,
+        "name": layer.name, "policy": None if policy is None else _policy_text(policy),
+        "platforms": list(exported.platforms),
+        "inputs": specs,
+        "outputs": [{"path": jax.tree_util.keystr(keys),
+                     "shape": [_dim_json(d) for d in exported.out_avals[i].shape],
+                     "dtype": exported.out_avals[i].dtype.name} for keys, i in out_paths],
+        "weights": weights_meta, "module": {"offset": offset, "nbytes": len(blob)},
+        "crc32": zlib.crc32(blob, crc),
+    }
+    head = json.dumps(header).encode("utf-8")
+    with atomic_write(path) as (f, _):
+        f.write(_MAGIC)
+        f.write(_HEADER_LEN.pack(len(head)))
+        f.write(head)
+        for x in leaves:
+            f.write(_le_bytes(x))
+        f.write(blob)
+    return path
+
+
+def load_exported(path) -> Callable:
+    """Loads a file written by :func:`export`: returns ``predict(inputs) -> outputs``.
+
+    Needs jax only (and ``flatbuffers``, which jax's deserializer imports): not the
+    model's code. ``inputs`` has the structure of the exported ``input_spec`` (one
+    array for ``(-1, 784)``); any batch size >= 1 runs, each new one compiling
+    once. Before running, every input is checked against the stored spec: its rank
+    and every dimension but the batch must match, or a ValueError names the
+    expected shape. An input of another dtype is converted to the exported one
+    when that does not change its kind for the worse (float64 -> float32,
+    int -> float; not float -> int). Outputs are ``jax.Array``s, as
+    ``make_predict_fn`` gives.
+
+    The result also has ``input_spec`` and ``output_spec`` (lists of
+    ``{"path", "shape", "dtype"}``, ``None`` in a shape for the batch), ``header``
+    (the file's whole JSON header) and ``exported`` (the :class:`jax.export.Exported`).
+
+    The program runs on the platforms it was exported for: loading it in a process
+    whose default backend is another raises an error that says how to export for
+    this one.
+    """
+    where = "funcnet.inference.load_exported"
+    if not isinstance(path, (str, os.PathLike)):
+        raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), "
+                                   f"got {checks._got(path)}.")
+    path = Path(os.fspath(path))
+    data = path.read_bytes()
+    header, body = _read_header(where, path, data)
+    module = header["module"]
+    if len(body) != module["offset"] + module["nbytes"]:
+        raise ValueError(f"{where}: {path} is {len(data)} bytes, not the size its header "
+                         f"describes: the file is truncated or was changed. Export it again.")
+    if zlib.crc32(body) != header["crc32"]:
+        raise ValueError(f"{where}: {path} is corrupt (its checksum does not match). "
+                         f"Export it again.")
+    try:
+        exported = jax.export.deserialize(bytearray(body[module["offset"]:]))
+    except ImportError as e:
+        raise ImportError(f"{where}: jax's deserializer needs the 'flatbuffers' package: "
+                          f"pip install flatbuffers ({e}).") from e
+    except Exception as e:
+        raise ValueError(
+            f"{where}: jax {jax.__version__} cannot read the program in {path}, written "
+            f"with jax {header.get('jax_version')}: {e}. Load it with a jax version close to "
+            f"that one, or export it again with this one.") from e
+    here = jax.export.default_export_platform()
+    if here not in exported.platforms:
+        raise ValueError(
+            f"{where}: {path} was exported for {tuple(exported.platforms)}, but this process "
+            f"runs on {here!r}. Export with platforms=({', '.join(map(repr, exported.platforms))}"
+            f", {here!r}), or run this process on one of those (e.g. JAX_PLATFORMS=cpu).")
+    weights = []
+    for w in header["weights"]:
+        dt = jnp.dtype(w["dtype"])
+        raw = np.frombuffer(body, dt.newbyteorder("<"), math.prod(w["shape"]), w["offset"])
+        weights.append(jax.device_put(raw.astype(dt).reshape(w["shape"])))
+    return _Loaded(path, header, exported, weights)
+
+
+class _Loaded:
+    """The callable :func:`load_exported` returns."""
+
+    def __init__(self, path: Path, header: dict, exported, weights: list):
+        self.path = path
+        self.header = header
+        self.exported = exported
+        self.input_spec = header["inputs"]
+        self.output_spec = header["outputs"]
+        self._weights = weights
+        self._in_tree = exported.in_tree.children()[0].children()[1]  # ((weights, inputs), {})
+        self._call = jax.jit(exported.call)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(_spec_text(s) for s in self.input_spec)
+        return f"<exported {self.header['name']}: {ins} from {self.path}>"
+
+    def __call__(self, inputs):
+        where = f"exported {self.header['name']} ({self.path.name})"
+        if self._in_tree.num_nodes == 1 and isinstance(inputs, (list, tuple)):
+            inputs = np.asarray(inputs)  # one input: nested lists are an array
+        leaves, tree = jax.tree.flatten(inputs)
+        if tree != self._in_tree:
+            raise checks.ArgumentError(
+                f"{where}: expected inputs structured as {self._in_tree}: "
+                f"{', '.join(_label(s) + ' ' + _spec_text(s) for s in self.input_spec)}; "
+                f"got {tree}.")
+        batch, checked = None, []
+        for x, spec in zip(leaves, self.input_spec):
+            x = x if isinstance(x, jax.Array) else np.asarray(x)
+            shape, want = tuple(x.shape), spec["shape"]
+            name = _label(spec)
+            if len(shape) != len(want) or any(w is not None and w != d
+                                               for d, w in zip(shape, want)):
+                why = ("Only the batch size (-1 in the exported input_spec) may vary; the other "
+                       "dimensions are fixed by the exported params." if None in want else
+                       "The file was exported for this shape only (no -1 in its input_spec).")
+                raise checks.ArgumentError(
+                    f"{where}: {name} must have shape {_spec_text(spec, batch)}, got shape "
+                    f"{shape}. {why}")
+            for d in (d for d, w in zip(shape, want) if w is None):
+                if d < 1 or (batch is not None and d != batch):
+                    raise checks.ArgumentError(
+                        f"{where}: {name} has shape {shape}, but its batch dimensions "
+                        f"({_spec_text(spec)}) must be one size >= 1"
+                        + ("" if batch is None else f", the {batch} of the inputs before it")
+                        + ".")
+                batch = d
+            want_dt = jnp.dtype(spec["dtype"])
+            if x.dtype != want_dt:
+                if _KIND[_kind(x.dtype)] > _KIND[_kind(want_dt)]:
+                    raise checks.ArgumentError(
+                        f"{where}: {name} must have dtype {want_dt.name} (the exported dtype), "
+                        f"got {x.dtype}; convert it explicitly if that is what you mean.")
+                x = x.astype(want_dt)
+            checked.append(x)
+        return self._call(self._weights, jax.tree.unflatten(tree, checked))
+
+
+# --------------------------------------------------------------------------- #
+# Helpers of export / load_exported.
+# --------------------------------------------------------------------------- #
+
+_KIND = {"b": 0, "i": 1, "f": 2, "c": 3, "?": 4}  # an input converts to a kind >= its own
+
+
+def _kind(dt) -> str:
+    for kind, base in (("b", jnp.bool_), ("i", jnp.integer), ("f", jnp.floating),
+                       ("c", jnp.complexfloating)):
+        if jnp.issubdtype(dt, base):
+            return kind
+    return "?"
+
+
+def _label(spec: dict) -> str:
+    return f"input{spec['path']}"
+
+
+def _spec_text(spec: dict, batch: Optional[int] = None) -> str:
+    b = _BATCH if batch is None else str(batch)
+    dims = ", ".join(b if d is None else str(d) for d in spec["shape"])
+    return f"({dims}{',' if len(spec['shape']) == 1 else ''}) {spec['dtype']}"
+
+
+def _dim_json(d):
+    """An output dimension for the header: an int, None for the batch, else its formula."""
+    if not jax.export.is_symbolic_dim(d):
+        return int(d)
+    return None if str(d) == _BATCH else str(d)
+
+
+def _dtype(where: str, name: str, dtype) -> np.dtype:
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or not (jnp.issubdtype(dt, jnp.number) or jnp.issubdtype(dt, jnp.bool_)):
+        raise checks.ArgumentError(f"{where}: {name} must be a numeric dtype (jnp.float32, "
+                                   f"'int32', ...), got {checks._got(dtype)}.")
+    return jax.dtypes.canonicalize_dtype(dt)
+
+
+_SPEC_FORMS = ("a shape like (-1, 784) (-1: the batch), a jax.ShapeDtypeStruct, or a "
+               "tuple, list or dict of those")
+
+
+def _input_specs(where: str, input_spec, dtype):
+    """The JSON leaf specs and the pytree of ShapeDtypeStructs (batch symbolic) to export."""
+    batch = jax.export.symbolic_shape(_BATCH)[0]
+    specs, structs = [], []
+
+    def bad(x, at, why=""):
+        return checks.ArgumentError(
+            f"{where}: input_spec{at} must be {_SPEC_FORMS}, got {checks._got(x)}{why}.")
+
+    def leaf(shape, dt, at):
+        if any(d < 1 and d != -1 for d in shape):
+            raise checks.ArgumentError(
+                f"{where}: input_spec{at} dimensions must be positive, or -1 for the batch, "
+                f"got {tuple(shape)}.")
+        specs.append({"path": at, "shape": [None if d == -1 else int(d) for d in shape],
+                      "dtype": dt.name})
+        structs.append(jax.ShapeDtypeStruct(tuple(batch if d == -1 else int(d) for d in shape),
+                                            dt))
+        return len(structs) - 1
+
+    def walk(x, at):
+        # Containers are checked here, not left to jax.tree: a spec is a shape or a
+        # ShapeDtypeStruct, in tuples, lists and string-keyed dicts, and nothing else.
+        if isinstance(x, jax.ShapeDtypeStruct):
+            if not all(checks.is_int(d) for d in x.shape):
+                raise checks.ArgumentError(
+                    f"{where}: input_spec{at} must have int dimensions (-1 for the batch), got "
+                    f"shape {x.shape!r}; spell the batch as -1, not as a symbolic dimension.")
+            return leaf(x.shape, _dtype(where, f"input_spec{at}.dtype", x.dtype), at)
+        if isinstance(x, (tuple, list)) and not _is_namedtuple(x):
+            if all(checks.is_int(d) for d in x):
+                return leaf(x, dtype, at)
+            if not any(isinstance(d, (tuple, list, dict, jax.ShapeDtypeStruct)) for d in x):
+                if any(d is None for d in x):  # a shape, Keras-style
+                    raise bad(x, at, " (the batch dimension is -1, not None)")
+                raise checks.ArgumentError(
+                    f"{where}: input_spec{at} must have int dimensions (-1 for the batch), "
+                    f"got {tuple(x)!r}.")
+            return type(x)(walk(c, f"{at}[{i}]") for i, c in enumerate(x))
+        if isinstance(x, dict) and x and all(isinstance(k, str) for k in x):
+            return {k: walk(c, f"{at}[{k!r}]") for k, c in x.items()}
+        raise bad(x, at, " (dict keys must be strings)" if isinstance(x, dict) and x else "")
+
+    indices = walk(input_spec, "")
+    if not specs:
+        raise bad(input_spec, "", " (no inputs)")
+    # Leaves in jax's flattening order (dicts sorted by key), which the call checks use.
+    order, tree = jax.tree.flatten(indices)
+    specs = [specs[i] for i in order]
+    return specs, jax.tree.unflatten(tree, [structs[i] for i in order])
+
+
+def _is_namedtuple(x) -> bool:
+    return isinstance(x, tuple) and hasattr(x, "_fields")
+
+
+def _platforms(where: str, platforms):
+    if platforms is None:
+        return None
+    if isinstance(platforms, str):
+        platforms = (platforms,)
+    if (not isinstance(platforms, (tuple, list)) or not platforms
+            or any(p not in _PLATFORMS for p in platforms)
+            or len(set(platforms)) != len(platforms)):
+        hint = " ('gpu' is 'cuda' or 'rocm')" if isinstance(platforms, (tuple, list)) \
+            and "gpu" in platforms else ""
+        raise checks.ArgumentError(
+            f"{where}: platforms must be None (this process's backend) or distinct names "
+            f"among {', '.join(map(repr, _PLATFORMS))}, e.g. ('cpu', 'cuda'), got "
+            f"{platforms!r}{hint}.")
+    return tuple(platforms)
+
+
+def _dest(where: str, path) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), "
+                                   f"got {checks._got(path)}.")
+    path = Path(os.fspath(path))
+    if path.is_dir():
+        raise checks.ArgumentError(f"{where}: path {str(path)!r} is a directory; give a file "
+                                   f"name inside it, e.g. {str(path / 'model.export')!r}.")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{where}: the directory of {str(path)!r} does not exist; "
+                                f"create it first.")
+    return path
+
+
+def _weight_leaves(where: str, params, state):
+    """The leaves of ``(params, state)`` as host NumPy arrays, and their treedef."""
+    flat, tree = jax.tree_util.tree_flatten_with_path((params, state))
+    leaves = []
+    for keys, x in flat:
+        at = ("params", "state")[keys[0].idx] + jax.tree_util.keystr(keys[1:])
+        if hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+            raise checks.ArgumentError(
+                f"{where}: {at} is a {x.dtype} array; only numeric params and state can be "
+                f"exported. Keep PRNG keys out of them, or store jax.random.key_data(key).")
+        if not hasattr(x, "dtype") and not checks.is_real(x) and not isinstance(x, bool):
+            raise checks.ArgumentError(f"{where}: {at} must be an array, got {checks._got(x)}.")
+        a = np.asarray(x)  # gathers a sharded array onto the host
+        leaves.append(a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False))
+    return leaves, tree
+
+
+def _le_bytes(x: np.ndarray) -> bytes:
+    return np.ascontiguousarray(x, x.dtype.newbyteorder("<")).tobytes()
+
+
+def _serialize(where: str, exported) -> bytes:
+    try:
+        return bytes(exported.serialize())
+    except ImportError as e:
+        raise ImportError(f"{where}: jax's serializer needs the 'flatbuffers' package: "
+                          f"pip install flatbuffers ({e}).") from e
+
+
+def _funcnet_version() -> str:
+    import funcnet
+
+    return getattr(funcnet, "__version__", "unknown")
+
+
+def _read_header(where: str, path: Path, data: bytes):
+    n = len(_MAGIC) + _HEADER_LEN.size
+    if not data.startswith(_MAGIC):
+        raise ValueError(f"{where}: {path} is not a file written by funcnet.inference.export "
+                         f"(it does not start with {_MAGIC!r}).")
+    if len(data) < n:
+        raise ValueError(f"{where}: {path} is truncated ({len(data)} bytes). Export it again.")
+    (size,) = _HEADER_LEN.unpack_from(data, len(_MAGIC))
+    try:
+        header = json.loads(data[n:n + size].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{where}: {path} has an unreadable header ({e}); the file is "
+                         f"truncated or corrupt. Export it again.") from e
+    if not isinstance(header, dict) or header.get("format") != "funcnet-export" \
+            or not isinstance(header.get("version"), int):
+        raise ValueError(f"{where}: {path} has no funcnet export header. Export it again.")
+    version = header["version"]
+    if version > _FORMAT_VERSION:
+        raise ValueError(
+            f"{where}: {path} is export format {version}, written by funcnet "
+            f"{header.get('funcnet_version')}; this funcnet reads format {_FORMAT_VERSION} "
+            f"and older. Upgrade funcnet to load it.")
+    missing = [k for k in ("name", "platforms", "inputs", "outputs", "weights", "module", "crc32")
+               if k not in header]
+    if missing:
+        raise ValueError(f"{where}: {path}'s header lacks {', '.join(missing)}; the file was not "
+                         f"written by funcnet.inference.export or was changed. Export it again.")
+    return header, data[n + size:]

@@ -9,6 +9,8 @@ import numpy as np
 
 from funcnet.core import InitRecord, as_layer, record_inits
 
+__all__ = ["count", "Summary", "summary"]
+
 
 def count(tree) -> int:
     """Number of scalars in a pytree of arrays (typed PRNG keys count as one each)."""

@@ -11,7 +11,8 @@ A metric is a :class:`Metric` NamedTuple of three pure functions:
 
 Because states are plain sums, partial states **add**: the tree-sum of states
 updated on disjoint batches equals the state updated on their concatenation.
-That is what :func:`merge` uses under ``pmap``::
+That is what :func:`merge` uses under ``pmap`` (:func:`ROCAUC`, whose state is a buffer
+of scores, is the one exception: see its docstring)::
 
     def eval_step(params, state, x, y):
         logits = apply(params, x)
@@ -42,7 +43,7 @@ from funcnet import _mesh
 from funcnet.core import describe_tree
 
 __all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
-           "ConfusionMatrix", "collection", "merge"]
+           "ConfusionMatrix", "F1", "ROCAUC", "collection", "merge"]
 
 
 class MetricStateError(ValueError):
@@ -270,6 +271,281 @@ def ConfusionMatrix(num_classes: int) -> Metric:
         return state
 
     return _checked("ConfusionMatrix", init, update, compute)
+
+
+def _bincount(ids, n: int):
+    """Counts of ``ids`` in ``[0, n]`` as an int32 ``(n,)`` vector: ``n``, the id given to
+    uncounted entries, is dropped (negative ids would wrap: map them to ``n`` first)."""
+    ids = ids.ravel()
+    # A batch split over Explicit mesh axes adds into one whole vector.
+    return jnp.zeros((n,), jnp.int32).at[ids].add(
+        1, mode="drop", out_sharding=_mesh.explicit_sharding(ids, None))
+
+
+_F1_AVERAGES = ("binary", "micro", "macro", "weighted", None)
+
+
+def _zero_division(fn: str, value) -> float:
+    if not checks.is_real(value) or not (value in (0, 1) or np.isnan(value)):
+        raise checks.ArgumentError(f"{fn}: zero_division must be 0.0, 1.0 or float('nan') (the "
+                                   f"value of an F1 whose denominator is 0, as scikit-learn's "
+                                   f"zero_division), got {value!r}.")
+    return float(value)
+
+
+def F1(average="binary", num_classes=None, *, threshold: float = 0.5,
+       zero_division: float = 0.0) -> Metric:
+    """F1 score, ``2 tp / (2 tp + fp + fn)``, as scikit-learn's ``f1_score(y_true, y_pred,
+    average=average)``.
+
+    ``update(state, predictions, labels, mask=None)``; ``mask`` (broadcast to
+    ``labels``; non-zero = counted) leaves out e.g. padding. The state holds counts,
+    so batches and devices add exactly (:func:`merge`).
+
+    ``average="binary"`` (the default, as in sklearn): class 1 is the positive class
+    (sklearn's ``pos_label=1``). ``labels`` are 0/1 ints or bools; ``predictions``
+    are 0/1 ids or bools of ``labels``' shape, floating scores of ``labels``' shape
+    (positive where ``score > threshold``: ``threshold=0.5`` for probabilities, pass
+    ``0.0`` for logits), or two-class scores of shape ``labels.shape + (2,)`` (their
+    argmax). Pairs whose label or predicted id is not 0 or 1 are not counted.
+    State: ``{"tp", "fp", "fn", "count"}`` int32 scalars.
+
+    Multi-class, ``num_classes=C`` required; ``predictions`` are scores with a
+    trailing class axis of size ``C`` (their argmax) or integer ids of ``labels``'
+    shape, as for :func:`Accuracy`. Pairs with a label or predicted id outside
+    ``[0, C)`` are not counted (as :func:`ConfusionMatrix`). Per class ``k``,
+    ``f1_k = 2 tp_k / (2 tp_k + fp_k + fn_k)``, and:
+
+    * ``"micro"``: F1 of the counts summed over classes (for single-label data,
+      the accuracy);
+    * ``"macro"``: the unweighted mean of ``f1_k`` over the classes that occur among
+      the counted labels or predictions, as sklearn with ``labels=None`` (a class
+      seen in neither is left out, not counted as 0);
+    * ``"weighted"``: the mean of ``f1_k`` weighted by each class's number of true
+      labels (support);
+    * ``None``: the ``(C,)`` vector of ``f1_k`` (sklearn's ``average=None,
+      labels=range(C)``; a class seen in neither gets ``zero_division``).
+
+    State: ``{"tp", "fp", "fn"}``, int32 ``(C,)`` vectors.
+
+    ``zero_division`` (0.0, 1.0 or NaN) is the F1 of a class whose denominator is 0
+    (never predicted and never the label), as sklearn's argument (its ``"warn"``
+    default gives 0.0, without the warning here). ``compute`` is NaN while nothing
+    has been counted. Use :func:`ConfusionMatrix` for precision and recall per class.
+    """
+    fn = "funcnet.metrics.F1"
+    checks.one_of(fn, "average", average, _F1_AVERAGES)
+    zero_division = _zero_division(fn, zero_division)
+    threshold = checks.real(fn, "threshold", threshold)
+    if average == "binary":
+        if num_classes not in (None, 2):
+            raise checks.ArgumentError(
+                f"{fn}: average='binary' is the F1 of class 1 among 2 classes, got "
+                f"num_classes={num_classes!r}. For {num_classes} classes pass "
+                f"average='macro', 'micro', 'weighted' or None.")
+        return _binary_f1(fn, threshold, zero_division)
+    if num_classes is None:
+        raise checks.ArgumentError(f"{fn}: average={average!r} needs the number of classes, "
+                                   f"e.g. F1({average!r}, num_classes=10).")
+    n = checks.positive_int(fn, "num_classes", num_classes)
+
+    def init():
+        return {k: jnp.zeros((n,), jnp.int32) for k in ("tp", "fp", "fn")}
+
+    def update(state, predictions, labels, mask=None):
+        predictions, labels, scores = _class_ids(fn + ".update", predictions, labels)
+        if scores:
+            if predictions.shape[-1] != n:
+                raise ValueError(f"{fn}.update: scores have {predictions.shape[-1]} classes, "
+                                 f"the metric num_classes={n}.")
+            predictions = jnp.argmax(predictions, axis=-1)
+        mask = _mask(fn + ".update", mask, labels.shape)
+        ok = mask & (labels >= 0) & (labels < n) & (predictions >= 0) & (predictions < n)
+        hit = ok & (predictions == labels)
+        miss = ok & (predictions != labels)
+        return {"tp": state["tp"] + _bincount(jnp.where(hit, labels, n), n),
+                "fp": state["fp"] + _bincount(jnp.where(miss, predictions, n), n),
+                "fn": state["fn"] + _bincount(jnp.where(miss, labels, n), n)}
+
+    def compute(state):
+        tp, fp, fn_ = (state[k].astype(jnp.float32) for k in ("tp", "fp", "fn"))
+        denom = 2 * tp + fp + fn_
+        present = denom > 0
+        per_class = jnp.where(present, 2 * tp / jnp.where(present, denom, 1), zero_division)
+        counted = jnp.sum(tp + fn_, axis=-1)
+        if average is None:
+            value = per_class
+            counted = counted[..., None]
+        elif average == "micro":
+            value = _ratio(2 * jnp.sum(tp, axis=-1), jnp.sum(denom, axis=-1))
+        else:
+            weights = present.astype(jnp.float32) if average == "macro" else tp + fn_
+            value = (jnp.sum(jnp.where(present, per_class, 0.0) * weights, axis=-1)
+                     / jnp.sum(weights, axis=-1))
+        return jnp.where(counted > 0, value, jnp.nan)
+
+    return _checked("F1", init, update, compute)
+
+
+def _binary_f1(fn: str, threshold: float, zero_division: float) -> Metric:
+    def init():
+        return {k: jnp.zeros((), jnp.int32) for k in ("tp", "fp", "fn", "count")}
+
+    def update(state, predictions, labels, mask=None):
+        where = fn + ".update"
+        predictions, labels = _binary_labels(where, predictions, labels, extra=(2,))
+        if predictions.shape == labels.shape + (2,):
+            predictions = jnp.argmax(predictions, axis=-1)
+        elif jnp.issubdtype(predictions.dtype, jnp.floating):
+            predictions = predictions > threshold
+        predictions = predictions.astype(jnp.int32)
+        mask = _mask(where, mask, labels.shape)
+        ok = mask & ((labels == 0) | (labels == 1)) & ((predictions == 0) | (predictions == 1))
+        pos, true = ok & (predictions == 1), labels == 1
+
+        def count(x):
+            return jnp.sum(x, dtype=jnp.int32)
+
+        return {"tp": state["tp"] + count(pos & true), "fp": state["fp"] + count(pos & ~true),
+                "fn": state["fn"] + count(ok & (predictions == 0) & true),
+                "count": state["count"] + count(ok)}
+
+    def compute(state):
+        tp, fp, fn_ = (state[k].astype(jnp.float32) for k in ("tp", "fp", "fn"))
+        denom = 2 * tp + fp + fn_
+        value = jnp.where(denom > 0, 2 * tp / jnp.where(denom > 0, denom, 1), zero_division)
+        return jnp.where(state["count"] > 0, value, jnp.nan)
+
+    return _checked("F1", init, update, compute)
+
+
+def _binary_labels(fn: str, predictions, labels, extra=()):
+    """Arrays for a binary metric: 0/1 (or bool) labels, predictions of their shape (or
+    with the trailing axis ``extra``, when given)."""
+    # No one-hot check: 0/1 labels with the scores' shape are the usual binary input.
+    predictions = _array(fn, predictions, "predictions")
+    labels = _array(fn, labels, "labels")
+    if not (jnp.issubdtype(labels.dtype, jnp.integer) or labels.dtype == jnp.bool_):
+        raise TypeError(f"{fn}: labels must be 0/1 integers or bools, got dtype {labels.dtype}. "
+                        f"Cast them, e.g. labels.astype(jnp.int32).")
+    if predictions.shape == labels.shape or (extra and predictions.shape == labels.shape + extra):
+        return predictions, labels.astype(jnp.int32)
+    want = f"{labels.shape}" + (f" or {labels.shape + extra}" if extra else "")
+    hint = ""
+    if not extra and predictions.shape == labels.shape + (2,):
+        hint = (" For two-class scores or probabilities pass the positive class's column, "
+                "predictions[..., 1].")
+    raise ValueError(f"{fn}: predictions of shape {predictions.shape} do not fit labels of "
+                     f"shape {labels.shape}: expected {want}.{hint}")
+
+
+def ROCAUC(capacity=None) -> Metric:
+    """Area under the ROC curve of a binary classifier, as scikit-learn's ``roc_auc_score``.
+
+    ``update(state, scores, labels, mask=None)``: ``scores`` (higher means class 1:
+    a probability, a logit, any real score) and ``labels`` (0/1 ints or bools) of
+    the same shape; ``mask`` (broadcast to ``labels``; non-zero = counted) leaves
+    out e.g. padding, and so are labels other than 0 and 1. ``compute`` gives::
+
+        AUC = (#{(p, q): s_p > s_q} + 0.5 * #{(p, q): s_p == s_q}) / (P * Q)
+
+    over the pairs of a positive ``p`` and a negative ``q`` (P and Q of them): the
+    probability that a random positive outscores a random negative, ties counting
+    one half. That is the area under sklearn's ROC curve, ties included (tied scores
+    make one diagonal step of the curve). It is NaN while only one class has been
+    seen (sklearn raises), when a counted score is NaN, and after an overflow.
+
+    **Why a buffer.** The AUC is a statistic of ranks: where one batch's scores fall
+    among another's changes it, so no fixed set of per-batch sums gives it exactly.
+    A histogram of scores over fixed thresholds (Keras' ``AUC(num_thresholds=200)``,
+    torchmetrics' ``thresholds=``) adds across batches but is only exact when every
+    score is one of its thresholds; elsewhere pairs that fall in one bin count as
+    ties. This metric keeps the concatenation instead: the state is a fixed-size
+    buffer of the scores and labels seen, ``{"scores": float32[capacity],
+    "labels": int8[capacity], "count": int32[]}`` (label -1: an empty or uncounted
+    slot), filled by ``lax.dynamic_update_slice``, so ``update`` keeps static
+    shapes and jit-compiles once, and ``compute`` sorts the buffer and counts the
+    pairs exactly in int32 (only the few partial sums of the pair count, and the
+    final ratio, are float32).
+    ``capacity`` is the most examples (every element of each batch, masked ones
+    included) one evaluation may add: e.g. the size of the evaluation set. Going
+    past it raises in ``update`` when the state is concrete (not under ``jit``);
+    under ``jit`` the state records it and ``compute`` returns NaN.
+
+    Unlike the other metrics' states, buffers do not add: do not :func:`merge`
+    (``psum``) them. Under ``pmap``, gather the per-device states instead, e.g.
+    ``jax.lax.all_gather(state, axis_name)``: ``compute`` pools the buffers of a
+    state with extra leading axes (one per device), giving the AUC of all of them.
+    """
+    fn = "funcnet.metrics.ROCAUC"
+    if capacity is None:
+        raise checks.ArgumentError(
+            f"{fn}: capacity is required: the most examples one evaluation adds (the buffer "
+            f"of scores keeps them all, to rank them exactly), e.g. "
+            f"ROCAUC(capacity=len(eval_labels)).")
+    cap = checks.positive_int(fn, "capacity", capacity)
+
+    def init():
+        return {"scores": jnp.zeros((cap,), jnp.float32),
+                "labels": jnp.full((cap,), -1, jnp.int8),
+                "count": jnp.zeros((), jnp.int32)}
+
+    def update(state, scores, labels, mask=None):
+        where = fn + ".update"
+        scores, labels = _binary_labels(where, scores, labels)
+        if not (jnp.issubdtype(scores.dtype, jnp.floating)
+                or jnp.issubdtype(scores.dtype, jnp.integer) or scores.dtype == jnp.bool_):
+            raise TypeError(f"{where}: scores must be real numbers, got dtype {scores.dtype}.")
+        mask = _mask(where, mask, labels.shape)
+        n = labels.size
+        if n > cap:
+            raise ValueError(f"{where}: a batch of {n} examples does not fit the buffer of "
+                             f"capacity={cap}. Make the capacity at least the number of "
+                             f"examples one evaluation adds.")
+        seen = checks.concrete(state["count"])
+        if seen is not None and seen.ndim == 0 and int(seen) + n > cap:
+            raise ValueError(f"{where}: {int(seen)} examples seen plus this batch of {n} "
+                             f"exceed capacity={cap}. Make the capacity at least the number "
+                             f"of examples one evaluation adds, or start from init().")
+        counted = mask & ((labels == 0) | (labels == 1))
+        new_labels = jnp.where(counted, labels, -1).astype(jnp.int8).ravel()
+        start = jnp.minimum(state["count"], cap - n)  # past capacity compute gives NaN anyway
+        return {"scores": lax.dynamic_update_slice(
+                    state["scores"], scores.astype(jnp.float32).ravel(), (start,)),
+                "labels": lax.dynamic_update_slice(state["labels"], new_labels, (start,)),
+                "count": state["count"] + n}
+
+    def compute(state):
+        scores = jnp.reshape(state["scores"], (-1,))
+        labels = jnp.reshape(state["labels"], (-1,))
+        overflow = jnp.any(state["count"] > cap)
+        pos, neg = labels == 1, labels == 0
+        order = jnp.argsort(scores)
+        ranked = scores[order]
+        # negatives_below[i]: negatives among the i lowest scores.
+        negatives_below = jnp.concatenate(
+            [jnp.zeros((1,), jnp.int32), jnp.cumsum(neg[order], dtype=jnp.int32)])
+        # Each score's tie group in the sorted order: [lo, hi).
+        index = jnp.arange(ranked.shape[0], dtype=jnp.int32)
+        differs = ranked[1:] != ranked[:-1]
+        lo = lax.cummax(jnp.where(jnp.concatenate([jnp.ones((1,), bool), differs]), index, 0))
+        hi = lax.cummin(jnp.where(jnp.concatenate([differs, jnp.ones((1,), bool)]), index + 1,
+                                  ranked.shape[0]), reverse=True)
+        below, tied = negatives_below[lo], negatives_below[hi] - negatives_below[lo]
+        # Twice each positive's wins (ties count 1): ints, summed exactly in chunks small
+        # enough for int32; only the chunk sums are added in float32.
+        twice = jnp.where(pos[order], 2 * below + tied, 0)
+        size = twice.shape[0]
+        chunk = max(1, min(size, (2 ** 31 - 1) // max(1, 2 * size)))
+        twice = jnp.pad(twice, (0, -size % chunk)).reshape(-1, chunk)
+        wins = jnp.sum(jnp.sum(twice, axis=1, dtype=jnp.int32).astype(jnp.float32))
+        n_pos = jnp.sum(pos, dtype=jnp.int32).astype(jnp.float32)
+        n_neg = jnp.sum(neg, dtype=jnp.int32).astype(jnp.float32)
+        auc = wins / (2 * n_pos * n_neg)
+        bad = overflow | jnp.any(jnp.isnan(scores) & (pos | neg)) | (n_pos == 0) | (n_neg == 0)
+        return jnp.where(bad, jnp.nan, auc)
+
+    return _checked("ROCAUC", init, update, compute)
 
 
 # --------------------------------------------------------------------------- #

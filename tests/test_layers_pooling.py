@@ -179,3 +179,54 @@ def test_tiled_maxpool_fast_path_equals_reduce_window_with_ties(window, shape):
     assert "select_and_scatter" not in grad_jaxpr and "reduce_window" not in grad_jaxpr
     overlapping = MaxPool(window, strides=(1,) * len(window))
     assert "reduce_window" in str(jax.make_jaxpr(lambda x: overlapping.apply((), (), x)[0])(x))
+
+
+def test_global_max_pool_matches_torch():
+    from funcnet.layers.pooling import GlobalMaxPool
+    pool = jax.jit(lambda x: GlobalMaxPool.apply((), (), x)[0])  # one compilation per shape
+    for shape in [(2, 5, 3), (2, 4, 5, 3), (2, 2, 3, 4, 3)]:
+        x = _randn(*shape)
+        assert GlobalMaxPool.init(None, (-1,) + shape[1:])[0] == (-1, 3)
+        got = np.asarray(pool(x))
+        assert got.shape == (2, 3)
+        want = F.adaptive_max_pool1d(torch.tensor(_first(x)).flatten(2), 1)[..., 0].numpy()
+        np.testing.assert_array_equal(got, want)
+    assert GlobalMaxPool.init(None, (-1, 7, 7, 16))[0] == (-1, 16)
+
+
+def test_global_max_pool_ties_nan_and_integers():
+    """With ties the whole gradient goes to the first maximum in row-major order, as
+    torch.nn.AdaptiveMaxPool2d(1) (jnp.max would split it); a NaN wins, as in torch."""
+    from funcnet.layers.pooling import GlobalMaxPool
+    rng = np.random.default_rng(1)
+    x = rng.integers(-2, 3, size=(3, 4, 5, 2)).astype(np.float32)  # many ties
+    x[0, :, :, 1] = 0.0  # a constant channel: every position ties
+    x[1, 2, 3, 0] = np.nan
+    x[2, :, :, 0] = -np.inf
+    ct = rng.normal(size=(3, 2)).astype(np.float32)
+    xt = torch.tensor(_first(x), requires_grad=True)
+    yt = torch.nn.AdaptiveMaxPool2d(1)(xt).flatten(1)
+    (yt * torch.tensor(ct)).sum().backward()
+
+    @jax.jit
+    def value_and_input_grad(x, ct):
+        y, vjp = jax.vjp(lambda x: GlobalMaxPool.apply((), (), x)[0], x)
+        return y, vjp(ct)[0]
+
+    y, g = value_and_input_grad(jnp.asarray(x), ct)
+    np.testing.assert_array_equal(y, yt.detach().numpy())
+    np.testing.assert_array_equal(_first(g), xt.grad.numpy())
+    assert np.isnan(y[1, 0]) and y[2, 0] == -np.inf
+    xi = np.arange(24, dtype=np.int32).reshape(2, 3, 4, 1)
+    yi, _ = GlobalMaxPool.apply((), (), jnp.asarray(xi))
+    assert yi.dtype == jnp.int32
+    np.testing.assert_array_equal(yi, [[11], [23]])
+
+
+def test_global_max_pool_contract_and_errors():
+    from funcnet.layers.pooling import GlobalMaxPool
+    check_layer(GlobalMaxPool, (-1, 3, 4, 2), train_modes=(False,))
+    with pytest.raises(ValueError, match=r"GlobalMaxPool.*rank >= 3"):
+        GlobalMaxPool.init(jax.random.key(0), (-1, 3))
+    with pytest.raises(ValueError, match=r"GlobalMaxPool.*rank >= 3"):
+        GlobalMaxPool.apply((), (), jnp.ones((2, 3)))

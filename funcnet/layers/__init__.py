@@ -9,12 +9,13 @@ from funcnet.layers.activations import (Elu, Gelu, LeakyRelu, LogSoftmax, Relu, 
                                         Softmax, Softplus, Tanh, elementwise)
 from funcnet.layers.conv import Conv, ConvTranspose
 from funcnet.layers.dense import Dense
-from funcnet.layers.dropout import Dropout
+from funcnet.layers.dropout import Dropout, SpatialDropout
 from funcnet.layers.attention import (MultiHeadAttention, causal_mask, dot_product_attention,
                                       padding_mask)
 from funcnet.layers.embedding import Embedding, TiedEmbedding
 from funcnet.layers.normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
-from funcnet.layers.pooling import AvgPool, GlobalAvgPool, MaxPool
+from funcnet.layers.pooling import AvgPool, GlobalAvgPool, GlobalMaxPool, MaxPool
+from funcnet.layers.resize import Upsample, ZeroPad
 from funcnet.layers.recurrent import GRU, LSTM, RNN
 from funcnet.layers.shape import Flatten, Reshape
 from funcnet.layers.position import LearnedPositions, SinusoidalPositions, rope, sinusoidal_table
@@ -26,4 +27,4 @@ __all__ = ["Dense", "Conv", "ConvTranspose", "MaxPool", "AvgPool", "GlobalAvgPoo
            "LogSoftmax", "elementwise", "MultiHeadAttention", "dot_product_attention",
            "causal_mask", "padding_mask", "TiedEmbedding", "TransformerBlock",
            "LearnedPositions", "SinusoidalPositions", "rope", "sinusoidal_table", "RMSNorm",
-           "GroupNorm"]
+           "GroupNorm", "GlobalMaxPool", "SpatialDropout", "Upsample", "ZeroPad"]

@@ -19,6 +19,9 @@ from jax import lax
 from funcnet import _checks as checks
 from funcnet.core import Layer, check_input, check_shape, named, normalize_axis
 
+__all__ = ["Relu", "LeakyRelu", "Elu", "Selu", "Gelu", "Sigmoid", "Tanh", "Softplus", "Softmax",
+           "LogSoftmax", "elementwise"]
+
 
 def elementwise(name: str, fn: Callable, axis: int | None = None) -> Layer:
     """A stateless, parameter-free layer computing ``fn(inputs)``; the shape is unchanged.

@@ -36,6 +36,8 @@ from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape,
 from funcnet.layers._patches import patch_conv
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
 
+__all__ = ["Conv", "ConvTranspose"]
+
 
 _DEFAULT_SPECS = {
     1: ("NWC", "WIO", "NWC"),
@@ -234,7 +236,9 @@ def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: in
         if patches_ok and x.shape[c_axis] == 1:
             return "patches"
         positions = math.prod(d for i, d in enumerate(x.shape) if i not in (c_axis, n_axis))
-        if n_spatial == 2 and x.shape[n_axis] > _CHUNK and positions <= _CHUNK_MAX_POSITIONS:
+        # A symbolic batch (jax.export) has no size to compare: take XLA's convolution.
+        if (n_spatial == 2 and not jax.export.is_symbolic_dim(x.shape[n_axis])
+                and x.shape[n_axis] > _CHUNK and positions <= _CHUNK_MAX_POSITIONS):
             implementation = "chunked"
     if implementation == "chunked":
         # Slices of a batch split over devices would cut across them.

@@ -1,4 +1,5 @@
-"""Pooling: ``MaxPool``, ``AvgPool`` (windows over the spatial axes) and ``GlobalAvgPool``.
+"""Pooling: ``MaxPool``, ``AvgPool`` (windows over the spatial axes), ``GlobalAvgPool`` and
+``GlobalMaxPool``.
 
 Inputs are channels-last, ``(N, *spatial, C)``, with ``len(window_shape)``
 spatial axes. The windows are ``lax.reduce_window`` over the spatial axes only.
@@ -21,6 +22,8 @@ from jax import lax
 from funcnet import _mesh
 from funcnet.core import Layer, as_tuple, check_input, check_shape, named
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
+
+__all__ = ["MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool"]
 
 
 def _pool_args(name, window_shape, strides, padding):
@@ -177,3 +180,34 @@ def _global_avg_apply(params, state, inputs, *, rng=None, train=False):
 # value (use GlobalAvgPool, not GlobalAvgPool()); on channels-last input it equals
 # torch.nn.AdaptiveAvgPool2d(1) followed by flattening.
 GlobalAvgPool: Layer = named("GlobalAvgPool", _global_avg_init, _global_avg_apply)
+
+
+def _global_max_init(rng, input_shape):
+    shape = check_shape("GlobalMaxPool", input_shape, min_rank=3)
+    return (shape[0], shape[-1]), (), ()
+
+
+def _global_max_apply(params, state, inputs, *, rng=None, train=False):
+    check_input("GlobalMaxPool", inputs, min_rank=3)
+    axes = tuple(range(1, inputs.ndim - 1))
+    # The first maximum of each (example, channel) in row-major order, found by
+    # reductions over the spatial axes only (no reshape, so any Explicit-mesh split of
+    # the batch or channel axis is kept). A NaN is the maximum, as in torch.
+    top = lax.stop_gradient(jnp.max(inputs, axis=axes, keepdims=True))
+    hit = (inputs == top) | (inputs != inputs)
+    spatial = inputs.shape[1:-1]
+    position = np.arange(math.prod(spatial), dtype=np.int32).reshape((1,) + spatial + (1,))
+    first = jnp.min(jnp.where(hit, position, position.size), axis=axes, keepdims=True)
+    # where, not a one-hot product: -inf * 0 would be NaN.
+    pick = lax.stop_gradient(position == first)
+    return jnp.sum(jnp.where(pick, inputs, jnp.zeros((), inputs.dtype)), axis=axes,
+                   dtype=inputs.dtype), state
+
+
+# Max over every axis but the first and the last: (N, *spatial, C) -> (N, C). A layer
+# value (use GlobalMaxPool, not GlobalMaxPool()); on channels-last input it equals
+# torch.nn.AdaptiveMaxPool2d(1) (1d, 3d) followed by flattening, gradients included:
+# with ties the whole gradient goes to the first maximum in row-major order, as torch's
+# adaptive max pooling and MaxPool do (jnp.max would split it between the ties). Integer
+# inputs keep their dtype.
+GlobalMaxPool: Layer = named("GlobalMaxPool", _global_max_init, _global_max_apply)

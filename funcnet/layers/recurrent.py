@@ -30,6 +30,8 @@ from funcnet import initializers
 from funcnet.core import Layer, check_input, check_known, check_shape, named, need_rng
 from funcnet.layers.dense import linear
 
+__all__ = ["RNN", "LSTM", "GRU"]
+
 
 class _Cell(NamedTuple):
     """A recurrent cell for :func:`_recurrent`.

@@ -10,6 +10,8 @@ from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet.core import Layer, check_input, check_known, check_shape, named
 
+__all__ = ["Flatten", "Reshape"]
+
 
 def _flatten_init(rng, input_shape):
     shape = check_shape("Flatten", input_shape, min_rank=2)

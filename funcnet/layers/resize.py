@@ -1,0 +1,309 @@
+"""Resizing: ``Upsample`` (nearest / linear interpolation) and ``ZeroPad``.
+
+Inputs are channels-last, ``(N, *spatial, C)`` with 1 to 3 spatial axes: ``(N, L, C)``,
+``(N, H, W, C)`` or ``(N, D, H, W, C)``. Both layers are stateless and parameter-free.
+
+``Upsample`` reproduces ``torch.nn.Upsample`` (``F.interpolate``) index for index: the
+source positions and weights are computed at trace time with PyTorch's float32 formulas,
+and the layer is then a gather (nearest) or a gather and a weighted sum per spatial axis
+(linear modes). ``jax.image.resize`` is not used because it matches none of these modes
+exactly: its ``"nearest"`` samples pixel centres (torch's ``"nearest-exact"``, not
+``"nearest"``), it has no ``align_corners``, it antialiases when downsampling (torch's
+``Upsample`` does not), and it derives the sampling scale from the sizes, where torch uses
+``1 / scale_factor`` when a scale factor is given.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from funcnet import _checks as checks
+from funcnet.core import Layer, check_input, check_shape, named
+
+__all__ = ["Upsample", "ZeroPad"]
+
+_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}
+_LINEAR_NAMES = {n: mode for mode, n in _LINEAR_MODES.items()}
+_MODES = ("nearest",) + tuple(_LINEAR_MODES)
+_LAYOUTS = {1: "(N, L, C)", 2: "(N, H, W, C)", 3: "(N, D, H, W, C)"}
+_F32 = np.float32
+
+
+# --------------------------------------------------------------------------- #
+# PyTorch's source indices and weights (aten/src/ATen/native/UpSample.h), computed
+# in NumPy float32 on static sizes: trace-time constants.
+# --------------------------------------------------------------------------- #
+
+def _scale(in_size: int, out_size: int, scale_factor) -> np.float32:
+    """torch's ``compute_scales_value``: ``1 / scale_factor`` when one was given, else in/out."""
+    if scale_factor is not None and scale_factor > 0:
+        return _F32(1.0 / scale_factor)
+    return _F32(in_size) / _F32(out_size)
+
+
+def _nearest_index(in_size: int, out_size: int, scale_factor, exact_cases: bool) -> np.ndarray:
+    """``src = min(floor(dst * scale), in - 1)``; with ``exact_cases`` (torch does this for
+    2 spatial axes only, ``nearest_idx`` in UpSample.h) a same-size axis is copied and a
+    doubled one reads ``dst // 2`` whatever the scale factor."""
+    if exact_cases and out_size == in_size:
+        return np.arange(out_size)
+    if exact_cases and out_size == 2 * in_size:
+        return np.arange(out_size) >> 1
+    src = np.arange(out_size).astype(_F32) * _scale(in_size, out_size, scale_factor)
+    return np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+
+
+def _linear_index(in_size: int, out_size: int, scale_factor, align_corners: bool):
+    """``(i0, i1, w0, w1)``: ``y[dst] = w0 * x[i0] + w1 * x[i1]`` along one axis."""
+    dst = np.arange(out_size).astype(_F32)
+    if align_corners:
+        scale = _F32(in_size - 1) / _F32(out_size - 1) if out_size > 1 else _F32(0)
+        src = scale * dst
+    else:
+        src = _scale(in_size, out_size, scale_factor) * (dst + _F32(0.5)) - _F32(0.5)
+        src = np.maximum(src, _F32(0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+    w1 = np.clip(src - i0.astype(_F32), _F32(0), _F32(1)).astype(_F32)
+    i1 = i0 + (i0 < in_size - 1)
+    return i0, i1, (_F32(1) - w1).astype(_F32), w1
+
+
+def _positive_reals(name: str, what: str, value, *, ints: bool):
+    """An int/real or a tuple of 1 to 3 of them, all positive, as a tuple (or a scalar)."""
+    ok = checks.is_int if ints else checks.is_real
+    kind = "int" if ints else "number"
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    if (not 1 <= len(items) <= 3 or not all(ok(v) for v in items)
+            or not all(math.isfinite(v) and v > 0 for v in items)):
+        raise checks.ArgumentError(
+            f"{name}: {what} must be a positive {kind} or a tuple of 1 to 3 positive "
+            f"{kind}s (one per spatial axis), got {value!r}.")
+    items = tuple(int(v) if ints else float(v) for v in items)
+    return items if isinstance(value, (tuple, list)) else items[0]
+
+
+def Upsample(scale_factor=None, size=None, mode: str = "nearest",
+             align_corners: bool = False) -> Layer:
+    """Resizes the spatial axes of ``(N, *spatial, C)`` inputs, as ``torch.nn.Upsample``.
+
+    Give exactly one of ``scale_factor`` (output size ``floor(in * scale_factor)``,
+    per axis) or ``size`` (the output spatial size). Each is a number for every
+    spatial axis or a tuple with one entry per spatial axis; with a tuple the input
+    must have that many spatial axes. Scale factors below 1 shrink the input: then,
+    as in torch, every output sample reads at most two input samples per axis
+    (no antialiasing).
+
+    Modes, with ``dst`` an output index and ``in``/``out`` the sizes of one axis:
+
+    * ``"nearest"`` (any of 1 to 3 spatial axes), PyTorch's legacy ``"nearest"``
+      (not ``"nearest-exact"``): ``y[dst] = x[min(floor(dst * scale), in - 1)]``
+      with ``scale = 1 / scale_factor`` when a scale factor is given, else
+      ``in / out`` (computed in float32, as torch does). For 2 spatial axes only,
+      torch (and so this layer) copies an axis whose size does not change and reads
+      ``dst // 2`` on one whose size doubles, whatever the scale factor; with 1 or 3
+      spatial axes e.g. ``scale_factor=1.1`` on 7 samples gives 7 samples read from
+      ``[0, 0, 1, 2, 3, 4, 5]``, as in torch.
+    * ``"linear"`` (``(N, L, C)``), ``"bilinear"`` (``(N, H, W, C)``) and
+      ``"trilinear"`` (``(N, D, H, W, C)``): separable linear interpolation,
+      ``y[dst] = (1 - l) * x[i0] + l * x[i0 + 1]`` with ``i0 = floor(src)``,
+      ``l = src - i0`` (the upper index clamped to ``in - 1``) and
+
+      - ``align_corners=False`` (default): ``src = max(scale * (dst + 0.5) - 0.5, 0)``,
+        ``scale`` as for nearest (half-pixel centres; the corners of the input and
+        output grids line up);
+      - ``align_corners=True``: ``src = dst * (in - 1) / (out - 1)`` (the centres of
+        the corner pixels line up; the scale factor then only sets the output size).
+
+      As in torch, an axis whose size does not change is copied unchanged. Integer
+      inputs give floating-point outputs.
+
+    ``align_corners`` is for the linear modes only (torch raises for nearest too).
+    Output values match ``torch.nn.Upsample`` on the same (channels-first) data to
+    float32 rounding; gradients are those of the gather and weighted sum.
+    """
+    name = (f"Upsample({'size' if size is not None else 'scale_factor'}="
+            f"{size if size is not None else scale_factor!r}, mode={mode!r})")
+    if (scale_factor is None) == (size is None):
+        raise checks.ArgumentError(
+            f"{name}: give exactly one of scale_factor (e.g. Upsample(scale_factor=2)) or "
+            f"size (e.g. Upsample(size=(32, 32))), got "
+            f"{'both' if size is not None else 'neither'}.")
+    checks.one_of(name, "mode", mode, _MODES)
+    checks.flag(name, "align_corners", align_corners)
+    if align_corners and mode == "nearest":
+        raise checks.ArgumentError(f"{name}: align_corners=True is only for the interpolating "
+                                   f"modes {', '.join(map(repr, _LINEAR_MODES))}; nearest "
+                                   f"has no corners to align. Drop align_corners.")
+    if size is not None:
+        size = _positive_reals(name, "size", size, ints=True)
+        given = size
+    else:
+        scale_factor = _positive_reals(name, "scale_factor", scale_factor, ints=False)
+        given = scale_factor
+    given_dims = len(given) if isinstance(given, tuple) else None
+    if mode in _LINEAR_MODES:
+        n_spatial = _LINEAR_MODES[mode]
+        if given_dims not in (None, n_spatial):
+            raise checks.ArgumentError(
+                f"{name}: mode {mode!r} interpolates {n_spatial} spatial axes, but "
+                f"{'size' if size is not None else 'scale_factor'} has {given_dims} entries.")
+    else:
+        n_spatial = given_dims
+
+    def per_axis(value, n):
+        return value if isinstance(value, tuple) else (value,) * n
+
+    def check_rank(shape):
+        rank = len(shape)
+        if n_spatial is None:
+            if not 3 <= rank <= 5:
+                raise ValueError(f"{name}: expected an input (N, *spatial, C) with 1 to 3 "
+                                 f"spatial axes (rank 3 to 5, channels last), got shape "
+                                 f"{shape}.")
+        elif rank != n_spatial + 2:
+            hint = ""
+            if mode in _LINEAR_MODES and 3 <= rank <= 5:
+                hint = f" For a rank-{rank} input use mode={_LINEAR_NAMES[rank - 2]!r}."
+            raise ValueError(f"{name}: expected a rank-{n_spatial + 2} input "
+                             f"{_LAYOUTS[n_spatial]} (channels last), got shape {shape}.{hint}")
+
+    def out_spatial(spatial):
+        n = len(spatial)
+        if size is not None:
+            return per_axis(size, n)
+        out = []
+        for ax, (d, s) in enumerate(zip(spatial, per_axis(scale_factor, n))):
+            o = -1 if d == -1 else math.floor(d * s)
+            if o == 0:
+                raise ValueError(f"{name}: input size {d} on axis {ax + 1} times scale_factor "
+                                 f"{s:g} is below 1: the output would be empty. Use a larger "
+                                 f"input or scale_factor, or give size=.")
+            out.append(o)
+        return tuple(out)
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=0)
+        check_rank(shape)
+        return (shape[0],) + out_spatial(shape[1:-1]) + (shape[-1],), (), ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs)
+        shape = tuple(inputs.shape)
+        check_rank(shape)
+        spatial = shape[1:-1]
+        outs = out_spatial(spatial)
+        factors = per_axis(scale_factor, len(spatial))
+        x = inputs
+        if mode == "nearest":
+            for ax, (d, o, s) in enumerate(zip(spatial, outs, factors), start=1):
+                index = _nearest_index(d, o, s, exact_cases=len(spatial) == 2)
+                if o != d or not np.array_equal(index, np.arange(d)):
+                    x = jnp.take(x, index, axis=ax)
+            return x, state
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            x = x.astype(jnp.result_type(float))
+        # The last spatial axis first: torch's kernel interpolates the innermost axis
+        # inside the outer ones, so this is its order of operations.
+        for ax in reversed(range(1, len(spatial) + 1)):
+            d, o, s = spatial[ax - 1], outs[ax - 1], factors[ax - 1]
+            if o == d:
+                continue  # torch copies an axis whose size does not change
+            i0, i1, w0, w1 = _linear_index(d, o, s, align_corners)
+            bshape = (o,) + (1,) * (x.ndim - ax - 1)
+            w0 = jnp.asarray(w0.reshape(bshape), x.dtype)
+            w1 = jnp.asarray(w1.reshape(bshape), x.dtype)
+            x = jnp.take(x, i0, axis=ax) * w0 + jnp.take(x, i1, axis=ax) * w1
+        return x, state
+
+    return named(name, init, apply)
+
+
+# --------------------------------------------------------------------------- #
+# ZeroPad
+# --------------------------------------------------------------------------- #
+
+def _pad_spec(name: str, padding):
+    """``padding`` as ``(n_spatial or None, pairs or int)``; None: any number of axes."""
+    bad = checks.ArgumentError(
+        f"{name}: padding must be a non-negative int (every side of every spatial axis), a "
+        f"tuple of one entry per spatial axis, each a non-negative int (both sides) or a "
+        f"(before, after) pair, e.g. (1, 2) or ((0, 1), (2, 2)) for (N, H, W, C), or for "
+        f"(N, L, C) inputs a (left, right) pair; got {padding!r}.")
+    if checks.is_int(padding):
+        if padding < 0:
+            raise bad
+        return None, int(padding)
+    if not isinstance(padding, (tuple, list)) or not 1 <= len(padding) <= 3:
+        if (isinstance(padding, (tuple, list)) and len(padding) == 4
+                and all(checks.is_int(p) for p in padding)):
+            raise checks.ArgumentError(
+                f"{name}: a flat 4-tuple is ambiguous, got {padding!r}. torch.nn.ZeroPad2d's "
+                f"(left, right, top, bottom) is ((top, bottom), (left, right)) here.")
+        raise bad
+    pairs = []
+    for entry in padding:
+        if checks.is_int(entry):
+            entry = (entry, entry)
+        if (not isinstance(entry, (tuple, list)) or len(entry) != 2
+                or not all(checks.is_int(p) and p >= 0 for p in entry)):
+            raise bad
+        pairs.append((int(entry[0]), int(entry[1])))
+    return len(pairs), tuple(pairs)
+
+
+def ZeroPad(padding) -> Layer:
+    """Zero padding of the spatial axes of ``(N, *spatial, C)``, as ``torch.nn.ZeroPad{1,2,3}d``.
+
+    ``y[n, p + before, c] = x[n, p, c]``, zeros elsewhere; the batch and channel
+    axes are not padded. ``padding`` (the Keras ``ZeroPadding{1,2,3}D`` spellings):
+
+    * an int ``p``: ``p`` zeros on both sides of every spatial axis (any of 1 to 3
+      spatial axes), torch's ``ZeroPad2d(p)``;
+    * one entry per spatial axis, each an int (both sides) or a ``(before, after)``
+      pair: ``(pad_h, pad_w)`` or ``((top, bottom), (left, right))`` for
+      ``(N, H, W, C)``; ``((front, back), (top, bottom), (left, right))`` for 3-D;
+    * for ``(N, L, C)`` inputs also ``(left, right)``, as torch's ``ZeroPad1d`` and
+      Keras' ``ZeroPadding1D``.
+
+    Note the order: torch's ``ZeroPad2d((left, right, top, bottom))`` is
+    ``ZeroPad(((top, bottom), (left, right)))`` here (a flat 4-tuple is refused).
+    Negative padding (torch crops) is not supported. Stateless, no parameters.
+    """
+    name = f"ZeroPad({padding!r})"
+    n_spatial, spec = _pad_spec(name, padding)
+    # (left, right) for 1-D inputs: two ints, which also read as (pad_h, pad_w).
+    pair_1d = (((int(padding[0]), int(padding[1])),)
+               if n_spatial == 2 and all(checks.is_int(p) for p in padding) else None)
+
+    def pads_for(rank, shape):
+        n = rank - 2
+        if n_spatial is None:
+            if not 1 <= n <= 3:
+                raise ValueError(f"{name}: expected an input (N, *spatial, C) with 1 to 3 "
+                                 f"spatial axes (rank 3 to 5, channels last), got shape "
+                                 f"{shape}.")
+            return ((spec, spec),) * n
+        if n == 1 and pair_1d is not None:
+            return pair_1d
+        if n != n_spatial:
+            also = " (or a rank-3 input (N, L, C), as (left, right))" if pair_1d else ""
+            raise ValueError(f"{name}: padding has {n_spatial} entries, one per spatial axis, "
+                             f"so it expects a rank-{n_spatial + 2} input {_LAYOUTS[n_spatial]} "
+                             f"(channels last){also}, got shape {shape}.")
+        return spec
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=0)
+        pads = pads_for(len(shape), shape)
+        spatial = tuple(-1 if d == -1 else d + lo + hi for d, (lo, hi) in zip(shape[1:-1], pads))
+        return (shape[0],) + spatial + (shape[-1],), (), ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs)
+        pads = pads_for(inputs.ndim, tuple(inputs.shape))
+        return jnp.pad(inputs, ((0, 0),) + tuple(pads) + ((0, 0),)), state
+
+    return named(name, init, apply)
