@@ -25,8 +25,8 @@ the norm); the step is jitted (nanoGPT's ``compile=False`` on CPU is eager torch
 
 The text: tinyshakespeare's ``input.txt`` (karpathy/char-rnn, 1,115,394 bytes), read from
 ``--data``, else ``data/shakespeare_char/input.txt``, else
-``../shared/data/shakespeare_char/input.txt``; data/shakespeare_char/README.md says
-where to get it.
+``../shared/data/shakespeare_char/input.txt``; the first ships with funcnet
+(data/shakespeare_char/README.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ says which module holds which concept.
 """
 
 from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
-                     decoding, distributed, inference, initializers, interop, introspect,
+                     decoding, distributed, errors, inference, initializers, interop, introspect,
                      layers, loop, losses, metrics, models, optim, outputs, params, precision,
                      sharding, testing, train)
 from funcnet.combinators import (FanInConcat, FanInSum, FanOut, Identity, Remat, Residual, Scan,
@@ -20,12 +20,15 @@ from funcnet.params import freeze, kernel_mask, mask_where, path_str, paths, sub
 from funcnet.train import (Aux, TrainState, copy_params, make_eval_step, make_train_step,
                            polyak_update)
 
-__version__ = "0.2.0.dev0"
+from funcnet._version import __version__
 
 __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Residual",
-           "Identity", "Remat", "Scan", "stack_params", "unstack_params", "generate", "summary", "count", "fit", "TrainState", "Aux", "make_train_step",
-           "make_eval_step", "copy_params", "polyak_update", "make_predict_fn", "paths",
-           "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze", "callbacks",
-           "checkpoint", "checkpoint_orbax", "combinators", "core", "data", "datasets",
-           "decoding", "models", "distributed", "inference", "initializers", "interop", "introspect", "layers", "loop", "losses",
-           "metrics", "optim", "outputs", "params", "precision", "sharding", "testing", "train"]
+           "Identity", "Remat", "Scan", "stack_params", "unstack_params", "generate", "summary",
+           "count", "fit", "TrainState", "Aux", "make_train_step", "make_eval_step",
+           "copy_params", "polyak_update", "make_predict_fn", "paths", "path_str", "mask_where",
+           "kernel_mask", "subtree_mask", "freeze",
+           # modules
+           "callbacks", "checkpoint", "checkpoint_orbax", "combinators", "core", "data",
+           "datasets", "decoding", "distributed", "errors", "inference", "initializers",
+           "interop", "introspect", "layers", "loop", "losses", "metrics", "models", "optim",
+           "outputs", "params", "precision", "sharding", "testing", "train"]

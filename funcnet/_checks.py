@@ -14,12 +14,15 @@ import math
 import numbers
 from typing import Any, Optional, Sequence
 
+import jax.nn.initializers as jinit
 import numpy as np
 
+from funcnet import initializers as finit
+from funcnet.errors import ArgumentError
 
-class ArgumentError(ValueError, TypeError):
-    """A bad argument: both a ValueError and a TypeError, so code that catches
-    either (as callers of funcnet's earlier, mixed checks did) keeps working."""
+__all__ = ["ArgumentError", "is_int", "is_real", "got", "integer", "positive_int",
+           "non_negative_int", "real", "concrete", "flag", "one_of", "hyperparameter",
+           "learning_rate", "initializer", "prng_key"]
 
 
 def is_int(x: Any) -> bool:
@@ -32,8 +35,12 @@ def is_real(x: Any) -> bool:
     return isinstance(x, (numbers.Real, np.floating, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-def _got(value: Any) -> str:
+def got(value: Any) -> str:
+    """How an error message shows a value it refuses: its repr and its type."""
     return f"{value!r} ({type(value).__name__})"
+
+
+_got = got  # the old name, while code written against it lands; use got
 
 
 def integer(where: str, name: str, value: Any, *, low: Optional[int] = None) -> int:
@@ -41,7 +48,7 @@ def integer(where: str, name: str, value: Any, *, low: Optional[int] = None) -> 
     if not is_int(value) or (low is not None and value < low):
         bound = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(
             low, f"an int >= {low}")
-        raise ArgumentError(f"{where}: {name} must be {bound}, got {_got(value)}.")
+        raise ArgumentError(f"{where}: {name} must be {bound}, got {got(value)}.")
     return int(value)
 
 
@@ -57,7 +64,7 @@ def real(where: str, name: str, value: Any, *, low: Optional[float] = None,
          high: Optional[float] = None, low_open: bool = False, high_open: bool = False) -> float:
     """``value`` as a finite float in the interval given by ``low``/``high``."""
     if not is_real(value):
-        raise ArgumentError(f"{where}: {name} must be a real number, got {_got(value)}.")
+        raise ArgumentError(f"{where}: {name} must be a real number, got {got(value)}.")
     v = float(value)
     too_low = low is not None and (v <= low if low_open else v < low)
     too_high = high is not None and (v >= high if high_open else v > high)
@@ -84,7 +91,7 @@ def concrete(x) -> Optional[np.ndarray]:
 
 def flag(where: str, name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentError(f"{where}: {name} must be True or False, got {_got(value)}.")
+        raise ArgumentError(f"{where}: {name} must be True or False, got {got(value)}.")
     return bool(value)
 
 
@@ -132,10 +139,6 @@ def _as_number_hint(text: str) -> str:
 
 def _initializer_factories() -> dict:
     """The functions of funcnet.initializers / jax.nn.initializers that *make* initializers."""
-    import jax.nn.initializers as jinit
-
-    from funcnet import initializers as finit
-
     made = {}
     for module in (finit, jinit):
         for name in getattr(module, "__all__", dir(module)):
@@ -158,7 +161,7 @@ def initializer(where: str, name: str, value: Any):
         return None
     if not callable(value):
         raise ArgumentError(f"{where}: {name} must be an initializer, init(key, shape, dtype) "
-                            f"-> array, got {_got(value)}.")
+                            f"-> array, got {got(value)}.")
     factory = _initializer_factories().get(id(value))
     if factory is not None:
         raise ArgumentError(f"{where}: {name}={factory} is an initializer factory, not an "

@@ -72,6 +72,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
+from funcnet.errors import (CheckpointCorruptError, CheckpointError, CheckpointMismatchError,
+                            CheckpointOwnershipError, CheckpointVersionError)
 from funcnet.fileio import atomic_write
 
 __all__ = ["save", "restore", "latest_step", "all_steps", "info", "new_run_id", "CheckpointInfo",
@@ -85,26 +87,6 @@ _READABLE = (1, 2)
 _NAME_RE = re.compile(r"^ckpt-(\d+)\.npz$")
 _TMP_RE = re.compile(r"^\.ckpt-\d+\.npz\.(?P<host>[A-Za-z0-9-]*)\.(?P<pid>\d+)\..*\.tmp$")
 _PY_SCALARS = {"bool": bool, "int": int, "float": float, "complex": complex}
-
-
-class CheckpointError(ValueError):
-    """Base class of the checkpoint errors below."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """The file is truncated, fails its checksum, or is not a funcnet checkpoint."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """The checkpoint does not fit the ``target`` tree (paths, shapes or dtypes)."""
-
-
-class CheckpointVersionError(CheckpointError):
-    """The checkpoint was written by a newer funcnet, in a format version this one cannot read."""
-
-
-class CheckpointOwnershipError(CheckpointError):
-    """The directory holds another run's checkpoints; saving there would mix or delete them."""
 
 
 class CheckpointInfo(NamedTuple):

@@ -28,6 +28,7 @@ from typing import Any, Callable, NamedTuple, Sequence, Tuple
 import jax
 
 from funcnet import _checks as checks
+from funcnet.errors import MismatchError
 
 __all__ = ["Layer", "named", "as_layer", "InitRecord", "record_inits", "MismatchError",
            "describe_tree", "split_rng", "check_shape", "check_known", "check_input",
@@ -225,37 +226,6 @@ def need_state(layer: str, state, keys) -> None:
         raise ValueError(f"{layer}: apply needs this layer's state {sorted(keys)}, got {got}. "
                          f"Pass the state returned by init (or by the last apply); state=() "
                          f"is accepted only by networks whose layers are all stateless.{swapped}")
-
-
-class MismatchError(ValueError, TypeError):
-    """Params or state that do not fit the layer they were given to (another network's,
-    or params and state swapped). Raised by the combinators, which know the layer's
-    place: ``path`` is the ``/``-joined key path (the one :func:`funcnet.params.paths`
-    shows), and each enclosing combinator adds its key on the way out. A ValueError
-    and a TypeError, as the KeyError/TypeError it replaces was mostly the latter."""
-
-    def __init__(self, where: str, what: str, layer: str, expected: str, given: str,
-                 hint: str = "", message: str = ""):
-        self.where, self.what, self.layer = where, what, layer
-        self.expected, self.given, self.hint = expected, given, hint
-        self.path: list = []
-        self._message = message  # used while no combinator has placed it (path empty)
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        if not self.path and self._message:
-            return self._message
-        verb = "do" if self.what == "params" else "does"
-        at = "/".join(str(k) for k in self.path)
-        return (f"{self.where}: the {self.what} given to layer {at} ({self.layer}) {verb} not fit "
-                f"it: it expects {self.expected}, got {self.given}. {self.hint}").rstrip()
-
-    def placed_under(self, where: str, key) -> "MismatchError":
-        """This error, one combinator further out (``key`` is the child's key there)."""
-        self.path.insert(0, key)
-        self.where = where
-        self.args = (self.render(),)
-        return self
 
 
 def describe_tree(tree, limit: int = 300) -> str:

@@ -151,6 +151,7 @@ def shard_batch(mesh: jax.sharding.Mesh, batch):
     parts; with each process holding only its part, use :func:`shard_local_batch`.
     Leaves that are already split this way are passed through.
     """
+    _need_mesh("shard_batch", mesh)
     sharding = _batch_sharding("shard_batch", mesh, batch, mesh.shape[data_axis(mesh)])
     _check_fits_x32("shard_batch", batch)
 
@@ -171,6 +172,7 @@ def shard_local_batch(mesh: jax.sharding.Mesh, batch):
     jitted step takes as it would a whole batch. With one process it is
     :func:`shard_batch`.
     """
+    _need_mesh("shard_local_batch", mesh)
     axis = data_axis(mesh)
     # the devices along the data axis whose rows this process feeds
     rows = np.moveaxis(mesh.devices, list(mesh.axis_names).index(axis), 0)
@@ -180,6 +182,13 @@ def shard_local_batch(mesh: jax.sharding.Mesh, batch):
     _check_fits_x32("shard_local_batch", batch)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
                         batch)
+
+
+def _need_mesh(fn, mesh):
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise checks.ArgumentError(
+            f"{fn}(mesh, batch): mesh must be a jax.sharding.Mesh, got {checks.got(mesh)[:120]}. "
+            f"The mesh comes first: {fn}(mesh, batch).")
 
 
 def _batch_sharding(fn, mesh, batch, divisor):

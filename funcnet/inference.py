@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import jax.export  # a submodule jax before 0.8 does not import by itself
 import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
 from funcnet import precision
+from funcnet._version import __version__
 from funcnet.core import as_layer
 from funcnet.fileio import atomic_write
 
@@ -76,7 +78,7 @@ def _policy(where: str, policy):
         return precision.Policy.make(*policy)
     raise checks.ArgumentError(
         f"{where}: policy must be None, a funcnet.precision.Policy or a string like "
-        f"'bf16' or 'params=float32,compute=bfloat16,output=float32', got {checks._got(policy)}.")
+        f"'bf16' or 'params=float32,compute=bfloat16,output=float32', got {checks.got(policy)}.")
 
 
 @functools.lru_cache(maxsize=64)
@@ -244,7 +246,7 @@ def load_exported(path) -> Callable:
     where = "funcnet.inference.load_exported"
     if not isinstance(path, (str, os.PathLike)):
         raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), "
-                                   f"got {checks._got(path)}.")
+                                   f"got {checks.got(path)}.")
     path = Path(os.fspath(path))
     data = path.read_bytes()
     header, body = _read_header(where, path, data)
@@ -377,7 +379,7 @@ def _dtype(where: str, name: str, dtype) -> np.dtype:
         dt = None
     if dt is None or not (jnp.issubdtype(dt, jnp.number) or jnp.issubdtype(dt, jnp.bool_)):
         raise checks.ArgumentError(f"{where}: {name} must be a numeric dtype (jnp.float32, "
-                                   f"'int32', ...), got {checks._got(dtype)}.")
+                                   f"'int32', ...), got {checks.got(dtype)}.")
     return jax.dtypes.canonicalize_dtype(dt)
 
 
@@ -392,7 +394,7 @@ def _input_specs(where: str, input_spec, dtype):
 
     def bad(x, at, why=""):
         return checks.ArgumentError(
-            f"{where}: input_spec{at} must be {_SPEC_FORMS}, got {checks._got(x)}{why}.")
+            f"{where}: input_spec{at} must be {_SPEC_FORMS}, got {checks.got(x)}{why}.")
 
     def leaf(shape, dt, at):
         if any(d < 1 and d != -1 for d in shape):
@@ -461,7 +463,7 @@ def _platforms(where: str, platforms):
 def _dest(where: str, path) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), "
-                                   f"got {checks._got(path)}.")
+                                   f"got {checks.got(path)}.")
     path = Path(os.fspath(path))
     if path.is_dir():
         raise checks.ArgumentError(f"{where}: path {str(path)!r} is a directory; give a file "
@@ -483,7 +485,7 @@ def _weight_leaves(where: str, params, state):
                 f"{where}: {at} is a {x.dtype} array; only numeric params and state can be "
                 f"exported. Keep PRNG keys out of them, or store jax.random.key_data(key).")
         if not hasattr(x, "dtype") and not checks.is_real(x) and not isinstance(x, bool):
-            raise checks.ArgumentError(f"{where}: {at} must be an array, got {checks._got(x)}.")
+            raise checks.ArgumentError(f"{where}: {at} must be an array, got {checks.got(x)}.")
         a = np.asarray(x)  # gathers a sharded array onto the host
         leaves.append(a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False))
     return leaves, tree
@@ -502,9 +504,7 @@ def _serialize(where: str, exported) -> bytes:
 
 
 def _funcnet_version() -> str:
-    import funcnet
-
-    return getattr(funcnet, "__version__", "unknown")
+    return __version__
 
 
 def _read_header(where: str, path: Path, data: bytes):

@@ -44,13 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet.params import path_str
+from funcnet.errors import StateDictMismatchError
 
 __all__ = ["load_torch_state_dict", "StateDictMismatchError"]
-
-
-class StateDictMismatchError(ValueError):
-    """A torch ``state_dict`` that does not fit the funcnet params: the message names the
-    funcnet path and the torch key of each mismatch."""
 
 
 _RNN = re.compile(r"^(weight|bias)_(ih|hh)_l(\d+)(_reverse)?$")

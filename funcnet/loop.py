@@ -24,6 +24,7 @@ import optax
 from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet import data as data_lib
+from funcnet.errors import MetricStateError
 from funcnet import distributed
 from funcnet import sharding
 from funcnet.train import TrainState, make_eval_step, make_train_step
@@ -783,8 +784,6 @@ def _check_before_training(train_state, loss_fn, optimizer, train_data, eval_dat
 def _first_batch(data):
     """A batch with the shapes of the data's batches, or None when taking one would use
     up data that can be read only once (an iterator)."""
-    from funcnet import data as data_lib
-
     if isinstance(data, data_lib.DeviceData):
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct((data.batch_size,) + a.shape[1:],
                                                            a.dtype), data.arrays)
@@ -798,8 +797,6 @@ def _first_batch(data):
 def _eval_keys(train_state, eval_fn, metric, eval_data):
     """The ``eval_*`` log keys, after checking that ``metric`` computes what eval_fn
     returns; None when eval_fn cannot be traced ahead of time."""
-    from funcnet.metrics import MetricStateError
-
     batch = _first_batch(eval_data)
     if batch is None:
         return None

@@ -41,14 +41,10 @@ from jax import lax
 from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet.core import describe_tree
+from funcnet.errors import MetricStateError
 
 __all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
            "ConfusionMatrix", "F1", "ROCAUC", "collection", "merge"]
-
-
-class MetricStateError(ValueError):
-    """A metric's ``update``/``compute`` given a state that is not its own (another
-    metric's, or a collection's entries mixed up)."""
 
 
 class Metric(NamedTuple):

@@ -41,27 +41,25 @@ Multiplying the loss by ``S`` scales every gradient by ``S`` through the
 backward pass; dividing the gradients by ``S`` before the update restores them.
 :class:`LossScale` is the state (all arrays: it jits, pmaps and checkpoints);
 :func:`scale_loss`, :func:`unscale_grads`, :func:`all_finite` and
-:func:`update_loss_scale` are the pieces, and :func:`make_scaled_train_step`
-puts them into funcnet's train step. bfloat16 has float32's exponent range and
-does not need loss scaling.
+:func:`update_loss_scale` are the pieces, and :func:`funcnet.train.make_train_step`
+puts them into the step for a ``TrainState`` created with ``loss_scale=``. bfloat16
+has float32's exponent range and does not need loss scaling.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, NamedTuple, Optional
+import importlib
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from funcnet.core import Layer, as_layer, named
-from funcnet.train import TrainState, make_train_step
 
 __all__ = ["Policy", "parse_policy", "apply_policy", "cast_floating", "LossScale",
            "static_loss_scale", "dynamic_loss_scale", "scale_loss", "unscale_grads",
-           "all_finite", "update_loss_scale", "make_scaled_train_step"]
+           "all_finite", "update_loss_scale"]
 
 _ALIASES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
             "half": "float16", "float": "float32", "full": "float32"}
@@ -292,63 +290,11 @@ def update_loss_scale(loss_scale: LossScale, grads_finite) -> LossScale:
         good_steps=jnp.where(grads_finite & ~grow, good, 0).astype(jnp.int32))
 
 
-def _scaled_loss_fn(loss_fn: Callable, loss_scale: LossScale) -> Callable:
-    # wraps: the step reads loss_fn's signature to decide whether it takes loss_state.
-    @functools.wraps(loss_fn)
-    def scaled(*args, **kwargs):
-        loss, aux = loss_fn(*args, **kwargs)
-        return scale_loss(loss_scale, loss), aux
-    return scaled
-
-
-def _unscaling(optimizer: optax.GradientTransformation, loss_scale: LossScale, seen: list):
-    """``optimizer`` fed unscaled gradients; records whether they were finite in ``seen``.
-
-    It runs inside the step, after the gradients were averaged over devices, so
-    every replica sees the same verdict.
-    """
-    def update(grads, opt_state, params=None):
-        grads = unscale_grads(loss_scale, grads)
-        seen.append(all_finite(grads))
-        return optimizer.update(grads, opt_state, params)
-    return optax.GradientTransformation(optimizer.init, update)
-
-
-def _select(pred, new, old):
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
-
-
-def make_scaled_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *,
-                           axis_name: Optional[str] = None) -> Callable:
-    """:func:`funcnet.train.make_train_step` with loss scaling, for float16 training.
-
-    Returns ``step(train_state, loss_scale, batch) -> (train_state, loss_scale, metrics)``
-    (pure, unjitted; pmap it with ``loss_scale`` replicated like the train state).
-    ``loss_fn`` and ``optimizer`` are those of ``make_train_step``. Per step:
-
-    1. the loss is multiplied by ``S = loss_scale.scale`` before differentiation;
-    2. the gradients (averaged over ``axis_name`` first) are divided by ``S``;
-    3. if any is inf/NaN, the step is skipped: params, optimizer state, layer
-       state and loss state stay as they were (``step`` and ``rng`` advance, so
-       the next batch gets fresh randomness);
-    4. ``loss_scale`` is updated by :func:`update_loss_scale`.
-
-    ``metrics`` holds the unscaled ``"loss"``, the step's other metrics,
-    ``"loss_scale"`` (the ``S`` used) and ``"grads_finite"``.
-    """
-
-    def step(train_state: TrainState, loss_scale: LossScale, batch):
-        seen: list = []
-        inner = make_train_step(_scaled_loss_fn(loss_fn, loss_scale),
-                                _unscaling(optimizer, loss_scale, seen), axis_name=axis_name)
-        new, metrics = inner(train_state, batch)
-        finite = seen[0]
-        kept = _select(finite, (new.params, new.state, new.opt_state, new.loss_state),
-                       (train_state.params, train_state.state, train_state.opt_state,
-                        train_state.loss_state))
-        new = new._replace(params=kept[0], state=kept[1], opt_state=kept[2], loss_state=kept[3])
-        metrics = dict(metrics, loss=metrics["loss"] / loss_scale.scale,
-                       loss_scale=loss_scale.scale, grads_finite=finite)
-        return new, update_loss_scale(loss_scale, finite), metrics
-
-    return step
+def __getattr__(name):
+    # make_scaled_train_step lived here until 0.2; loss scaling is now part of
+    # funcnet.train.make_train_step. The old name resolves (with a DeprecationWarning when
+    # called) for one release: looked up at run time so that this module, below the step,
+    # does not import it.
+    if name == "make_scaled_train_step":
+        return importlib.import_module("funcnet.train").make_scaled_train_step
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

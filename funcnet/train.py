@@ -48,6 +48,7 @@ frozen discriminator).
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -57,10 +58,11 @@ import optax
 from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet import metrics as metrics_lib
+from funcnet import precision
 from funcnet.core import as_layer
 
 __all__ = ["TrainState", "Aux", "EMA", "make_train_step", "make_eval_step", "copy_params",
-           "polyak_update"]
+           "polyak_update", "make_scaled_train_step"]
 
 
 class TrainState(NamedTuple):
@@ -78,6 +80,9 @@ class TrainState(NamedTuple):
       loss_state: state kept by the loss (e.g. center-loss centers), ``()`` if none.
       ema: an :class:`EMA` of the params when created with ``ema=True`` (updated by a
         step built with ``ema_decay=``), ``()`` otherwise.
+      loss_scale: a :class:`funcnet.precision.LossScale` when created with
+        ``loss_scale=`` (float16 training: the step scales the loss, unscales the
+        gradients, skips non-finite steps and updates the scale), ``()`` otherwise.
     """
 
     params: Any
@@ -87,15 +92,20 @@ class TrainState(NamedTuple):
     rng: jax.Array
     loss_state: Any = ()
     ema: Any = ()
+    loss_scale: Any = ()
 
     @classmethod
     def create(cls, layer, optimizer, rng, input_shape=None, *, loss_state=(),
-               ema: bool = False) -> "TrainState":
+               ema: bool = False, loss_scale=None) -> "TrainState":
         """Initialises ``layer`` for ``input_shape`` and the optimizer on its params.
 
         ``ema=True`` also keeps an exponential moving average of the params
         (:class:`EMA`, a copy of the initial params until the first step), for a step
         built with ``make_train_step(..., ema_decay=...)``.
+
+        ``loss_scale`` (``funcnet.precision.dynamic_loss_scale()`` or
+        ``static_loss_scale(S)``) turns on loss scaling for float16 compute in every
+        step built by :func:`make_train_step` (see there).
 
         Several models: ``layer`` is a dict ``{name: (layer, input_shape)}`` and
         ``input_shape`` is left out; ``params``/``state`` become dicts keyed by
@@ -120,7 +130,13 @@ class TrainState(NamedTuple):
             opt_state = optimizer.init(params)
         average = (EMA(jax.tree.map(jnp.copy, params), jnp.zeros((), jnp.int32))
                    if checks.flag("TrainState.create", "ema", ema) else ())
-        return cls(params, state, opt_state, jnp.zeros((), jnp.int32), rng, loss_state, average)
+        if loss_scale is not None and not isinstance(loss_scale, precision.LossScale):
+            raise checks.ArgumentError(
+                f"TrainState.create: loss_scale must be None or a funcnet.precision.LossScale "
+                f"(precision.dynamic_loss_scale() or precision.static_loss_scale(S)), got "
+                f"{checks.got(loss_scale)[:120]}.")
+        return cls(params, state, opt_state, jnp.zeros((), jnp.int32), rng, loss_state, average,
+                   () if loss_scale is None else loss_scale)
 
 
 class EMA(NamedTuple):
@@ -239,6 +255,19 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         ``get_ema_multi_avg_fn(decay)``. ``make_eval_step(..., ema=True)`` evaluates
         with it.
 
+    Loss scaling (float16 compute; bfloat16 needs none): for a ``train_state`` created
+    with ``loss_scale=`` (a :class:`funcnet.precision.LossScale`), the step
+
+    1. multiplies the loss by ``S = train_state.loss_scale.scale`` before differentiation;
+    2. divides the gradients by ``S`` (after the cross-device mean, before clipping);
+    3. if any gradient is inf/NaN, skips the update: params, layer state, optimizer
+       state, loss state and EMA stay as they were (``step`` and ``rng`` advance, so
+       the next batch gets fresh randomness);
+    4. updates the scale with :func:`funcnet.precision.update_loss_scale`.
+
+    ``metrics`` then also hold ``"loss_scale"`` (the ``S`` used) and ``"grads_finite"``;
+    ``"loss"`` and ``"grad_norm"`` are unscaled.
+
     Optimizers that take extra arguments (``optax.GradientTransformationExtraArgs``:
     ``optax.chain`` of anything, ``optax.contrib.reduce_on_plateau``) get
     ``value=loss`` (the step's mean loss), so a plateau schedule works in the step.
@@ -282,13 +311,17 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
             raise ValueError("make_train_step: ema_decay is set but the TrainState keeps no "
                              "EMA; create it with TrainState.create(..., ema=True).")
 
+        loss_scale = train_state.loss_scale
+        scaling = isinstance(loss_scale, precision.LossScale)
+
         def objective(trained, state, loss_state, batch, key):
             params = updater.merge(train_state.params, trained)
             if takes_loss_state:
                 out = loss_fn(params, state, batch, key, loss_state=loss_state)
             else:
                 out = loss_fn(params, state, batch, key)
-            return _check_loss_output(out, loss_fn)
+            loss, aux = _check_loss_output(out, loss_fn)
+            return (precision.scale_loss(loss_scale, loss) if scaling else loss), aux
 
         def one(state, loss_state, batch, key):
             (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(
@@ -302,6 +335,8 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
             loss, aux, grads = one(train_state.state, train_state.loss_state, batch, key)
         else:
             loss, aux, grads = _accumulate(one, train_state, trained, batch, key, k)
+        if scaling:
+            loss = loss / loss_scale.scale
         metrics = {"loss": loss, **aux.metrics}
         new_state = aux.state
         new_loss_state = aux.loss_state
@@ -313,6 +348,9 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
             new_state = _pmean_floating(new_state, axis_name)
             if has_loss_state:
                 new_loss_state = _pmean_floating(new_loss_state, axis_name)
+        if scaling:
+            grads = precision.unscale_grads(loss_scale, grads)
+            finite = precision.all_finite(grads)
         norm = _global_norm(grads)
         metrics = {"loss": metrics["loss"], "grad_norm": norm,
                    **{n: v for n, v in metrics.items() if n != "loss"}}
@@ -323,11 +361,49 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         average = train_state.ema
         if ema_decay is not None:
             average = _ema_update(average, params, ema_decay)
+        if not has_loss_state:
+            new_loss_state = train_state.loss_state
+        if scaling:
+            kept = (params, new_state, opt_state, new_loss_state, average)
+            old = (train_state.params, train_state.state, train_state.opt_state,
+                   train_state.loss_state, train_state.ema)
+            params, new_state, opt_state, new_loss_state, average = jax.tree.map(
+                lambda a, b: jnp.where(finite, a, b), kept, old)
+            metrics = dict(metrics, loss_scale=loss_scale.scale, grads_finite=finite)
+            loss_scale = precision.update_loss_scale(loss_scale, finite)
         new = TrainState(params, new_state, opt_state, train_state.step + 1, rng,
-                         new_loss_state if has_loss_state else train_state.loss_state, average)
+                         new_loss_state, average, loss_scale)
         if jax.tree.leaves(aux.outputs):
             return new, metrics, aux.outputs
         return new, metrics
+
+    return step
+
+
+def make_scaled_train_step(loss_fn: Callable, optimizer, *,
+                           axis_name: Optional[str] = None) -> Callable:
+    """Deprecated (until 0.3): create the state with ``TrainState.create(...,
+    loss_scale=...)`` and use :func:`make_train_step`, which scales the loss then.
+
+    Returns the 0.1 form, ``step(train_state, loss_scale, batch) -> (train_state,
+    loss_scale, metrics)``, computed by :func:`make_train_step` with ``loss_scale``
+    put into the train state for the step (the ``train_state`` returned holds none).
+    """
+    warnings.warn("make_scaled_train_step is deprecated and goes in funcnet 0.3: create the "
+                  "state with TrainState.create(..., loss_scale=precision.dynamic_loss_scale()) "
+                  "and use make_train_step, which then scales the loss.", DeprecationWarning,
+                  stacklevel=2)
+    inner = make_train_step(loss_fn, optimizer, axis_name=axis_name)
+
+    def step(train_state: TrainState, loss_scale, batch):
+        if not isinstance(train_state, TrainState) or not isinstance(loss_scale,
+                                                                     precision.LossScale):
+            raise checks.ArgumentError(
+                f"make_scaled_train_step: the step takes (train_state, loss_scale, batch), got "
+                f"({type(train_state).__name__}, {type(loss_scale).__name__}, ...): pass the "
+                f"TrainState first and the precision.LossScale second.")
+        new, metrics, *outputs = inner(train_state._replace(loss_scale=loss_scale), batch)
+        return (new._replace(loss_scale=()), new.loss_scale, metrics, *outputs)
 
     return step
 

@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import jax
+import jax.export  # a submodule jax before 0.8 does not import by itself
 import jax.numpy as jnp
 import numpy as np
 import pytest

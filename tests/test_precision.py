@@ -316,27 +316,73 @@ def _linear_loss(params, state, batch, rng):
     return jnp.sum(params["w"] * batch), Aux(state=state)
 
 
+def _linear_state(opt, loss_scale=()):
+    params = {"w": jnp.ones((3,))}
+    return TrainState(params, (), opt.init(params), jnp.zeros((), jnp.int32), jax.random.key(0),
+                      loss_scale=loss_scale)
+
+
 def test_scaled_step_skips_non_finite_and_lowers_the_scale():
     opt = optax.adam(0.1)
-    params = {"w": jnp.ones((3,))}
-    ts = TrainState(params, (), opt.init(params), jnp.zeros((), jnp.int32), jax.random.key(0))
-    step = jax.jit(precision.make_scaled_train_step(_linear_loss, opt))
-    ls = precision.dynamic_loss_scale(2.0 ** 10, period=2)
+    ts = _linear_state(opt, precision.dynamic_loss_scale(2.0 ** 10, period=2))
+    step = jax.jit(make_train_step(_linear_loss, opt, ema_decay=0.5))
+    ts = ts._replace(ema=funcnet.train.EMA(ts.params, jnp.ones((), jnp.int32)))
 
     bad = jnp.asarray([1.0, jnp.inf, 0.0])
-    new, ls1, m = step(ts, ls, bad)
-    assert not bool(m["grads_finite"]) and float(ls1.scale) == 2.0 ** 9
-    jax.tree.map(np.testing.assert_array_equal, (new.params, new.opt_state),
-                 (ts.params, ts.opt_state))
+    new, m = step(ts, bad)
+    assert not bool(m["grads_finite"]) and float(new.loss_scale.scale) == 2.0 ** 9
+    jax.tree.map(np.testing.assert_array_equal, (new.params, new.opt_state, new.ema),
+                 (ts.params, ts.opt_state, ts.ema))
     assert int(new.step) == 1
 
     good = jnp.asarray([1.0, 2.0, 3.0])
-    new2, ls2, m2 = step(new, ls1, good)
+    new2, m2 = step(new, good)
+    ls2 = new2.loss_scale
     assert bool(m2["grads_finite"]) and float(ls2.scale) == 2.0 ** 9 and int(ls2.good_steps) == 1
     assert float(m2["loss"]) == pytest.approx(6.0) and float(m2["loss_scale"]) == 2.0 ** 9
+    assert float(m2["grad_norm"]) == pytest.approx(np.sqrt(14.0))  # unscaled gradients
     assert not np.allclose(new2.params["w"], ts.params["w"])
-    _, ls3, _ = step(new2, ls2, good)
-    assert float(ls3.scale) == 2.0 ** 10 and int(ls3.good_steps) == 0  # raised after 2 finite
+    assert not np.allclose(new2.ema.params["w"], ts.ema.params["w"])
+    new3, _ = step(new2, good)
+    assert float(new3.loss_scale.scale) == 2.0 ** 10  # raised after 2 finite steps
+    assert int(new3.loss_scale.good_steps) == 0
+
+
+def test_loss_scale_in_create_and_with_microbatches():
+    net = funcnet.serial(Dense(4), Relu, Dense(2))
+    opt = optax.sgd(0.5)
+    plain = TrainState.create(net, opt, jax.random.key(0), (-1, 3))
+    scaled = TrainState.create(net, opt, jax.random.key(0), (-1, 3),
+                               loss_scale=precision.static_loss_scale(2.0 ** 8))
+    assert plain.loss_scale == () and float(scaled.loss_scale.scale) == 256.0
+
+    def loss_fn(params, state, batch, rng):
+        out, state = net.apply(params, state, batch)
+        return jnp.mean(out ** 2), Aux(state=state)
+
+    x = jax.random.normal(jax.random.key(1), (8, 3))
+    want, _ = jax.jit(make_train_step(loss_fn, opt))(plain, x)
+    got, m = jax.jit(make_train_step(loss_fn, opt, microbatches=2))(scaled, x)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 got.params, want.params)
+    assert float(m["loss_scale"]) == 256.0 and bool(m["grads_finite"])
+    with pytest.raises(ValueError, match="loss_scale must be None or a funcnet.precision.LossScale"):
+        TrainState.create(net, opt, jax.random.key(0), (-1, 3), loss_scale=2.0 ** 8)
+
+
+def test_deprecated_make_scaled_train_step_warns_and_gives_the_same_step():
+    opt = optax.adam(0.1)
+    ls = precision.dynamic_loss_scale(2.0 ** 10, period=2)
+    with pytest.warns(DeprecationWarning, match="TrainState.create\\(..., loss_scale="):
+        old = precision.make_scaled_train_step(_linear_loss, opt)
+    batch = jnp.asarray([1.0, 2.0, 3.0])
+    new_old, ls_old, m_old = old(_linear_state(opt), ls, batch)
+    new, m = make_train_step(_linear_loss, opt)(_linear_state(opt, ls), batch)
+    jax.tree.map(np.testing.assert_array_equal, (new_old.params, ls_old, m_old),
+                 (new.params, new.loss_scale, m))
+    assert new_old.loss_scale == ()
+    with pytest.raises(ValueError, match="pass the TrainState first and the precision.LossScale"):
+        old(ls, _linear_state(opt), batch)
 
 
 def _mlp_steps(policy, tiny):
@@ -349,8 +395,8 @@ def _mlp_steps(policy, tiny):
         logits, state = net.apply(params, state, batch[0])
         return tiny * losses.cross_entropy(logits, batch[1]), Aux(state=state)
 
-    return (jax.jit(make_train_step(loss_fn, opt)),
-            jax.jit(precision.make_scaled_train_step(loss_fn, opt)), ts)
+    step = jax.jit(make_train_step(loss_fn, opt))
+    return step, step, ts
 
 
 def test_scaled_f16_step_matches_f32_step():
@@ -364,7 +410,7 @@ def test_scaled_f16_step_matches_f32_step():
     want = delta(plain32(ts, batch)[0])
     runs = {}
     for scale in (2.0 ** 20, 1.0):
-        new, _, m = scaled16(ts16, precision.static_loss_scale(scale), batch)
+        new, m = scaled16(ts16._replace(loss_scale=precision.static_loss_scale(scale)), batch)
         assert bool(m["grads_finite"]) and _dtypes(new.params) == {jnp.dtype(jnp.float32)}
         runs[scale] = delta(new)
     assert np.max(np.abs(want)) > 1e-8
@@ -378,16 +424,16 @@ def test_scaled_step_under_pmap_agrees_across_devices():
     n = 2
     opt = optax.sgd(0.1)
     params = {"w": jnp.ones((3,))}
-    ts = TrainState(params, (), opt.init(params), jnp.zeros((), jnp.int32), jax.random.key(0))
+    ts = _linear_state(opt, precision.dynamic_loss_scale(8.0))
     rep = lambda t: jax.tree.map(lambda a: jnp.stack([a] * n), t)
-    step = jax.pmap(precision.make_scaled_train_step(_linear_loss, opt, axis_name="b"),
+    step = jax.pmap(make_train_step(_linear_loss, opt, axis_name="b"),
                     axis_name="b", devices=jax.local_devices()[:n])
     # Only device 1 sees an inf: the averaged gradient is inf on both, both skip.
     batch = jnp.asarray([[1.0, 2.0, 3.0], [1.0, jnp.inf, 3.0]])
-    new, ls, m = step(rep(ts), rep(precision.dynamic_loss_scale(8.0)), batch)
+    new, m = step(rep(ts), batch)
     assert not np.any(np.asarray(m["grads_finite"]))
     np.testing.assert_array_equal(new.params["w"], rep(params)["w"])
-    np.testing.assert_array_equal(ls.scale, [4.0, 4.0])
+    np.testing.assert_array_equal(new.loss_scale.scale, [4.0, 4.0])
 
 
 # --------------------------------------------------------------------------- #

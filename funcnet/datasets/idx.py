@@ -18,18 +18,9 @@ from typing import Optional
 
 import numpy as np
 
+from funcnet.errors import CorruptFileError
+
 __all__ = ["read_idx", "read_idx_cached", "CorruptFileError"]
-
-
-class CorruptFileError(ValueError):
-    """A data file exists but is not what it should be (truncated, bad header, bad md5)."""
-
-    @classmethod
-    def at(cls, path, why: str) -> "CorruptFileError":
-        """The error for ``path``, saying ``why`` and how to get a good copy."""
-        return cls(f"{path}: {why}. The file is truncated, corrupt or not an idx file; delete it "
-                   f"and fetch the original again (or point data_dir=/FUNCNET_DATA_DIR at a good "
-                   f"copy).")
 
 
 # idx type codes -> big-endian numpy dtypes (http://yann.lecun.com/exdb/mnist/).

@@ -28,6 +28,7 @@ import numpy as np
 
 from funcnet.datasets.idx import CorruptFileError, read_idx, read_idx_cached
 from funcnet.fileio import atomic_write
+from funcnet.errors import MNISTNotFoundError
 
 __all__ = ["load", "MNISTNotFoundError", "MNIST_FILES", "MNIST_MD5", "MNIST_MIRRORS",
            "REPO_DATA_DIR"]
@@ -55,10 +56,6 @@ MNIST_MIRRORS = (
 REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "mnist"
 
 _DOWNLOAD_TIMEOUT_S = 60
-
-
-class MNISTNotFoundError(FileNotFoundError):
-    """MNIST is in none of the searched places and could not be downloaded."""
 
 
 def _cache_dir() -> Path:

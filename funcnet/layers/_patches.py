@@ -28,6 +28,8 @@ import jax.numpy as jnp
 
 from funcnet import _mesh
 
+__all__ = ["patch_conv"]
+
 
 def _patches(x, window, strides, dilation, pads):
     """``(N, *out, K * C)``: every window position's inputs, kernel offset major."""

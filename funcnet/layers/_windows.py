@@ -13,6 +13,8 @@ from jax import lax
 
 from funcnet import _checks as checks
 
+__all__ = ["PADDING_STRINGS", "window_tuple", "normalize_padding", "output_size"]
+
 PADDING_STRINGS = ("VALID", "SAME", "SAME_LOWER")
 
 

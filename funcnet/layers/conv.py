@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.export  # a submodule jax before 0.8 does not import by itself
 import jax.numpy as jnp
 from jax import lax
 

@@ -1,0 +1,109 @@
+"""Every exception type funcnet raises on purpose, in one place to import and catch.
+
+Each is also reachable where it is raised (``funcnet.checkpoint.CheckpointError`` is
+``funcnet.errors.CheckpointError``), so ``except`` clauses written against either name
+keep working. This module imports nothing from funcnet: every other module may use it.
+
+=============================  ==========================================================
+``ArgumentError``              a bad argument to any funcnet function (ValueError and TypeError)
+``MismatchError``              params or state that do not fit the layer given them
+``MetricStateError``           a metric given another metric's state
+``StateDictMismatchError``     a PyTorch ``state_dict`` that does not fit the params
+``CheckpointError``            base of the checkpoint errors:
+``CheckpointCorruptError``     truncated, failed checksum, or not a funcnet checkpoint
+``CheckpointMismatchError``    a checkpoint that does not fit the restore target
+``CheckpointVersionError``     written by a newer funcnet in a format this one cannot read
+``CheckpointOwnershipError``   a directory that holds another run's checkpoints
+``CorruptFileError``           a data file that exists but is not what it should be
+``MNISTNotFoundError``         MNIST in none of the searched places
+=============================  ==========================================================
+"""
+
+from __future__ import annotations
+
+__all__ = ["ArgumentError", "MismatchError", "MetricStateError", "StateDictMismatchError",
+           "CheckpointError", "CheckpointCorruptError", "CheckpointMismatchError",
+           "CheckpointVersionError", "CheckpointOwnershipError", "CorruptFileError",
+           "MNISTNotFoundError"]
+
+
+class ArgumentError(ValueError, TypeError):
+    """A bad argument: both a ValueError and a TypeError, so code that catches
+    either (as callers of funcnet's earlier, mixed checks did) keeps working."""
+
+
+class MismatchError(ValueError, TypeError):
+    """Params or state that do not fit the layer they were given to (another network's,
+    or params and state swapped). Raised by the combinators, which know the layer's
+    place: ``path`` is the ``/``-joined key path (the one :func:`funcnet.params.paths`
+    shows), and each enclosing combinator adds its key on the way out. A ValueError
+    and a TypeError, as the KeyError/TypeError it replaces was mostly the latter."""
+
+    def __init__(self, where: str, what: str, layer: str, expected: str, given: str,
+                 hint: str = "", message: str = ""):
+        self.where, self.what, self.layer = where, what, layer
+        self.expected, self.given, self.hint = expected, given, hint
+        self.path: list = []
+        self._message = message  # used while no combinator has placed it (path empty)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """The message for the error's current place."""
+        if not self.path and self._message:
+            return self._message
+        verb = "do" if self.what == "params" else "does"
+        at = "/".join(str(k) for k in self.path)
+        return (f"{self.where}: the {self.what} given to layer {at} ({self.layer}) {verb} not fit "
+                f"it: it expects {self.expected}, got {self.given}. {self.hint}").rstrip()
+
+    def placed_under(self, where: str, key) -> "MismatchError":
+        """This error, one combinator further out (``key`` is the child's key there)."""
+        self.path.insert(0, key)
+        self.where = where
+        self.args = (self.render(),)
+        return self
+
+
+class MetricStateError(ValueError):
+    """A metric's ``update``/``compute`` given a state that is not its own (another
+    metric's, or a collection's entries mixed up)."""
+
+
+class StateDictMismatchError(ValueError):
+    """A torch ``state_dict`` that does not fit the funcnet params: the message names the
+    funcnet path and the torch key of each mismatch."""
+
+
+class CheckpointError(ValueError):
+    """Base class of the checkpoint errors below."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The file is truncated, fails its checksum, or is not a funcnet checkpoint."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The checkpoint does not fit the ``target`` tree (paths, shapes or dtypes)."""
+
+
+class CheckpointVersionError(CheckpointError):
+    """The checkpoint was written by a newer funcnet, in a format version this one cannot read."""
+
+
+class CheckpointOwnershipError(CheckpointError):
+    """The directory holds another run's checkpoints; saving there would mix or delete them."""
+
+
+class CorruptFileError(ValueError):
+    """A data file exists but is not what it should be (truncated, bad header, bad md5)."""
+
+    @classmethod
+    def at(cls, path, why: str) -> "CorruptFileError":
+        """The error for ``path``, saying ``why`` and how to get a good copy."""
+        return cls(f"{path}: {why}. The file is truncated, corrupt or not an idx file; delete it "
+                   f"and fetch the original again (or point data_dir=/FUNCNET_DATA_DIR at a good "
+                   f"copy).")
+
+
+class MNISTNotFoundError(FileNotFoundError):
+    """MNIST is in none of the searched places and could not be downloaded."""
