@@ -8,7 +8,7 @@ installed. The step returns the Q-values it computed through ``Aux(outputs=...)`
 The agent has the parts of tinynn's ``examples/rl`` DQN: a Q-network, a replay buffer,
 epsilon-greedy exploration and a target network. The settings are this port's own, and
 with them the greedy policy reached the cap within the default 300 episodes for each
-of the seeds 0, 1 and 2 (README, "Examples"): an MLP 4-64-64-2, Huber loss on the TD
+of the seeds 0, 1 and 2 (docs/guides/examples.md): an MLP 4-64-64-2, Huber loss on the TD
 error, Adam(5e-4), epsilon from 1 to 0.05 over 5000 steps, gym's rewards, and a target
 network moved towards the online one after every step (``funcnet.polyak_update``;
 ``--hard-update N`` copies it every N steps instead, with ``funcnet.copy_params``).

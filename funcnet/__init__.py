@@ -1,8 +1,8 @@
 """funcnet: a functional deep-learning framework on JAX.
 
 Layers are ``(init, apply)`` pairs, state is explicit, every step is a pure
-function that ``jax.jit`` and ``jax.pmap`` accept. The README's "Layout" section
-says which module holds which concept.
+function that ``jax.jit`` and ``jax.pmap`` accept. The API reference's index
+(docs/api/index.md) says which module holds which concept.
 """
 
 from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
@@ -26,7 +26,7 @@ __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInC
            "Identity", "Remat", "Scan", "stack_params", "unstack_params", "generate", "summary",
            "count", "fit", "TrainState", "Aux", "make_train_step", "make_eval_step",
            "copy_params", "polyak_update", "make_predict_fn", "paths", "path_str", "mask_where",
-           "kernel_mask", "subtree_mask", "freeze",
+           "kernel_mask", "subtree_mask", "freeze", "__version__",
            # modules
            "callbacks", "checkpoint", "checkpoint_orbax", "combinators", "core", "data",
            "datasets", "decoding", "distributed", "errors", "inference", "initializers",

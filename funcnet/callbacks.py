@@ -16,7 +16,7 @@ from typing import Optional
 from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet import distributed
-from funcnet.loop import LoopPosition
+from funcnet._loop_position import LoopPosition
 
 __all__ = ["Callback", "Checkpoint", "CSVLogger", "JSONLLogger", "EarlyStopping",
            "LearningRateLogger", "TensorBoardLogger", "Profile"]

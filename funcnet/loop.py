@@ -24,40 +24,14 @@ import optax
 from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet import data as data_lib
-from funcnet.errors import MetricStateError
 from funcnet import distributed
 from funcnet import sharding
+from funcnet.callbacks import Callback
+from funcnet.errors import MetricStateError
+from funcnet._loop_position import LoopPosition
 from funcnet.train import TrainState, make_eval_step, make_train_step
 
 __all__ = ["fit", "FitContext", "LoopPosition", "LogKeys"]
-
-
-class LoopPosition(NamedTuple):
-    """Where the loop stands: the epoch, and how many of its batches were trained on.
-
-    A checkpoint stores it next to the train state; resuming skips
-    ``batch_in_epoch`` batches of ``epoch`` (the data order is the same for a
-    seeded ``train_data(epoch)``), so the run continues as if never interrupted.
-    """
-
-    epoch: int = 0
-    batch_in_epoch: int = 0
-
-    @classmethod
-    def of(cls, ctx: "FitContext") -> "LoopPosition":
-        return cls(ctx.epoch, ctx.batch_in_epoch)
-
-    def checkpoint_tree(self, train_state) -> dict:
-        """The tree a checkpoint holds: the train state and this position."""
-        return {"train_state": train_state, "epoch": np.int64(self.epoch),
-                "batch_in_epoch": np.int64(self.batch_in_epoch)}
-
-    @classmethod
-    def restore(cls, checkpointer, train_state, step=None):
-        """``(train_state, position)`` from ``step`` (default: the latest) of a
-        :class:`funcnet.checkpoint.Checkpointer`; arrays keep ``train_state``'s shardings."""
-        restored = checkpointer.restore(cls().checkpoint_tree(train_state), step=step)
-        return restored["train_state"], cls(int(restored["epoch"]), int(restored["batch_in_epoch"]))
 
 
 class FitContext:
@@ -642,7 +616,6 @@ def _per_step_callbacks(callbacks) -> list:
     """The callbacks with an ``on_step_end`` of their own that want every step: not those
     with an ``every_steps`` attribute (``Checkpoint``, ``TensorBoardLogger``), which only
     need dispatches to end on its multiples."""
-    from funcnet.callbacks import Callback  # funcnet.callbacks imports this module
     return [cb for cb in callbacks if getattr(type(cb), "on_step_end", None)
             is not Callback.on_step_end and not hasattr(cb, "every_steps")]
 
@@ -755,8 +728,6 @@ def _check_before_training(train_state, loss_fn, optimizer, train_data, eval_dat
     never run). What cannot be known ahead (data that can only be read once, a step
     or evaluation that traces only under pmap, user callbacks that add keys) is let
     through, to fail where it fails today."""
-    from funcnet.callbacks import Callback
-
     checks.non_negative_int("fit", "epochs", epochs)
     eval_keys = frozenset()
     if eval_fn is not None:

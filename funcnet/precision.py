@@ -86,6 +86,10 @@ class Policy(NamedTuple):
     ``Policy()`` is full float32 (a no-op); ``output_dtype=None`` means "the
     compute dtype". Build one with :meth:`make` (validates, accepts short names)
     or :func:`parse_policy` from a string.
+
+    Example:
+      >>> Policy.make("float32", "bf16", "float32").compute_dtype
+      dtype(bfloat16)
     """
 
     param_dtype: Any = jnp.float32
@@ -122,6 +126,14 @@ def parse_policy(spec: str) -> Policy:
     names or ``f32``/``bf16``/``f16``/``f64``. A key left out takes the default
     (params and compute float32, output = compute). A bare dtype, ``"bf16"``,
     sets all three.
+
+    Raises:
+      ValueError: a part that is not ``key=dtype`` with a known key, or a key given twice.
+
+    Example:
+      >>> p = parse_policy("params=float32,compute=bf16")
+      >>> p.param_dtype, p.compute_dtype, p.output_dtype
+      (dtype('float32'), dtype(bfloat16), dtype(bfloat16))
     """
     where = "funcnet.precision.parse_policy"
     if not isinstance(spec, str) or not spec.strip():
@@ -143,7 +155,13 @@ def parse_policy(spec: str) -> Policy:
 
 
 def cast_floating(tree, dtype):
-    """Casts the floating-point leaves of ``tree`` to ``dtype``; other leaves are kept."""
+    """Casts the floating-point leaves of ``tree`` to ``dtype``; other leaves are kept.
+
+    Example:
+      >>> tree = cast_floating({"w": jnp.ones(2), "ids": jnp.arange(2)}, jnp.bfloat16)
+      >>> tree["w"].dtype, tree["ids"].dtype
+      (dtype(bfloat16), dtype('int32'))
+    """
     def cast(x):
         if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
             return jnp.asarray(x).astype(dtype)
@@ -171,6 +189,14 @@ def apply_policy(layer, policy) -> Layer:
 
     The stored params stay in ``param_dtype``, so their gradients (and optax's
     updates) are in ``param_dtype`` too. Integer leaves are never cast.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> net = apply_policy(Dense(3), "params=float32,compute=bf16,output=float32")
+      >>> _, params, state = net.init(jax.random.key(0), (-1, 2))
+      >>> out, _ = net.apply(params, state, jnp.ones((1, 2)))
+      >>> params["W"].dtype, out.dtype
+      (dtype('float32'), dtype('float32'))
     """
     where = "funcnet.precision.apply_policy"
     inner = as_layer(layer, where)
@@ -222,7 +248,12 @@ def _positive(where: str, what: str, value, integer=False):
 
 
 def static_loss_scale(scale: float = 2.0 ** 15) -> LossScale:
-    """A fixed scale ``S``: steps with non-finite gradients are still skipped, ``S`` never changes."""
+    """A fixed scale ``S``: steps with non-finite gradients are still skipped, ``S`` never changes.
+
+    Example:
+      >>> float(static_loss_scale(1024.0).scale)
+      1024.0
+    """
     scale = _positive("funcnet.precision.static_loss_scale", "scale", scale)
     return LossScale(jnp.asarray(scale, jnp.float32), jnp.zeros((), jnp.int32),
                      jnp.ones((), jnp.int32), jnp.ones((), jnp.float32),
@@ -234,7 +265,16 @@ def dynamic_loss_scale(initial: float = 2.0 ** 15, *, period: int = 2000, factor
     """A scale that shrinks by ``factor`` on every non-finite step and grows by it after
     ``period`` finite steps in a row (PyTorch ``GradScaler``'s ``backoff_factor = 1/factor``,
     ``growth_factor = factor``, ``growth_interval = period``; its defaults are ``2**16``,
-    2 and 2000). It never falls below ``min_scale``."""
+    2 and 2000). It never falls below ``min_scale``.
+
+    Give it to ``funcnet.TrainState.create(..., loss_scale=...)``: every step of
+    :func:`funcnet.train.make_train_step` then scales the loss.
+
+    Example:
+      >>> ls = dynamic_loss_scale(2.0 ** 10, period=2)
+      >>> float(update_loss_scale(ls, jnp.asarray(False)).scale)  # non-finite: halved
+      512.0
+    """
     where = "funcnet.precision.dynamic_loss_scale"
     _positive(where, "initial", initial)
     _positive(where, "period", period, integer=True)
@@ -249,13 +289,25 @@ def dynamic_loss_scale(initial: float = 2.0 ** 15, *, period: int = 2000, factor
 
 
 def scale_loss(loss_scale: LossScale, loss):
-    """``loss * S``, computed in float32 at least (a float16 loss times ``2**15`` overflows)."""
+    """``loss * S``, computed in float32 at least (a float16 loss times ``2**15`` overflows).
+
+    Example:
+      >>> scaled = scale_loss(static_loss_scale(8.0), jnp.float16(2.0))
+      >>> scaled.dtype, float(scaled)
+      (dtype('float32'), 16.0)
+    """
     loss = jnp.asarray(loss)
     return loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * loss_scale.scale
 
 
 def unscale_grads(loss_scale: LossScale, grads):
-    """``grads / S``, leaf by leaf, divided in float32 and returned in each leaf's dtype."""
+    """``grads / S``, leaf by leaf, divided in float32 and returned in each leaf's dtype.
+
+    Example:
+      >>> g = unscale_grads(static_loss_scale(8.0), {"w": jnp.full((2,), 16.0, jnp.float16)})
+      >>> g["w"].dtype, g["w"].tolist()
+      (dtype('float16'), [2.0, 2.0])
+    """
     inv = 1.0 / loss_scale.scale
 
     def unscale(g):
@@ -266,7 +318,12 @@ def unscale_grads(loss_scale: LossScale, grads):
 
 
 def all_finite(tree) -> jax.Array:
-    """A bool scalar: True when no floating leaf of ``tree`` holds an inf or a NaN."""
+    """A bool scalar: True when no floating leaf of ``tree`` holds an inf or a NaN.
+
+    Example:
+      >>> bool(all_finite([jnp.ones(2), jnp.asarray([1.0, jnp.inf])]))
+      False
+    """
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
               if jnp.issubdtype(jnp.result_type(x), jnp.floating)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)

@@ -342,6 +342,12 @@ class Explained(NamedTuple):
         return "\n".join(lines)
 
 
+def _spec_text(spec) -> str:
+    """``P('data', None)``, whatever jax version's repr of a PartitionSpec (older ones
+    spell it ``PartitionSpec(...)``)."""
+    return "P(" + ", ".join(repr(entry) for entry in spec) + ")"
+
+
 def explain(tree, *, print_fn: Optional[Callable[[str], None]] = print) -> Explained:
     """Each array leaf's path, shape, dtype, ``PartitionSpec`` and bytes per device.
 
@@ -362,7 +368,8 @@ def explain(tree, *, print_fn: Optional[Callable[[str], None]] = print) -> Expla
             shard, spec, devices = tuple(x.shape), "host", ()
         else:
             shard = tuple(sharding.shard_shape(x.shape))
-            spec = str(getattr(sharding, "spec", "")) or type(sharding).__name__
+            spec = (_spec_text(sharding.spec) if hasattr(sharding, "spec")
+                    else type(sharding).__name__)
             devices = sharding.device_set
         nbytes = int(np.prod(shard)) * itemsize
         for d in devices:

@@ -113,7 +113,13 @@ class TrainState(NamedTuple):
         a dict ``{name: optimizer}`` (one state per model, ``opt_state[name]``;
         models left out are not trained). Each model is initialised with its own
         key, split from ``rng`` in sorted name order.
-        """
+
+        Example:
+          >>> from funcnet.layers import Dense
+          >>> ts = TrainState.create(Dense(2), optax.sgd(0.1), jax.random.key(0), (-1, 3))
+          >>> ts.params["W"].shape, int(ts.step), ts.ema, ts.loss_scale
+          ((3, 2), 0, (), ())
+    """
         init_key, rng = jax.random.split(checks.prng_key("TrainState.create", rng))
         if isinstance(layer, dict):
             if input_shape is not None:
@@ -199,6 +205,10 @@ class Aux(NamedTuple):
       outputs: arrays of any shape the step should hand back (images, Q-values, the
         noise it drew), never averaged. When not empty, the step returns
         ``(train_state, metrics, outputs)`` instead of ``(train_state, metrics)``.
+
+    Example:
+      >>> Aux(state=(), metrics={"acc": 1.0})
+      Aux(state=(), loss_state=(), metrics={'acc': 1.0}, outputs={})
     """
 
     state: Any = ()
@@ -280,6 +290,20 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     is computed for them, and their params and optimizer state come back
     bit-identical. ``update=`` needs one optimizer state per model (a dict of
     optimizers at create, the same optimizer under several names if you like).
+
+    Example:
+      >>> from funcnet import losses
+      >>> from funcnet.layers import Dense
+      >>> net = Dense(2)
+      >>> def loss_fn(params, state, batch, rng):
+      ...     logits, state = net.apply(params, state, batch["x"], rng=rng, train=True)
+      ...     return losses.cross_entropy(logits, batch["y"]), Aux(state=state)
+      >>> opt = optax.sgd(0.1)
+      >>> ts = TrainState.create(net, opt, jax.random.key(0), (-1, 3))
+      >>> step = jax.jit(make_train_step(loss_fn, opt, clip_grad_norm=1.0))
+      >>> ts, metrics = step(ts, {"x": jnp.ones((4, 3)), "y": jnp.array([0, 1, 0, 1])})
+      >>> int(ts.step), sorted(metrics)
+      (1, ['grad_norm', 'loss'])
     """
     takes_loss_state = _takes_loss_state(loss_fn)
     updater = _updater(optimizer, update)
@@ -646,6 +670,18 @@ def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None,
     ``axis_name`` the step ``psum``-s them so every device holds the global value.
     ``ema=True`` evaluates the params' moving average (``train_state.ema.params``)
     with the live layer state.
+
+    Example:
+      >>> from funcnet import metrics
+      >>> from funcnet.layers import Dense
+      >>> net, acc = Dense(2), metrics.Accuracy()
+      >>> def metric_fn(params, state, batch):
+      ...     logits, _ = net.apply(params, state, batch["x"])
+      ...     return acc.update(acc.init(), logits, batch["y"])
+      >>> ts = TrainState.create(net, optax.sgd(0.1), jax.random.key(0), (-1, 3))
+      >>> total = make_eval_step(metric_fn)(ts, {"x": jnp.ones((4, 3)), "y": jnp.zeros(4, int)})
+      >>> 0.0 <= float(acc.compute(total)) <= 1.0
+      True
     """
     ema = checks.flag("make_eval_step", "ema", ema)
 

@@ -1,0 +1,118 @@
+"""The documentation runs as written: every ```python block of README.md and docs/**/*.md.
+
+Each file is one script: its blocks run in order in one fresh namespace, as a reader going
+down the page would run them, so a block may use what the page's earlier blocks define but
+never another page's. They run in a temporary working directory (whatever a page writes
+lands there). Blocks in other languages (```bash, ```text, a bare ```) are never run.
+
+A ```python block that must not run (one that needs several hosts, a GPU, or a file the
+tests do not have) says so on the line right above its opening fence:
+
+    <!-- no-run: why it cannot run here -->
+
+The marker is the only way to skip a block; NO_RUN below lists every one, so a new marker
+fails this test until it is added there on purpose.
+"""
+import glob
+import importlib
+import os
+import re
+import types
+
+import jax
+import pytest
+
+import funcnet
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_FENCE = re.compile(r"^(?P<marker><!-- no-run:[^\n]*-->\n)?```python[^\n]*\n(?P<code>.*?)^```",
+                    re.S | re.M)
+
+# Pages and how many blocks each keeps from running (every other ```python block runs).
+NO_RUN = {"docs/guides/checkpoints.md": 1}
+
+# Names a page's blocks must leave behind, checked after it ran: what the text promises.
+CHECKS = {
+    "README.md": lambda s: (s["out_shape"] == (-1, 10) and s["metrics"]["loss"].shape == ()
+                            and len(s["history"]) == 1),
+    "docs/concepts.md": lambda s: s["out_shape"] == (-1, 10),
+    "docs/guides/distributed.md": lambda s: (
+        s["metrics"]["loss"].shape == (jax.local_device_count(),)
+        and s["mesh_metrics"]["loss"].shape == ()  # one global value, not one per device
+        and s["ts_mesh"].params[0]["W"].sharding.is_fully_replicated),
+}
+
+# Pages whose examples are the point of the page: each must have blocks that run.
+MUST_RUN = ["README.md", "docs/getting-started.md", "docs/concepts.md", "docs/guides/training.md",
+            "docs/guides/several-models.md", "docs/guides/parameters.md", "docs/guides/data.md",
+            "docs/guides/checkpoints.md", "docs/guides/mixed-precision.md",
+            "docs/guides/distributed.md", "docs/guides/sharding.md",
+            "docs/guides/transformers.md", "docs/guides/custom-layers.md",
+            "docs/guides/export.md"]
+
+
+def _pages():
+    pages = ["README.md"] + sorted(
+        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
+                                                    recursive=True))
+    return [p for p in pages if "```python" in open(os.path.join(ROOT, p)).read()]
+
+
+def _blocks(page):
+    """``(run, skipped)``: the blocks to run, each its code padded with blank lines to its
+    place in the file (so a traceback names the page's line), and the number marked no-run."""
+    text = open(os.path.join(ROOT, page)).read()
+    found = list(_FENCE.finditer(text))
+    assert len(found) == text.count("```python"), f"{page}: a ```python fence not parsed"
+    return ([text[:m.start("code")].count("\n") * "\n" + m["code"]
+             for m in found if not m["marker"]],
+            sum(1 for m in found if m["marker"]))
+
+
+def test_the_pages_with_examples_are_found():
+    pages = _pages()
+    assert set(MUST_RUN) <= set(pages), sorted(set(MUST_RUN) - set(pages))
+    for page in MUST_RUN:
+        assert _blocks(page)[0], f"{page} has no ```python block that runs"
+
+
+@pytest.mark.parametrize("page", _pages())
+def test_page_python_blocks_run(page, tmp_path, monkeypatch):
+    run, skipped = _blocks(page)
+    assert skipped == NO_RUN.get(page, 0), (
+        f"{page}: {skipped} block(s) marked no-run, NO_RUN says {NO_RUN.get(page, 0)}")
+    monkeypatch.chdir(tmp_path)
+    scope = {"__name__": "__docs__"}
+    for code in run:
+        exec(compile(code, os.path.join(ROOT, page), "exec"), scope)
+    if page in CHECKS:
+        assert CHECKS[page](scope)
+
+
+def test_every_public_module_has_an_api_page():
+    """docs/api/<module>.md renders each public module (mkdocs.yml lists the pages)."""
+    nav = open(os.path.join(ROOT, "mkdocs.yml")).read()
+    modules = [n for n in funcnet.__all__ if isinstance(getattr(funcnet, n), types.ModuleType)]
+    assert len(modules) >= 25
+    for name in modules:
+        importlib.import_module(f"funcnet.{name}")
+        page = os.path.join(ROOT, "docs", "api", f"{name}.md")
+        assert os.path.exists(page), f"no API page for funcnet.{name}"
+        assert f"::: funcnet.{name}\n" in open(page).read(), page
+        assert f"api/{name}.md" in nav, f"mkdocs.yml's nav lacks api/{name}.md"
+
+
+def test_readme_is_short():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        assert len(f.read().splitlines()) <= 200
+
+
+def test_readme_links_resolve():
+    """mkdocs checks the site's links; the README is not part of the site, so its are here."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert len(links) >= 10
+    for link in links:
+        if "://" not in link:
+            assert os.path.exists(os.path.join(ROOT, link)), f"README links to missing {link}"
