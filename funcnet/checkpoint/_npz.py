@@ -1,56 +1,5 @@
-"""Checkpoints: save and restore a training-state pytree, atomically.
-
-A directory holds one file per step, ``ckpt-<step>.npz``::
-
-    checkpoint.save("runs/mnist", state, step, keep=3, run_id=rid)  # this run's 3 newest stay
-    state = checkpoint.restore("runs/mnist", target=state)  # latest step, validated
-    checkpoint.latest_step("runs/mnist", finite_only=True), checkpoint.all_steps("runs/mnist")
-
-Safety: every header records the run that wrote it (``run_id``) and whether its
-float values were finite (``finite``). A directory belongs to the run of its
-newest checkpoint: ``save`` refuses to write another run's checkpoints into it
-(resume from it, use a new directory, or pass ``overwrite=True``), and ``keep=``
-only ever deletes the same run's older steps, never the file just written and
-never the newest finite checkpoint (a run that diverged keeps its last good
-state). A full disk is reported with the path and free space, and leaves the
-previous checkpoints intact. Files of a newer format version are refused with
-"upgrade funcnet", never called corrupt.
-
-Format and why: a plain, uncompressed NumPy ``.npz`` (a zip of ``.npy``
-files) holding ``leaf_0 ... leaf_{n-1}`` (the flattened leaves, in
-``jax.tree`` order) and ``header``, a JSON document with, per leaf, its tree
-path, kind, dtype, shape and CRC-32, plus a skeleton of the containers and the
-step, run id and finite flag (format version 2; version 1 files, without the
-last two, are still read); ``header_crc32`` guards the header itself. This needs nothing beyond
-NumPy (no new dependency, no pickle, so loading a file never runs code),
-stays readable with ``np.load`` alone, and writes at disk speed. A single file
-per step is what makes the write atomic: it is written under a temporary name
-in the same directory, flushed and fsynced, then ``os.replace``-d into place
-and the directory is fsynced. A process killed mid-save leaves the previous
-checkpoints intact and at worst a hidden ``.ckpt-*.tmp`` file, which listings
-ignore and the next ``save`` from the same host removes once its writer is
-dead. (One writer per directory; for sharded or multi-process state use the
-orbax backend, ``funcnet.checkpoint_orbax``, behind the same :class:`Checkpointer`.)
-
-Leaves: numpy/jax arrays of any dtype (bfloat16 and other ml_dtypes are stored
-as raw bits with their dtype name), numpy scalars, Python ``bool``/``int``/
-``float``/``complex`` (restored as Python scalars), typed PRNG keys from
-``jax.random.key`` (stored as ``jax.random.key_data`` plus the impl name,
-restored with ``jax.random.wrap_key_data``) and legacy ``uint32[2]`` keys
-(plain arrays). Containers: dicts, lists, tuples, NamedTuples, ``None`` and
-any other registered pytree node.
-
-``restore(..., target=tree)`` checks the checkpoint against ``target`` (paths,
-shapes, dtypes; every mismatch is listed) and returns a tree with target's
-structure; a leaf comes back as the target leaf's kind: a ``jax.Array`` is
-placed with the target's sharding (so pmap-replicated state stays
-replicated), a numpy array or ``jax.ShapeDtypeStruct`` gives a numpy array,
-a Python scalar a Python scalar. Without a target the result is built from
-the stored skeleton: dicts for dicts *and NamedTuples* (field name -> value;
-the class itself is not stored), lists for lists and other custom nodes,
-tuples for tuples, numpy arrays for arrays (numpy scalars as 0-d arrays),
-jax key arrays for typed keys, Python scalars for Python scalars.
-"""
+"""The npz checkpoint format: ``save``/``restore`` of a pytree as one ``ckpt-<step>.npz``
+per step, listing and reading headers (the package docstring describes the format)."""
 
 from __future__ import annotations
 
@@ -60,26 +9,23 @@ import operator
 import os
 import re
 import shutil
-import socket
-import uuid
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, runtime_checkable
+from typing import Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
+from funcnet.checkpoint._ownership import (CheckpointInfo, host, owner_for_save,
+                                           steps_to_rotate)
 from funcnet.errors import (CheckpointCorruptError, CheckpointError, CheckpointMismatchError,
-                            CheckpointOwnershipError, CheckpointVersionError)
+                            CheckpointVersionError)
 from funcnet.fileio import atomic_write
 
-__all__ = ["save", "restore", "latest_step", "all_steps", "info", "new_run_id", "CheckpointInfo",
-           "owner_for_save", "steps_to_rotate",
-           "Checkpointer", "NpzCheckpointer", "checkpointer_for", "CheckpointError", "CheckpointCorruptError",
-           "CheckpointMismatchError", "CheckpointVersionError", "CheckpointOwnershipError"]
+__all__ = ["save", "restore", "latest_step", "all_steps", "info", "is_prng_key"]
 
 _FORMAT = "funcnet.checkpoint"
 _VERSION = 2               # 2 added the header's run_id and finite
@@ -89,41 +35,8 @@ _TMP_RE = re.compile(r"^\.ckpt-\d+\.npz\.(?P<host>[A-Za-z0-9-]*)\.(?P<pid>\d+)\.
 _PY_SCALARS = {"bool": bool, "int": int, "float": float, "complex": complex}
 
 
-class CheckpointInfo(NamedTuple):
-    """What a checkpoint's header says about it, without loading its arrays.
-
-    ``run_id`` is ``None`` for checkpoints written before funcnet recorded it;
-    they count as finite (the flag did not exist either).
-    """
-
-    step: int
-    run_id: Optional[str]
-    finite: bool
-    path: Path
-
-
-def new_run_id() -> str:
-    """A fresh run id (host, time-ordered uuid). Every process of a multi-process run
-    gets the same one: process 0's, broadcast, because all of them save together."""
-    rid = uuid.uuid4()
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        raw = np.frombuffer(rid.bytes, np.uint8).astype(np.int32)
-        rid = uuid.UUID(bytes=bytes(np.asarray(
-            multihost_utils.broadcast_one_to_all(raw)).astype(np.uint8).tolist()))
-    return f"{_host()}-{rid.hex[:16]}"
-
-
-# The run id of saves that name none: one per process (see save's ``run_id``).
-_PROCESS_RUN_ID = f"{socket.gethostname()[:32]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
 def _path(directory, step: int) -> Path:
     return Path(directory) / f"ckpt-{step}.npz"
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
 
 
 def _check_step(step) -> int:
@@ -230,7 +143,8 @@ def _infos(directory, steps) -> Dict[int, CheckpointInfo]:
 # Encoding
 # --------------------------------------------------------------------------- #
 
-def _is_key(x) -> bool:
+def is_prng_key(x) -> bool:
+    """Whether ``x`` is a typed PRNG key array (stored as its key data)."""
     dtype = getattr(x, "dtype", None)
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
@@ -281,7 +195,7 @@ def _pytype(x) -> str:
 
 def _encode_leaf(x, where: str):
     """``(array to store, header entry)`` for one leaf."""
-    if _is_key(x):
+    if is_prng_key(x):
         data = np.asarray(jax.random.key_data(x))
         return data, {"kind": "key", "impl": str(jax.random.key_impl(x)),
                       "shape": list(x.shape), "dtype": str(x.dtype)}
@@ -314,10 +228,10 @@ def _crc(arr: np.ndarray) -> int:
 
 
 def _clean_stale_tmp(directory: Path) -> None:
-    host = _host()
+    here = host()
     for name in os.listdir(directory):
         m = _TMP_RE.match(name)
-        if not m or m.group("host") != host:
+        if not m or m.group("host") != here:
             continue
         pid = int(m.group("pid"))
         if pid == os.getpid():
@@ -426,49 +340,10 @@ def _leaf_finite(leaf, entry) -> bool:
     return not jnp.issubdtype(arr.dtype, jnp.inexact) or bool(np.isfinite(arr).all())
 
 
-def owner_for_save(where: str, directory, infos: Dict[int, CheckpointInfo], step: int,
-                   run_id: Optional[str], *, overwrite: bool = False) -> str:
-    """The run id a new checkpoint of ``step`` is saved under (the rule of :func:`save`'s
-    ``run_id``, shared by the backends), or :class:`CheckpointOwnershipError`.
-
-    ``infos`` are the directory's readable checkpoints by step; the newest one owns it.
-    """
-    mine = run_id or _PROCESS_RUN_ID
-    if not infos or overwrite:
-        return mine
-    newest = infos[max(infos)]
-    if newest.run_id == mine:
-        return mine
-    if step > newest.step and (run_id is None or newest.run_id is None):
-        # Continuing: an anonymous save after every step (the same script restarted
-        # after a crash), or a run taking over checkpoints written before run ids.
-        return newest.run_id if run_id is None and newest.run_id else mine
-    who = f"run {run_id!r}" if run_id else "this process's run (no run_id given)"
-    raise CheckpointOwnershipError(
-        f"{where}: {directory} holds the checkpoints of another run ({newest.run_id!r}, steps "
-        f"{sorted(infos)}), not of {who}. Saving there would mix the two runs and let keep= "
-        f"delete one of them. Either resume from it (fit(..., resume_from=...) continues that "
-        f"run), pick a new directory for this run, or pass overwrite=True to replace that "
-        f"run's checkpoints.")
-
-
-def steps_to_rotate(infos: Dict[int, CheckpointInfo], step: int, run_id: str,
-                    keep: Optional[int]) -> List[int]:
-    """The steps ``keep=`` deletes once ``step`` is written (shared by the backends): the
-    run's own, older than ``step``, beyond its ``keep`` newest, never the newest finite
-    checkpoint in the directory (``infos``, the new one included)."""
-    if keep is None:
-        return []
-    older = sorted(s for s, i in infos.items() if s < step and i.run_id == run_id)
-    finite = [s for s, i in infos.items() if i.finite]
-    protected = max(finite) if finite else None
-    return [s for s in older[:max(len(older) - (keep - 1), 0)] if s != protected]
-
-
 def _write(final: Path, arrays) -> None:
     """The atomic write; a full disk becomes an error that says where and how full."""
     try:
-        with atomic_write(final, prefix=f".{final.name}.{_host()}.{os.getpid()}.") as (f, _):
+        with atomic_write(final, prefix=f".{final.name}.{host()}.{os.getpid()}.") as (f, _):
             np.savez(f, **arrays)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -497,7 +372,7 @@ def _describe(entry) -> str:
 
 
 def _target_entry(x, where: str):
-    if _is_key(x):
+    if is_prng_key(x):
         return {"kind": "key", "shape": list(x.shape), "dtype": str(x.dtype)}
     if isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic):
         return {"kind": "python", "pytype": _pytype(x)}
@@ -664,129 +539,3 @@ def restore(directory, target=None, step=None):
         raise CheckpointMismatchError(
             f"checkpoint.restore: {path} does not match target:\n  - " + "\n  - ".join(problems))
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-# --------------------------------------------------------------------------- #
-# The interface the Checkpoint callback and fit's resume use
-# --------------------------------------------------------------------------- #
-
-@runtime_checkable
-class Checkpointer(Protocol):
-    """One checkpoint directory behind one backend: :class:`NpzCheckpointer` (this
-    module's format, no dependency) or ``funcnet.checkpoint_orbax.OrbaxCheckpointer``
-    (sharded, asynchronous).
-
-    ``run_id`` names the run whose checkpoints this writes (see :func:`save`);
-    ``fit`` sets it. ``every_process_saves`` says whether every process calls
-    ``save`` (each writing its own shards) or only process 0 writes. ``save`` may
-    return before the files are written; ``wait`` blocks until they are, and
-    ``close`` waits and releases the backend.
-    """
-
-    directory: Path
-    run_id: Optional[str]
-    every_process_saves: bool
-
-    def save(self, step: int, tree: Any, *, finite: Optional[bool] = None) -> None: ...
-    def restore(self, target: Any, step: Optional[int] = None) -> Any: ...
-    def latest_step(self, *, finite_only: bool = False) -> Optional[int]: ...
-    def all_steps(self, *, finite_only: bool = False) -> List[int]: ...
-    def info(self, step: Optional[int] = None) -> CheckpointInfo: ...
-    def wait(self) -> None: ...
-    def close(self) -> None: ...
-
-
-class NpzCheckpointer:
-    """:class:`Checkpointer` over :func:`save`/:func:`restore`: one ``ckpt-<step>.npz``
-    per step, written synchronously (atomically) by process 0 only.
-
-    A state sharded over a mesh (:func:`funcnet.sharding.shard_params`) is gathered
-    whole into process 0's host memory to be written (and placed back with its
-    shardings on restore). That is fine for what fits one host; past
-    ``max_gather_bytes`` the save refuses, as it does for a state split across
-    processes (no one host holds it all): use the orbax backend
-    (``backend="orbax"``), which writes each process's shards where they lie.
-
-    Args:
-      directory: the checkpoint directory.
-      keep: ``keep=`` of :func:`save`.
-      run_id, overwrite: as for :func:`save`.
-      max_gather_bytes: the largest sharded state to gather (default 2 GiB; None:
-        no limit).
-    """
-
-    every_process_saves = False
-
-    def __init__(self, directory, *, keep: Optional[int] = None, run_id: Optional[str] = None,
-                 overwrite: bool = False, max_gather_bytes: Optional[int] = 2 ** 31):
-        if keep is not None:
-            keep = checks.positive_int("NpzCheckpointer", "keep (or None)", keep)
-        if max_gather_bytes is not None:
-            max_gather_bytes = checks.non_negative_int("NpzCheckpointer", "max_gather_bytes",
-                                                       max_gather_bytes)
-        self.directory, self.keep, self.run_id = Path(directory), keep, run_id
-        self.overwrite = checks.flag("NpzCheckpointer", "overwrite", overwrite)
-        self.max_gather_bytes = max_gather_bytes
-
-    def save(self, step, tree, *, finite=None) -> None:
-        _check_gatherable(tree, self.max_gather_bytes)
-        if jax.process_index() == 0:
-            save(self.directory, jax.device_get(tree), step, keep=self.keep, run_id=self.run_id,
-                 finite=finite, overwrite=self.overwrite)
-
-    def restore(self, target, step=None):
-        return restore(self.directory, target=target, step=step)
-
-    def latest_step(self, *, finite_only=False):
-        return latest_step(self.directory, finite_only=finite_only)
-
-    def all_steps(self, *, finite_only=False):
-        return all_steps(self.directory, finite_only=finite_only)
-
-    def info(self, step=None) -> CheckpointInfo:
-        return info(self.directory, step)
-
-    def wait(self) -> None:
-        pass  # saves are synchronous
-
-    def close(self) -> None:
-        pass
-
-    def __repr__(self):
-        return f"NpzCheckpointer({str(self.directory)!r}, keep={self.keep})"
-
-
-def _check_gatherable(tree, limit: Optional[int]) -> None:
-    """Refuses, with the way out, a sharded state the npz backend cannot or should not
-    gather to one host."""
-    split = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)
-             and not x.sharding.is_fully_replicated and len(x.sharding.device_set) > 1]
-    if not split:
-        return
-    if any(not x.is_fully_addressable for x in split):
-        raise ValueError("NpzCheckpointer.save: the state is sharded across processes, and the "
-                         "npz backend writes one file from process 0, which does not hold the "
-                         "other processes' shards. Use the orbax backend (Checkpoint(..., "
-                         "backend='orbax') or funcnet.checkpoint_orbax.OrbaxCheckpointer): "
-                         "each process writes its own shards.")
-    total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)
-                if hasattr(x, "dtype") and not _is_key(x))
-    if limit is not None and total > limit:
-        raise ValueError(f"NpzCheckpointer.save: the state is sharded over a mesh and the npz "
-                         f"backend would gather all {total / 2**20:.0f} MiB of it into this "
-                         f"host's memory, past max_gather_bytes={limit}. Use the orbax backend "
-                         f"(backend='orbax'), which writes each device's shards without "
-                         f"gathering, or raise max_gather_bytes.")
-
-
-def checkpointer_for(target, *, backend: str = "npz", keep: Optional[int] = None,
-                     overwrite: bool = False, where: str = "checkpointer_for"):
-    """``target`` itself if it is a :class:`funcnet.checkpoint.Checkpointer`, else the
-    ``backend`` (``"npz"`` or ``"orbax"``) checkpointer of the directory ``target``."""
-    if isinstance(target, Checkpointer):
-        return target
-    backend = checks.one_of(where, "backend", backend, ("npz", "orbax"))
-    if backend == "orbax":
-        from funcnet.checkpoint_orbax import OrbaxCheckpointer
-        return OrbaxCheckpointer(target, keep=keep, overwrite=overwrite)
-    return NpzCheckpointer(target, keep=keep, overwrite=overwrite)

@@ -1,0 +1,234 @@
+"""Checkpoints at scale: an orbax-checkpoint backend behind :class:`funcnet.checkpoint.Checkpointer`.
+
+Use it when the train state is sharded (over devices, or over processes in a
+multi-process run) or large enough that a step should not wait for the write::
+
+    from funcnet.checkpoint_orbax import OrbaxCheckpointer
+    ckptr = OrbaxCheckpointer("runs/big", keep=3)        # async by default
+    ckptr.save(step, train_state)       # returns once the arrays are copied off the device
+    ...                                 # training goes on while the files are written
+    ckptr.wait()                        # or close() at the end
+
+Every process calls ``save``; each writes only the shards it holds (nothing is
+gathered to one host), and orbax commits a step by renaming its temporary
+directory once every process is done, so a crash mid-save leaves the previous
+steps restorable. ``restore(target)`` places every array with the sharding of
+the target's leaf (a ``jax.Array`` or a ``jax.ShapeDtypeStruct`` carrying a
+``sharding``); a numpy array or a ``ShapeDtypeStruct`` without one gives a numpy
+array, as in :func:`funcnet.checkpoint.restore`.
+
+funcnet's run id and finite flag go into orbax's per-step custom metadata, so
+the rules of :func:`funcnet.checkpoint.save` hold here too: a directory of
+another run is refused, ``keep=`` rotates only this run's older steps (after
+the new one is committed) and never the newest finite step. Typed PRNG keys are
+stored as their ``jax.random.key_data`` and re-wrapped from the target.
+
+orbax-checkpoint is optional (``pip install funcnet[orbax]``); it is imported
+when an :class:`OrbaxCheckpointer` is made.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from funcnet import _checks as checks
+from funcnet.checkpoint._ownership import CheckpointInfo, owner_for_save, steps_to_rotate
+from funcnet.errors import CheckpointMismatchError
+
+__all__ = ["OrbaxCheckpointer", "tree_is_finite"]
+
+_RUN_KEY, _FINITE_KEY = "funcnet_run_id", "funcnet_finite"
+
+
+def _orbax():
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as e:
+        raise ImportError("OrbaxCheckpointer needs orbax-checkpoint: pip install "
+                          "'funcnet[orbax]' (or orbax-checkpoint). The default npz "
+                          "checkpoints (funcnet.checkpoint) need nothing extra.") from e
+    return ocp
+
+
+def _is_key(x) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _is_float_array(x) -> bool:
+    return (isinstance(x, (jax.Array, np.ndarray, np.generic)) and not _is_key(x)
+            and jnp.issubdtype(x.dtype, jnp.inexact))
+
+
+@jax.jit
+def _all_finite(leaves):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def tree_is_finite(tree) -> bool:
+    """Whether every float leaf of ``tree`` is finite: one small reduction on the
+    devices (all processes take part for global arrays), no gather."""
+    leaves = [x for x in jax.tree.leaves(tree) if _is_float_array(x)]
+    host = [x for x in leaves if not isinstance(x, jax.Array)]
+    device = [x for x in leaves if isinstance(x, jax.Array)]
+    if not all(np.isfinite(np.asarray(x)).all() for x in host):
+        return False
+    return not device or bool(_all_finite(device))
+
+
+def _storable(tree):
+    """Typed keys become their key data (orbax stores plain arrays)."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+
+
+def _abstract(like):
+    """The orbax restore target of one target leaf."""
+    if _is_key(like):
+        like = jax.eval_shape(jax.random.key_data, like) if not isinstance(like, jax.Array) \
+            else jax.random.key_data(like)
+    if isinstance(like, jax.Array):
+        return jax.ShapeDtypeStruct(like.shape, like.dtype, sharding=like.sharding)
+    if isinstance(like, jax.ShapeDtypeStruct) and getattr(like, "sharding", None) is None:
+        return np.zeros(like.shape, like.dtype)
+    if isinstance(like, np.generic):
+        return np.asarray(like)
+    return like
+
+
+def _placed(value, like):
+    if _is_key(like):
+        return jax.random.wrap_key_data(value, impl=jax.random.key_impl(like))
+    if isinstance(like, np.generic):
+        return np.asarray(value)[()]
+    if isinstance(like, np.ndarray) or (isinstance(like, jax.ShapeDtypeStruct)
+                                        and getattr(like, "sharding", None) is None):
+        return np.asarray(value)
+    return value
+
+
+class OrbaxCheckpointer:
+    """:class:`funcnet.checkpoint.Checkpointer` over ``orbax.checkpoint.CheckpointManager``.
+
+    Args:
+      directory: the checkpoint directory (one sub-directory per step).
+      keep: keep this run's ``keep`` newest steps (rotation as in
+        :func:`funcnet.checkpoint.save`); ``None`` keeps all.
+      async_: ``True`` (default): ``save`` returns once the arrays are on the
+        host and the files are written in the background; ``False`` waits.
+      run_id, overwrite: as for :func:`funcnet.checkpoint.save`.
+    """
+
+    every_process_saves = True
+
+    def __init__(self, directory, *, keep: Optional[int] = None, async_: bool = True,
+                 run_id: Optional[str] = None, overwrite: bool = False):
+        ocp = _orbax()
+        if keep is not None:
+            keep = checks.positive_int("OrbaxCheckpointer", "keep (or None)", keep)
+        self.directory, self.keep, self.run_id = Path(directory).absolute(), keep, run_id
+        self.overwrite = checks.flag("OrbaxCheckpointer", "overwrite", overwrite)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=None, create=True,  # rotation is ours: it knows runs and finite steps
+            enable_async_checkpointing=checks.flag("OrbaxCheckpointer", "async_", async_))
+        self._ocp = ocp
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._infos: Dict[int, CheckpointInfo] = {}
+        self._pending = None  # (step, run id) of the save whose rotation is still due
+
+    # -- saving ---------------------------------------------------------------
+    def save(self, step, tree, *, finite: Optional[bool] = None) -> None:
+        """Starts writing ``tree`` as ``step`` (every process calls it; see the class)."""
+        step = _step(step)
+        is_finite = finite is not False and tree_is_finite(tree)
+        self._finish_pending()  # the previous save is committed before the next starts
+        infos = self._all_infos()
+        owner = owner_for_save(f"OrbaxCheckpointer.save(step={step})", self.directory,
+                                    infos, step, self.run_id, overwrite=self.overwrite)
+        if step in infos:  # orbax never overwrites a step; the same run replaces it
+            self._delete(step)
+        self._manager.save(step, args=self._ocp.args.StandardSave(_storable(tree)), force=True,
+                           custom_metadata={_RUN_KEY: owner, _FINITE_KEY: bool(is_finite)})
+        self._infos[step] = CheckpointInfo(step, owner, bool(is_finite),
+                                                self.directory / str(step))
+        self._pending = (step, owner)
+
+    def _finish_pending(self) -> None:
+        self._manager.wait_until_finished()
+        if self._pending is None:
+            return
+        step, owner = self._pending
+        self._pending = None
+        infos = self._all_infos()
+        doomed = steps_to_rotate(infos, step, owner, self.keep)
+        if self.overwrite:
+            doomed += [s for s, i in infos.items() if i.run_id != owner and s not in doomed]
+        for s in doomed:
+            self._delete(s)
+
+    def _delete(self, step: int) -> None:
+        self._manager.delete(step)
+        self._infos.pop(step, None)
+
+    def wait(self) -> None:
+        """Blocks until every started save is committed (and rotation is done)."""
+        self._finish_pending()
+
+    def close(self) -> None:
+        self._finish_pending()
+        self._manager.close()
+
+    # -- reading --------------------------------------------------------------
+    def _all_infos(self) -> Dict[int, CheckpointInfo]:
+        steps = set(self._manager.all_steps())
+        for s in steps - set(self._infos):
+            meta = self._manager.metadata(s).custom_metadata or {}
+            self._infos[s] = CheckpointInfo(s, meta.get(_RUN_KEY), bool(meta.get(_FINITE_KEY, True)),
+                                                 self.directory / str(s))
+        return {s: self._infos[s] for s in sorted(steps)}
+
+    def all_steps(self, *, finite_only: bool = False) -> List[int]:
+        """Committed steps, ascending (a save still in flight is not listed)."""
+        self._manager.reload()
+        return [s for s, i in self._all_infos().items() if i.finite or not finite_only]
+
+    def latest_step(self, *, finite_only: bool = False) -> Optional[int]:
+        steps = self.all_steps(finite_only=finite_only)
+        return steps[-1] if steps else None
+
+    def info(self, step: Optional[int] = None) -> CheckpointInfo:
+        infos = self._all_infos()
+        step = self.latest_step() if step is None else _step(step)
+        if step not in infos:
+            raise FileNotFoundError(f"OrbaxCheckpointer: no checkpoint for step {step} in "
+                                    f"{self.directory}; available steps: {sorted(infos)}.")
+        return infos[step]
+
+    def restore(self, target, step: Optional[int] = None):
+        """``target``'s tree read from ``step`` (default: the latest), each array placed
+        with the target leaf's sharding."""
+        info = self.info(step)
+        leaves, treedef = jax.tree.flatten(target)
+        abstract = jax.tree.unflatten(treedef, [_abstract(x) for x in leaves])
+        try:
+            restored = self._manager.restore(info.step,
+                                             args=self._ocp.args.StandardRestore(abstract))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointMismatchError(
+                f"OrbaxCheckpointer.restore: step {info.step} in {self.directory} does not "
+                f"match target: {e}") from e
+        got = treedef.flatten_up_to(restored)
+        return jax.tree.unflatten(treedef, [_placed(v, like) for v, like in zip(got, leaves)])
+
+    def __repr__(self):
+        return f"OrbaxCheckpointer({str(self.directory)!r}, keep={self.keep})"
+
+
+def _step(step) -> int:
+    # a train state's step counter is a 0-d device array
+    value = np.asarray(step).item() if hasattr(step, "shape") else step
+    return checks.non_negative_int("OrbaxCheckpointer", "step", value)
