@@ -184,6 +184,13 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
     default-layout data of rank > 2 (MXNet pairs only the first ``N`` of its
     ``N*d1*...`` labels with rows; use ``multi_output`` or ``preserve_shape``).
     The ``out_grad`` option is not provided.
+
+    Example:
+      >>> softmax_output(jnp.zeros((1, 2)), jnp.array([0])).tolist()
+      [[0.5, 0.5]]
+      >>> # MXNet's gradient (softmax - one_hot), whatever the head gradient:
+      >>> jax.grad(lambda d: softmax_output(d, jnp.array([0])).sum())(jnp.zeros((1, 2))).tolist()
+      [[-0.5, 0.5]]
     """
     fn = "softmax_output"
     data = _as_float_data(fn, data)
@@ -349,6 +356,11 @@ def linear_regression_output(data, label, *, grad_scale: float = 1.0):
     ``label`` may have any shape with ``data``'s batch size and element count (MXNet
     reads it in data's memory order), e.g. ``(N,)`` for ``data (N, 1)``. ``label``
     gets a zero gradient; the incoming cotangent is ignored.
+
+    Example:
+      >>> f = lambda d: linear_regression_output(d, jnp.array([[1.0, 0.0]])).sum()
+      >>> jax.grad(f)(jnp.array([[3.0, 2.0]])).tolist()  # (out - label) / num_output
+      [[1.0, 1.0]]
     """
     return _regression("linear_regression_output", lambda x: x,
                        lambda out, lab: out - lab, data, label, grad_scale)
@@ -448,6 +460,10 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
       elements).
 
     The incoming cotangent is ignored.
+
+    Example:
+      >>> jax.grad(lambda x: make_loss(x ** 2).sum())(jnp.array([3.0])).tolist()
+      [6.0]
     """
     fn = "make_loss"
     data = jnp.asarray(data)
@@ -470,7 +486,12 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
 
 
 def block_grad(x):
-    """Identity forward, zero gradient (MXNet ``BlockGrad`` = ``jax.lax.stop_gradient``)."""
+    """Identity forward, zero gradient (MXNet ``BlockGrad`` = ``jax.lax.stop_gradient``).
+
+    Example:
+      >>> jax.grad(lambda x: (block_grad(x) * x).sum())(jnp.array([3.0])).tolist()
+      [3.0]
+    """
     return jax.lax.stop_gradient(x)  # accepts pytrees
 
 

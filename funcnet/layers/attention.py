@@ -40,6 +40,10 @@ def causal_mask(q_len: int, k_len: Optional[int] = None, *, offset: int = 0) -> 
     ``causal_mask(T)`` is the complement of torch's
     ``nn.Transformer.generate_square_subsequent_mask(T)``. Broadcasts against
     ``(batch, heads, q_len, k_len)``.
+
+    Example:
+      >>> causal_mask(3).astype(int).tolist()
+      [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     """
     q_len = checks.positive_int("causal_mask", "q_len", q_len)
     k_len = q_len if k_len is None else checks.positive_int("causal_mask", "k_len", k_len)
@@ -52,6 +56,10 @@ def padding_mask(valid) -> jax.Array:
 
     torch's ``key_padding_mask`` is ``True`` at *padding*: pass ``padding_mask(~kpm)``.
     Combine with a causal mask by ``&``: ``padding_mask(v) & causal_mask(T)``.
+
+    Example:
+      >>> padding_mask(jnp.array([[True, True, False]])).shape
+      (1, 1, 1, 3)
     """
     valid = jnp.asarray(valid)
     if valid.dtype != jnp.bool_ or valid.ndim != 2:
@@ -223,6 +231,14 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
     so a decoding network shares the trained params. Going past ``L``: outside
     ``jit`` a ValueError; under ``jit`` the outputs are NaN (the write would
     otherwise land on the wrong slots silently).
+
+    Example:
+      >>> init, apply = MultiHeadAttention(num_heads=2, causal=True)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 8))
+      >>> out_shape, sorted(params)
+      ((-1, 5, 8), ['key', 'out', 'query', 'value'])
+      >>> apply(params, state, jnp.ones((3, 5, 8)))[0].shape
+      (3, 5, 8)
     """
     num_heads = checks.positive_int("MultiHeadAttention", "num_heads", num_heads)
     name = f"MultiHeadAttention({num_heads})"

@@ -27,6 +27,10 @@ def linear(x, W, b=None):
     (:func:`funcnet.sharding.at_use`: a split over the batch's axis is gathered, a
     tensor-parallel split is kept) and the product's layout is stated
     (:func:`funcnet.sharding.matmul_sharding`).
+
+    Example:
+      >>> linear(jnp.ones((2, 5, 3)), jnp.ones((3, 4))).shape
+      (2, 5, 4)
     """
     W = _mesh.at_use(W, x, (x.ndim - 1, None))
     flat = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
@@ -44,6 +48,14 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
     Defaults are PyTorch's ``nn.Linear`` init: ``W_init=initializers.torch_default()``
     (``U(±1/sqrt(in_dim))``) and, when ``b_init`` is None,
     ``initializers.torch_default_bias(in_dim)``. Leading axes are batch axes.
+
+    Example:
+      >>> init, apply = Dense(4)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
+      >>> out_shape, params["W"].shape, params["b"].shape, state
+      ((-1, 4), (3, 4), (4,), ())
+      >>> apply(params, state, jnp.ones((2, 3)))[0].shape
+      (2, 4)
     """
     out_dim = checks.positive_int("Dense", "out_dim", out_dim)
     name = f"Dense({out_dim})"

@@ -27,6 +27,15 @@ def Dropout(rate: float) -> Layer:
 
     Args:
       rate: drop probability, a real number in ``[0, 1)``.
+
+    Example:
+      >>> init, apply = Dropout(0.5)
+      >>> x = jnp.ones((2, 4))
+      >>> bool((apply((), (), x)[0] == x).all())          # eval: the identity
+      True
+      >>> y, _ = apply((), (), x, rng=jax.random.key(0), train=True)
+      >>> sorted(set(y.ravel().tolist())) in ([0.0, 2.0], [2.0], [0.0])  # kept ones scaled by 2
+      True
     """
     rate = checks.real("Dropout", "rate (the probability of dropping an element)", rate,
                        low=0.0, high=1.0, high_open=True)
@@ -72,6 +81,12 @@ def SpatialDropout(rate: float) -> Layer:
 
     Args:
       rate: probability of dropping a channel, a real number in ``[0, 1)``.
+
+    Example:
+      >>> init, apply = SpatialDropout(0.5)
+      >>> y, _ = apply((), (), jnp.ones((1, 4, 4, 8)), rng=jax.random.key(0), train=True)
+      >>> bool(jnp.all((y == 0).all(axis=(1, 2)) | (y == 2).all(axis=(1, 2))))  # whole channels
+      True
     """
     rate = checks.real("SpatialDropout", "rate (the probability of dropping a channel)", rate,
                        low=0.0, high=1.0, high_open=True)

@@ -16,7 +16,12 @@ __all__ = ["sinusoidal_table", "rope", "LearnedPositions", "SinusoidalPositions"
 
 
 def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, dtype=jnp.float32):
-    """``(length, dim)``: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(p / base^(2i/dim))."""
+    """``(length, dim)``: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(p / base^(2i/dim)).
+
+    Example:
+      >>> np.round(np.asarray(sinusoidal_table(2, 4), np.float64), 3).tolist()
+      [[0.0, 1.0, 0.0, 1.0], [0.841, 0.54, 0.01, 1.0]]
+    """
     length = checks.positive_int("sinusoidal_table", "length", length)
     dim = checks.positive_int("sinusoidal_table", "dim", dim)
     if dim % 2:
@@ -43,6 +48,10 @@ def rope(x, positions=None, *, base: float = 10000.0):
     agree after permuting the features by ``[0, 2, 4, ..., 1, 3, 5, ...]`` (apply it to
     the columns of the query and key projections when loading such weights; tested).
     Angles in float32; the output has ``x``'s dtype. An odd ``D`` is a ValueError.
+
+    Example:
+      >>> rope(jnp.ones((1, 3, 2, 4))).shape  # (batch, time, heads, head_dim)
+      (1, 3, 2, 4)
     """
     D = x.shape[-1]
     if D % 2:
@@ -100,6 +109,12 @@ def LearnedPositions(max_length: int, dim=None, E_init=None, *, decode: bool = F
     returns ``index + T``. Outside ``jit`` going past ``max_length`` is a ValueError;
     under ``jit`` ``lax.dynamic_slice`` clamps the start, so keep decoding within the
     table (``generate`` checks the length before it runs).
+
+    Example:
+      >>> init, apply = LearnedPositions(16)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 8))
+      >>> params["E"].shape, apply(params, state, jnp.zeros((2, 5, 8)))[0].shape
+      ((16, 8), (2, 5, 8))
     """
     max_length = checks.positive_int("LearnedPositions", "max_length", max_length)
     name = f"LearnedPositions({max_length})"

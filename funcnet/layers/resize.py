@@ -123,6 +123,13 @@ def Upsample(scale_factor=None, size=None, mode: str = "nearest",
     ``align_corners`` is for the linear modes only (torch raises for nearest too).
     Output values match ``torch.nn.Upsample`` on the same (channels-first) data to
     float32 rounding; gradients are those of the gather and weighted sum.
+
+    Example:
+      >>> init, apply = Upsample(scale_factor=2)
+      >>> init(jax.random.key(0), (-1, 4, 4, 3))[0]
+      (-1, 8, 8, 3)
+      >>> apply((), (), jnp.arange(2.0).reshape(1, 1, 2, 1))[0][0, :, :, 0].tolist()
+      [[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]]
     """
     name = (f"Upsample({'size' if size is not None else 'scale_factor'}="
             f"{size if size is not None else scale_factor!r}, mode={mode!r})")
@@ -271,6 +278,11 @@ def ZeroPad(padding) -> Layer:
     Note the order: torch's ``ZeroPad2d((left, right, top, bottom))`` is
     ``ZeroPad(((top, bottom), (left, right)))`` here (a flat 4-tuple is refused).
     Negative padding (torch crops) is not supported. Stateless, no parameters.
+
+    Example:
+      >>> init, apply = ZeroPad(1)
+      >>> init(jax.random.key(0), (-1, 4, 4, 3))[0]
+      (-1, 6, 6, 3)
     """
     name = f"ZeroPad({padding!r})"
     n_spatial, spec = _pad_spec(name, padding)

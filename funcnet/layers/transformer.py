@@ -41,6 +41,13 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
     applies to the attention weights and after both residual branches, as nanoGPT.
     ``causal``, ``rope``, ``cache_length`` (decoding) and ``implementation`` go to
     :func:`MultiHeadAttention`.
+
+    Example:
+      >>> block = TransformerBlock(num_heads=2)
+      >>> out_shape, params, state = block.init(jax.random.key(0), (-1, 8, 16))
+      >>> out, _ = block.apply(params, state, jnp.ones((2, 8, 16)))
+      >>> out_shape, out.shape, sorted(params)
+      ((-1, 8, 16), (2, 8, 16), ['attn', 'mlp'])
     """
     num_heads = checks.positive_int("TransformerBlock", "num_heads", num_heads)
     name = f"TransformerBlock({num_heads})"
