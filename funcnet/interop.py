@@ -17,10 +17,13 @@ in, out), b``      ConvTranspose2d ``(in, out, kh, kw)``        ``permute(2, 3, 
                    (1-D convolutions alike)
 Embedding ``E``    Embedding ``weight``                          as is
 BatchNorm          ``weight, bias, running_mean, running_var``  into ``scale, bias`` and
-                                                                 the state's ``mean, var``
+                   (``num_batches_tracked``)                    the state's ``mean, var``
+                                                                 (and the count, for
+                                                                 ``momentum=None``)
 LayerNorm,         ``weight, bias`` (RMSNorm: ``weight``)       as is
 GroupNorm, RMSNorm
-RNN/LSTM/GRU       ``weight_ih_l0 ...`` (all layers/directions)  transposes
+RNN/LSTM/GRU       ``weight_ih_l0 ...`` (all layers/directions;  transposes
+                   no ``bias_*`` for ``bias=False``)
 MultiHeadAttention ``in_proj_weight, in_proj_bias,``            split in three, transposed
                    ``out_proj.weight, out_proj.bias``
 =================  ===========================================  ==========================
@@ -99,7 +102,7 @@ def _torch_units(state_dict) -> List[Tuple[str, Dict[str, np.ndarray]]]:
     units: Dict[str, Dict[str, np.ndarray]] = {}
     for key, value in state_dict.items():
         prefix, _, leaf = key.rpartition(".")
-        if leaf == "num_batches_tracked":
+        if leaf == "num_batches_tracked" and _tkey(prefix, "running_mean") not in state_dict:
             continue
         if prefix == "out_proj" or prefix.endswith(".out_proj"):
             owner = prefix[:-len("out_proj")].rstrip(".")
@@ -189,6 +192,8 @@ def _convert(path, unit, flat_state, prefix, entries, transposed):
         for sub, p in layers.items():
             for ours, theirs, t in (("W_ih", "weight_ih", True), ("W_hh", "weight_hh", True),
                                     ("b_ih", "bias_ih", False), ("b_hh", "bias_hh", False)):
+                if ours not in p:  # bias=False: torch has no bias_* entries either
+                    continue
                 value = take(f"{theirs}_{sub}")
                 fkey = ours if "W_ih" in keys else f"{sub}/{ours}"
                 put(out_p, fkey, value.T if t else value, p[ours])
@@ -213,9 +218,12 @@ def _convert(path, unit, flat_state, prefix, entries, transposed):
             put(out_p, "scale", take("weight"), unit["scale"])
         if "bias" in keys:
             put(out_p, "bias", take("bias"), unit["bias"])
-        for ours, theirs in (("mean", "running_mean"), ("var", "running_var")):
+        for ours, theirs in (("mean", "running_mean"), ("var", "running_var"),
+                             ("num_batches_tracked", "num_batches_tracked")):
             if _join(path, ours) in flat_state:
                 put(out_s, ours, take(theirs), flat_state[_join(path, ours)])
+        # only BatchNorm(momentum=None) reads torch's count; any other drops it
+        used.add("num_batches_tracked")
     else:
         raise StateDictMismatchError(f"load_torch_state_dict: {where}: funcnet's params "
                                      f"{sorted(keys)} are not a layer this loader knows.")

@@ -49,6 +49,8 @@ from funcnet import _mesh
 __all__ = [
     "cross_entropy", "nll_loss", "sigmoid_binary_cross_entropy", "mse", "mae", "huber",
     "hinge", "multiclass_hinge", "smooth_l1", "center_loss_init", "center_loss",
+    "binary_cross_entropy", "kl_div", "cosine_embedding_loss", "margin_ranking_loss",
+    "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "ctc_loss",
 ]
 
 _REDUCTIONS = ("mean", "sum", "sum_mean", "none")
@@ -477,19 +479,26 @@ def hinge(scores, labels, *, reduction: str = "mean"):
 
 
 def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
-                     reduction: str = "mean"):
-    r"""Multi-class hinge loss, matching ``torch.nn.functional.multi_margin_loss`` with ``p=1``.
+                     reduction: str = "mean", p: int = 1):
+    r"""Multi-class hinge loss, as ``torch.nn.functional.multi_margin_loss`` (``p``,
+    ``margin``, ``weight``).
 
     For scores :math:`x` ``(..., C)`` (classes last) and class ids :math:`y` ``(...)``:
 
     .. math::
-        l = \frac{1}{C}\sum_{i \ne y} w_y \max(0, \text{margin} - x_y + x_i)
+        l = \frac{1}{C}\sum_{i \ne y} w_y \max(0, \text{margin} - x_y + x_i)^p
+
+    ``p`` is 1 (the default) or 2 (the squared hinge), as torch allows.
 
     ``"mean"`` averages over samples (not weight-normalised, as torch). This sums over
     the wrong classes; ``optax.losses.multiclass_hinge_loss`` (Crammer–Singer) takes the
     max instead.
     """
     fn = "funcnet.losses.multiclass_hinge"
+    if p not in (1, 2) or isinstance(p, bool):
+        raise checks.ArgumentError(f"{fn}: p must be 1 or 2 (the power of each hinge term; "
+                                   f"torch's multi_margin_loss supports only these), got "
+                                   f"{checks.got(p)}.")
     scores = _float_array(fn, scores, "scores")
     labels = _int_labels(fn, labels, like=scores, like_what="scores")
     _check_reduction(fn, reduction)
@@ -503,11 +512,402 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
     one_hot = jax.nn.one_hot(safe, num_classes, dtype=scores.dtype)
     target = jnp.take_along_axis(scores, safe[..., None], axis=-1)
     terms = jnp.maximum(0.0, margin - target + scores) * (1.0 - one_hot)
+    if p == 2:
+        terms = terms * terms
     if weight is not None:
         terms = terms * _mesh.gather(weight, safe)[..., None]
     loss = jnp.sum(terms, axis=-1) / num_classes
     loss = jnp.where(in_range, loss, jnp.nan)
     return _reduce(fn, loss, reduction)
+
+
+# --------------------------------------------------------------------------- #
+# torch.nn's other losses, with its arguments and reductions.
+# --------------------------------------------------------------------------- #
+
+_TORCH_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_torch_reduction(fn: str, reduction, extra=()) -> None:
+    valid = _TORCH_REDUCTIONS + tuple(extra)
+    if reduction not in valid:
+        raise ValueError(f"{fn}: reduction must be one of {', '.join(map(repr, valid))}, got "
+                         f"{reduction!r}.")
+
+
+def _real_array(fn: str, x, what: str, dtype):
+    x = _array(fn, x, what)
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
+            or x.dtype == jnp.bool_):
+        raise TypeError(f"{fn}: {what} must be real numbers, got dtype {x.dtype}.")
+    return x.astype(dtype)
+
+
+def _broadcasts_to(fn: str, x, shape, what: str, like_what: str):
+    try:
+        fits = jnp.broadcast_shapes(x.shape, shape) == tuple(shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{fn}: {what} of shape {x.shape} does not broadcast to the "
+                         f"{like_what}' shape {tuple(shape)}.")
+    return x
+
+
+def _clamped_log(x):
+    """torch's ``max(log(x), -100)``: a probability of 0 costs 100 nats, not inf."""
+    return jnp.maximum(jnp.log(x), -100.0)
+
+
+def _clamped_log1m(x):
+    return jnp.maximum(jnp.log1p(-x), -100.0)
+
+
+_BCE_EPSILON = float(np.float32(1e-12))  # torch's, a float constant even for float64
+
+
+@jax.custom_vjp
+def _bce(p, y):
+    return -(y * _clamped_log(p) + (1.0 - y) * _clamped_log1m(p))
+
+
+def _bce_fwd(p, y):
+    return _bce(p, y), (p, y)
+
+
+def _bce_bwd(res, g):
+    # torch's derivatives: (p - y) / max(p (1 - p), 1e-12) for the input, finite at p = 0
+    # and p = 1 where the clamped logs' own derivatives are not; log(1 - p) - log(p),
+    # unclamped (infinite at p = 0 or 1), for the labels
+    p, y = res
+    dp = g * (p - y) / jnp.maximum((1.0 - p) * p, _BCE_EPSILON)
+    dy = g * (jnp.log1p(-p) - jnp.log(p))
+    return dp, dy
+
+
+_bce.defvjp(_bce_fwd, _bce_bwd)
+
+
+def binary_cross_entropy(probs, labels, *, weight=None, reduction: str = "mean"):
+    r"""Binary cross-entropy of probabilities, as ``torch.nn.functional.binary_cross_entropy``.
+
+    .. math::
+        l = -w\,\big(y \max(\log p, -100) + (1 - y) \max(\log(1 - p), -100)\big)
+
+    The logs are clamped at -100 as torch clamps them, so ``p = 0`` or ``1`` gives a finite
+    loss (100 per element) rather than inf; the gradient is torch's,
+    :math:`w (p - y) / \max(p(1-p), 10^{-12})` (finite there too; the labels' gradient,
+    :math:`w (\log(1-p) - \log p)`, is not clamped, as in torch). Prefer
+    :func:`sigmoid_binary_cross_entropy` on logits: it is exact where this one clamps.
+    ``labels`` (0/1 or probabilities) have ``probs``' shape; ``weight`` broadcasts to it.
+    Concrete ``probs`` outside ``[0, 1]`` raise ValueError (torch's "all elements of input
+    should be between 0 and 1"); under jit such values give NaN (the log of a negative
+    number).
+    """
+    fn = "funcnet.losses.binary_cross_entropy"
+    probs = _float_array(fn, probs, "probs")
+    labels = _real_array(fn, labels, "labels", probs.dtype)
+    _check_reduction(fn, reduction)
+    _same_shape(fn, probs, labels, "probs", "labels")
+    values = _concrete(probs)
+    if values is not None and values.size and not ((values >= 0) & (values <= 1)).all():
+        raise ValueError(f"{fn}: probs must lie in [0, 1] (all elements of input should be "
+                         f"between 0 and 1), found values from {values.min()} to "
+                         f"{values.max()}. For scores (logits) use "
+                         f"sigmoid_binary_cross_entropy, or apply jax.nn.sigmoid first.")
+    loss = _bce(probs, labels)
+    if weight is not None:
+        loss = loss * _broadcasts_to(fn, _real_array(fn, weight, "weight", probs.dtype),
+                                     probs.shape, "weight", "probs")
+    return _reduce(fn, loss, reduction)
+
+
+def kl_div(inputs, targets, *, reduction: str = "mean", log_target: bool = False):
+    r"""Kullback-Leibler divergence, as ``torch.nn.functional.kl_div``: ``inputs`` are
+    log-probabilities, ``targets`` probabilities (log-probabilities with ``log_target=True``).
+
+    .. math::
+        l = y\,(\log y - x) \quad(0 \text{ where } y = 0), \qquad
+        l = e^{y}\,(y - x) \quad (\texttt{log\_target=True})
+
+    ``reduction="batchmean"`` is :math:`\sum l / N` with ``N`` the size of axis 0, the
+    mathematical KL divergence of a batch of distributions (torch recommends it);
+    ``"mean"`` divides by the number of elements as torch's does; ``"sum"``, ``"none"``
+    and ``"sum_mean"`` as the other losses. Shapes must be equal.
+    """
+    fn = "funcnet.losses.kl_div"
+    inputs = _float_array(fn, inputs, "inputs")
+    targets = _real_array(fn, targets, "targets", inputs.dtype)
+    _same_shape(fn, inputs, targets, "inputs", "targets")
+    log_target = checks.flag(fn, "log_target", log_target)
+    if reduction != "batchmean":
+        _check_reduction(fn, reduction)
+    if log_target:
+        loss = jnp.exp(targets) * (targets - inputs)
+    else:
+        loss = jax.scipy.special.xlogy(targets, targets) - targets * inputs
+    if reduction == "batchmean":
+        return jnp.sum(loss) / inputs.shape[0] if inputs.ndim else jnp.sum(loss)
+    return _reduce(fn, loss, reduction)
+
+
+def _sign_labels(fn: str, labels, shape, what: str = "labels"):
+    labels = _array(fn, labels, what)
+    if labels.shape != tuple(shape):
+        raise ValueError(f"{fn}: {what} must have shape {tuple(shape)}, got {labels.shape}.")
+    values = _concrete(labels)
+    if values is not None and values.size and not np.isin(values, (-1, 1)).all():
+        found = np.unique(values[~np.isin(values, (-1, 1))])[:8].tolist()
+        raise ValueError(f"{fn}: {what} must be 1 or -1, found {found}. Map {{0, 1}} labels "
+                         f"with 2 * y - 1.")
+    return labels
+
+
+def cosine_embedding_loss(x1, x2, labels, *, margin: float = 0.0, reduction: str = "mean"):
+    r"""Cosine embedding loss, as ``torch.nn.functional.cosine_embedding_loss``.
+
+    For rows ``x1``, ``x2`` of shape ``(N, D)`` (or ``(D,)``) and labels ``y`` of
+    ``(N,)`` (or ``()``) in ``{1, -1}``, with torch's :math:`\epsilon = 10^{-12}`:
+
+    .. math::
+        \cos = \frac{\sum x_1 x_2}{\sqrt{(\sum x_1^2 + \epsilon)(\sum x_2^2 + \epsilon)}}, \qquad
+        l = \begin{cases} 1 - \cos & y = 1 \\ \max(0, \cos - \text{margin}) & y = -1 \end{cases}
+
+    Concrete labels other than 1 and -1 raise ValueError (torch gives them a loss of 0).
+    """
+    fn = "funcnet.losses.cosine_embedding_loss"
+    x1 = _float_array(fn, x1, "x1")
+    x2 = _float_array(fn, x2, "x2")
+    _same_shape(fn, x1, x2, "x1", "x2")
+    if x1.ndim not in (1, 2):
+        raise ValueError(f"{fn}: x1 and x2 must be (N, D) or (D,), got shape {x1.shape}.")
+    labels = _sign_labels(fn, labels, x1.shape[:-1])
+    _check_reduction(fn, reduction)
+    margin = _check_number(fn, "margin", margin)
+    dtype = jnp.promote_types(x1.dtype, x2.dtype)
+    x1, x2 = x1.astype(dtype), x2.astype(dtype)
+    eps = 1e-12
+    denom = jnp.sqrt((jnp.sum(x1 * x1, -1) + eps) * (jnp.sum(x2 * x2, -1) + eps))
+    cos = jnp.sum(x1 * x2, -1) / denom
+    loss = jnp.where(labels == 1, 1.0 - cos, jnp.maximum(cos - margin, 0.0))
+    return _reduce(fn, loss, reduction)
+
+
+def margin_ranking_loss(x1, x2, labels, *, margin: float = 0.0, reduction: str = "mean"):
+    r"""Margin ranking loss, as ``torch.nn.functional.margin_ranking_loss``:
+    :math:`l = \max(0, -y (x_1 - x_2) + \text{margin})`, ``y = 1`` when ``x1`` should
+    rank higher and ``-1`` when ``x2`` should. The three arrays have one shape.
+    """
+    fn = "funcnet.losses.margin_ranking_loss"
+    x1 = _float_array(fn, x1, "x1")
+    x2 = _float_array(fn, x2, "x2")
+    _same_shape(fn, x1, x2, "x1", "x2")
+    labels = _real_array(fn, labels, "labels", x1.dtype)
+    _same_shape(fn, x1, labels, "x1", "labels")
+    _check_reduction(fn, reduction)
+    margin = _check_number(fn, "margin", margin)
+    return _reduce(fn, jnp.maximum(-labels * (x1 - x2) + margin, 0.0), reduction)
+
+
+def _pairwise_distance(a, b, p, eps):
+    """torch's ``pairwise_distance``: ``||a - b + eps||_p`` over the last axis."""
+    d = jnp.abs(a - b + eps)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(d * d, -1))
+    if p == 1:
+        return jnp.sum(d, -1)
+    return jnp.sum(d ** p, -1) ** (1.0 / p)
+
+
+def triplet_margin_loss(anchor, positive, negative, *, margin: float = 1.0, p: float = 2.0,
+                        eps: float = 1e-6, swap: bool = False, reduction: str = "mean"):
+    r"""Triplet margin loss, as ``torch.nn.functional.triplet_margin_loss``.
+
+    Rows of shape ``(N, D)`` (or ``(D,)``), with :math:`d(a, b) = \lVert a - b +
+    \epsilon\rVert_p` over the last axis (torch's ``pairwise_distance``):
+
+    .. math::
+        l = \max(d(a, p) - d(a, n) + \text{margin}, 0)
+
+    ``swap=True`` (the distance swap of Balntas et al. 2016) uses
+    :math:`\min(d(a, n), d(p, n))` for the negative distance. ``margin`` must be > 0 and
+    ``p`` > 0, as torch requires.
+    """
+    fn = "funcnet.losses.triplet_margin_loss"
+    anchor = _float_array(fn, anchor, "anchor")
+    positive = _float_array(fn, positive, "positive")
+    negative = _float_array(fn, negative, "negative")
+    _same_shape(fn, anchor, positive, "anchor", "positive")
+    _same_shape(fn, anchor, negative, "anchor", "negative")
+    if anchor.ndim not in (1, 2):
+        raise ValueError(f"{fn}: anchor, positive and negative must be (N, D) or (D,), got "
+                         f"shape {anchor.shape}.")
+    _check_reduction(fn, reduction)
+    margin = checks.real(fn, "margin (torch: margin must be greater than 0)", margin, low=0.0,
+                         low_open=True)
+    p = checks.real(fn, "p (the norm degree)", p, low=0.0, low_open=True)
+    eps = checks.real(fn, "eps", eps, low=0.0)
+    swap = checks.flag(fn, "swap", swap)
+    d_pos = _pairwise_distance(anchor, positive, p, eps)
+    d_neg = _pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        d_neg = jnp.minimum(d_neg, _pairwise_distance(positive, negative, p, eps))
+    return _reduce(fn, jnp.maximum(d_pos - d_neg + margin, 0.0), reduction)
+
+
+def poisson_nll_loss(inputs, targets, *, log_input: bool = True, full: bool = False,
+                     eps: float = 1e-8, reduction: str = "mean"):
+    r"""Poisson negative log-likelihood, as ``torch.nn.functional.poisson_nll_loss``.
+
+    .. math::
+        l = e^{x} - y x \quad (\texttt{log\_input=True}), \qquad
+        l = x - y \log(x + \text{eps}) \quad (\texttt{log\_input=False})
+
+    ``full=True`` adds Stirling's approximation of :math:`\log y!`,
+    :math:`y \log y - y + \tfrac12 \log(2\pi y)`, for targets :math:`y > 1` (0 for the
+    others), as torch does.
+    """
+    fn = "funcnet.losses.poisson_nll_loss"
+    inputs = _float_array(fn, inputs, "inputs")
+    targets = _real_array(fn, targets, "targets", inputs.dtype)
+    _same_shape(fn, inputs, targets, "inputs", "targets")
+    _check_reduction(fn, reduction)
+    log_input = checks.flag(fn, "log_input", log_input)
+    full = checks.flag(fn, "full", full)
+    eps = checks.real(fn, "eps", eps, low=0.0)
+    if log_input:
+        loss = jnp.exp(inputs) - targets * inputs
+    else:
+        loss = inputs - targets * jnp.log(inputs + eps)
+    if full:
+        safe = jnp.where(targets > 1, targets, 1.0)
+        stirling = safe * jnp.log(safe) - safe + 0.5 * jnp.log(2 * np.pi * safe)
+        loss = loss + jnp.where(targets > 1, stirling, 0.0)
+    return _reduce(fn, loss, reduction)
+
+
+def gaussian_nll_loss(inputs, targets, var, *, full: bool = False, eps: float = 1e-6,
+                      reduction: str = "mean"):
+    r"""Gaussian negative log-likelihood, as ``torch.nn.functional.gaussian_nll_loss``.
+
+    .. math::
+        l = \tfrac12\Big(\log \max(\sigma^2, \text{eps}) + \frac{(x - y)^2}{\max(\sigma^2,
+            \text{eps})}\Big) \;(+\, \tfrac12 \log 2\pi \text{ with full=True})
+
+    The clamp at ``eps`` is torch's: it changes the value but not the gradient's path
+    (``var``'s gradient is taken at the clamped value, as if unclamped). ``var`` has
+    ``inputs``' shape (heteroscedastic), or ``inputs``' shape without its last axis, or
+    that shape with exactly one axis of size 1 where ``inputs`` has another size
+    (homoscedastic), or is a number -- torch's rules. A negative concrete ``var`` raises
+    ValueError, as in torch. ``targets`` have ``inputs``' shape.
+    """
+    fn = "funcnet.losses.gaussian_nll_loss"
+    inputs = _float_array(fn, inputs, "inputs")
+    targets = _real_array(fn, targets, "targets", inputs.dtype)
+    _same_shape(fn, inputs, targets, "inputs", "targets")
+    _check_reduction(fn, reduction)
+    full = checks.flag(fn, "full", full)
+    eps = checks.real(fn, "eps", eps, low=0.0)
+    if isinstance(var, numbers.Real) and not isinstance(var, bool):
+        var = jnp.full(inputs.shape, var, inputs.dtype)
+    var = _float_array(fn, var, "var")
+    values = _concrete(var)
+    if values is not None and (values < 0).any():
+        raise ValueError(f"{fn}: var has negative entry/entries (found {values.min()}); it "
+                         f"is a variance. Pass e.g. jax.nn.softplus(raw) or exp(log_var).")
+    if var.shape != inputs.shape:
+        if var.shape == inputs.shape[:-1]:
+            var = var[..., None]
+        elif not (var.ndim == inputs.ndim and sum(
+                v for i, v in zip(inputs.shape, var.shape) if i != v) == 1):
+            raise ValueError(
+                f"{fn}: var is of incorrect size: shape {var.shape} for inputs of shape "
+                f"{inputs.shape}. Give inputs' shape (one variance per element), inputs' "
+                f"shape without the last axis {inputs.shape[:-1]}, or inputs' shape with one "
+                f"axis set to 1 (one variance shared along it).")
+    var = var.astype(inputs.dtype)
+    var = var + lax.stop_gradient(jnp.maximum(var, eps) - var)
+    loss = 0.5 * (jnp.log(var) + jnp.square(inputs - targets) / var)
+    if full:
+        loss = loss + 0.5 * np.log(2 * np.pi)
+    return _reduce(fn, loss, reduction)
+
+
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0,
+             reduction: str = "mean", zero_infinity: bool = False):
+    r"""Connectionist temporal classification loss, as ``torch.nn.CTCLoss``, computed by
+    ``optax.ctc_loss``.
+
+    Batch first: ``log_probs`` ``(N, T, C)`` are per-frame log-probabilities
+    (``jax.nn.log_softmax`` output; torch's ``(T, N, C)`` is
+    ``jnp.swapaxes(log_probs, 0, 1)``), ``targets`` ``(N, S)`` padded integer labels (not
+    ``blank``; torch's concatenated 1-D form is not accepted), ``input_lengths`` and
+    ``target_lengths`` ``(N,)`` the valid frames and labels of each sequence. Per
+    sequence, :math:`l_n = -\log \sum_{\pi \in B^{-1}(y_n)} \prod_t p_{t, \pi_t}`;
+    ``"mean"`` is torch's: :math:`\frac1N \sum_n l_n / \max(|y_n|, 1)`; ``"sum"`` and
+    ``"none"`` (shape ``(N,)``) as usual.
+
+    A target that no alignment of its input length can produce (shorter than the target
+    plus its repeated neighbours) has an infinite loss, as in torch;
+    ``zero_infinity=True`` makes such losses, and their gradients, 0. The gradient with
+    respect to ``log_probs`` is torch's (``exp(log_probs) - posteriors``: optax
+    normalises the input once more, which for log-probabilities changes the value by
+    nothing and the gradient exactly as torch's formula does), so gradients through a
+    ``log_softmax`` are those of torch.
+    """
+    fn = "funcnet.losses.ctc_loss"
+    log_probs = _float_array(fn, log_probs, "log_probs")
+    if log_probs.ndim != 3:
+        raise ValueError(f"{fn}: log_probs must be (N, T, C), batch first, got shape "
+                         f"{log_probs.shape}. From torch's (T, N, C) layout: "
+                         f"jnp.swapaxes(log_probs, 0, 1).")
+    N, T, C = log_probs.shape
+    targets = _int_labels(fn, targets, "targets")
+    if targets.ndim != 2 or targets.shape[0] != N:
+        raise ValueError(f"{fn}: targets must be padded labels of shape ({N}, S), got "
+                         f"{targets.shape}.")
+    lengths = []
+    for what, x, most in (("input_lengths", input_lengths, T),
+                          ("target_lengths", target_lengths, targets.shape[1])):
+        x = _int_labels(fn, x, what)
+        if x.shape != (N,):
+            raise ValueError(f"{fn}: {what} must have shape ({N},), one per sequence, got "
+                             f"{x.shape}.")
+        v = _concrete(x)
+        if v is not None and v.size and (v.min() < 0 or v.max() > most):
+            raise ValueError(f"{fn}: {what} must lie in [0, {most}], found values from "
+                             f"{v.min()} to {v.max()}.")
+        lengths.append(x)
+    input_lengths, target_lengths = lengths
+    blank = checks.integer(fn, "blank", blank)
+    if not 0 <= blank < C:
+        raise ValueError(f"{fn}: blank must be in label range: blank={blank} but log_probs "
+                         f"has {C} classes. Give the index of the blank class, in [0, {C}).")
+    _check_torch_reduction(fn, reduction)
+    zero_infinity = checks.flag(fn, "zero_infinity", zero_infinity)
+    S = targets.shape[1]
+    in_target = jnp.arange(S)[None, :] < target_lengths[:, None]
+    v = _concrete(targets)
+    mask = _concrete(in_target)
+    if v is not None and mask is not None and v.size:
+        bad = mask & ((v < 0) | (v >= C) | (v == blank))
+        if bad.any():
+            raise ValueError(f"{fn}: targets must be class ids in [0, {C}) other than "
+                             f"blank={blank}, found {np.unique(v[bad])[:8].tolist()} within "
+                             f"target_lengths.")
+    frame_pad = (jnp.arange(T)[None, :] >= input_lengths[:, None]).astype(log_probs.dtype)
+    label_pad = (~in_target).astype(log_probs.dtype)
+    safe_targets = jnp.where(in_target, targets, 0)
+    nll = optax.ctc_loss(log_probs, frame_pad, safe_targets, label_pad, blank_id=blank)
+    # optax's log-space zero is a finite -1e5: detect impossible alignments as torch's inf
+    repeats = jnp.sum(in_target[:, 1:] & (safe_targets[:, 1:] == safe_targets[:, :-1]), axis=1)
+    feasible = input_lengths >= target_lengths + repeats
+    nll = jnp.where(feasible, nll, 0.0 if zero_infinity else jnp.inf)
+    if reduction == "mean":
+        return jnp.mean(nll / jnp.maximum(target_lengths, 1).astype(nll.dtype))
+    if reduction == "sum":
+        return jnp.sum(nll)
+    return nll
 
 
 # --------------------------------------------------------------------------- #
@@ -577,7 +977,7 @@ def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None
 
     batch = features.shape[0]
     in_range = (labels >= 0) & (labels < num_classes)
-    # Invalid ids go to segment `num_classes`, which segment_sum drops.
+    # Invalid ids go to segment `num_classes`, which the scatter-add below drops.
     segments = jnp.where(in_range, labels, num_classes)
     c = lax.stop_gradient(centers)
     diff = features - _mesh.gather(c, jnp.where(in_range, labels, 0))
@@ -585,11 +985,13 @@ def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None
     local = jnp.sum(sq) / (2 * batch)
 
     # Per-class sums of a batch split over Explicit mesh axes are whole on every device.
-    delta = jax.ops.segment_sum(lax.stop_gradient(diff), segments, num_segments=num_classes,
-                                out_sharding=_mesh.explicit_sharding(features, None, None))
-    counts = jax.ops.segment_sum(jnp.ones_like(labels, centers.dtype), segments,
-                                 num_segments=num_classes,
-                                 out_sharding=_mesh.explicit_sharding(features, None))
+    # (A scatter-add, as segment_sum computes it; segment_sum takes out_sharding only
+    # from jax 0.10.1.) Segment num_classes, the invalid ids, is dropped.
+    delta = jnp.zeros((num_classes, diff.shape[-1]), diff.dtype).at[segments].add(
+        lax.stop_gradient(diff), mode="drop",
+        out_sharding=_mesh.explicit_sharding(features, None, None))
+    counts = jnp.zeros((num_classes,), centers.dtype).at[segments].add(
+        1, mode="drop", out_sharding=_mesh.explicit_sharding(features, None))
     if axis_name is None:
         loss = local
     else:

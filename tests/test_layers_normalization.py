@@ -30,9 +30,12 @@ def _random_params(seed, c):
             "bias": jnp.asarray(rng.standard_normal(c), jnp.float32)}
 
 
-def test_batchnorm_train_eval_and_running_stats_formula():
+@pytest.mark.parametrize("running_var", [None, "unbiased", "biased"])
+def test_batchnorm_train_eval_and_running_stats_formula(running_var):
+    """The default (None here) is torch's unbiased running variance."""
     momentum, c = 0.8, 3
-    init, apply = BatchNorm(momentum=momentum)
+    init, apply = BatchNorm(momentum=momentum, **({} if running_var is None else
+                                                  {"running_var": running_var}))
     out_shape, params, state = init(jax.random.key(0), (-1, c))
     assert out_shape == (-1, c)
     np.testing.assert_array_equal(state["mean"], np.zeros(c))
@@ -53,7 +56,9 @@ def test_batchnorm_train_eval_and_running_stats_formula():
             y, _bn_reference(xn, bmean, bvar, _np(params["scale"]), _np(params["bias"]), 1),
             rtol=1e-5, atol=1e-5)
         run_mean = momentum * run_mean + (1 - momentum) * bmean
-        run_var = momentum * run_var + (1 - momentum) * bvar
+        n = xn.shape[0]
+        correction = 1.0 if running_var == "biased" else n / (n - 1)
+        run_var = momentum * run_var + (1 - momentum) * bvar * correction
         np.testing.assert_allclose(state["mean"], run_mean, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(state["var"], run_var, rtol=1e-5, atol=1e-6)
 
@@ -67,7 +72,7 @@ def test_batchnorm_train_eval_and_running_stats_formula():
 
 @pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5), (2, 3, 4, 4)])
 def test_batchnorm_matches_torch(shape):
-    """torch momentum=0.1 is momentum=0.9 here; torch's running_var is unbiased."""
+    """torch momentum=0.1 is momentum=0.9 here; the running_var is torch's unbiased one."""
     c, n = shape[1], math.prod(shape) // shape[1]
     torch_bn = (torch.nn.BatchNorm1d if len(shape) < 4 else torch.nn.BatchNorm2d)(c, momentum=0.1)
     axis = 1 if len(shape) > 2 else -1
@@ -84,9 +89,13 @@ def test_batchnorm_matches_torch(shape):
     y, new_state = apply(params, state, jnp.asarray(x), train=True)
     np.testing.assert_allclose(y, y_torch, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(new_state["mean"], torch_bn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
-    # Recover each side's batch variance from one update from var=1 and compare them
-    # through the unbiased correction n / (n - 1).
-    ours = (_np(new_state["var"]) - 0.9) / 0.1
+    # the default running variance is torch's unbiased one
+    np.testing.assert_allclose(new_state["var"], torch_bn.running_var.numpy(), rtol=1e-5,
+                               atol=1e-6)
+    # running_var="biased" keeps the variance used to normalise: off by n / (n - 1)
+    _, biased = BatchNorm(axis=axis, momentum=0.9, running_var="biased").apply(
+        params, state, jnp.asarray(x), train=True)
+    ours = (_np(biased["var"]) - 0.9) / 0.1
     theirs = (torch_bn.running_var.numpy().astype(np.float64) - 0.9) / 0.1
     np.testing.assert_allclose(ours * n / (n - 1), theirs, rtol=1e-4)
     assert not np.allclose(ours, theirs, rtol=1e-3)  # the conventions really differ

@@ -12,8 +12,8 @@ from funcnet.layers.dense import Dense
 from funcnet.layers.dropout import Dropout, SpatialDropout
 from funcnet.layers.attention import (MultiHeadAttention, causal_mask, dot_product_attention,
                                       padding_mask)
-from funcnet.layers.embedding import Embedding, TiedEmbedding
-from funcnet.layers.normalization import BatchNorm, GroupNorm, LayerNorm, RMSNorm
+from funcnet.layers.embedding import Embedding, TiedEmbedding, embedding_renorm
+from funcnet.layers.normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 from funcnet.layers.pooling import AvgPool, GlobalAvgPool, GlobalMaxPool, MaxPool
 from funcnet.layers.resize import Upsample, ZeroPad
 from funcnet.layers.recurrent import GRU, LSTM, RNN
@@ -25,6 +25,6 @@ __all__ = ["Dense", "Conv", "ConvTranspose", "MaxPool", "AvgPool", "GlobalAvgPoo
            "Reshape", "Dropout", "BatchNorm", "LayerNorm", "Embedding", "RNN", "LSTM", "GRU",
            "Relu", "LeakyRelu", "Elu", "Selu", "Gelu", "Sigmoid", "Tanh", "Softplus", "Softmax",
            "LogSoftmax", "elementwise", "MultiHeadAttention", "dot_product_attention",
-           "causal_mask", "padding_mask", "TiedEmbedding", "TransformerBlock",
+           "causal_mask", "padding_mask", "TiedEmbedding", "embedding_renorm", "TransformerBlock",
            "LearnedPositions", "SinusoidalPositions", "rope", "sinusoidal_table", "RMSNorm",
-           "GroupNorm", "GlobalMaxPool", "SpatialDropout", "Upsample", "ZeroPad"]
+           "GroupNorm", "InstanceNorm", "GlobalMaxPool", "SpatialDropout", "Upsample", "ZeroPad"]

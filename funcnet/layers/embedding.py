@@ -12,10 +12,82 @@ from funcnet import initializers
 from funcnet.core import Layer, as_layer, check_input, check_shape, named
 from funcnet.layers.dense import linear
 
-__all__ = ["Embedding", "TiedEmbedding"]
+__all__ = ["Embedding", "TiedEmbedding", "embedding_renorm"]
 
 
-def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None) -> Layer:
+def _renorm_scale(rows, max_norm, norm_type):
+    """torch's embedding_renorm_ factor for each row: ``max_norm / (norm + 1e-7)`` where
+    the row's ``norm_type``-norm exceeds ``max_norm``, else 1."""
+    a = jnp.abs(rows)
+    if norm_type == 2.0:
+        norm = jnp.sqrt(jnp.sum(a * a, axis=-1, keepdims=True))
+    elif norm_type == 1.0:
+        norm = jnp.sum(a, axis=-1, keepdims=True)
+    elif norm_type == float("inf"):
+        norm = jnp.max(a, axis=-1, keepdims=True)
+    else:
+        norm = jnp.sum(a ** norm_type, axis=-1, keepdims=True) ** (1.0 / norm_type)
+    return jnp.where(norm > max_norm, max_norm / (norm + 1e-7), 1.0).astype(rows.dtype)
+
+
+def _check_max_norm(where, max_norm, norm_type):
+    max_norm = checks.real(where, "max_norm", max_norm, low=0.0, low_open=True)
+    if not (checks.is_real(norm_type) and (float(norm_type) > 0)):
+        raise checks.ArgumentError(f"{where}: norm_type must be a positive real number (the p "
+                                   f"of the p-norm, 2.0 as torch's default; inf allowed), got "
+                                   f"{checks.got(norm_type)}.")
+    return max_norm, float(norm_type)
+
+
+def embedding_renorm(params, ids, max_norm: float, norm_type: float = 2.0):
+    """The params of an :func:`Embedding` whose rows named in ``ids`` are renormalised as
+    ``torch.nn.functional.embedding(..., max_norm=, norm_type=)`` renormalises them in
+    place: each such row whose ``norm_type``-norm exceeds ``max_norm`` is multiplied by
+    ``max_norm / (norm + 1e-7)``; other rows are unchanged.
+
+    torch changes its weight during the forward pass; funcnet's ``Embedding(max_norm=)``
+    returns the renormalised rows but cannot change its params. To follow torch's
+    training exactly, renormalise the params with this function before each step's
+    forward pass (the lookup then returns the rows unchanged) and apply the optimizer's
+    update to the result, as torch's optimizer updates the renormalised weight::
+
+        params["embed"] = embedding_renorm(params["embed"], ids, max_norm=1.0)
+        loss, grads = jax.value_and_grad(loss_fn)(params, ids)
+
+    Ids outside ``[0, vocab_size)`` are ignored here.
+    """
+    max_norm, norm_type = _check_max_norm("embedding_renorm", max_norm, norm_type)
+    table = params["E"]
+    ids = jnp.asarray(ids).reshape(-1)
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise TypeError(f"embedding_renorm: ids must be integer token ids, got dtype "
+                        f"{ids.dtype}.")
+    n = table.shape[0]
+    ids = jnp.where((ids >= 0) & (ids < n), ids, n)
+    used = jnp.zeros((n,), bool).at[ids].set(True, mode="drop")
+    scale = jnp.where(used[:, None], _renorm_scale(table, max_norm, norm_type), 1.0)
+    return {**params, "E": table * scale.astype(table.dtype)}
+
+
+@jax.custom_vjp
+def _grad_by_inverse_freq(rows, counts):
+    return rows
+
+
+def _freq_fwd(rows, counts):
+    return rows, counts
+
+
+def _freq_bwd(counts, g):
+    return g / counts[..., None].astype(g.dtype), None
+
+
+_grad_by_inverse_freq.defvjp(_freq_fwd, _freq_bwd)
+
+
+def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None, *,
+              max_norm=None, norm_type: float = 2.0,
+              scale_grad_by_freq: bool = False) -> Layer:
     """``y[..., :] = E[ids[...], :]``: integer ids of any shape ``S`` -> ``S + (dim,)``.
 
     As ``torch.nn.Embedding(vocab_size, dim)``: params ``{"E": (vocab_size, dim)}``
@@ -25,6 +97,18 @@ def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None) -> Layer
     ``padding_idx``, as torch's: that row starts as zeros and gets no gradient from
     the lookup (ids equal to it read the row as it is, with the gradient stopped);
     a negative value counts from the end (``vocab_size + padding_idx``).
+
+    ``max_norm``, as torch's: each looked-up row whose ``norm_type``-norm exceeds
+    ``max_norm`` is returned multiplied by ``max_norm / (norm + 1e-7)``, the output torch
+    gives. The gradient with respect to ``E`` is torch's too: that of a plain lookup
+    (torch renormalises under ``no_grad``), the output's gradient added into the rows.
+    torch also writes the renormalised rows back into its weight; params cannot change
+    in ``apply``, so use :func:`embedding_renorm` on the params before each step for
+    that (see its example).
+
+    ``scale_grad_by_freq=True``, as torch's: the gradient each occurrence of an id sends
+    to its row is divided by the number of times the id occurs in ``ids`` (this call's
+    batch), ``dE[i] = sum_{k: ids_k = i} g_k / count(i)``.
 
     Inputs must have an integer dtype; anything else (floats, bool) is a TypeError
     at trace time rather than a silent cast.
@@ -55,6 +139,9 @@ def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None) -> Layer
             raise ValueError(f"{name}: padding_idx={padding_idx} must be in [-{vocab_size}, "
                              f"{vocab_size}) (a row of the table; negative counts from the end).")
         padding_idx %= vocab_size
+    if max_norm is not None:
+        max_norm, norm_type = _check_max_norm(name, max_norm, norm_type)
+    scale_grad_by_freq = checks.flag(name, "scale_grad_by_freq", scale_grad_by_freq)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=0)
@@ -76,6 +163,12 @@ def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None) -> Layer
         ids = inputs if inputs.dtype.itemsize >= 8 else inputs.astype(jnp.int32)
         ids = jnp.where((ids >= 0) & (ids < n), ids, n)
         out = _mesh.gather(table, ids, mode="fill", fill_value=jnp.nan)
+        if max_norm is not None:  # torch's renorm is under no_grad: the lookup's gradient
+            out = out + jax.lax.stop_gradient(
+                out * _renorm_scale(out, max_norm, norm_type) - out)
+        if scale_grad_by_freq:
+            counts = jnp.zeros((n + 1,), jnp.int32).at[ids].add(1)
+            out = _grad_by_inverse_freq(out, counts[ids])
         if padding_idx is not None:  # torch: the padding row is read but never trained
             out = jnp.where((ids == padding_idx)[..., None], jax.lax.stop_gradient(out), out)
         return out, state

@@ -1,5 +1,5 @@
-"""Normalization layers: BatchNorm (optionally synced across devices), LayerNorm, RMSNorm and
-GroupNorm."""
+"""Normalization layers: BatchNorm (optionally synced across devices), InstanceNorm, LayerNorm,
+RMSNorm and GroupNorm."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from funcnet import _mesh
 from funcnet.core import (Layer, check_input, check_known, check_shape, named, need_state,
                           normalize_axis)
 
-__all__ = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
+__all__ = ["BatchNorm", "InstanceNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
 
 def _check_axes(layer: str, axis):
@@ -71,46 +71,104 @@ def _check_batch_statistics(layer: str, shape, reduce_axes, axis_name) -> None:
         f"batches of at least 2 examples, or apply it with train=False (running statistics).")
 
 
-def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, center: bool = True,
-              scale: bool = True, axis_name: Optional[Hashable] = None) -> Layer:
-    """Batch normalization over every axis except the feature ``axis``.
+_RUNNING_VAR = ("unbiased", "biased")
 
-    ``train=True`` normalises with the statistics of the batch::
 
-        mean = E[x],  var = E[(x - mean)^2]          (biased, over all axes but `axis`)
+def _batch_norm_options(layer: str, momentum, running_var, track_running_stats):
+    if momentum is not None:
+        momentum = checks.real(layer, "momentum (weight of the old running value; None for "
+                               "torch's cumulative average)", momentum, low=0.0, high=1.0)
+    if running_var not in _RUNNING_VAR:
+        raise checks.ArgumentError(
+            f"{layer}: running_var must be 'unbiased' (torch's running_var, the batch variance "
+            f"times n / (n - 1)) or 'biased' (the variance used to normalise, as Keras and "
+            f"Flax keep it), got {checks.got(running_var)}.")
+    track_running_stats = checks.flag(layer, "track_running_stats", track_running_stats)
+    return momentum, track_running_stats
+
+
+def _batch_stats(x, reduce_axes, bshape, axis_name):
+    """Mean and biased variance over ``reduce_axes`` (and over ``axis_name``'s devices),
+    and ``n``, the number of values per feature they were taken over."""
+    n = math.prod(x.shape[a] for a in reduce_axes)
+    mean = jnp.mean(x, axis=reduce_axes)
+    if axis_name is not None:
+        mean = lax.pmean(mean, axis_name)
+        n *= lax.axis_size(axis_name)
+    var = jnp.mean(jnp.square(x - mean.reshape(bshape)), axis=reduce_axes)
+    if axis_name is not None:
+        var = lax.pmean(var, axis_name)
+    return mean, var, n
+
+
+def _updated_running_stats(state, mean, var, n, momentum, running_var):
+    """torch's update: ``running <- (1 - f) * running + f * batch`` with ``f = 1 - momentum``
+    (``1 / num_batches_tracked`` for ``momentum=None``), the variance unbiased by default."""
+    if running_var == "unbiased":
+        var = var * (n / (n - 1))
+    new_state = dict(state)
+    if momentum is None:
+        count = state["num_batches_tracked"] + 1
+        new_state["num_batches_tracked"] = count
+        factor = 1.0 / count.astype(state["mean"].dtype)
+    else:
+        factor = 1.0 - momentum
+    for key, batch in (("mean", mean), ("var", var)):
+        old = state[key]
+        new_state[key] = ((1.0 - factor) * old + factor * batch).astype(old.dtype)
+    return new_state
+
+
+def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 1e-5,
+              center: bool = True, scale: bool = True, axis_name: Optional[Hashable] = None,
+              *, running_var: str = "unbiased", track_running_stats: bool = True) -> Layer:
+    """Batch normalization over every axis except the feature ``axis``, as
+    ``torch.nn.BatchNorm1d/2d/3d``.
+
+    ``train=True`` normalises with the statistics of the batch, over the ``n`` values
+    per feature (all axes but ``axis``, and every device's with ``axis_name``)::
+
+        mean = E[x],  var = E[(x - mean)^2]          (biased: the one used to normalise)
         y    = (x - mean) / sqrt(var + epsilon) * scale + bias
         running_mean <- momentum * running_mean + (1 - momentum) * mean
-        running_var  <- momentum * running_var  + (1 - momentum) * var
+        running_var  <- momentum * running_var  + (1 - momentum) * var * n / (n - 1)
 
     and returns the updated running statistics as the new state. ``train=False``
     normalises with the running statistics and returns the state unchanged.
 
     params ``{"scale", "bias"}`` (ones, zeros; ``scale=False``/``center=False`` drop
-    them) and state ``{"mean", "var"}`` (zeros, ones) have the size of the feature
-    axis. ``axis=-1`` suits ``(N, C)`` and channels-last ``(N, H, W, C)``; use
-    ``axis=1`` for channels-first ``(N, C, L)``/``(N, C, H, W)`` like PyTorch.
+    them; torch's ``weight``/``bias``, ``affine=False`` drops both) and state
+    ``{"mean", "var"}`` (zeros, ones: torch's ``running_mean``/``running_var``, copied
+    as they are) have the size of the feature axis. ``axis=-1`` suits ``(N, C)`` and
+    channels-last ``(N, H, W, C)``; use ``axis=1`` for channels-first
+    ``(N, C, L)``/``(N, C, H, W)`` like PyTorch.
 
-    Conventions, versus ``torch.nn.BatchNorm1d/2d``:
+    Options, versus torch:
 
     * ``momentum`` is the weight of the *old* running value, as in Keras, MXNet and
       Flax. PyTorch's ``momentum`` is the weight of the *new* batch value: torch
-      ``momentum=0.1`` (its default) is ``momentum=0.9`` here.
-    * the state stores the *biased* batch variance (the one used to normalise);
-      PyTorch's ``running_var`` accumulates the *unbiased* one, ``var * n / (n - 1)``
-      with ``n`` the number of reduced elements per feature. Train-mode outputs and
-      running means agree with torch; running variances differ by that factor (it
-      vanishes for large batches). To load torch buffers, copy ``running_mean`` and
-      ``running_var`` into ``state["mean"]``/``state["var"]`` as they are.
+      ``momentum=0.1`` (its default) is ``momentum=0.9`` here. ``momentum=None`` is
+      torch's ``momentum=None``, the cumulative moving average: the state gains
+      ``"num_batches_tracked"`` (an int32 count, torch's buffer of that name) and each
+      update weighs the batch by ``1 / num_batches_tracked``.
+    * ``running_var="unbiased"`` (the default, torch's) accumulates the unbiased batch
+      variance ``var * n / (n - 1)``; ``running_var="biased"`` accumulates ``var``
+      itself, funcnet 0.1's rule (and Keras's and Flax's).
+      Outputs in train mode and running means do not depend on it.
+    * ``track_running_stats=False`` (torch's): no running statistics at all; the state
+      is ``()`` and the batch statistics are used in eval mode too (in eval mode those
+      of each device's own batch, even with ``axis_name``, as torch's SyncBatchNorm).
 
     Synced BatchNorm: with ``axis_name`` set and ``apply`` run under ``jax.pmap``
     (or ``shard_map``) with that axis name, the batch mean and variance are averaged
     with ``lax.pmean`` over the devices, so every device normalises with -- and
     stores -- the statistics of the global batch (all devices' batches have the same
-    size under pmap, so the mean of means is the global mean). The variance is
-    computed in two passes, ``pmean(E[(x - pmean(E[x]))^2])``, rather than from
-    ``pmean(E[x^2]) - mean^2``: one more all-reduce of ``C`` numbers, but no
-    float32 cancellation when ``|mean| >> std``. Calling a synced BatchNorm in train
-    mode outside a pmap over ``axis_name`` fails with JAX's "unbound axis name" error.
+    size under pmap, so the mean of means is the global mean; ``n`` is the global
+    count). The variance is computed in two passes, ``pmean(E[(x - pmean(E[x]))^2])``,
+    rather than from ``pmean(E[x^2]) - mean^2``: one more all-reduce of ``C`` numbers,
+    but no float32 cancellation when ``|mean| >> std``. Calling a synced BatchNorm in
+    train mode outside a pmap over ``axis_name`` fails with JAX's "unbound axis name"
+    error.
 
     Mixed precision: batch statistics are computed in at least float32 (inputs
     are upcast), the running statistics are kept and averaged in float32, and the
@@ -121,10 +179,11 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
     """
     if not checks.is_int(axis):
         raise ValueError(f"BatchNorm: axis must be an int (the feature axis), got {axis!r}.")
-    momentum = checks.real("BatchNorm", "momentum (weight of the old running value)", momentum,
-                           low=0.0, high=1.0)
+    momentum, track_running_stats = _batch_norm_options("BatchNorm", momentum, running_var,
+                                                        track_running_stats)
     epsilon = checks.real("BatchNorm", "epsilon", epsilon, low=0.0)
     name = f"BatchNorm(axis={axis})" if axis != -1 else "BatchNorm"
+    state_keys = ("mean", "var") + (("num_batches_tracked",) if momentum is None else ())
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=2)
@@ -136,33 +195,34 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
             params["scale"] = jnp.ones((c,), jnp.float32)
         if center:
             params["bias"] = jnp.zeros((c,), jnp.float32)
+        if not track_running_stats:
+            return shape, params, ()
         state = {"mean": jnp.zeros((c,), jnp.float32), "var": jnp.ones((c,), jnp.float32)}
+        if momentum is None:
+            state["num_batches_tracked"] = jnp.zeros((), jnp.int32)
         return shape, params, state
 
     def apply(params, state, inputs, *, rng=None, train=False):
-        need_state(name, state, ("mean", "var"))
         check_input(name, inputs, min_rank=2)
         rank = inputs.ndim
         ax = normalize_axis(name, axis, rank)
-        check_input(name, inputs, axis=ax, size=state["mean"].shape[0], what="features")
-        _check_stats_dtype(name, state)
+        if track_running_stats:
+            need_state(name, state, state_keys)
+            check_input(name, inputs, axis=ax, size=state["mean"].shape[0], what="features")
+            _check_stats_dtype(name, state)
         bshape = [1] * rank
         bshape[ax] = inputs.shape[ax]
         reduce_axes = tuple(i for i in range(rank) if i != ax)
         x = inputs.astype(_compute_dtype(inputs.dtype))
 
-        if train:
-            _check_batch_statistics(name, inputs.shape, reduce_axes, axis_name)
-            mean = jnp.mean(x, axis=reduce_axes)
-            if axis_name is not None:
-                mean = lax.pmean(mean, axis_name)
-            var = jnp.mean(jnp.square(x - mean.reshape(bshape)), axis=reduce_axes)
-            if axis_name is not None:
-                var = lax.pmean(var, axis_name)
-            new_state = {
-                "mean": (momentum * state["mean"] + (1.0 - momentum) * mean).astype(state["mean"].dtype),
-                "var": (momentum * state["var"] + (1.0 - momentum) * var).astype(state["var"].dtype),
-            }
+        if train or not track_running_stats:
+            # eval without running statistics: this device's batch, as torch's
+            # SyncBatchNorm syncs only in training
+            sync = axis_name if train else None
+            _check_batch_statistics(name, inputs.shape, reduce_axes, sync)
+            mean, var, n = _batch_stats(x, reduce_axes, bshape, sync)
+            new_state = (_updated_running_stats(state, mean, var, n, momentum, running_var)
+                         if train and track_running_stats else state)
         else:
             mean, var, new_state = state["mean"], state["var"], state
 
@@ -170,6 +230,118 @@ def BatchNorm(axis: int = -1, momentum: float = 0.9, epsilon: float = 1e-5, cent
         if "scale" in params:
             mul = mul * _mesh.at_use(params["scale"], x, (ax,))
         y = (x - mean.reshape(bshape)) * mul.reshape(bshape)
+        if "bias" in params:
+            y = y + _mesh.at_use(params["bias"], x, (ax,)).reshape(bshape)
+        return y.astype(_out_dtype(inputs.dtype)), new_state
+
+    return named(name, init, apply)
+
+
+def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float] = 0.9,
+                 affine: bool = False, track_running_stats: bool = False, *,
+                 running_var: str = "unbiased") -> Layer:
+    """Instance normalization, as ``torch.nn.InstanceNorm1d/2d/3d``: per example and
+    channel, over the spatial axes.
+
+    Input ``(N, *spatial, C)`` with the channels on ``axis`` (-1, channels-last, the
+    default; ``axis=1`` for torch's ``(N, C, *spatial)``) and at least one spatial
+    axis::
+
+        mean = E[x],  var = E[(x - mean)^2]     (biased, over the spatial axes)
+        y    = (x - mean) / sqrt(var + epsilon) * scale + bias
+
+    torch's defaults: ``affine=False`` (``True`` adds params ``{"scale", "bias"}`` of
+    shape ``(C,)``, ones and zeros: torch's ``weight``/``bias``) and
+    ``track_running_stats=False`` (stateless; the instance statistics are used in
+    eval mode too). ``track_running_stats=True`` keeps state ``{"mean", "var"}``
+    updated in train mode from
+    the instance statistics averaged over the batch, with :func:`BatchNorm`'s rules
+    (``momentum`` is the weight of the *old* value, torch ``0.1`` = ``0.9`` here;
+    ``running_var="unbiased"`` as torch, ``n`` the number of spatial positions), and
+    used in eval mode. ``momentum=None`` is refused: torch's InstanceNorm takes it as 0
+    (running statistics that never move), which is ``momentum=1.0`` here. A single
+    spatial position (variance 0) is refused in train
+    mode or without running statistics, as torch refuses it.
+    """
+    if not checks.is_int(axis):
+        raise checks.ArgumentError(f"InstanceNorm: axis must be an int (the channel axis), got "
+                                   f"{checks.got(axis)}.")
+    if momentum is None:
+        # torch takes InstanceNorm's momentum=None as 0.0 (F.instance_norm has no cumulative
+        # average): the running statistics would never move
+        raise checks.ArgumentError(
+            "InstanceNorm: momentum=None is not supported: torch.nn.InstanceNorm*d accepts it "
+            "but never updates its running statistics then (it passes momentum 0). Give "
+            "momentum=1.0 for that behaviour, or a momentum in [0, 1) (torch's 1 - momentum) "
+            "to track them.")
+    momentum, track_running_stats = _batch_norm_options("InstanceNorm", momentum, running_var,
+                                                        track_running_stats)
+    epsilon = checks.real("InstanceNorm", "epsilon", epsilon, low=0.0)
+    affine = checks.flag("InstanceNorm", "affine", affine)
+    name = f"InstanceNorm(axis={axis})" if axis != -1 else "InstanceNorm"
+    state_keys = ("mean", "var")
+
+    def _channel_axis(shape):
+        ax = normalize_axis(name, axis, len(shape))
+        if ax == 0:
+            raise ValueError(f"{name}: axis 0 is the batch; the channel axis must be another "
+                             f"(-1 for channels-last, 1 for torch's (N, C, *spatial)).")
+        return ax
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=3)
+        ax = _channel_axis(shape)
+        check_known(name, shape, [ax], "channel dimension")
+        c = shape[ax]
+        params = ({"scale": jnp.ones((c,), jnp.float32), "bias": jnp.zeros((c,), jnp.float32)}
+                  if affine else {})
+        state = ()
+        if track_running_stats:
+            state = {"mean": jnp.zeros((c,), jnp.float32), "var": jnp.ones((c,), jnp.float32)}
+        return shape, params, state
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs, min_rank=3)
+        rank = inputs.ndim
+        ax = _channel_axis(inputs.shape)
+        c = inputs.shape[ax]
+        if track_running_stats:
+            need_state(name, state, state_keys)
+            check_input(name, inputs, axis=ax, size=state["mean"].shape[0], what="channels")
+            _check_stats_dtype(name, state)
+        for key, p in params.items():
+            if p.shape != (c,):
+                raise ValueError(f"{name}: the input has {c} channels on axis {ax} but "
+                                 f"params[{key!r}] was built for {p.shape[0]}. Re-run init "
+                                 f"with the right input_shape.")
+        bshape = [1] * rank
+        bshape[ax] = c
+        spatial = tuple(i for i in range(1, rank) if i != ax)
+        x = inputs.astype(_compute_dtype(inputs.dtype))
+        if train or not track_running_stats:
+            n = math.prod(inputs.shape[a] for a in spatial)
+            if n <= 1:
+                raise ValueError(
+                    f"{name}: expected more than 1 spatial element when training, got input "
+                    f"of shape {tuple(inputs.shape)}: the statistics over the spatial axes "
+                    f"{spatial} would be taken over {n} value(s), and the output would be "
+                    f"the bias alone (or NaN). Give it a spatial extent of at least 2, or "
+                    f"use BatchNorm.")
+            mean = jnp.mean(x, axis=spatial, keepdims=True)
+            var = jnp.mean(jnp.square(x - mean), axis=spatial, keepdims=True)
+            y = (x - mean) * lax.rsqrt(var + epsilon)
+            new_state = state
+            if train and track_running_stats:
+                # torch averages the per-instance statistics over the batch
+                new_state = _updated_running_stats(state, jnp.mean(mean, axis=0).reshape(c),
+                                                   jnp.mean(var, axis=0).reshape(c), n,
+                                                   momentum, running_var)
+        else:
+            y = (x - state["mean"].reshape(bshape)) * lax.rsqrt(state["var"] + epsilon
+                                                                ).reshape(bshape)
+            new_state = state
+        if "scale" in params:
+            y = y * _mesh.at_use(params["scale"], x, (ax,)).reshape(bshape)
         if "bias" in params:
             y = y + _mesh.at_use(params["bias"], x, (ax,)).reshape(bshape)
         return y.astype(_out_dtype(inputs.dtype)), new_state

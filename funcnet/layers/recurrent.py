@@ -10,7 +10,7 @@ Parameter layout, for ``G`` gates (RNN 1, LSTM 4, GRU 3), ``F`` input features a
     params["W_ih"]  (F, G*H)  = torch weight_ih_l0.T
     params["W_hh"]  (H, G*H)  = torch weight_hh_l0.T
     params["b_ih"]  (G*H,)    = torch bias_ih_l0
-    params["b_hh"]  (G*H,)    = torch bias_hh_l0
+    params["b_hh"]  (G*H,)    = torch bias_hh_l0       (both absent for bias=False)
 
 The gate blocks sit along the last axis in torch's order: LSTM ``i, f, g, o``,
 GRU ``r, z, n``. Every entry starts from ``U(-1/sqrt(H), 1/sqrt(H))``, as torch.
@@ -48,11 +48,11 @@ class _Cell(NamedTuple):
 
 def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers: int = 1,
                bidirectional: bool = False, dropout: float = 0.0,
-               return_state: bool = False) -> Layer:
+               return_state: bool = False, bias: bool = True) -> Layer:
     """Builds the layer: shared init, input checks and the ``lax.scan`` over time."""
     hidden_size = checks.positive_int(cell.kind, "hidden_size", hidden_size)
     for flag, value in (("return_sequences", return_sequences), ("bidirectional", bidirectional),
-                        ("return_state", return_state)):
+                        ("return_state", return_state), ("bias", bias)):
         if not isinstance(value, bool):
             raise ValueError(f"{cell.kind}: {flag} must be True or False, got {value!r}.")
     num_layers = checks.positive_int(cell.kind, "num_layers", num_layers)
@@ -69,12 +69,12 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
 
     def init_one(rng, features):
         k = jax.random.split(rng, 4)
-        return {
-            "W_ih": uniform(k[0], (features, G * H), jnp.float32),
-            "W_hh": uniform(k[1], (H, G * H), jnp.float32),
-            "b_ih": uniform(k[2], (G * H,), jnp.float32),
-            "b_hh": uniform(k[3], (G * H,), jnp.float32),
-        }
+        p = {"W_ih": uniform(k[0], (features, G * H), jnp.float32),
+             "W_hh": uniform(k[1], (H, G * H), jnp.float32)}
+        if bias:
+            p["b_ih"] = uniform(k[2], (G * H,), jnp.float32)
+            p["b_hh"] = uniform(k[3], (G * H,), jnp.float32)
+        return p
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, rank=3, what="(batch, time, features)")
@@ -97,7 +97,7 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
         T = x.shape[1]
         if reverse:
             x = _reverse_within(x, lengths)
-        xp = linear(x, p["W_ih"], p["b_ih"])          # (N, T, G*H), all steps at once
+        xp = linear(x, p["W_ih"], p.get("b_ih"))      # (N, T, G*H), all steps at once
         if carry0 is None:
             # zeros_like, not zeros: the carry must have the type the step gives it, i.e. the
             # input's batch sharding (Explicit mesh axes) and its varying axes (shard_map).
@@ -161,6 +161,12 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
     return named(name, init, apply)
 
 
+def _hidden(params, h):
+    """``h @ W_hh + b_hh``; no bias term at all for ``bias=False``."""
+    out = h @ params["W_hh"]
+    return out + params["b_hh"] if "b_hh" in params else out
+
+
 def _checked_lengths(name, lengths, N, T):
     lengths = jnp.asarray(lengths)
     if lengths.shape != (N,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
@@ -201,7 +207,7 @@ def _reverse_within(x, lengths):
 
 def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = True, *,
         num_layers: int = 1, bidirectional: bool = False, dropout: float = 0.0,
-        return_state: bool = False) -> Layer:
+        return_state: bool = False, bias: bool = True) -> Layer:
     """Elman RNN, as ``torch.nn.RNN(F, hidden_size, nonlinearity, batch_first=True)``::
 
         h_t = act(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh),   h_0 = 0
@@ -225,6 +231,8 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
     Parameters: one layer, one direction keeps the flat layout above; otherwise one
     such dict per layer and direction under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ...
     (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
+    ``bias=False`` (torch's) drops ``b_ih`` and ``b_hh`` everywhere: the equations
+    above without their bias terms.
     """
     acts = {"tanh": jnp.tanh, "relu": jax.nn.relu}
     if nonlinearity not in acts:
@@ -233,14 +241,15 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
 
     def step(params, carry, xp):
         (h,) = carry
-        return (act(xp + h @ params["W_hh"] + params["b_hh"]),)
+        return (act(xp + _hidden(params, h)),)
 
     return _recurrent(_Cell("RNN", 1, 1, step), hidden_size, return_sequences, num_layers,
-                      bidirectional, dropout, return_state)
+                      bidirectional, dropout, return_state, bias)
 
 
 def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
-         bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False) -> Layer:
+         bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False,
+         bias: bool = True) -> Layer:
     """LSTM, as ``torch.nn.LSTM(F, hidden_size, batch_first=True)``::
 
         i, f, g, o = split(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh, 4)
@@ -266,20 +275,23 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
     Parameters: one layer, one direction keeps the flat layout above; otherwise one
     such dict per layer and direction under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ...
     (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
+    ``bias=False`` (torch's) drops ``b_ih`` and ``b_hh`` everywhere: the equations
+    above without their bias terms.
     """
 
     def step(params, carry, xp):
         h, c = carry
-        i, f, g, o = jnp.split(xp + h @ params["W_hh"] + params["b_hh"], 4, axis=-1)
+        i, f, g, o = jnp.split(xp + _hidden(params, h), 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
     return _recurrent(_Cell("LSTM", 4, 2, step), hidden_size, return_sequences, num_layers,
-                      bidirectional, dropout, return_state)
+                      bidirectional, dropout, return_state, bias)
 
 
 def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
-        bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False) -> Layer:
+        bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False,
+        bias: bool = True) -> Layer:
     """GRU, as ``torch.nn.GRU(F, hidden_size, batch_first=True)``::
 
         r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
@@ -306,16 +318,18 @@ def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
     Parameters: one layer, one direction keeps the flat layout above; otherwise one
     such dict per layer and direction under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ...
     (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
+    ``bias=False`` (torch's) drops ``b_ih`` and ``b_hh`` everywhere: the equations
+    above without their bias terms.
     """
 
     def step(params, carry, xp):
         (h,) = carry
         xr, xz, xn = jnp.split(xp, 3, axis=-1)
-        hr, hz, hn = jnp.split(h @ params["W_hh"] + params["b_hh"], 3, axis=-1)
+        hr, hz, hn = jnp.split(_hidden(params, h), 3, axis=-1)
         r = jax.nn.sigmoid(xr + hr)
         z = jax.nn.sigmoid(xz + hz)
         n = jnp.tanh(xn + r * hn)
         return ((1.0 - z) * n + z * h,)
 
     return _recurrent(_Cell("GRU", 3, 1, step), hidden_size, return_sequences, num_layers,
-                      bidirectional, dropout, return_state)
+                      bidirectional, dropout, return_state, bias)
