@@ -35,6 +35,16 @@ def serial(*layers, **named_layers) -> Layer:
     named layers is an error (the order would be ambiguous). ``serial`` of serials nests.
 
     ``state=()`` is accepted when every layer is stateless (see the module docstring).
+
+    Example:
+      >>> from funcnet.layers import Dense, Relu
+      >>> init, apply = serial(Dense(4), Relu)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
+      >>> out_shape, params[0]["W"].shape, state
+      ((-1, 4), (3, 4), ((), ()))
+      >>> net = serial(encoder=Dense(4), decoder=Dense(2))
+      >>> sorted(net.init(jax.random.key(0), (-1, 3))[1])
+      ['decoder', 'encoder']
     """
     if layers and named_layers:
         raise TypeError(f"serial: give the layers either all positionally or all by name, got "
@@ -78,6 +88,15 @@ def parallel(*layers) -> Layer:
     ``FanOut`` and ``FanInSum``/``FanInConcat`` to build branches.
 
     ``state=()`` is accepted when every branch is stateless.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> init, apply = parallel(Dense(4), Dense(2))
+      >>> out_shape, params, state = init(jax.random.key(0), ((-1, 3), (-1, 5)))
+      >>> out_shape
+      ((-1, 4), (-1, 2))
+      >>> [y.shape for y in apply(params, state, (jnp.ones((2, 3)), jnp.ones((2, 5))))[0]]
+      [(2, 4), (2, 2)]
     """
     layers = tuple(as_layer(l, "parallel") for l in layers)
     inits = tuple(l.init for l in layers)
@@ -102,7 +121,16 @@ def parallel(*layers) -> Layer:
 
 
 def FanOut(num: int) -> Layer:
-    """Copies its input ``num`` times into a tuple."""
+    """Copies its input ``num`` times into a tuple.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> init, apply = serial(FanOut(2), parallel(Dense(4), Dense(4)), FanInSum)
+      >>> init(jax.random.key(0), (-1, 3))[0]
+      (-1, 4)
+      >>> FanOut(2).apply((), (), jnp.ones(3))[0][1].shape
+      (3,)
+    """
     num = checks.positive_int("FanOut", "num", num)
 
     def init(rng, input_shape):
@@ -138,7 +166,15 @@ FanInSum = _fan_in_sum()  # sums a tuple of same-shaped inputs
 
 
 def FanInConcat(axis: int = -1) -> Layer:
-    """Concatenates a tuple of inputs along ``axis``."""
+    """Concatenates a tuple of inputs along ``axis``.
+
+    Example:
+      >>> init, apply = FanInConcat(axis=-1)
+      >>> init(jax.random.key(0), ((-1, 3), (-1, 5)))[0]
+      (-1, 8)
+      >>> apply((), (), (jnp.ones((2, 3)), jnp.zeros((2, 5))))[0].shape
+      (2, 8)
+    """
     axis = checks.integer("FanInConcat", "axis", axis)
 
     def init(rng, input_shape):
@@ -177,7 +213,16 @@ Identity = _identity()  # returns its input unchanged
 
 
 def Residual(layer) -> Layer:
-    """``x + f(x)``; ``f`` must preserve the shape of its input."""
+    """``x + f(x)``; ``f`` must preserve the shape of its input.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> init, apply = Residual(Dense(3, W_init=jax.nn.initializers.zeros))
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
+      >>> x = jnp.arange(3.0)[None]
+      >>> apply(params, state, x)[0] - params["b"]  # x + (x @ 0 + b)
+      Array([[0., 1., 2.]], dtype=float32)
+    """
     inner = as_layer(layer, "Residual")
 
     def init(rng, input_shape):
@@ -204,6 +249,14 @@ def Remat(layer, *, policy=None, prevent_cse: bool = True) -> Layer:
     ``jax.checkpoint_policies`` entry naming what may still be saved (e.g.
     ``dots_with_no_batch_dims_saveable``); ``prevent_cse`` as ``jax.checkpoint``.
     ``train`` is a Python bool and stays static; ``rng`` (or None) is passed through.
+
+    Example:
+      >>> from funcnet.layers import Dense, Tanh
+      >>> init, apply = Remat(serial(Dense(4), Tanh))
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
+      >>> loss = lambda p: apply(p, state, jnp.ones((2, 3)))[0].sum()
+      >>> jax.jit(jax.grad(loss))(params)[0]["W"].shape
+      (3, 4)
     """
     inner = as_layer(layer, "Remat")
     if policy is not None and not callable(policy):
@@ -232,6 +285,15 @@ def Scan(layer, n: int, *, unroll: int = 1) -> Layer:
     ``state=()`` is accepted for stateless layers; each copy then gets ``()``.
     Wrap the layer in :func:`Remat` to keep only the carry of each copy for the
     backward pass.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> init, apply = Scan(Dense(3), 4)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
+      >>> out_shape, params["W"].shape  # 4 copies stacked on axis 0
+      ((-1, 3), (4, 3, 3))
+      >>> apply(params, state, jnp.ones((2, 3)))[0].shape
+      (2, 3)
     """
     inner = as_layer(layer, "Scan")
     n = checks.positive_int("Scan", "n", n)
@@ -275,6 +337,11 @@ def stack_params(trees) -> PyTree:
     Turns the params (or state) of ``serial(*[layer] * n)`` into those of
     ``Scan(layer, n)``: ``stack_params(serial_params)``. The inverse of
     :func:`unstack_params`.
+
+    Example:
+      >>> stacked = stack_params([{"W": jnp.zeros((3, 2))}, {"W": jnp.ones((3, 2))}])
+      >>> stacked["W"].shape
+      (2, 3, 2)
     """
     trees = list(trees)
     if not trees:
@@ -294,6 +361,11 @@ def unstack_params(tree, n: int) -> tuple:
 
     Turns the params (or state) of ``Scan(layer, n)`` into those of
     ``serial(*[layer] * n)``. The inverse of :func:`stack_params`.
+
+    Example:
+      >>> trees = unstack_params({"W": jnp.zeros((4, 3, 2))}, 4)
+      >>> len(trees), trees[0]["W"].shape
+      (4, (3, 2))
     """
     n = checks.positive_int("unstack_params", "n", n)
     if not all(jnp.ndim(x) > 0 and jnp.shape(x)[0] == n for x in jax.tree.leaves(tree)):

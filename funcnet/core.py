@@ -42,7 +42,17 @@ ApplyFn = Callable[..., Tuple[Any, PyTree]]
 
 
 class Layer(NamedTuple):
-    """A layer: ``(init, apply)``. Unpacks like stax: ``init, apply = Dense(10)``."""
+    """A layer: ``(init, apply)``. Unpacks like stax: ``init, apply = Dense(10)``.
+
+    Example:
+      >>> def init(rng, input_shape):
+      ...     return input_shape, (), ()
+      >>> def apply(params, state, x, *, rng=None, train=False):
+      ...     return 2 * x, state
+      >>> init_fn, apply_fn = layer = Layer(init, apply)
+      >>> layer.apply((), (), jnp.ones(2))[0]
+      Array([2., 2.], dtype=float32)
+    """
 
     init: InitFn
     apply: ApplyFn
@@ -59,7 +69,16 @@ class Layer(NamedTuple):
 # --------------------------------------------------------------------------- #
 
 class InitRecord(NamedTuple):
-    """One row of a model summary: a layer's ``init`` call."""
+    """One row of a model summary: a layer's ``init`` call.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> with record_inits() as rows:
+      ...     _ = Dense(4).init(jax.random.key(0), (-1, 3))
+      >>> row = rows[0]
+      >>> row.depth, row.name, row.input_shape, row.output_shape
+      (0, 'Dense(4)', (-1, 3), (-1, 4))
+    """
 
     depth: int
     name: str
@@ -78,6 +97,18 @@ def record_inits():
 
     Used by :func:`funcnet.summary`: the table comes from running ``init`` once,
     so combinators need not describe their children.
+
+    Yields:
+      The list the :class:`InitRecord` rows are appended to, parents before their
+      children, in the order ``init`` ran.
+
+    Example:
+      >>> from funcnet.combinators import serial
+      >>> from funcnet.layers import Dense, Relu
+      >>> with record_inits() as rows:
+      ...     _ = serial(Dense(4), Relu).init(jax.random.key(0), (-1, 3))
+      >>> [(r.depth, r.name) for r in rows]
+      [(0, 'serial'), (1, 'Dense(4)'), (1, 'Relu')]
     """
     rows: list = []
     token = _RECORDER.set([rows, 0])
@@ -92,6 +123,20 @@ def named(name: str, init: InitFn, apply: ApplyFn) -> Layer:
 
     Every funcnet layer constructor returns ``named(...)``; user layers may too,
     which makes them show up in :func:`funcnet.summary`.
+
+    Args:
+      name: the name :func:`funcnet.summary` and error messages show.
+      init: ``init(rng, input_shape) -> (output_shape, params, state)``.
+      apply: ``apply(params, state, inputs, *, rng=None, train=False) -> (outputs, state)``.
+
+    Returns:
+      The :class:`Layer`; its ``init`` checks that ``rng`` is a PRNG key.
+
+    Example:
+      >>> double = named("Double", lambda rng, s: (s, (), ()),
+      ...                lambda p, s, x, *, rng=None, train=False: (2 * x, s))
+      >>> double.name, double.init(jax.random.key(0), (-1, 3))
+      ('Double', ((-1, 3), (), ()))
     """
 
     @functools.wraps(init)
@@ -116,7 +161,29 @@ def named(name: str, init: InitFn, apply: ApplyFn) -> Layer:
 
 
 def as_layer(layer: Any, where: str = "combinator") -> Layer:
-    """Accepts a Layer or any ``(init, apply)`` pair; rejects everything else."""
+    """Accepts a Layer or any ``(init, apply)`` pair; rejects everything else.
+
+    Args:
+      layer: a :class:`Layer` or an ``(init, apply)`` pair of callables.
+      where: who asks, named in the error.
+
+    Returns:
+      ``layer`` as a named :class:`Layer`.
+
+    Raises:
+      TypeError: ``layer`` is not an ``(init, apply)`` pair (a hint says so when it is
+        a layer constructor that was not called).
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> layer = as_layer((lambda rng, s: (s, (), ()), lambda p, s, x, **kw: (x, s)))
+      >>> isinstance(layer, Layer)
+      True
+      >>> as_layer(Dense, "serial")
+      Traceback (most recent call last):
+      TypeError: serial: expected a funcnet Layer (an (init, apply) pair), got function. It
+      looks like a layer constructor: call it, e.g. Dense(...).
+    """
     if isinstance(layer, Layer):
         return layer if getattr(layer.init, "layer_name", None) else named(layer.name, *layer)
     if isinstance(layer, tuple) and len(layer) == 2 and all(map(callable, layer)):
@@ -140,6 +207,28 @@ def check_shape(layer: str, input_shape, *, min_rank: int = 1, max_rank: int | N
     """Validates an ``input_shape`` given to ``init`` and returns it as a tuple of ints.
 
     Entries must be ints, either positive or -1 (unknown, e.g. the batch).
+
+    Args:
+      layer: the layer's name, for the error.
+      input_shape: the shape ``init`` got.
+      min_rank: the smallest rank accepted.
+      max_rank: the largest rank accepted (None: any).
+      rank: the one rank accepted (None: any within ``min_rank``/``max_rank``).
+      what: what the shape is of, for the error.
+
+    Returns:
+      ``input_shape`` as a tuple of ints.
+
+    Raises:
+      TypeError: ``input_shape`` is not a sequence of ints.
+      ValueError: an entry is neither positive nor -1, or the rank is out of range.
+
+    Example:
+      >>> check_shape("Dense", [-1, 3])
+      (-1, 3)
+      >>> check_shape("Conv", (-1, 3), min_rank=3)
+      Traceback (most recent call last):
+      ValueError: Conv: expected an input of rank >= 3, got rank 2 shape (-1, 3).
     """
     if not isinstance(input_shape, (tuple, list)):
         raise TypeError(f"{layer}: input_shape must be a tuple of ints, got "
@@ -162,7 +251,23 @@ def check_shape(layer: str, input_shape, *, min_rank: int = 1, max_rank: int | N
 
 
 def check_known(layer: str, shape: Shape, axes: Sequence[int], what: str) -> None:
-    """Raises if any of ``axes`` is -1: those sizes are needed to build params."""
+    """Raises if any of ``axes`` is -1: those sizes are needed to build params.
+
+    Args:
+      layer: the layer's name, for the error.
+      shape: the checked input shape.
+      axes: the axes whose sizes the params need.
+      what: what those axes hold, for the error.
+
+    Raises:
+      ValueError: one of ``axes`` is -1.
+
+    Example:
+      >>> check_known("Dense", (-1, 3), [-1], "feature size")
+      >>> check_known("Dense", (2, -1), [-1], "feature size")
+      Traceback (most recent call last):
+      ValueError: Dense: the feature size (axis -1) of the input shape must be known ...
+    """
     for ax in axes:
         if shape[ax] == -1:
             raise ValueError(f"{layer}: the {what} (axis {ax}) of the input shape must be known "
@@ -171,7 +276,27 @@ def check_known(layer: str, shape: Shape, axes: Sequence[int], what: str) -> Non
 
 def check_input(layer: str, inputs, *, rank: int | None = None, min_rank: int | None = None,
                 axis: int | None = None, size: int | None = None, what: str = "features") -> None:
-    """Trace-time check of an ``apply`` input against what the params expect."""
+    """Trace-time check of an ``apply`` input against what the params expect.
+
+    Args:
+      layer: the layer's name, for the error.
+      inputs: the array ``apply`` got.
+      rank: the one rank accepted (None: any).
+      min_rank: the smallest rank accepted (None: any).
+      axis: the axis whose size the params fix.
+      size: the size the params were built for on ``axis``.
+      what: what ``axis`` holds, for the error.
+
+    Raises:
+      TypeError: ``inputs`` is not an array.
+      ValueError: the rank or the size on ``axis`` is not what the params expect.
+
+    Example:
+      >>> check_input("Dense", jnp.ones((2, 3)), axis=-1, size=3)
+      >>> check_input("Dense", jnp.ones((2, 5)), axis=-1, size=3)
+      Traceback (most recent call last):
+      ValueError: Dense: input has 5 features on axis -1 but the params were built for 3: ...
+    """
     shape = getattr(inputs, "shape", None)
     if shape is None:
         raise TypeError(f"{layer}: expected an array input, got {type(inputs).__name__}.")
@@ -190,13 +315,47 @@ def check_input(layer: str, inputs, *, rank: int | None = None, min_rank: int | 
 
 
 def normalize_axis(layer: str, axis: int, rank: int) -> int:
+    """``axis`` of a rank-``rank`` input as a non-negative int.
+
+    Args:
+      layer: the layer's name, for the error.
+      axis: the axis, negative counting from the end.
+      rank: the input's rank.
+
+    Returns:
+      ``axis`` in ``range(rank)``.
+
+    Raises:
+      ValueError: ``axis`` is not an int in ``[-rank, rank)``.
+
+    Example:
+      >>> normalize_axis("Softmax", -1, 3)
+      2
+    """
     if not checks.is_int(axis) or not -rank <= axis < rank:
         raise ValueError(f"{layer}: axis {axis!r} is out of range for a rank-{rank} input.")
     return int(axis) % rank
 
 
 def as_tuple(layer: str, value, n: int, what: str) -> Tuple[int, ...]:
-    """An int or a length-``n`` sequence of positive ints, as a tuple."""
+    """An int or a length-``n`` sequence of positive ints, as a tuple.
+
+    Args:
+      layer: the layer's name, for the error.
+      value: an int, or a sequence of ``n`` ints.
+      n: the length wanted (e.g. the number of spatial axes).
+      what: what ``value`` is, for the error.
+
+    Returns:
+      A tuple of ``n`` positive ints.
+
+    Raises:
+      ValueError: ``value`` is neither a positive int nor ``n`` positive ints.
+
+    Example:
+      >>> as_tuple("Conv", 3, 2, "kernel_size"), as_tuple("Conv", (3, 1), 2, "kernel_size")
+      ((3, 3), (3, 1))
+    """
     if checks.is_int(value):
         value = (value,) * n
     value = tuple(value)
@@ -207,6 +366,23 @@ def as_tuple(layer: str, value, n: int, what: str) -> Tuple[int, ...]:
 
 
 def need_rng(layer: str, rng) -> jax.Array:
+    """``rng`` itself, or an error naming ``layer`` when it is None (train mode needs one).
+
+    Args:
+      layer: the layer's name, for the error.
+      rng: the key ``apply`` got.
+
+    Returns:
+      ``rng``.
+
+    Raises:
+      ValueError: ``rng`` is None.
+
+    Example:
+      >>> need_rng("Dropout", None)
+      Traceback (most recent call last):
+      ValueError: Dropout: train=True needs randomness, but apply got rng=None. ...
+    """
     if rng is None:
         raise ValueError(f"{layer}: train=True needs randomness, but apply got rng=None. Pass "
                          f"apply(params, state, x, rng=jax.random.key(...), train=True).")
@@ -218,6 +394,20 @@ def need_state(layer: str, state, keys) -> None:
 
     Stateful layers call it first in ``apply``, so ``state=()`` (accepted for
     networks of stateless layers) reaching one is an error that names it.
+
+    Args:
+      layer: the layer's name, for the error.
+      state: the state ``apply`` got.
+      keys: the keys the layer's state holds.
+
+    Raises:
+      ValueError: ``state`` is not a dict holding ``keys``.
+
+    Example:
+      >>> need_state("BatchNorm", {"mean": 0, "var": 1}, ["mean", "var"])
+      >>> need_state("BatchNorm", (), ["mean", "var"])
+      Traceback (most recent call last):
+      ValueError: BatchNorm: apply needs this layer's state ['mean', 'var'], got (). ...
     """
     if not isinstance(state, dict) or not set(keys) <= set(state):
         got = sorted(state) if isinstance(state, dict) else repr(state)
@@ -229,7 +419,19 @@ def need_state(layer: str, state, keys) -> None:
 
 
 def describe_tree(tree, limit: int = 300) -> str:
-    """A short picture of a params/state pytree: ``{'W': float32[4, 3], 'b': float32[3]}``."""
+    """A short picture of a params/state pytree: ``{'W': float32[4, 3], 'b': float32[3]}``.
+
+    Args:
+      tree: a pytree of arrays (dicts, tuples, lists).
+      limit: the longest text returned; longer ones end in ``...``.
+
+    Returns:
+      The text: arrays as ``dtype[shape]``, other leaves as their type's name.
+
+    Example:
+      >>> describe_tree({"W": jnp.zeros((4, 3)), "b": jnp.zeros(3)})
+      "{'W': float32[4, 3], 'b': float32[3]}"
+    """
     def show(t):
         if isinstance(t, dict):
             items = sorted(t.items(), key=lambda kv: str(kv[0]))
@@ -247,7 +449,19 @@ def describe_tree(tree, limit: int = 300) -> str:
 
 
 def split_rng(rng, n: int):
-    """``n`` independent keys, or ``n`` Nones when there is no key."""
+    """``n`` independent keys, or ``n`` Nones when there is no key.
+
+    Args:
+      rng: a PRNG key, or None.
+      n: how many keys.
+
+    Returns:
+      A tuple of ``n`` keys, or of ``n`` Nones.
+
+    Example:
+      >>> len(split_rng(jax.random.key(0), 3)), split_rng(None, 2)
+      (3, (None, None))
+    """
     if rng is None:
         return (None,) * n
     return tuple(jax.random.split(rng, n))

@@ -32,6 +32,22 @@ def sample_logits(rng, logits, *, temperature: float = 1.0, top_k: Optional[int]
     ``logits / temperature``, then (``top_k``) every logit below the k-th largest set
     to ``-inf``, then a draw from the softmax (``jax.random.categorical``).
     ``temperature=0`` is greedy decoding (argmax).
+
+    Args:
+      rng: a PRNG key (unused when ``temperature=0``).
+      logits: float scores ``(..., vocab)``.
+      temperature: divides the logits; 0 picks the argmax.
+      top_k: keep only the ``top_k`` largest logits of each row (None: all).
+
+    Returns:
+      Int token ids of shape ``logits.shape[:-1]``.
+
+    Example:
+      >>> logits = jnp.array([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0]])
+      >>> sample_logits(None, logits, temperature=0).tolist()
+      [1, 0]
+      >>> sample_logits(jax.random.key(0), logits, top_k=1).tolist()  # top_k=1 is greedy too
+      [1, 0]
     """
     if temperature == 0:
         return jnp.argmax(logits, axis=-1)
@@ -54,6 +70,39 @@ def generate(net, params, state, prompt, max_new_tokens: int, *, rng, temperatur
     ``train=False``). Sampling: :func:`sample_logits` with one key per new token,
     split from ``rng``. Pure: ``jax.jit(generate, static_argnames=("net",
     "max_new_tokens", "temperature", "top_k", "window"))`` compiles it whole.
+
+    Args:
+      net: the network, ids ``(B, T)`` -> logits ``(B, T, vocab)``.
+      params: its params.
+      state: its fresh decoding cache (no ``window``) or its ordinary state (``window``).
+      prompt: int token ids ``(B, P)``.
+      max_new_tokens: how many tokens to sample, >= 1.
+      rng: a PRNG key for the sampling.
+      temperature: as :func:`sample_logits` (0: greedy).
+      top_k: as :func:`sample_logits`.
+      window: re-run ``net`` on the last ``window`` tokens instead of using a cache.
+
+    Returns:
+      Int token ids ``(B, P + max_new_tokens)``, the prompt first.
+
+    Raises:
+      ArgumentError: a bad ``max_new_tokens``, ``rng``, ``temperature``, ``top_k`` or
+        ``window``.
+      ValueError: a prompt that is not ``(B, P)`` ints, a state with no cache (without
+        ``window``), or a cache too short for ``P + max_new_tokens``.
+
+    Example:
+      A bigram model (each position's logits read only its own token), re-run on the
+      last 4 tokens; a ``GPT(..., decode=True)`` and its fresh cache go without ``window``:
+
+      >>> from funcnet.combinators import serial
+      >>> from funcnet.layers import Dense, Embedding
+      >>> net = serial(Embedding(11, 4), Dense(11))
+      >>> _, params, state = net.init(jax.random.key(0), (-1, 4))
+      >>> out = generate(net, params, state, jnp.array([[1, 2], [3, 4]]), 3,
+      ...                rng=jax.random.key(1), window=4)
+      >>> out.shape, out[:, :2].tolist()
+      ((2, 5), [[1, 2], [3, 4]])
     """
     net = as_layer(net, "generate")
     max_new_tokens = checks.positive_int("generate", "max_new_tokens", max_new_tokens)

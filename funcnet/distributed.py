@@ -58,6 +58,24 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     ``FUNCNET_PROCESS_ID``. On CPU it selects the gloo collectives, without which
     cross-process collectives on CPU are unavailable. Call it before any other jax
     call that touches devices.
+
+    Args:
+      coordinator_address: ``host:port`` of process 0's coordinator service.
+      num_processes: how many processes take part.
+      process_id: this process's index, ``0`` to ``num_processes - 1``.
+      local_device_ids: the devices this process uses (None: all it sees).
+      **kwargs: passed on to ``jax.distributed.initialize``.
+
+    Raises:
+      ValueError: ``process_id`` is out of range, or a ``FUNCNET_*`` variable is malformed.
+
+    Example:
+      Every process of the job runs the same script (not run here: it waits for the
+      other processes and the coordinator, and this test process has neither):
+
+      >>> initialize("10.0.0.1:1234", num_processes=2, process_id=0)  # doctest: +SKIP
+      >>> jax.process_count()  # doctest: +SKIP
+      2
     """
     env = os.environ
     if coordinator_address is None and "FUNCNET_COORDINATOR" in env:
@@ -109,6 +127,22 @@ def data_mesh(devices=None, axis_name: str = "data", *, explicit: bool = True) -
     devices. ``explicit=True`` gives the mesh ``jax.make_mesh`` gives by default, whose
     axis is Explicit: shardings are part of every array's type and mistakes fail at
     trace time; ``False`` makes it Auto (the compiler picks the layouts in between).
+
+    Args:
+      devices: a device count, a list of devices, or None (all devices).
+      axis_name: the mesh axis's name.
+      explicit: an Explicit axis (True) or an Auto one (False).
+
+    Returns:
+      A 1-D ``jax.sharding.Mesh``.
+
+    Raises:
+      ValueError: more devices asked for than there are.
+
+    Example:
+      >>> mesh = data_mesh(4)
+      >>> dict(mesh.shape), mesh.axis_types
+      ({'data': 4}, (Explicit,))
     """
     if devices is None:
         devices = jax.devices()
@@ -128,6 +162,22 @@ def replicate_on(mesh: jax.sharding.Mesh, tree):
 
     Always new buffers (a jitted step may donate them without touching ``tree``'s).
     With several processes each must pass the same values; each places its own copies.
+
+    Args:
+      mesh: the mesh to place on.
+      tree: a pytree of arrays (typed PRNG keys included).
+
+    Returns:
+      ``tree`` with every leaf a new array replicated over ``mesh``.
+
+    Raises:
+      ValueError: a 64-bit leaf that would be truncated with x64 disabled.
+
+    Example:
+      >>> mesh = data_mesh(4)
+      >>> params = replicate_on(mesh, {"W": jnp.ones((3, 2))})
+      >>> params["W"].sharding.is_fully_replicated, len(params["W"].sharding.device_set)
+      (True, 4)
     """
     _check_fits_x32("replicate_on", tree)
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -150,6 +200,23 @@ def shard_batch(mesh: jax.sharding.Mesh, batch):
     Every process passes the whole global batch and places only its own devices'
     parts; with each process holding only its part, use :func:`shard_local_batch`.
     Leaves that are already split this way are passed through.
+
+    Args:
+      mesh: the mesh to place on; its data axis (:func:`data_axis`) splits the batch.
+      batch: a pytree of arrays sharing one leading (batch) size.
+
+    Returns:
+      ``batch`` with every leaf a global array split over the mesh's data axis.
+
+    Raises:
+      ArgumentError: ``mesh`` is not a mesh (e.g. the arguments swapped).
+      ValueError: the leading sizes differ or do not divide by the axis size.
+
+    Example:
+      >>> mesh = data_mesh(4)
+      >>> batch = shard_batch(mesh, {"x": np.ones((8, 3)), "y": np.arange(8)})
+      >>> batch["x"].shape, batch["x"].sharding.shard_shape(batch["x"].shape)
+      ((8, 3), (2, 3))
     """
     _need_mesh("shard_batch", mesh)
     sharding = _batch_sharding("shard_batch", mesh, batch, mesh.shape[data_axis(mesh)])
@@ -171,6 +238,24 @@ def shard_local_batch(mesh: jax.sharding.Mesh, batch):
     and gets arrays of the global shape, split over ``mesh``'s axis, which the
     jitted step takes as it would a whole batch. With one process it is
     :func:`shard_batch`.
+
+    Args:
+      mesh: the mesh to place on; its data axis (:func:`data_axis`) splits the batch.
+      batch: this process's rows, a pytree of arrays sharing one leading size.
+
+    Returns:
+      ``batch`` as global arrays (leading size: the processes' rows together).
+
+    Raises:
+      ArgumentError: ``mesh`` is not a mesh.
+      ValueError: the leading sizes differ or do not divide by this process's devices.
+
+    Example:
+      >>> mesh = data_mesh(4)
+      >>> rows = process_slice(8)  # one process: all 8 rows
+      >>> batch = shard_local_batch(mesh, {"x": np.ones((8, 3))[rows]})
+      >>> batch["x"].shape, batch["x"].sharding.spec == jax.sharding.PartitionSpec("data")
+      ((8, 3), True)
     """
     _need_mesh("shard_local_batch", mesh)
     axis = data_axis(mesh)
@@ -209,7 +294,21 @@ def _batch_sharding(fn, mesh, batch, divisor):
 
 
 def local_device_count(devices: Optional[int] = None) -> int:
-    """``devices`` checked against what this process has, or all local devices."""
+    """``devices`` checked against what this process has, or all local devices.
+
+    Args:
+      devices: the count wanted, or None for all of this process's devices.
+
+    Returns:
+      The device count.
+
+    Raises:
+      ValueError: more devices asked for than this process has.
+
+    Example:
+      >>> local_device_count(), local_device_count(2)
+      (4, 2)
+    """
     available = jax.local_device_count()
     if devices is None:
         return available
@@ -227,6 +326,22 @@ def replicate(tree, devices=None):
 
     ``devices`` is a device count or a list of devices (default: all local ones).
     The result is what ``jax.pmap`` expects for arguments that every replica shares.
+
+    Args:
+      tree: a pytree of arrays.
+      devices: a device count or a list of devices (default: all local ones).
+
+    Returns:
+      ``tree`` with a new leading axis, one copy per device.
+
+    Raises:
+      ValueError: more devices asked for than there are, or a 64-bit leaf that would
+        be truncated.
+
+    Example:
+      >>> params = replicate({"W": jnp.ones((3, 2))}, devices=4)
+      >>> params["W"].shape, len(params["W"].sharding.device_set)
+      ((4, 3, 2), 4)
     """
     devices = _devices(devices)
     _check_fits_x32("replicate", tree)
@@ -249,6 +364,19 @@ def unreplicate(tree):
     host copy of it, ``jax.device_get``). Anything else is an error rather than a
     silent first row: a device array whose leading axis is not split one row per
     device, a leaf without a leading axis, or leaves with different leading sizes.
+
+    Args:
+      tree: what :func:`replicate` or a ``jax.pmap``-ed function returned.
+
+    Returns:
+      ``tree`` with every leaf's first replica.
+
+    Raises:
+      ValueError: ``tree`` does not hold one replica per device (see above).
+
+    Example:
+      >>> unreplicate(replicate({"W": jnp.ones((3, 2))}, devices=4))["W"].shape
+      (3, 2)
     """
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     for path, x in leaves:
@@ -327,6 +455,23 @@ def shard(batch, n_devices: Optional[int] = None):
     A batch that does not divide evenly raises a ValueError that gives the sizes:
     drop the remainder (``funcnet.data.batches(..., drop_remainder=True)``) or pick a
     batch size that is a multiple of the device count.
+
+    Args:
+      batch: a pytree of arrays sharing one leading (batch) size.
+      n_devices: how many devices to split over (default: all local ones).
+
+    Returns:
+      ``batch`` with every leaf reshaped to ``(n_devices, batch // n_devices, ...)``.
+
+    Raises:
+      ValueError: the leading sizes differ, or do not divide by ``n_devices``.
+
+    Example:
+      >>> shard({"x": np.ones((8, 3)), "y": np.arange(8)})["x"].shape
+      (4, 2, 3)
+      >>> shard({"x": np.ones((6, 3))}, 4)
+      Traceback (most recent call last):
+      ValueError: shard: a batch of 6 examples cannot be split evenly over 4 devices. ...
     """
     n = local_device_count(n_devices)
     leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
@@ -389,6 +534,16 @@ class InFlight:
       max_in_flight: the bound, >= 1; None never blocks.
       cpu_only: bound only when this process's devices are CPUs (default), else
         never block; False bounds on every platform.
+
+    Example:
+      >>> in_flight = InFlight()  # at most 2 unfinished steps (on CPU)
+      >>> step = jax.jit(lambda x: x + 1)
+      >>> x = jnp.zeros(3)
+      >>> for _ in range(5):
+      ...     x = in_flight.add(step(x))
+      >>> in_flight.wait()
+      >>> x.tolist()
+      [5.0, 5.0, 5.0]
     """
 
     def __init__(self, max_in_flight: Optional[int] = 2, *, cpu_only: bool = True):
@@ -424,6 +579,21 @@ def process_slice(num_examples: int, process_index: Optional[int] = None,
 
     Every process builds the same global batch order (same seed) and keeps its
     slice, so the union over processes is the global batch and no two overlap.
+
+    Args:
+      num_examples: the global batch size.
+      process_index: this process's index (default ``jax.process_index()``).
+      process_count: how many processes (default ``jax.process_count()``).
+
+    Returns:
+      A ``slice`` of the global batch's rows.
+
+    Raises:
+      ValueError: ``num_examples`` does not divide by the process count.
+
+    Example:
+      >>> process_slice(8, process_index=1, process_count=4)
+      slice(2, 4, None)
     """
     i = jax.process_index() if process_index is None else process_index
     p = jax.process_count() if process_count is None else process_count
@@ -435,7 +605,15 @@ def process_slice(num_examples: int, process_index: Optional[int] = None,
 
 
 def is_main_process() -> bool:
-    """True on process 0: the one that writes checkpoints and logs."""
+    """True on process 0: the one that writes checkpoints and logs.
+
+    Returns:
+      ``jax.process_index() == 0``.
+
+    Example:
+      >>> is_main_process()  # a single process is the main one
+      True
+    """
     return jax.process_index() == 0
 
 

@@ -29,7 +29,15 @@ __all__ = ["ArgumentError", "MismatchError", "MetricStateError", "StateDictMisma
 
 class ArgumentError(ValueError, TypeError):
     """A bad argument: both a ValueError and a TypeError, so code that catches
-    either (as callers of funcnet's earlier, mixed checks did) keeps working."""
+    either (as callers of funcnet's earlier, mixed checks did) keeps working.
+
+    Example:
+      >>> try:
+      ...     funcnet.layers.Dense(0)
+      ... except ArgumentError as e:  # or ValueError, or TypeError
+      ...     print(type(e).__name__, isinstance(e, ValueError), isinstance(e, TypeError))
+      ArgumentError True True
+    """
 
 
 class MismatchError(ValueError, TypeError):
@@ -37,7 +45,19 @@ class MismatchError(ValueError, TypeError):
     or params and state swapped). Raised by the combinators, which know the layer's
     place: ``path`` is the ``/``-joined key path (the one :func:`funcnet.params.paths`
     shows), and each enclosing combinator adds its key on the way out. A ValueError
-    and a TypeError, as the KeyError/TypeError it replaces was mostly the latter."""
+    and a TypeError, as the KeyError/TypeError it replaces was mostly the latter.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> net = funcnet.serial(Dense(4), Dense(2))
+      >>> _, params, state = net.init(jax.random.key(0), (-1, 3))
+      >>> try:
+      ...     net.apply(params[:1], state, jnp.ones((1, 3)))  # one layer's params for two
+      ... except MismatchError as e:
+      ...     print(e)
+      serial: params do not match this serial of 2 layers (got tuple of length 1). Use the
+      params returned by this layer's init.
+    """
 
     def __init__(self, where: str, what: str, layer: str, expected: str, given: str,
                  hint: str = "", message: str = ""):
@@ -66,7 +86,16 @@ class MismatchError(ValueError, TypeError):
 
 class MetricStateError(ValueError):
     """A metric's ``update``/``compute`` given a state that is not its own (another
-    metric's, or a collection's entries mixed up)."""
+    metric's, or a collection's entries mixed up).
+
+    Example:
+      >>> acc, mse = funcnet.metrics.Accuracy(), funcnet.metrics.MSE()
+      >>> try:
+      ...     acc.compute(mse.init())
+      ... except MetricStateError:
+      ...     print("not an Accuracy state")
+      not an Accuracy state
+    """
 
 
 class StateDictMismatchError(ValueError):

@@ -18,7 +18,15 @@ __all__ = ["atomic_write", "fsync_dir"]
 
 
 def fsync_dir(directory) -> None:
-    """Makes a rename in ``directory`` durable (best effort where unsupported)."""
+    """Makes a rename in ``directory`` durable (best effort where unsupported).
+
+    Args:
+      directory: the directory whose entries (a rename, a new file) to make durable.
+
+    Example:
+      >>> import tempfile
+      >>> fsync_dir(tempfile.mkdtemp())  # returns None; errors are ignored
+    """
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # e.g. Windows: directories cannot be opened
@@ -43,6 +51,25 @@ def atomic_write(dest, *, prefix: str | None = None, suffix: str = ".tmp"):
 
     Verify the content inside the ``with`` block (flush first) to keep a bad
     file from ever becoming visible: an exception removes the temporary file.
+
+    Args:
+      dest: the file to write (its directory must exist).
+      prefix: the temporary file's name prefix (default ``.<dest name>.``).
+      suffix: the temporary file's name suffix.
+
+    Yields:
+      ``(file, temp_path)``: the open binary file and its temporary path.
+
+    Raises:
+      FileNotFoundError: ``dest``'s directory does not exist.
+
+    Example:
+      >>> import os, tempfile
+      >>> dest = os.path.join(tempfile.mkdtemp(), "weights.bin")
+      >>> with atomic_write(dest) as (f, tmp):
+      ...     _ = f.write(b"1234")
+      >>> open(dest, "rb").read(), os.path.exists(tmp)
+      (b'1234', False)
     """
     dest = Path(dest)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=prefix or f".{dest.name}.", suffix=suffix)

@@ -51,6 +51,26 @@ def make_predict_fn(layer, params, state: Any = (), *, policy=None) -> Callable:
     ``params`` and ``state`` are passed to the jitted function as arguments, not
     baked into the compiled program as constants, so large models compile as fast
     as small ones; a new input shape compiles once more.
+
+    Args:
+      layer: the network (a :class:`funcnet.Layer`).
+      params: its params.
+      state: its state (``()`` for a stateless network).
+      policy: a :class:`funcnet.precision.Policy`, a policy string, or None.
+
+    Returns:
+      The jitted ``predict(inputs) -> outputs``.
+
+    Raises:
+      ArgumentError: ``policy`` is neither a Policy, a policy string nor None.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> net = Dense(2)
+      >>> _, params, state = net.init(jax.random.key(0), (-1, 3))
+      >>> predict = make_predict_fn(net, params, state)
+      >>> predict(jnp.ones((5, 3))).shape
+      (5, 2)
     """
     layer = as_layer(layer, "make_predict_fn")
     if policy is not None:
@@ -159,6 +179,24 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
     export a fixed batch instead (no ``-1``). Exported programs hold no gradient
     (serving only). jax's serialization needs the ``flatbuffers`` package; params
     and state must be arrays (a PRNG key in the state is refused).
+
+    Returns:
+      The path written, a ``pathlib.Path``.
+
+    Raises:
+      ArgumentError: a malformed ``input_spec``, ``dtype``, ``platforms`` or
+        ``path``, or params/state leaves that are not arrays.
+      FileNotFoundError: ``path``'s directory does not exist.
+      ImportError: the ``flatbuffers`` package is missing.
+
+    Example:
+      >>> import os, tempfile
+      >>> from funcnet.layers import Dense
+      >>> net = Dense(2)
+      >>> _, params, state = net.init(jax.random.key(0), (-1, 3))
+      >>> path = export(net, params, state, (-1, 3), os.path.join(tempfile.mkdtemp(), "net.fnx"))
+      >>> load_exported(path)(jnp.ones((5, 3))).shape
+      (5, 2)
     """
     where = "funcnet.inference.export"
     layer = as_layer(layer, where)
@@ -242,6 +280,29 @@ def load_exported(path) -> Callable:
     The program runs on the platforms it was exported for: loading it in a process
     whose default backend is another raises an error that says how to export for
     this one.
+
+    Args:
+      path: a file :func:`export` wrote.
+
+    Returns:
+      ``predict(inputs) -> outputs``, with the attributes above.
+
+    Raises:
+      ArgumentError: ``path`` is not a file path; (at call time) inputs that do not
+        match the stored spec.
+      ValueError: the file is not an export, is truncated or corrupt, or was exported
+        for another platform.
+      ImportError: the ``flatbuffers`` package is missing.
+
+    Example:
+      >>> import os, tempfile
+      >>> from funcnet.layers import Dense
+      >>> net = Dense(2)
+      >>> _, params, state = net.init(jax.random.key(0), (-1, 3))
+      >>> path = export(net, params, state, (-1, 3), os.path.join(tempfile.mkdtemp(), "net.fnx"))
+      >>> predict = load_exported(path)
+      >>> predict(jnp.ones((4, 3))).shape, predict.input_spec[0]["shape"]
+      ((4, 2), [None, 3])
     """
     where = "funcnet.inference.load_exported"
     if not isinstance(path, (str, os.PathLike)):

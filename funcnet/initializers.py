@@ -51,7 +51,23 @@ __all__ = [
 
 
 def calculate_gain(nonlinearity: str = "leaky_relu", negative_slope: float = 0.0) -> float:
-    """``torch.nn.init.calculate_gain`` for the nonlinearities kaiming init uses."""
+    """``torch.nn.init.calculate_gain`` for the nonlinearities kaiming init uses.
+
+    Args:
+      nonlinearity: ``"linear"``, ``"conv*"``, ``"sigmoid"``, ``"tanh"``, ``"relu"``,
+        ``"leaky_relu"`` or ``"selu"``.
+      negative_slope: leaky ReLU's slope (``"leaky_relu"`` only).
+
+    Returns:
+      The gain, a float.
+
+    Raises:
+      ValueError: an unknown ``nonlinearity``.
+
+    Example:
+      >>> calculate_gain("relu") == math.sqrt(2), calculate_gain("tanh")
+      (True, 1.6666666666666667)
+    """
     if nonlinearity in ("linear", "sigmoid") or nonlinearity.startswith("conv"):
         return 1.0
     if nonlinearity == "tanh":
@@ -71,12 +87,39 @@ def xavier_uniform(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
 
     tinynn's default and ``torch.nn.init.xavier_uniform_``; with ``gain=1`` it is
     ``jax.nn.initializers.glorot_uniform``.
+
+    Args:
+      gain: scales the bound.
+      in_axis: the kernel's input axis.
+      out_axis: the kernel's output axis.
+
+    Returns:
+      An initializer ``init(key, shape, dtype)``.
+
+    Example:
+      >>> W = xavier_uniform()(jax.random.key(0), (4, 2))
+      >>> W.shape, W.dtype, bool(abs(W).max() <= 1.0)  # a = sqrt(6 / 6)
+      ((4, 2), dtype('float32'), True)
     """
     return variance_scaling(gain ** 2, "fan_avg", "uniform", in_axis=in_axis, out_axis=out_axis)
 
 
 def xavier_normal(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
-    """``N(0, std²)``, ``std = gain * sqrt(2 / (fan_in + fan_out))`` (``torch.nn.init.xavier_normal_``)."""
+    """``N(0, std²)``, ``std = gain * sqrt(2 / (fan_in + fan_out))`` (``torch.nn.init.xavier_normal_``).
+
+    Args:
+      gain: scales the standard deviation.
+      in_axis: the kernel's input axis.
+      out_axis: the kernel's output axis.
+
+    Returns:
+      An initializer ``init(key, shape, dtype)``.
+
+    Example:
+      >>> W = xavier_normal()(jax.random.key(0), (200, 200))
+      >>> W.shape, round(float(W.std()), 2)  # std = sqrt(2 / 400)
+      ((200, 200), 0.07)
+    """
     return variance_scaling(gain ** 2, "fan_avg", "normal", in_axis=in_axis, out_axis=out_axis)
 
 
@@ -85,6 +128,24 @@ def kaiming_uniform(negative_slope: float = 0.0, mode: str = "fan_in",
     """``U(-b, b)``, ``b = gain * sqrt(3 / fan)``, ``gain = calculate_gain(nonlinearity, negative_slope)``.
 
     Matches ``torch.nn.init.kaiming_uniform_(w, a=negative_slope, mode, nonlinearity)``.
+
+    Args:
+      negative_slope: leaky ReLU's slope (torch's ``a``).
+      mode: ``"fan_in"`` or ``"fan_out"``.
+      nonlinearity: as :func:`calculate_gain`.
+      in_axis: the kernel's input axis.
+      out_axis: the kernel's output axis.
+
+    Returns:
+      An initializer ``init(key, shape, dtype)``.
+
+    Raises:
+      ValueError: an unknown ``nonlinearity``.
+
+    Example:
+      >>> W = kaiming_uniform(nonlinearity="relu")(jax.random.key(0), (6, 3))
+      >>> W.shape, bool(abs(W).max() <= 1.0)  # b = sqrt(2) * sqrt(3 / 6)
+      ((6, 3), True)
     """
     gain = calculate_gain(nonlinearity, negative_slope)
     return variance_scaling(gain ** 2, mode, "uniform", in_axis=in_axis, out_axis=out_axis)
@@ -92,7 +153,26 @@ def kaiming_uniform(negative_slope: float = 0.0, mode: str = "fan_in",
 
 def kaiming_normal(negative_slope: float = 0.0, mode: str = "fan_in",
                    nonlinearity: str = "leaky_relu", in_axis: int = -2, out_axis: int = -1):
-    """``N(0, std²)``, ``std = gain / sqrt(fan)`` (not truncated), as ``torch.nn.init.kaiming_normal_``."""
+    """``N(0, std²)``, ``std = gain / sqrt(fan)`` (not truncated), as ``torch.nn.init.kaiming_normal_``.
+
+    Args:
+      negative_slope: leaky ReLU's slope (torch's ``a``).
+      mode: ``"fan_in"`` or ``"fan_out"``.
+      nonlinearity: as :func:`calculate_gain`.
+      in_axis: the kernel's input axis.
+      out_axis: the kernel's output axis.
+
+    Returns:
+      An initializer ``init(key, shape, dtype)``.
+
+    Raises:
+      ValueError: an unknown ``nonlinearity``.
+
+    Example:
+      >>> W = kaiming_normal(nonlinearity="relu")(jax.random.key(0), (200, 200))
+      >>> W.shape, round(float(W.std()), 2)  # std = sqrt(2 / 200)
+      ((200, 200), 0.1)
+    """
     gain = calculate_gain(nonlinearity, negative_slope)
     return variance_scaling(gain ** 2, mode, "normal", in_axis=in_axis, out_axis=out_axis)
 
@@ -102,12 +182,36 @@ def torch_default(in_axis: int = -2, out_axis: int = -1):
 
     The gain is ``sqrt(2 / (1 + 5)) = sqrt(1/3)``, so the bound is
     ``sqrt(1/3) * sqrt(3 / fan_in) = 1 / sqrt(fan_in)``: ``W ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
+
+    Args:
+      in_axis: the kernel's input axis.
+      out_axis: the kernel's output axis.
+
+    Returns:
+      An initializer ``init(key, shape, dtype)``.
+
+    Example:
+      >>> W = torch_default()(jax.random.key(0), (16, 3))
+      >>> W.shape, bool(abs(W).max() <= 1 / math.sqrt(16))
+      ((16, 3), True)
     """
     return kaiming_uniform(math.sqrt(5.0), "fan_in", "leaky_relu", in_axis, out_axis)
 
 
 def uniform_symmetric(bound: float):
-    """``U(-bound, bound)``."""
+    """``U(-bound, bound)``.
+
+    Args:
+      bound: the half-width of the interval.
+
+    Returns:
+      An initializer ``init(key, shape, dtype)``.
+
+    Example:
+      >>> b = uniform_symmetric(0.5)(jax.random.key(0), (100,))
+      >>> b.shape, bool(abs(b).max() <= 0.5)
+      ((100,), True)
+    """
 
     def init(key, shape, dtype=jnp.float32):
         return jax.random.uniform(key, shape, dtype, -bound, bound)
@@ -119,5 +223,16 @@ def torch_default_bias(fan_in: int):
     """PyTorch's ``nn.Linear``/``nn.Conv*`` bias init: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
 
     The bias has no fan of its own, so the layer passes the weight's ``fan_in``.
+
+    Args:
+      fan_in: the weight's fan-in (0 gives zeros).
+
+    Returns:
+      An initializer ``init(key, shape, dtype)``.
+
+    Example:
+      >>> b = torch_default_bias(16)(jax.random.key(0), (3,))
+      >>> b.shape, bool(abs(b).max() <= 0.25)
+      ((3,), True)
     """
     return uniform_symmetric(1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0)

@@ -13,12 +13,30 @@ __all__ = ["count", "Summary", "summary"]
 
 
 def count(tree) -> int:
-    """Number of scalars in a pytree of arrays (typed PRNG keys count as one each)."""
+    """Number of scalars in a pytree of arrays (typed PRNG keys count as one each).
+
+    Args:
+      tree: a pytree of arrays (params, state, grads).
+
+    Returns:
+      The total number of scalars, a Python int.
+
+    Example:
+      >>> count({"W": jnp.zeros((3, 4)), "b": jnp.zeros(4)})
+      16
+    """
     return int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(tree)))
 
 
 class Summary(NamedTuple):
-    """What :func:`summary` found: one row per layer, the totals, and the printed table."""
+    """What :func:`summary` found: one row per layer, the totals, and the printed table.
+
+    Example:
+      >>> from funcnet.layers import Dense
+      >>> s = summary(Dense(4), (-1, 3), print_fn=None)
+      >>> s.output_shape, s.total_params, s.total_state, len(s.rows)
+      ((-1, 4), 16, 0, 1)
+    """
 
     rows: tuple
     output_shape: object
@@ -37,6 +55,33 @@ def summary(layer, input_shape, *, rng=None, print_fn: Optional[Callable[[str], 
     once (shapes only matter, so any ``rng`` will do) and nothing else. Children
     of combinators are indented under them; a combinator's counts include its
     children's. Pass ``print_fn=None`` to get the table without printing it.
+
+    Args:
+      layer: the network, a :class:`~funcnet.core.Layer`.
+      input_shape: the shape ``init`` gets (-1 for the batch).
+      rng: the key ``init`` gets (default ``jax.random.key(0)``).
+      print_fn: called with the table (default ``print``); None prints nothing.
+
+    Returns:
+      A :class:`Summary`; ``str()`` of it is the table.
+
+    Raises:
+      TypeError: ``layer`` is not a layer.
+
+    Example:
+      >>> from funcnet.combinators import serial
+      >>> from funcnet.layers import Dense, Relu
+      >>> s = summary(serial(Dense(4), Relu, Dense(2)), (-1, 3))
+      Layer       Output shape  Params  State
+      ---------------------------------------
+      serial            (?, 2)      26      0
+        Dense(4)        (?, 4)      16      0
+        Relu            (?, 4)       0      0
+        Dense(2)        (?, 2)      10      0
+      ---------------------------------------
+      Total params: 26
+      Total state: 0
+      Input shape: (?, 3) -> output shape: (?, 2)
     """
     layer = as_layer(layer, "summary")
     rng = jax.random.key(0) if rng is None else rng

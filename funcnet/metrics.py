@@ -48,7 +48,14 @@ __all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MS
 
 
 class Metric(NamedTuple):
-    """A metric: ``(init, update, compute)``, each a pure function."""
+    """A metric: ``(init, update, compute)``, each a pure function.
+
+    Example:
+      >>> count = Metric(init=lambda: jnp.zeros((), jnp.int32),
+      ...                update=lambda s, x: s + x.size, compute=lambda s: s)
+      >>> int(count.compute(count.update(count.init(), jnp.ones((2, 3)))))
+      6
+    """
 
     init: Callable[[], Any]
     update: Callable[..., Any]
@@ -182,6 +189,16 @@ def Accuracy() -> Metric:
     — their argmax is the prediction — or integer class ids of ``labels``' shape.
     ``mask`` (broadcast to ``labels``; non-zero = counted) leaves out e.g. padding.
     State: ``{"correct", "count"}`` int32.
+
+    Returns:
+      A :class:`Metric`.
+
+    Example:
+      >>> acc = Accuracy()
+      >>> s = acc.update(acc.init(), jnp.array([[2.0, 1.0], [0.0, 3.0], [1.0, 0.0]]),
+      ...                jnp.array([0, 1, 1]))
+      >>> round(float(acc.compute(s)), 4), int(s["count"])
+      (0.6667, 3)
     """
     fn = "funcnet.metrics.Accuracy.update"
 
@@ -209,6 +226,21 @@ def TopKAccuracy(k: int) -> Metric:
     ``update(state, scores, labels, mask=None)`` with ``scores`` of shape
     ``labels.shape + (C,)`` and ``k <= C``. Ties are broken toward the lower class index
     (``lax.top_k``). ``k=1`` is :func:`Accuracy`.
+
+    Args:
+      k: how many of the highest scores count, >= 1.
+
+    Returns:
+      A :class:`Metric`.
+
+    Raises:
+      ArgumentError: ``k`` is not a positive int; (in ``update``) ``k`` exceeds the classes.
+
+    Example:
+      >>> top2 = TopKAccuracy(2)
+      >>> scores = jnp.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]])
+      >>> float(top2.compute(top2.update(top2.init(), scores, jnp.array([1, 0]))))
+      0.5
     """
     fn = "funcnet.metrics.TopKAccuracy"
     k = checks.positive_int(fn, "k", k)
@@ -239,6 +271,21 @@ def ConfusionMatrix(num_classes: int) -> Metric:
     ``update(state, predictions, labels, mask=None)`` takes scores or class ids as
     :func:`Accuracy` does. Pairs whose label or prediction is outside
     ``[0, num_classes)`` are not counted. ``compute`` returns the int32 matrix.
+
+    Args:
+      num_classes: the number of classes, >= 1.
+
+    Returns:
+      A :class:`Metric`.
+
+    Raises:
+      ArgumentError: ``num_classes`` is not a positive int.
+
+    Example:
+      >>> cm = ConfusionMatrix(2)
+      >>> update = jax.jit(cm.update)  # as inside an eval step
+      >>> cm.compute(update(cm.init(), jnp.array([0, 1, 1]), jnp.array([0, 0, 1]))).tolist()
+      [[1, 1], [0, 1]]
     """
     fn = "funcnet.metrics.ConfusionMatrix"
     num_classes = checks.positive_int(fn, "num_classes", num_classes)
@@ -328,6 +375,29 @@ def F1(average="binary", num_classes=None, *, threshold: float = 0.5,
     (never predicted and never the label), as sklearn's argument (its ``"warn"``
     default gives 0.0, without the warning here). ``compute`` is NaN while nothing
     has been counted. Use :func:`ConfusionMatrix` for precision and recall per class.
+
+    Args:
+      average: ``"binary"``, ``"micro"``, ``"macro"``, ``"weighted"`` or None.
+      num_classes: the number of classes (needed unless ``average="binary"``).
+      threshold: the score above which a binary floating prediction is positive.
+      zero_division: the F1 of a class with a zero denominator (0.0, 1.0 or NaN).
+
+    Returns:
+      A :class:`Metric`.
+
+    Raises:
+      ArgumentError: an unknown ``average``, a missing or contradicting ``num_classes``,
+        or a bad ``threshold``/``zero_division``.
+
+    Example:
+      >>> f1 = F1()
+      >>> s = jax.jit(f1.update)(f1.init(), jnp.array([1, 1, 0, 0]), jnp.array([1, 0, 1, 0]))
+      >>> float(jax.jit(f1.compute)(s))  # tp=1, fp=1, fn=1
+      0.5
+      >>> f1 = F1("macro", num_classes=3)
+      >>> s = jax.jit(f1.update)(f1.init(), jnp.array([0, 1, 2]), jnp.array([0, 1, 2]))
+      >>> float(jax.jit(f1.compute)(s))
+      1.0
     """
     fn = "funcnet.metrics.F1"
     checks.one_of(fn, "average", average, _F1_AVERAGES)
@@ -472,6 +542,22 @@ def ROCAUC(capacity=None) -> Metric:
     (``psum``) them. Under ``pmap``, gather the per-device states instead, e.g.
     ``jax.lax.all_gather(state, axis_name)``: ``compute`` pools the buffers of a
     state with extra leading axes (one per device), giving the AUC of all of them.
+
+    Args:
+      capacity: the most examples one evaluation adds (required).
+
+    Returns:
+      A :class:`Metric`.
+
+    Raises:
+      ArgumentError: ``capacity`` is missing or not a positive int.
+
+    Example:
+      >>> auc = ROCAUC(capacity=8)
+      >>> s = jax.jit(auc.update)(auc.init(), jnp.array([0.1, 0.4, 0.35, 0.8]),
+      ...                         jnp.array([0, 0, 1, 1]))
+      >>> float(jax.jit(auc.compute)(s))  # sklearn's roc_auc_score gives 0.75 too
+      0.75
     """
     fn = "funcnet.metrics.ROCAUC"
     if capacity is None:
@@ -554,6 +640,16 @@ def Mean() -> Metric:
     ``update(state, values, weights=None)``: adds ``sum(values * weights)`` and
     ``sum(weights)`` (weights broadcast to ``values``; default 1 per element).
     State: ``{"total", "weight"}`` float32.
+
+    Returns:
+      A :class:`Metric`.
+
+    Example:
+      >>> mean = Mean()
+      >>> s = mean.update(mean.init(), jnp.array([1.0, 2.0, 3.0]))
+      >>> s = mean.update(s, jnp.array([10.0]), weights=jnp.array([3.0]))
+      >>> float(mean.compute(s))  # (1 + 2 + 3 + 30) / 6
+      6.0
     """
     fn = "funcnet.metrics.Mean.update"
 
@@ -604,17 +700,44 @@ def MSE() -> Metric:
     """Mean squared error over all (unmasked) elements.
 
     ``update(state, predictions, labels, mask=None)``, equal shapes.
+
+    Returns:
+      A :class:`Metric`.
+
+    Example:
+      >>> mse = MSE()
+      >>> float(mse.compute(mse.update(mse.init(), jnp.array([1.0, 2.0]), jnp.array([1.0, 4.0]))))
+      2.0
     """
     return _error_metric("MSE", jnp.square, lambda m: m)
 
 
 def MAE() -> Metric:
-    """Mean absolute error over all (unmasked) elements."""
+    """Mean absolute error over all (unmasked) elements.
+
+    Returns:
+      A :class:`Metric`.
+
+    Example:
+      >>> mae = MAE()
+      >>> float(mae.compute(mae.update(mae.init(), jnp.array([1.0, 2.0]), jnp.array([1.0, 4.0]))))
+      1.0
+    """
     return _error_metric("MAE", jnp.abs, lambda m: m)
 
 
 def RMSE() -> Metric:
-    """Root of the mean squared error over all elements (not a mean of per-batch roots)."""
+    """Root of the mean squared error over all elements (not a mean of per-batch roots).
+
+    Returns:
+      A :class:`Metric`.
+
+    Example:
+      >>> rmse = RMSE()
+      >>> s = rmse.update(rmse.init(), jnp.array([0.0, 0.0]), jnp.array([3.0, 4.0]))
+      >>> round(float(rmse.compute(s)), 4)  # sqrt((9 + 16) / 2)
+      3.5355
+    """
     return _error_metric("RMSE", jnp.square, jnp.sqrt)
 
 
@@ -630,6 +753,23 @@ def collection(**metrics: Metric) -> Metric:
     arguments, anything else as the single argument (``loss=value`` for a
     :func:`Mean`). Metrics not named in a call keep their state. ``compute``
     returns a dict by name.
+
+    Args:
+      **metrics: the metrics, by name.
+
+    Returns:
+      A :class:`Metric` whose state and ``compute`` are dicts by name.
+
+    Raises:
+      ValueError: no metric given.
+      TypeError: a value that is not a :class:`Metric`.
+
+    Example:
+      >>> metric = collection(acc=Accuracy(), loss=Mean())
+      >>> s = metric.update(metric.init(), acc=(jnp.array([0, 1]), jnp.array([0, 0])),
+      ...                   loss=jnp.array([0.5, 1.5]))
+      >>> {k: float(v) for k, v in metric.compute(s).items()}
+      {'acc': 0.5, 'loss': 1.0}
     """
     fn = "funcnet.metrics.collection"
     if not metrics:
@@ -692,5 +832,21 @@ def merge(state, axis_name):
 
     Call it inside ``pmap`` on each device's partial state, then ``compute``: every
     device then holds the state of the whole (global) batch.
+
+    Args:
+      state: a metric state (its sums and counts add).
+      axis_name: the mapped axis to sum over.
+
+    Returns:
+      The state summed over ``axis_name``, the same on every device.
+
+    Example:
+      >>> acc = Accuracy()
+      >>> def per_device(pred, label):  # each device's part of the batch
+      ...     return merge(acc.update(acc.init(), pred, label), "devices")
+      >>> pred, label = jnp.array([[0, 1], [1, 1]]), jnp.array([[0, 1], [0, 1]])
+      >>> s = jax.jit(jax.vmap(per_device, axis_name="devices"))(pred, label)
+      >>> s["correct"].tolist(), s["count"].tolist()
+      ([3, 3], [4, 4])
     """
     return lax.psum(state, axis_name)  # psum takes the whole tree

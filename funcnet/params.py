@@ -39,7 +39,19 @@ Keys starting with ``W_`` (the RNN/LSTM/GRU ``W_ih``/``W_hh``) count too."""
 
 
 def path_str(key_path) -> str:
-    """A key path from ``jax.tree_util.tree_flatten_with_path`` as ``"a/0/W"``."""
+    """A key path from ``jax.tree_util.tree_flatten_with_path`` as ``"a/0/W"``.
+
+    Args:
+      key_path: a sequence of jax key entries (``DictKey``, ``SequenceKey``, ...).
+
+    Returns:
+      The keys joined by ``/``.
+
+    Example:
+      >>> (key_path, leaf), = jax.tree_util.tree_flatten_with_path({"a": [{"W": 1}]})[0]
+      >>> path_str(key_path)
+      'a/0/W'
+    """
     return jax.tree_util.keystr(tuple(key_path), simple=True, separator="/")
 
 
@@ -49,6 +61,20 @@ def paths(tree) -> Dict[str, Any]:
     E.g. for ``serial(encoder=serial(Dense(4), Relu), decoder=Dense(2))``:
     ``{"decoder/W": ..., "decoder/b": ..., "encoder/0/W": ..., "encoder/0/b": ...}``
     (JAX orders dict keys). The arrays are the tree's own, not copies.
+
+    Args:
+      tree: a params (or state, or grads) pytree.
+
+    Returns:
+      A dict from each leaf's path (:func:`path_str`) to the leaf.
+
+    Example:
+      >>> from funcnet.combinators import serial
+      >>> from funcnet.layers import Dense, Relu
+      >>> net = serial(encoder=serial(Dense(4), Relu), decoder=Dense(2))
+      >>> _, params, _ = net.init(jax.random.key(0), (-1, 3))
+      >>> {path: leaf.shape for path, leaf in paths(params).items()}
+      {'decoder/W': (4, 2), 'decoder/b': (2,), 'encoder/0/W': (3, 4), 'encoder/0/b': (4,)}
     """
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {path_str(path): leaf for path, leaf in leaves}
@@ -58,6 +84,18 @@ def mask_where(params, predicate: Callable[[str, Any], bool]):
     """The bool pytree ``predicate(path, leaf)`` for every leaf of ``params``.
 
     E.g. ``mask_where(params, lambda path, x: path.endswith("/b"))`` selects biases.
+
+    Args:
+      params: a params pytree.
+      predicate: ``predicate(path, leaf) -> bool``, ``path`` as :func:`paths` gives it.
+
+    Returns:
+      A pytree of Python bools with ``params``' structure.
+
+    Example:
+      >>> params = {"W": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+      >>> mask_where(params, lambda path, x: x.ndim == 1)
+      {'W': False, 'b': True}
     """
     return jax.tree_util.tree_map_with_path(
         lambda path, leaf: bool(predicate(path_str(path), leaf)), params)
@@ -70,6 +108,18 @@ def kernel_mask(params):
     (Embedding) or starts with ``W_`` (RNN/LSTM/GRU ``W_ih``, ``W_hh``): the usual
     "weight decay on weights only" split, ``optax.add_decayed_weights(wd,
     mask=kernel_mask)``. A user layer opts in by naming its kernel ``W``.
+
+    Args:
+      params: a params pytree.
+
+    Returns:
+      A pytree of Python bools with ``params``' structure.
+
+    Example:
+      >>> params = ({"W": jnp.ones((3, 2)), "b": jnp.zeros(2)}, {"E": jnp.ones((5, 2))})
+      >>> kernel_mask(params)
+      ({'W': True, 'b': False}, {'E': True})
+      >>> opt = optax.adamw(1e-3, weight_decay=0.01, mask=kernel_mask)
     """
     return mask_where(params, lambda path, leaf: _is_kernel(path.rsplit("/", 1)[-1]))
 
@@ -83,9 +133,26 @@ def subtree_mask(params, *prefixes: str):
 
     A prefix matches whole path components: ``"enc"`` does not select ``"encoder/W"``.
 
+    Args:
+      params: a params pytree.
+      *prefixes: paths of sub-trees, as :func:`paths` spells them.
+
+    Returns:
+      A pytree of Python bools with ``params``' structure.
+
     Raises:
       ValueError: a prefix that selects no leaf (a typo would otherwise freeze or
         decay nothing, silently); the message lists the paths there are.
+      TypeError: no prefix was given.
+
+    Example:
+      >>> params = {"encoder": {"W": jnp.ones((3, 2))}, "decoder": {"W": jnp.ones((2, 3))}}
+      >>> subtree_mask(params, "encoder")
+      {'decoder': {'W': False}, 'encoder': {'W': True}}
+      >>> subtree_mask(params, "enc")
+      Traceback (most recent call last):
+      ValueError: subtree_mask: no parameter path starts with 'enc'. The params have the
+      paths: decoder/W, encoder/W.
     """
     if not prefixes:
         raise TypeError("subtree_mask: give at least one path prefix, e.g. "
@@ -115,6 +182,21 @@ def freeze(optimizer: optax.GradientTransformation, mask) -> optax.GradientTrans
     (``optimizer.step()`` skips parameters without gradients); a
     ``stop_gradient`` alone is not, because optax's weight decay and momentum
     still update a parameter whose gradient is zero.
+
+    Args:
+      optimizer: the optax transformation for the trained leaves.
+      mask: a bool pytree (True: frozen) or a function ``params -> mask``.
+
+    Returns:
+      An ``optax.GradientTransformation``.
+
+    Example:
+      >>> params = {"encoder": {"W": jnp.ones(2)}, "decoder": {"W": jnp.ones(2)}}
+      >>> opt = freeze(optax.sgd(0.5), lambda p: subtree_mask(p, "encoder"))
+      >>> grads = jax.tree.map(jnp.ones_like, params)
+      >>> updates, _ = opt.update(grads, opt.init(params), params)
+      >>> updates["encoder"]["W"].tolist(), updates["decoder"]["W"].tolist()
+      ([0.0, 0.0], [-0.5, -0.5])
     """
     def labels(params):
         tree = mask(params) if callable(mask) else mask

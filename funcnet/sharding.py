@@ -72,6 +72,23 @@ def fsdp(axis: str = "data", min_size: int = 2 ** 14) -> Callable:
     Replicating small leaves (biases, norm scales) costs little memory and saves a
     collective per use, which is why ZeRO-3 and FSDP wrap them with their module
     rather than splitting each.
+
+    Args:
+      axis: the mesh axis to split over.
+      min_size: leaves with fewer elements stay whole.
+
+    Returns:
+      A spec function ``spec(shape, mesh) -> PartitionSpec``.
+
+    Raises:
+      ArgumentError: ``min_size`` is not a non-negative int.
+      ValueError: (when the spec is used) the mesh has no axis ``axis``.
+
+    Example:
+      >>> mesh = jax.make_mesh((4,), ("data",))
+      >>> spec = fsdp("data", min_size=16)
+      >>> spec((8, 12), mesh) == P(None, "data"), spec((3, 3), mesh) == spec((3, 5), mesh) == P()
+      (True, True)
     """
     min_size = checks.non_negative_int("fsdp", "min_size", min_size)
 
@@ -95,6 +112,20 @@ def fsdp_rules(axis: str = "data", min_size: int = 2 ** 14) -> List[Tuple[str, S
     Put your own rules before these to give some leaves another layout::
 
         rules = [("pos/E", P())] + fsdp_rules("data")
+
+    Args:
+      axis: the mesh axis to split over.
+      min_size: leaves with fewer elements stay whole.
+
+    Returns:
+      The rules, a list of one ``(pattern, spec)``.
+
+    Example:
+      >>> mesh = jax.make_mesh((4,), ("data",))
+      >>> params = {"W": jnp.zeros((64, 8)), "b": jnp.zeros(8)}
+      >>> param_specs(params, mesh, fsdp_rules("data", min_size=64)) == {"W": P("data", None),
+      ...                                                                 "b": P()}
+      True
     """
     return [(".*", fsdp(axis, min_size))]
 
@@ -114,6 +145,23 @@ def megatron_rules(column: Sequence[str] = (r"attn/attn/(query|key|value)", r"ml
     split over ``axis``, so ``num_heads`` must be a multiple of its size), and the
     MLP's ``fc`` with its ``proj``. ``fsdp_axis`` also splits the other dimension of
     each ``W`` over that axis (2-D: FSDP over data, tensor parallel over model).
+
+    Args:
+      column: path prefixes (regular expressions) of the column-split layers.
+      row: path prefixes (regular expressions) of the row-split layers.
+      axis: the mesh axis to split over.
+      fsdp_axis: a second mesh axis for each ``W``'s other dimension (None: none).
+
+    Returns:
+      The rules, a list of ``(pattern, spec)``.
+
+    Example:
+      >>> mesh = jax.make_mesh((2, 2), ("data", "model"))
+      >>> params = {"mlp": {"fc": {"W": jnp.zeros((4, 8)), "b": jnp.zeros(8)},
+      ...                   "proj": {"W": jnp.zeros((8, 4)), "b": jnp.zeros(4)}}}
+      >>> specs = param_specs(params, mesh, megatron_rules(column=["mlp/fc"], row=["mlp/proj"]))
+      >>> [tuple(specs["mlp"][k]["W"]) for k in ("fc", "proj")], tuple(specs["mlp"]["proj"]["b"])
+      ([(None, 'model'), ('model', None)], ())
     """
     def column_spec(shape, mesh):  # W (in, out) or b (out,)
         return P(fsdp_axis, axis) if len(shape) == 2 else P(axis)
@@ -137,7 +185,25 @@ def param_specs(tree, mesh: jax.sharding.Mesh, rules: Rules):
     :func:`shard_params` places it with), checked against ``mesh``: a tree of specs
     with ``tree``'s structure. ``tree`` may hold arrays or ``jax.ShapeDtypeStruct``
     (e.g. from ``jax.eval_shape``), so a plan can be checked before anything is
-    allocated."""
+    allocated.
+
+    Args:
+      tree: params (arrays or ``jax.ShapeDtypeStruct``), or a whole TrainState.
+      mesh: the mesh the specs name axes of.
+      rules: ``(pattern, spec)`` pairs, the first match winning.
+
+    Returns:
+      A pytree of ``PartitionSpec`` with ``tree``'s structure.
+
+    Raises:
+      ValueError: a rule is malformed, or a spec does not fit its leaf or the mesh.
+
+    Example:
+      >>> mesh = jax.make_mesh((4,), ("data",))
+      >>> tree = {"W": jax.ShapeDtypeStruct((8, 4), jnp.float32), "b": jnp.zeros(4)}
+      >>> param_specs(tree, mesh, [("W$", P("data", None))]) == {"W": P("data", None), "b": P()}
+      True
+    """
     rules = _checked_rules(rules)
     used = set()
     if _is_train_state(tree):
@@ -169,6 +235,24 @@ def shard_params(tree, mesh: jax.sharding.Mesh, rules: Rules):
     arrays; with several processes each passes the same values and places only its
     own devices' shards. A rule that matches no leaf is warned about once (a typo
     must not silently replicate everything).
+
+    Args:
+      tree: params, or a whole :class:`funcnet.TrainState`.
+      mesh: the mesh to place on.
+      rules: ``(pattern, spec)`` pairs, the first match winning.
+
+    Returns:
+      ``tree`` with every leaf a new ``jax.Array`` placed on ``mesh``.
+
+    Raises:
+      ValueError: as :func:`param_specs`.
+
+    Example:
+      >>> mesh = jax.make_mesh((4,), ("data",))
+      >>> params = shard_params({"W": jnp.zeros((8, 4)), "b": jnp.zeros(4)}, mesh,
+      ...                       [("W$", P("data", None))])
+      >>> params["W"].sharding.shard_shape((8, 4)), params["b"].sharding.shard_shape((4,))
+      ((2, 4), (4,))
     """
     specs = param_specs(tree, mesh, rules)
     return jax.tree.map(lambda spec, x: _place(x, NamedSharding(mesh, spec)), specs, tree,
@@ -179,7 +263,20 @@ def state_shardings(tree):
     """The sharding of every array leaf of ``tree`` (None for other leaves): pass it
     as ``jax.jit(step, out_shardings=(state_shardings(ts), None))`` to keep the
     state's layout on a mesh with Auto axes, where the compiler otherwise picks
-    the outputs' layout."""
+    the outputs' layout.
+
+    Args:
+      tree: a pytree (a TrainState, params) of placed arrays.
+
+    Returns:
+      A pytree of shardings (None for non-array leaves) with ``tree``'s structure.
+
+    Example:
+      >>> mesh = jax.make_mesh((4,), ("data",))
+      >>> params = shard_params({"W": jnp.zeros((8, 4))}, mesh, [("W", P("data"))])
+      >>> state_shardings(params)["W"].spec == P("data")
+      True
+    """
     return jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else None, tree)
 
 
@@ -328,7 +425,15 @@ def _match(node, params, specs):
 # --------------------------------------------------------------------------- #
 
 class Explained(NamedTuple):
-    """What :func:`explain` found: one row per array leaf, and totals in bytes."""
+    """What :func:`explain` found: one row per array leaf, and totals in bytes.
+
+    Example:
+      >>> mesh = jax.make_mesh((4,), ("data",))
+      >>> params = shard_params({"W": jnp.zeros((8, 4))}, mesh, [("W", P("data"))])
+      >>> out = explain(params, print_fn=None)
+      >>> out.rows, out.bytes_total, out.bytes_per_device
+      ([('W', (8, 4), 'float32', "P('data')", 32)], 128, 32)
+    """
     rows: List[Tuple[str, Tuple[int, ...], str, str, int]]  # path, shape, dtype, spec, bytes/device
     bytes_total: int       # the whole tree, as one copy
     bytes_per_device: int  # the most any one device holds
@@ -354,6 +459,23 @@ def explain(tree, *, print_fn: Optional[Callable[[str], None]] = print) -> Expla
     Bytes are read from the arrays' shards as placed (``sharding.shard_shape``), so
     the totals are what the devices hold: ``bytes_per_device`` is the largest sum
     over one device. Printed with ``print_fn`` (None: only returned).
+
+    Args:
+      tree: a pytree of arrays (params, a TrainState), placed or not.
+      print_fn: called with the table (default ``print``); None prints nothing.
+
+    Returns:
+      An :class:`Explained`; ``str()`` of it is the table.
+
+    Example:
+      >>> mesh = jax.make_mesh((4,), ("data",))
+      >>> params = shard_params({"W": jnp.zeros((8, 4)), "b": jnp.zeros(4)}, mesh,
+      ...                       [("W", P("data"))])
+      >>> _ = explain(params)
+      path       shape    dtype     spec        per device
+      W          (8, 4)   float32   P('data')         32 B
+      b          (4,)     float32   P()               16 B
+      total 144 B; per device at most 48 B
     """
     rows, per_device, total = [], {}, 0
     for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:

@@ -1,7 +1,9 @@
 """The layer contract, as a chex-based check users can run on their own layers.
 
 >>> from funcnet.testing import check_layer
->>> check_layer(funcnet.layers.Dense(3), (-1, 5))
+>>> out_shape, params, state = check_layer(funcnet.layers.Dense(3), (-1, 5))
+>>> out_shape
+(-1, 3)
 
 ``check_layer`` asserts, for every ``train`` mode asked for:
 
@@ -28,14 +30,43 @@ __all__ = ["check_layer", "fill_batch", "random_inputs"]
 
 
 def fill_batch(shape, batch: int = 2):
-    """Replaces -1 entries of a shape (or a pytree of shapes) by ``batch``."""
+    """Replaces -1 entries of a shape (or a pytree of shapes) by ``batch``.
+
+    Args:
+      shape: a shape, or a tuple/list of shapes (nested).
+      batch: the size that replaces -1.
+
+    Returns:
+      ``shape`` with every -1 replaced, as tuples.
+
+    Example:
+      >>> fill_batch((-1, 3)), fill_batch(((-1, 3), (-1, 4, 5)), batch=8)
+      ((2, 3), ((8, 3), (8, 4, 5)))
+    """
     if _is_shape(shape):
         return tuple(batch if d == -1 else d for d in shape)
     return type(shape)(fill_batch(s, batch) for s in shape)
 
 
 def random_inputs(rng, input_shape, dtype=jnp.float32, batch: int = 2):
-    """Standard-normal inputs of ``input_shape`` (a shape or a tuple of shapes)."""
+    """Standard-normal inputs of ``input_shape`` (a shape or a tuple of shapes).
+
+    Args:
+      rng: a PRNG key.
+      input_shape: a shape or a tuple of shapes, -1 for the batch.
+      dtype: the inputs' floating dtype.
+      batch: the size that replaces -1.
+
+    Returns:
+      An array, or a tuple of arrays for a tuple of shapes.
+
+    Example:
+      >>> x = random_inputs(jax.random.key(0), (-1, 3))
+      >>> x.shape, x.dtype
+      ((2, 3), dtype('float32'))
+      >>> [a.shape for a in random_inputs(jax.random.key(0), ((-1, 3), (-1, 5)), batch=4)]
+      [(4, 3), (4, 5)]
+    """
     if _is_shape(input_shape):
         return jax.random.normal(rng, fill_batch(input_shape, batch), dtype)
     keys = jax.random.split(rng, len(input_shape))
@@ -55,8 +86,24 @@ def check_layer(layer: Layer, input_shape, *, rng=None, train_modes=(False, True
       grad_check: run ``jax.test_util.check_grads`` on params and floating inputs.
       inputs: the inputs to use instead of standard-normal ones (e.g. token ids for
         an Embedding). Their shape must match ``input_shape`` with the batch filled in.
+      batch: the batch size that replaces -1 in ``input_shape``.
+      atol: the absolute tolerance of the jit-versus-eager comparison.
+      rtol: the relative tolerance of the jit-versus-eager comparison.
+      grad_eps: the finite-difference step of the gradient check.
+
     Returns:
       ``(output_shape, params, state)`` from ``init``, for further checks.
+
+    Raises:
+      AssertionError: a clause of the contract fails; the message names the layer,
+        the ``train`` mode and the clause.
+      TypeError: ``layer`` is not a layer.
+
+    Example:
+      >>> from funcnet.layers import Dropout
+      >>> out_shape, params, state = check_layer(Dropout(0.5), (-1, 4), grad_check=False)
+      >>> out_shape, params, state
+      ((-1, 4), (), ())
     """
     layer = as_layer(layer, "check_layer")
     rng = jax.random.key(0) if rng is None else rng

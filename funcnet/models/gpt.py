@@ -41,6 +41,35 @@ def GPT(vocab_size: int, block_size: int, *, n_layer: int = 12, n_head: int = 12
     ``scan=True`` runs the blocks with :func:`funcnet.Scan` (params stacked on a
     leading ``n_layer`` axis under ``body/blocks``; one compiled block instead of
     ``n_layer``) and ``remat=True`` wraps each block in :func:`funcnet.Remat`.
+
+    Args:
+      vocab_size: the number of token ids.
+      block_size: the longest sequence (positions of ``wpe``; the cache length with
+        ``decode=True``).
+      n_layer: the number of blocks.
+      n_head: attention heads per block.
+      n_embd: the width of the residual stream (a multiple of ``n_head``).
+      dropout: the dropout rate after the embeddings and inside each block.
+      bias: whether projections and LayerNorms have biases.
+      decode: build the decoding form (a key/value cache in the state).
+      scan: run the blocks with :func:`funcnet.Scan`.
+      remat: wrap each block in :func:`funcnet.Remat`.
+      implementation: the attention implementation, as
+        :class:`funcnet.layers.TransformerBlock` takes it.
+
+    Returns:
+      The network, a :class:`~funcnet.core.Layer`.
+
+    Raises:
+      ArgumentError: a non-positive size, or a bad option of the layers inside.
+
+    Example:
+      >>> net = GPT(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
+      >>> out_shape, params, state = net.init(jax.random.key(0), (-1, 8))
+      >>> out_shape, params["E"].shape
+      ((-1, 8, 11), (11, 8))
+      >>> jax.jit(net.apply)(params, state, jnp.zeros((2, 8), jnp.int32))[0].shape
+      (2, 8, 11)
     """
     n_layer = checks.positive_int("GPT", "n_layer", n_layer)
     w = initializers.normal(0.02)

@@ -1,0 +1,106 @@
+"""The docstrings' examples run as written: every ``>>>`` line of every funcnet module.
+
+Each module is one test, so a failure names the module. A module's examples run in a
+fresh copy of the module's own namespace (its public and private names, as ``python -m
+doctest`` would give them) plus ``jax``, ``jnp``, ``np``, ``optax`` and ``funcnet``, so an
+example need not import what every example needs. ``ELLIPSIS`` and ``NORMALIZE_WHITESPACE``
+are on: ``...`` stands for output an example does not pin down (an address, a long repr).
+
+The finder must find what the docstrings promise, or this file passes while checking
+nothing: ``test_examples_exist`` asks for a floor of examples overall, and for one example
+in every public function and class of the modules listed in ``EVERY_PUBLIC_NAME``.
+"""
+import doctest
+import importlib
+import inspect
+import pkgutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import funcnet
+
+OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+# Modules where every name of ``__all__`` that is a function or class defined in the module
+# carries an example, less the names listed with it (and why).
+EVERY_PUBLIC_NAME = {
+    "funcnet.combinators": set(),
+    "funcnet.core": set(),
+    "funcnet.params": set(),
+    "funcnet.introspect": set(),
+    "funcnet.sharding": set(),
+    "funcnet.inference": set(),
+    "funcnet.decoding": set(),
+    "funcnet.initializers": set(),
+    "funcnet.metrics": set(),
+    "funcnet.models.gpt": set(),
+    "funcnet.testing": set(),
+    "funcnet.fileio": set(),
+    # Three examples show catching funcnet's errors; the checkpoint and data-file errors
+    # need a broken file on disk to raise, which the tests of their modules build.
+    "funcnet.errors": {"StateDictMismatchError", "CheckpointError", "CheckpointCorruptError",
+                       "CheckpointMismatchError", "CheckpointVersionError",
+                       "CheckpointOwnershipError", "CorruptFileError", "MNISTNotFoundError"},
+    "funcnet.distributed": set(),
+}
+
+# Fewer examples than this overall means the finder stopped finding them.
+MIN_EXAMPLES = 300
+
+
+def _module_names():
+    names = ["funcnet"]
+    for info in pkgutil.walk_packages(funcnet.__path__, "funcnet."):
+        names.append(info.name)
+    return sorted(names)
+
+
+def _find(name):
+    module = importlib.import_module(name)
+    globs = dict(vars(module))
+    globs.update(jax=jax, jnp=jnp, np=np, optax=optax, funcnet=funcnet)
+    # DocTestFinder gives every docstring its own copy of ``globs``; it only looks at
+    # objects defined in ``module``, so a re-exported name runs once, where it lives.
+    tests = doctest.DocTestFinder(exclude_empty=True).find(module, name, globs=globs)
+    return module, [t for t in tests if t.examples]
+
+
+_MODULES = _module_names()
+
+
+@pytest.mark.parametrize("name", _MODULES)
+def test_docstring_examples(name):
+    _, tests = _find(name)
+    runner = doctest.DocTestRunner(optionflags=OPTIONFLAGS)
+    report = []
+    for test in sorted(tests, key=lambda t: t.name):
+        runner.run(test, out=report.append)
+    assert runner.failures == 0, "".join(report)
+
+
+def test_examples_exist():
+    total = 0
+    missing = []
+    for name in _MODULES:
+        module, tests = _find(name)
+        total += sum(len(t.examples) for t in tests)
+        if name not in EVERY_PUBLIC_NAME:
+            continue
+        with_examples = {t.name for t in tests}
+        assert tests, f"{name}: no docstring example found"
+        for attr in module.__all__:
+            obj = getattr(module, attr)
+            if attr in EVERY_PUBLIC_NAME[name]:
+                continue
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                continue
+            if getattr(obj, "__module__", None) != name:
+                continue
+            if f"{name}.{attr}" not in with_examples:
+                missing.append(f"{name}.{attr}")
+    assert not missing, f"public names without a docstring example: {missing}"
+    assert total >= MIN_EXAMPLES, f"only {total} docstring examples found"
