@@ -12,10 +12,17 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
   jitted step (same seed, same batches as ``fit``), with fit's default
   ``steps_per_dispatch`` (``log_every`` = 50 steps per dispatch, a loop on the device)
   or one step per dispatch; progress bar and metrics as in ``fit``.
+* ``fit-thread``: ``fit`` as above with ``prefetch=2``: the batches assembled by a
+  background thread (``funcnet.data.background``; not fit's default on CPU).
 * ``train-step``: a Python loop over ``jax.jit(make_train_step(...))`` on pre-built,
   already on-device batches: funcnet's step without the loop around it.
 * ``jax``: the same step written by hand with jax + optax (workload 1's ``jax`` peer) on
   the same pre-built batches.
+* ``jax-scan``: the hand-written step as an expert runs an epoch when the data fits on
+  the device: one jitted ``lax.scan`` over the epoch's batches, pre-shuffled (epoch 0's
+  order, as ``fit``'s first epoch) and stacked on the device as ``(steps, batch, ...)``;
+  one dispatch per epoch, the per-step losses returned. ``fit-device / jax-scan`` is fit's
+  price against the fastest loop one can write by hand.
 * ``pipeline``: no training, only fit's data work for an epoch: ``funcnet.data.batches``
   shuffling and gathering the host arrays, and ``jax.device_put`` of every batch.
 
@@ -106,16 +113,18 @@ def run(peer, cfg, case):
         clock, sink = EpochClock(), io.StringIO()
         # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
         # user's run does; the first epoch (with the compilation) is reported apart.
-        if peer == "fit":
+        prefetch = None  # fit's default: no background thread on CPU
+        if peer in ("fit", "fit-thread"):
             train_data, per_dispatch = (
                 lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)), 1
+            prefetch = 2 if peer == "fit-thread" else None
         else:
             train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
             per_dispatch = int(peer.rpartition("-k")[2]) if "-k" in peer else None
         with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
             fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=True,
                 log_every=10 if cfg["quick"] else 50, callbacks=[clock],
-                steps_per_dispatch=per_dispatch)
+                steps_per_dispatch=per_dispatch, prefetch=prefetch)
         assert "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
         epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
         return {"values": epochs[1:], "extra": {"first_epoch_s": epochs[0]}}
@@ -139,6 +148,42 @@ def run(peer, cfg, case):
                for i in range(steps)]
     common.block(batches)
 
+    def hand_loss(p, xb, yb):
+        h = xb
+        for W, b in [(q["W"], q["b"]) for q in p if q][:-1]:
+            h = jax.nn.relu(h @ W + b)
+        last = [q for q in p if q][-1]
+        return optax.softmax_cross_entropy_with_integer_labels(h @ last["W"] + last["b"], yb).mean()
+
+    def hand_update(carry, xb, yb):
+        p, o = carry
+        loss, g = jax.value_and_grad(hand_loss)(p, xb, yb)
+        u, o = tx.update(g, o, p)
+        return (optax.apply_updates(p, u), o), loss
+
+    if peer == "jax-scan":
+        order = data.epoch_order(n, 0, 0)
+        xs = jnp.asarray(x[order].reshape(steps, batch, -1))
+        ys = jnp.asarray(y[order].reshape(steps, batch))
+        common.block((xs, ys))
+
+        @functools.partial(jax.jit, donate_argnums=0)
+        def scan_epoch(carry, xs, ys):
+            return jax.lax.scan(lambda c, b: hand_update(c, *b), carry, (xs, ys))
+
+        state = {"carry": (params, tx.init(params))}
+
+        def one_epoch():
+            c, losses_ = scan_epoch(state["carry"], xs, ys)
+            common.block(c[0])
+            state["carry"] = c
+            return losses_
+
+        t0 = time.perf_counter()
+        one_epoch()
+        first = time.perf_counter() - t0
+        return {"values": common.measure(one_epoch, reps), "extra": {"first_epoch_s": first}}
+
     if peer == "train-step":
         step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0)
         state = {"ts": ts}
@@ -151,19 +196,7 @@ def run(peer, cfg, case):
             state["ts"] = t
             return m
     elif peer == "jax":
-        def hand_loss(p, xb, yb):
-            h = xb
-            for W, b in [(q["W"], q["b"]) for q in p if q][:-1]:
-                h = jax.nn.relu(h @ W + b)
-            last = [q for q in p if q][-1]
-            return optax.softmax_cross_entropy_with_integer_labels(h @ last["W"] + last["b"], yb).mean()
-
-        @functools.partial(jax.jit, donate_argnums=0)
-        def hand_step(carry, xb, yb):
-            p, o = carry
-            loss, g = jax.value_and_grad(hand_loss)(p, xb, yb)
-            u, o = tx.update(g, o, p)
-            return (optax.apply_updates(p, u), o), loss
+        hand_step = jax.jit(hand_update, donate_argnums=0)
 
         state = {"carry": (params, tx.init(params))}
 

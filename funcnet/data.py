@@ -9,12 +9,17 @@ order of any epoch and skip the batches it already consumed::
 
 ``prefetch_to_device`` keeps a few batches already on their way to the device
 (``jax.device_put`` is asynchronous), so the copy overlaps with compute.
+``background`` assembles the batches (and starts their copies) in a thread, so the
+host's gathering overlaps with the steps too; ``funcnet.fit`` uses it for the host
+pipeline.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import queue
+import threading
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import jax
@@ -23,7 +28,8 @@ import numpy as np
 from funcnet import _checks as checks
 from funcnet._mesh import data_axis
 
-__all__ = ["batches", "epoch_order", "num_batches", "prefetch_to_device", "DeviceData"]
+__all__ = ["batches", "epoch_order", "num_batches", "prefetch_to_device", "background",
+           "Background", "DeviceData"]
 
 # --------------------------------------------------------------------------- #
 # Minibatches
@@ -428,3 +434,132 @@ def prefetch_to_device(iterator: Iterable, size: int = 2, device=None,
             yield ready
 
     return generate()
+
+
+# --------------------------------------------------------------------------- #
+# A background thread
+# --------------------------------------------------------------------------- #
+
+_ITEM, _END, _ERROR = 0, 1, 2
+
+
+class Background:
+    """The items of ``iterable``, produced ``size`` ahead by a background thread.
+
+    Made by :func:`background`; an iterator and a context manager. :meth:`close` (or
+    leaving the ``with`` block, or the iterator being garbage-collected) stops the
+    thread and waits for it: the thread checks between items, so it finishes at most
+    the item it is computing (a blocking ``next`` of the source finishes first).
+    """
+
+    def __init__(self, iterable: Iterable, size: int, transform: Optional[Callable]):
+        self._queue: queue.Queue = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._done = False
+        # Taken here, on the caller's thread: an argument error of the source's
+        # iter() is the caller's, as with a plain for loop.
+        source = iter(iterable)
+        self._thread = threading.Thread(target=self._produce, args=(source, transform),
+                                        name="funcnet-background", daemon=True)
+        self._thread.start()
+
+    def _put(self, message) -> bool:
+        """Waits for room in the queue; False once the consumer has stopped."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(message, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self, source, transform) -> None:
+        index = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    item = next(source)
+                except StopIteration:
+                    self._put((_END, None, index))
+                    return
+                if transform is not None:
+                    item = transform(item)
+                if not self._put((_ITEM, item, index)):
+                    return
+                index += 1
+        except BaseException as e:  # re-raised on the consumer's thread, in __next__
+            self._put((_ERROR, e, index))
+        finally:
+            close = getattr(source, "close", None)  # a generator: run its finally blocks here
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 -- the consumer is gone; nothing to report to
+                    pass
+
+    def __iter__(self) -> "Background":
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        kind, value, index = self._queue.get()
+        if kind == _ITEM:
+            return value
+        self._done = True
+        self._thread.join()
+        if kind == _END:
+            raise StopIteration
+        value.add_note(f"funcnet.data.background: raised in the background thread while it "
+                       f"produced item {index} (0-based) of the iterable (in fit: the batch "
+                       f"index in the epoch).")
+        raise value
+
+    def close(self) -> None:
+        """Stops the thread (it drops what it had produced ahead) and waits for it."""
+        self._done = True
+        self._stop.set()
+        while self._thread.is_alive():
+            try:  # make room, so a put the thread is blocked in returns at once
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.01)
+
+    def __enter__(self) -> "Background":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_thread", None) is not None and self._thread.is_alive():
+            self._stop.set()  # no join from a finalizer: the thread ends at its next check
+
+
+def background(iterable: Iterable, size: int = 2,
+               transform: Optional[Callable[[Any], Any]] = None) -> Background:
+    """Iterates ``iterable`` in a background thread, ``size`` items ahead, in order.
+
+    The thread takes each item, applies ``transform`` (e.g. ``jax.device_put``, which
+    starts the copy to the device) and hands it over through a queue of ``size``
+    items, so assembling the next batches (NumPy gathers and copies, which release
+    the GIL) overlaps with the work on the current one. The items and their order are
+    exactly the iterable's. An exception raised by the iterable or ``transform`` is
+    raised from ``next()`` with the index of the item it was producing added as a
+    note. Use it as a context manager (``with background(it) as items:``) so that
+    stopping early (a ``break``, an exception, KeyboardInterrupt) also stops the thread.
+
+    The iterable runs on the other thread: an iterable that needs the calling thread
+    (thread-local state, e.g. a ``jax.enable_x64`` context it relies on) should be
+    iterated directly.
+
+    Args:
+      iterable: any iterable; a generator's ``close`` runs (in the thread) when it
+        ends or is stopped.
+      size: how many items may wait in the queue (>= 1).
+      transform: applied in the thread to every item.
+    """
+    size = checks.positive_int("background", "size", size)
+    return Background(iterable, size, transform)

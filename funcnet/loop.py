@@ -9,6 +9,7 @@ checkpoint stores next to the train state and what ``resume_from`` reads back.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -94,8 +95,8 @@ class _Loop:
     every device.
     """
 
-    def __init__(self, train_state, n_devices, mesh=None):
-        self.n, self.mesh = n_devices, mesh
+    def __init__(self, train_state, n_devices, mesh=None, prefetch=2):
+        self.n, self.mesh, self.prefetch = n_devices, mesh, prefetch
         # The step donates its input buffers; copying once keeps the caller's state alive.
         if mesh is not None and _lies_on(train_state, mesh):
             self.state = _copy_placed(train_state)
@@ -123,6 +124,23 @@ class _Loop:
         if self.mesh is not None:
             return distributed.shard_batch(self.mesh, batch)
         return distributed.shard(batch, self.n) if self.n else batch
+
+    def host_batches(self, data, epoch):
+        """A context manager over an epoch's batches from a host pipeline: assembled
+        ``prefetch`` ahead in a background thread (:func:`funcnet.data.background`), on
+        one device also copied there (``device_put``), so both overlap with the steps.
+        ``prefetch=0``: iterated here, one at a time."""
+        batches = data(epoch) if callable(data) else data
+        if not self.prefetch:
+            return contextlib.nullcontext(iter(batches))
+        # The copy starts in the thread on an accelerator, where device_put is an
+        # asynchronous DMA. Not on CPU: there device_put costs ~150 us of Python per
+        # batch (GIL held), several times the copy jit makes of a NumPy argument.
+        # pmap and mesh placements stay on this thread (put_batch): they may read the
+        # thread's jax context (jax.set_mesh).
+        put = (jax.device_put if self.n is None and self.mesh is None
+               and jax.default_backend() != "cpu" else None)
+        return data_lib.background(batches, self.prefetch, transform=put)
 
     def put_order(self, order):
         """An epoch's index matrix (or the last batch's indices) where the step runs: whole
@@ -267,28 +285,55 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     # At most two multi-device steps in flight on CPU, where many queued executions
     # can stall XLA:CPU's collectives (distributed.InFlight says what happens).
     in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)
-    for i, batch in enumerate(_iterate(train_data, epoch)):
-        if i < skip:
-            continue
-        loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
-        step_metrics.append(in_flight.add(metrics))
-        ctx._last = (metrics, None)
-        seen += _batch_size(batch)
-        ctx.batch_in_epoch = i + 1
-        ctx.host_step += 1
-        for cb in callbacks:
-            cb.on_step_end(ctx, ctx.host_step)
-        if bar is not None and (i + 1) % log_every == 0:
-            last = jax.device_get(loop.first(metrics))
-            _check_losses(ctx, [last], epoch, ctx.host_step, on_nonfinite)
-            bar.update(log_every)
-            bar.set_postfix(loss=f"{float(last['loss']):.4f}",
-                            samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
+    # The with block stops the background thread however the epoch ends (early stop,
+    # an exception, KeyboardInterrupt).
+    with loop.host_batches(train_data, epoch) as batches:
+        for i, batch in enumerate(batches):
+            if i < skip:
+                continue
+            loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
+            step_metrics.append(in_flight.add(metrics))
+            ctx._last = (metrics, None)
+            seen += _batch_size(batch)
+            ctx.batch_in_epoch = i + 1
+            ctx.host_step += 1
+            for cb in callbacks:
+                cb.on_step_end(ctx, ctx.host_step)
+            if bar is not None and (i + 1) % log_every == 0:
+                last = jax.device_get(loop.first(metrics))
+                _check_losses(ctx, [last], epoch, ctx.host_step, on_nonfinite)
+                bar.update(log_every)
+                bar.set_postfix(loss=f"{float(last['loss']):.4f}",
+                                samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
     if not step_metrics and not skip:
         raise ValueError(f"fit: train_data gave no batches in epoch {epoch}. A generator or "
                          f"iterator is used up after one epoch: pass a callable "
                          f"epoch -> iterable (e.g. lambda epoch: data.batches(...)).")
+    if loop.n is None and loop.mesh is None:
+        step_metrics = _fetch_stacked(step_metrics)
     return step_metrics, seen
+
+
+_FETCH_GROUP = 64
+
+
+@jax.jit
+def _stack_metrics(group):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *group)
+
+
+def _fetch_stacked(step_metrics: list) -> list:
+    """``jax.device_get(step_metrics)`` (a list of per-step metric dicts on one device)
+    in one transfer per group of ``_FETCH_GROUP`` steps, stacked on the device: on CPU
+    a transfer costs ~70 us of host time, once per scalar, which was the larger part
+    of the host pipeline's per-step cost. The values are the same (a stack is exact);
+    the last group is padded with its last entry, so one compiled stack serves all."""
+    out = []
+    for start in range(0, len(step_metrics), _FETCH_GROUP):
+        group = step_metrics[start:start + _FETCH_GROUP]
+        rows = jax.device_get(_stack_metrics(group + group[-1:] * (_FETCH_GROUP - len(group))))
+        out += [{k: v[j] for k, v in rows.items()} for j in range(len(group))]
+    return out
 
 
 def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log_every,
@@ -422,7 +467,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         progress: Optional[bool] = None, log_every: int = 50, resume_from=None,
         missing_ok: bool = False, on_nonfinite: str = "raise",
         steps_per_dispatch: Optional[int] = None, print_fn: Optional[Callable[[str], None]] = None,
-        step_options: Optional[dict] = None, eval_on_ema: bool = False):
+        step_options: Optional[dict] = None, eval_on_ema: bool = False,
+        prefetch: Optional[int] = None):
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
 
     Args:
@@ -503,6 +549,16 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         ``{"clip_grad_norm": 1.0, "microbatches": 4}``.
       eval_on_ema: evaluate the params' moving average (``ema_decay`` in
         ``step_options``, a TrainState created with ``ema=True``) instead of the params.
+      prefetch: for a host pipeline (``train_data`` not a ``DeviceData``), how many
+        batches a background thread assembles ahead (:func:`funcnet.data.background`;
+        on one accelerator it also starts their copies to the device), so the host's
+        data work overlaps with the steps; the batches and the results are the same,
+        bit for bit, and an exception from ``train_data`` is raised with the batch
+        index added as a note. ``0``: ``train_data`` is iterated on the calling
+        thread, one batch at a time (for an iterable that needs that thread). Default
+        (None): 2 on an accelerator, 0 on CPU, where the thread did not pay for itself
+        with NumPy batching (it helps a pipeline whose work releases the GIL: file
+        reads, decoding, large NumPy operations).
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps),
     ``grad_norm`` (likewise), the step's other metrics, ``eval_*``, ``samples_per_s``, ``seconds``.
@@ -524,7 +580,12 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     log_every = checks.positive_int("fit", "log_every", log_every)
     steps_per_dispatch = _check_dispatch(steps_per_dispatch, take is not None, callbacks,
                                          log_every)
-    loop = _Loop(train_state, n_dev, mesh)
+    if prefetch is None:
+        # Measured (BENCHMARKS.md, workload 6): on CPU the thread only adds GIL hand-offs
+        # to NumPy gathers that hold the GIL; on an accelerator it overlaps the copies.
+        prefetch = 0 if jax.default_backend() == "cpu" else 2
+    prefetch = checks.non_negative_int("fit", "prefetch", prefetch)
+    loop = _Loop(train_state, n_dev, mesh, prefetch)
     steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, take, steps_per_dispatch,
                      sharding.state_shardings(loop.state) if mesh is not None else None,
                      _step_options(step_options), checks.flag("fit", "eval_on_ema", eval_on_ema))

@@ -37,6 +37,7 @@ Why not plain ``optax.sgd`` / ``optax.adam``?
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -46,7 +47,8 @@ import optax
 from funcnet import _checks as checks
 
 __all__ = ["sgd", "adam", "adamw", "radam", "rmsprop", "adagrad", "adadelta", "torch_momentum",
-           "TorchMomentumState", "scale_by_torch_adagrad", "scale_by_torch_radam"]
+           "TorchMomentumState", "scale_by_torch_adam", "scale_by_torch_adagrad",
+           "scale_by_torch_radam"]
 
 
 # Python and NumPy scalars are "concrete": they can decide the structure of the
@@ -161,9 +163,11 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
         p = p - lr_t / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
 
     ``eps`` is added to the bias-corrected ``sqrt(v_hat)``, which is where both
-    PyTorch and ``optax.scale_by_adam`` (with ``eps_root=0``) put it, so the
-    chain ``add_decayed_weights -> scale_by_adam -> scale_by_learning_rate`` is
-    the same formula. For decoupled weight decay use ``optax.adamw``.
+    PyTorch and ``optax.scale_by_adam`` (with ``eps_root=0``) put it. The chain
+    is ``add_decayed_weights -> scale_by_torch_adam -> scale_by_learning_rate``:
+    :func:`scale_by_torch_adam` is optax's formula with the bias corrections
+    computed without cancellation, so float32 runs track torch's (which computes
+    those scalars in Python double). For decoupled weight decay use :func:`adamw`.
 
     Freezing: ``weight_decay`` moves every parameter the optimizer sees, also one
     whose gradient is zero (``jax.lax.stop_gradient``, a detached branch). To
@@ -182,7 +186,7 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
     parts = []
     if not (_is_python_number(weight_decay) and weight_decay == 0):
         parts.append(optax.add_decayed_weights(weight_decay))
-    parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0))
+    parts.append(scale_by_torch_adam(b1, b2, eps))
     parts.append(optax.scale_by_learning_rate(learning_rate))
     return optax.chain(*parts)
 
@@ -219,6 +223,48 @@ def _float_count(count: jax.Array) -> jax.Array:
     return count.astype(jnp.result_type(float))
 
 
+# Bias corrections and RAdam's rho_t. torch computes these step scalars in Python
+# double; in float32 the textbook forms cancel: ``1 - 0.999**t`` keeps ~4 of float32's
+# 7 digits at small t (and b2 itself rounds to 0.99900001), and RAdam's
+# ``rho_inf - 2 t b2**t / (1 - b2**t)`` subtracts two numbers near 2000 to get one
+# near t. The forms below take ``log(beta)`` in Python double when beta is a number
+# (an array beta under inject_hyperparams is already rounded to the param dtype) and
+# leave no difference of nearly equal numbers, so float32 runs track torch's float32
+# trajectories (tests/test_optim.py: 1e-5 over 30 steps).
+
+def _log_beta(beta: Any) -> Any:
+    """``log(beta)``: Python double for a number (``-inf`` at 0), else ``jnp.log``."""
+    if _is_python_number(beta):
+        return math.log(beta) if beta > 0 else -math.inf
+    return jnp.log(beta)
+
+
+def _one_minus_power(beta: Any, t: jax.Array) -> jax.Array:
+    """``1 - beta**t`` as ``-expm1(t * log(beta))``: exact to a few ulps for beta near 1."""
+    return -jnp.expm1(t * _log_beta(beta))
+
+
+def _langevin(z: jax.Array) -> jax.Array:
+    """``coth(z) - 1/z`` for ``z >= 0`` (``z / 3`` near 0, 1 at infinity).
+
+    The two terms cancel for small ``z``, so below 1/2 it is the Taylor series of
+    ``coth`` less its ``1/z`` (the terms fall by ``(z / pi)**2``: eight are exact to
+    ~1e-13 at 1/2); from 1/2 up the direct form loses at most a factor 13 to the
+    cancellation, a few 1e-7 in float32 where the result is multiplied by ``t`` and
+    subtracted from ``t`` (see :func:`_radam_rectification`).
+    """
+    small = z < 0.5
+    zs = jnp.where(small, z, 0.0)
+    z2 = zs * zs
+    coefs = (1 / 3, -1 / 45, 2 / 945, -1 / 4725, 2 / 93555, -1382 / 638512875,
+             4 / 18243225, -3617 / 162820783125)
+    series = coefs[-1]
+    for c in coefs[-2::-1]:
+        series = c + z2 * series
+    zl = jnp.where(small, 1.0, z)
+    return jnp.where(small, zs * series, 1.0 / jnp.tanh(zl) - 1.0 / zl)
+
+
 def scale_by_torch_adagrad(initial_accumulator_value: float = 0.0,
                            eps: float = 1e-10) -> optax.GradientTransformation:
     """Adagrad's scaling as ``torch.optim.Adagrad`` computes it (``eps`` outside the root)::
@@ -244,15 +290,59 @@ def scale_by_torch_adagrad(initial_accumulator_value: float = 0.0,
 
 
 def _radam_rectification(count: jax.Array, b2: Any):
-    """``(rectify, r_t)``: torch's ``rho_t > 5`` test and the variance rectification term."""
+    """``(rectify, r_t)``: torch's ``rho_t > 5`` test and the variance rectification term.
+
+    With ``y = -t log(b2)``, ``2 t b2**t / (1 - b2**t) = 2t / expm1(y)
+    = -2 / log(b2) - t + t L(y / 2)`` (``L(z) = coth(z) - 1/z``, :func:`_langevin`), so
+    ``rho_t = (rho_inf + 2 / log(b2)) + t (1 - L(y / 2))``: the first bracket is a
+    constant (about ``(1 - b2) / 6``) computed once in Python double, and nothing
+    left cancels.
+    """
     t = _float_count(count)
+    log_b2 = _log_beta(b2)
     rho_inf = 2.0 / (1.0 - b2) - 1.0
-    b2_t = b2 ** t
-    rho_t = rho_inf - 2.0 * t * b2_t / (1.0 - b2_t)
+    rho_t = (rho_inf + 2.0 / log_b2) + t * (1.0 - _langevin(-0.5 * t * log_b2))
     rectify = rho_t > 5.0
     rho = jnp.where(rectify, rho_t, 5.0)  # keeps the unused branch free of NaN
     r_t = jnp.sqrt((rho - 4.0) * (rho - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho))
     return rectify, r_t
+
+
+def _adam_state_init(params) -> optax.ScaleByAdamState:
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=optax.tree.zeros_like(params),
+                                  nu=optax.tree.zeros_like(params))
+
+
+def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999,
+                        eps: float = 1e-8) -> optax.GradientTransformation:
+    """Adam's scaling as ``torch.optim.Adam`` computes it. At update ``t = 1, 2, ...``::
+
+        m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g**2
+        out = m / (1 - b1**t) / (sqrt(v) / sqrt(1 - b2**t) + eps)
+
+    ``optax.scale_by_adam(eps_root=0)`` is the same formula, but it computes
+    ``1 - b**t`` in the parameters' dtype, which in float32 keeps only a few
+    digits when ``b**t`` is near 1 (``b2 = 0.999``, small ``t``); torch computes it
+    in Python double. Here it is ``-expm1(t * log(b))``, accurate in float32 too.
+    The state is optax's own :class:`optax.ScaleByAdamState`.
+    """
+    def update_fn(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        count = optax.safe_increment(state.count)
+        t = _float_count(count)
+        bc1 = _one_minus_power(b1, t)
+        root_bc2 = jnp.sqrt(_one_minus_power(b2, t))
+
+        def scaled(m, v):
+            return (m / bc1 / (jnp.sqrt(v) / root_bc2 + eps)).astype(m.dtype)
+
+        out = jax.tree.map(scaled, mu, nu)
+        return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(_adam_state_init, update_fn)
 
 
 def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
@@ -270,30 +360,29 @@ def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
     bias-corrected ``sqrt(v / (1 - b2**t))`` (torch adds it to ``sqrt(v)`` before
     the correction, i.e. an effective ``eps / sqrt(1 - b2**t)``), and it
     rectifies when ``rho_t >= threshold`` where torch needs ``rho_t > 5``. The
-    state is optax's own :class:`optax.ScaleByAdamState`.
+    step scalars (``1 - b**t``, ``rho_t``) are computed without cancellation (see
+    :func:`_radam_rectification`), so float32 runs track torch's, which computes
+    them in Python double. The state is optax's own :class:`optax.ScaleByAdamState`.
     """
-    def init_fn(params):
-        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
-                                      mu=optax.tree.zeros_like(params),
-                                      nu=optax.tree.zeros_like(params))
-
     def update_fn(updates, state, params=None):
         del params
         mu = optax.tree.update_moment(updates, state.mu, b1, 1)
         nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
         count = optax.safe_increment(state.count)
-        mu_hat = optax.tree.bias_correction(mu, b1, count)
+        t = _float_count(count)
+        bc1 = _one_minus_power(b1, t)
         rectify, r_t = _radam_rectification(count, b2)
-        root_bc2 = jnp.sqrt(1.0 - b2 ** _float_count(count))
+        root_bc2 = jnp.sqrt(_one_minus_power(b2, t))
 
         def scaled(m, v):
-            adaptive = m * r_t * root_bc2 / (jnp.sqrt(v) + eps)
-            return jnp.where(rectify, adaptive, m).astype(m.dtype)
+            m_hat = m / bc1
+            adaptive = m_hat * r_t * root_bc2 / (jnp.sqrt(v) + eps)
+            return jnp.where(rectify, adaptive, m_hat).astype(m.dtype)
 
-        out = jax.tree.map(scaled, mu_hat, nu)
+        out = jax.tree.map(scaled, mu, nu)
         return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(_adam_state_init, update_fn)
 
 
 def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: float = 1e-8,
@@ -392,9 +481,10 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
 
     The Adam step does not read ``p``, so decaying first (torch) equals adding
     ``weight_decay * p`` to the Adam direction before the learning rate, which
-    is the chain ``scale_by_adam -> add_decayed_weights -> scale_by_learning_rate``
-    (``optax.adamw``'s). The difference from ``optax.adamw`` is the default
-    ``weight_decay``: 0.01 here and in torch, 1e-4 in optax.
+    is the chain ``scale_by_torch_adam -> add_decayed_weights -> scale_by_learning_rate``
+    (``optax.adamw``'s, with :func:`scale_by_torch_adam`'s bias corrections that
+    stay accurate in float32). The other difference from ``optax.adamw`` is the
+    default ``weight_decay``: 0.01 here and in torch, 1e-4 in optax.
 
     ``mask`` (a bool pytree like the params, or a function of the params returning
     one) limits the decay to the True leaves, as two torch param groups, one with
@@ -412,7 +502,7 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
     """
     _check_recipe("adamw", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
                   below_one=dict(b1=b1, b2=b2))
-    parts = [optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0)]
+    parts = [scale_by_torch_adam(b1, b2, eps)]
     if not _is_static_zero(weight_decay):
         parts.append(optax.add_decayed_weights(weight_decay, mask=mask))
     parts.append(optax.scale_by_learning_rate(learning_rate))

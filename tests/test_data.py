@@ -1,5 +1,7 @@
 """funcnet.data: batching reproducibility and device prefetching."""
 import itertools
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +96,84 @@ def test_batches_errors_are_eager():
     with pytest.raises(ValueError, match="batch_size"):
         data.batches((x, y), 0)
     assert len(list(data.batches((x, y), 11, drop_remainder=False))) == 1
+
+
+# --------------------------------------------------------------------------- #
+# background
+# --------------------------------------------------------------------------- #
+
+def _background_threads():
+    return [t for t in threading.enumerate() if t.name == "funcnet-background" and t.is_alive()]
+
+
+def test_background_gives_the_same_batches_in_order_bit_for_bit():
+    x = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    y = np.arange(50)
+    for shuffle, size in [(False, 1), (True, 2), (True, 7)]:
+        kw = dict(shuffle=shuffle, rng=3, drop_remainder=False)
+        sync = list(data.batches((x, y), 4, **kw))
+        with data.background(data.batches((x, y), 4, **kw), size=size) as it:
+            threaded = list(it)
+        assert len(threaded) == len(sync) == 13
+        for a, b in zip(threaded, sync):
+            for u, v in zip(a, b):
+                assert u.dtype == v.dtype and u.tobytes() == v.tobytes()
+    # transform runs in the thread, on every item, in order
+    with data.background(range(6), size=2, transform=lambda i: i * 10) as it:
+        assert list(it) == [0, 10, 20, 30, 40, 50]
+    assert _background_threads() == []
+
+
+def test_background_reraises_the_sources_exception_with_the_item_index():
+    class Broken(Exception):
+        pass
+
+    def source():
+        yield from range(3)
+        raise Broken("bad file")
+
+    got = []
+    with pytest.raises(Broken, match="bad file") as info:
+        with data.background(source(), size=1) as it:
+            for item in it:
+                got.append(item)
+    assert got == [0, 1, 2]       # the good items first, in order
+    assert any("item 3" in note for note in info.value.__notes__)
+    with pytest.raises(ZeroDivisionError) as info:
+        list(data.background(range(5), transform=lambda i: 1 // (i - 2)))
+    assert any("item 2" in note for note in info.value.__notes__)
+    assert _background_threads() == []
+
+
+def test_background_stays_bounded_and_stops_when_the_consumer_stops():
+    pulled, closed = [], []
+
+    def source():
+        try:
+            for i in itertools.count():
+                pulled.append(i)
+                yield i
+        finally:
+            closed.append(True)   # the generator is closed, in the thread
+
+    with data.background(source(), size=3) as it:
+        assert [next(it) for _ in range(4)] == [0, 1, 2, 3]
+        time.sleep(0.05)
+        # consumed + `size` queued + at most one waiting to be queued
+        assert 4 + 3 <= len(pulled) <= 4 + 3 + 1
+    assert closed == [True] and _background_threads() == []
+    # Stopped by an exception in the consuming loop (as fit stops on KeyboardInterrupt).
+    class Stop(BaseException):
+        pass
+
+    with pytest.raises(Stop):
+        with data.background(source(), size=2) as it:
+            for i in it:
+                if i == 5:
+                    raise Stop
+    assert _background_threads() == []
+    with pytest.raises(ValueError, match="background: size"):
+        data.background(range(3), size=0)
 
 
 # --------------------------------------------------------------------------- #

@@ -251,3 +251,46 @@ def test_fit_checks_eval_metric_and_epochs_before_training():
     with pytest.raises(ValueError, match=r"fit: epochs must be a non-negative int, got -1"):
         fit(ts, loss_fn, opt, train_data, epochs=-1, callbacks=[Steps()], **kw)
     assert steps == []
+
+
+def _background_threads():
+    import threading
+    return [t for t in threading.enumerate() if t.name == "funcnet-background" and t.is_alive()]
+
+
+def test_host_pipeline_in_a_background_thread_is_bit_identical_and_stops_with_fit():
+    ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.3)
+    sync, h_sync = fit(ts, loss_fn, opt, train_data, epochs=2, prefetch=0, **kw)
+    threaded, h_threaded = fit(ts, loss_fn, opt, train_data, epochs=2, prefetch=3, **kw)
+    params_equal((threaded.params, threaded.opt_state, jax.random.key_data(threaded.rng)),
+                 (sync.params, sync.opt_state, jax.random.key_data(sync.rng)))
+    assert _without_times(h_threaded) == _without_times(h_sync)
+    assert _background_threads() == []
+
+    def broken(epoch):  # a host pipeline that fails at batch 5 of epoch 1
+        for i, batch in enumerate(train_data(epoch)):
+            if epoch == 1 and i == 5:
+                raise OSError("unreadable shard")
+            yield batch
+
+    with pytest.raises(OSError, match="unreadable shard") as info:
+        fit(ts, loss_fn, opt, broken, epochs=2, prefetch=2, **kw)
+    assert any("item 5" in note for note in info.value.__notes__)
+    assert _background_threads() == []
+
+    class Interrupt(BaseException):  # as KeyboardInterrupt: not an Exception
+        pass
+
+    class InterruptAt(callbacks.Callback):
+        def on_step_end(self, ctx, step):
+            if step == 3:
+                raise Interrupt
+
+    with pytest.raises(Interrupt):
+        fit(ts, loss_fn, opt, train_data, epochs=2, prefetch=2, callbacks=[InterruptAt()], **kw)
+    assert _background_threads() == []
+    _, history = fit(ts, loss_fn, opt, train_data, epochs=5, prefetch=2, **kw,
+                     callbacks=[callbacks.EarlyStopping("loss", patience=0, mode="max")])
+    assert len(history) == 2 and _background_threads() == []
+    with pytest.raises(ValueError, match="prefetch"):
+        fit(ts, loss_fn, opt, train_data, prefetch=-1, **kw)
