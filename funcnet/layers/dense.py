@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet import _mesh
+from funcnet.errors import MismatchError
 from funcnet.core import Layer, check_input, check_known, check_shape, named
 
 __all__ = ["Dense", "linear"]
@@ -75,6 +76,12 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
     def apply(params, state, inputs, *, rng=None, train=False):
         W = params["W"]
         check_input(name, inputs, min_rank=1, axis=-1, size=W.shape[0])
+        if use_bias != ("b" in params):
+            # Another Dense's params (with or without a bias) would otherwise run silently
+            # with a bias dropped or ignored.
+            raise MismatchError(name, "params", name, "{'W', 'b'}" if use_bias else "{'W'}",
+                                str(set(params)), hint="Pass the params this layer's init made "
+                                "(use_bias=False layers have no 'b').")
         return linear(inputs, W, params.get("b")), state
 
     return named(name, init, apply)
