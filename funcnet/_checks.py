@@ -22,7 +22,7 @@ from funcnet.errors import ArgumentError
 
 __all__ = ["ArgumentError", "is_int", "is_real", "got", "integer", "positive_int",
            "non_negative_int", "real", "concrete", "flag", "one_of", "hyperparameter",
-           "learning_rate", "initializer", "prng_key"]
+           "learning_rate", "initializer", "prng_key", "fits_x32"]
 
 
 def is_int(x: Any) -> bool:
@@ -122,12 +122,29 @@ def learning_rate(where: str, value: Any) -> Any:
     """
     if value is None:
         raise ArgumentError(f"{where}: learning_rate is required (a number or an optax schedule).")
-    if callable(value) or hasattr(value, "shape"):
+    if callable(value):
+        _first_rate(where, value)
+        return value
+    if hasattr(value, "shape"):
         return value
     if isinstance(value, str):
         raise ArgumentError(f"{where}: learning_rate must be a number or an optax schedule, got the "
                         f"string {value!r}. Pass a number, e.g. {where}({_as_number_hint(value)}).")
     return real(where, "learning_rate", value, low=0.0)
+
+
+def _first_rate(where: str, schedule) -> None:
+    """A schedule's first value must be a finite number >= 0: a NaN rate shows up only as
+    a non-finite loss some steps later, far from its cause."""
+    try:
+        first = np.asarray(schedule(0), dtype=float)
+    except Exception:  # a schedule that wants a traced or array step: checked as it runs
+        return
+    if first.size == 1 and not (np.isfinite(first) and first >= 0):
+        raise ArgumentError(f"{where}: the learning_rate schedule gives {float(first)!r} at step "
+                            f"0; a rate must be a finite number >= 0. Check the schedule's "
+                            f"arguments (e.g. optax.cosine_decay_schedule(init_value, "
+                            f"decay_steps) with decay_steps > 0).")
 
 
 def _as_number_hint(text: str) -> str:
@@ -201,3 +218,35 @@ def prng_key(where: str, value: Any):
         raise ArgumentError(f"{where}: rng must be a jax PRNG key, got the int {value}: pass "
                             f"jax.random.key({value}).")
     return value
+
+
+def fits_x32(fn: str, tree) -> None:
+    """64-bit integers that JAX would store as 32-bit (x64 off, its default) must fit.
+
+    JAX converts int64/uint64 values to int32/uint32 without a word when
+    ``jax_enable_x64`` is off: ``2**40`` becomes 0. Only host values (NumPy,
+    Python ints) are looked at; device arrays are already 32-bit.
+    """
+    import jax  # here, not at the top, as in concrete()
+
+    if jax.config.jax_enable_x64:
+        return
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if isinstance(x, jax.Array) or not isinstance(x, (np.ndarray, np.generic, int)):
+            continue
+        x = np.asarray(x)
+        if x.dtype not in (np.int64, np.uint64) or x.size == 0:
+            continue
+        small = np.int32 if x.dtype == np.int64 else np.uint32
+        info = np.iinfo(small)
+        lo, hi = x.min(), x.max()
+        if lo >= info.min and hi <= info.max:
+            continue
+        bad = lo if lo < info.min else hi
+        raise ValueError(
+            f"{fn}: {jax.tree_util.keystr(tuple(path)) or 'the value'} holds {int(bad)}, which "
+            f"{np.dtype(small).name} cannot hold: with jax_enable_x64 off (JAX's default) {x.dtype} values are stored "
+            f"as {np.dtype(small).name}, and this one would silently become "
+            f"{int(np.asarray(bad).astype(small))}. Enable 64-bit types "
+            f"(jax.config.update('jax_enable_x64', True) at startup), or keep the value on the "
+            f"host, outside the tree.")

@@ -13,6 +13,8 @@ import json
 import os
 from typing import Optional
 
+import numpy as np
+
 from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet import distributed
@@ -34,6 +36,17 @@ class Callback:
     """
 
     log_keys = None
+
+    def checkpoint_state(self, train_state):
+        """This callback's state for :class:`Checkpoint` to save with the train state:
+        a pytree of arrays (NumPy scalars, or trees shaped like ``train_state``) whose
+        structure does not change during a run, or None (stateless, the default).
+        ``fit(resume_from=...)`` hands it back to :meth:`restore_checkpoint_state`, so a
+        resumed run's callbacks continue as the uninterrupted run's would have."""
+        return None
+
+    def restore_checkpoint_state(self, tree) -> None:
+        """Takes back what :meth:`checkpoint_state` gave, as restored on resume."""
 
     def check_log_keys(self, logs): ...
     def on_train_begin(self, ctx): ...
@@ -84,6 +97,9 @@ class Checkpoint(Callback):
 
     def on_train_begin(self, ctx):
         self.checkpointer.run_id = ctx.run_id
+        if self.checkpointer.every_process_saves or distributed.is_main_process():
+            _check_writable("Checkpoint", os.fspath(self.checkpointer.directory), "directory",
+                            directory=True)
 
     def on_step_end(self, ctx, step):
         if self.every_steps and step % self.every_steps == 0:
@@ -98,8 +114,35 @@ class Checkpoint(Callback):
 
     def _save(self, ctx, step):
         if self.checkpointer.every_process_saves or distributed.is_main_process():
-            self.checkpointer.save(step, LoopPosition.of(ctx).checkpoint_tree(ctx.train_state),
-                                   finite=False if ctx.loss_was_nonfinite else None)
+            train_state = ctx.train_state
+            tree = LoopPosition.of(ctx).checkpoint_tree(train_state)
+            # fit's loop adds what resuming must check and restore: the data's layout
+            # and the callbacks' states (EarlyStopping's best value and wait counter).
+            extras = getattr(ctx, "checkpoint_extras", None)
+            if extras is not None:
+                tree.update(extras(train_state))
+            self.checkpointer.save(step, tree, finite=False if ctx.loss_was_nonfinite else None)
+
+
+def _check_writable(where: str, path: str, name: str, directory: bool = False) -> None:
+    """A writer's destination must take a write when fit starts, not fail after the first
+    epoch's training (a read-only directory, a path that is a directory)."""
+    if "://" in path:  # a remote store (gs://, s3://): its own client reports there
+        return
+    try:
+        if directory:
+            os.makedirs(path, exist_ok=True)
+            probe = os.path.join(path, f".funcnet-write-probe-{os.getpid()}")
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        else:
+            with open(path, "a"):  # creates an empty file, which the writer treats as new
+                pass
+    except OSError as e:
+        raise type(e)(e.errno, f"{where}: cannot write {name}={path!r} ({e.strerror}); fit checks "
+                               f"every writer's destination before training. Pass a writable "
+                               f"{'directory' if directory else 'file path'}.") from None
 
 
 class _FileLogger(Callback):
@@ -109,6 +152,10 @@ class _FileLogger(Callback):
         self.path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
 
+    def on_train_begin(self, ctx):
+        if distributed.is_main_process():
+            _check_writable(type(self).__name__, self.path, "path")
+
 
 class CSVLogger(_FileLogger):
     """Appends one row per epoch to a CSV file (header written when the file is new)."""
@@ -116,6 +163,8 @@ class CSVLogger(_FileLogger):
     def check_log_keys(self, logs):
         # Appending to an existing file (a resumed run): its columns must hold every key
         # fit is known to log, or the first epoch's end would fail.
+        if distributed.is_main_process():
+            _check_writable("CSVLogger", self.path, "path")
         if not distributed.is_main_process() or not os.path.exists(self.path) \
                 or os.path.getsize(self.path) == 0:
             return
@@ -219,6 +268,25 @@ class EarlyStopping(Callback):
         if self.restore_best and self.best_state is not None:
             ctx.replace_train_state(self.best_state)
 
+    def checkpoint_state(self, train_state):
+        # float64/int64 host scalars: the monitored value is a Python float, kept exactly.
+        # No best yet is 0.0 with has_best=0, not NaN: a checkpoint holding a NaN would be
+        # marked non-finite and never resumed from.
+        tree = {"best": np.float64(0.0 if self.best is None else self.best),
+                "has_best": np.int64(self.best is not None), "wait": np.int64(self.wait),
+                "best_epoch": np.int64(-1 if self.best_epoch is None else self.best_epoch)}
+        if self.restore_best:  # the best state itself (one more train state on disk)
+            tree["best_state"] = train_state if self.best_state is None else self.best_state
+        return tree
+
+    def restore_checkpoint_state(self, tree) -> None:
+        has_best = bool(tree["has_best"])
+        self.best = float(tree["best"]) if has_best else None
+        self.wait = int(tree["wait"])
+        self.best_epoch = int(tree["best_epoch"]) if int(tree["best_epoch"]) >= 0 else None
+        if self.restore_best:
+            self.best_state = tree["best_state"] if self.best_epoch is not None else None
+
 
 class LearningRateLogger(Callback):
     """Adds ``"lr"``: the optax schedule's value at the current step (or a constant
@@ -262,6 +330,7 @@ class TensorBoardLogger(Callback):
     def on_train_begin(self, ctx):
         if distributed.is_main_process():
             from tensorboardX import SummaryWriter
+            _check_writable("TensorBoardLogger", self.logdir, "logdir", directory=True)
             self._writer = SummaryWriter(self.logdir)
 
     def on_step_end(self, ctx, step):

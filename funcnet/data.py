@@ -211,6 +211,7 @@ class DeviceData:
         if bad:
             raise TypeError(f"DeviceData: arrays must have boolean, integer or floating dtypes, "
                             f"got {bad}.")
+        checks.fits_x32("DeviceData", pack(values))
         self.batch_size = checks.positive_int("DeviceData", "batch_size", batch_size)
         self.drop_remainder = checks.flag("DeviceData", "drop_remainder", drop_remainder)
         if self.drop_remainder and n < self.batch_size:
@@ -421,6 +422,7 @@ def prefetch_to_device(iterator: Iterable, size: int = 2, device=None,
     def put(item):
         if transform is not None:
             item = transform(item)
+        checks.fits_x32("prefetch_to_device", item)
         return jax.device_put(item, target)  # one call for the whole pytree
 
     def generate():

@@ -420,33 +420,8 @@ def _where(path, whole: str) -> str:
 
 
 def _check_fits_x32(fn: str, tree) -> None:
-    """64-bit integers that JAX would store as 32-bit (x64 off, its default) must fit.
-
-    JAX converts int64/uint64 values to int32/uint32 without a word when
-    ``jax_enable_x64`` is off: ``2**40`` becomes 0. Only host values (NumPy,
-    Python ints) are looked at; device arrays are already 32-bit.
-    """
-    if jax.config.jax_enable_x64:
-        return
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if isinstance(x, jax.Array) or not isinstance(x, (np.ndarray, np.generic, int)):
-            continue
-        x = np.asarray(x)
-        if x.dtype not in (np.int64, np.uint64) or x.size == 0:
-            continue
-        small = np.int32 if x.dtype == np.int64 else np.uint32
-        info = np.iinfo(small)
-        lo, hi = x.min(), x.max()
-        if lo >= info.min and hi <= info.max:
-            continue
-        bad = lo if lo < info.min else hi
-        raise ValueError(
-            f"{fn}: {_where(path, 'the value')} holds {int(bad)}, which {np.dtype(small).name} "
-            f"cannot hold: with jax_enable_x64 off (JAX's default) {x.dtype} values are stored "
-            f"as {np.dtype(small).name}, and this one would silently become "
-            f"{int(np.asarray(bad).astype(small))}. Enable 64-bit types "
-            f"(jax.config.update('jax_enable_x64', True) at startup), or keep the value on the "
-            f"host, outside the tree.")
+    # One check for every path that puts host data on a device (DeviceData too).
+    checks.fits_x32(fn, tree)
 
 
 def shard(batch, n_devices: Optional[int] = None):

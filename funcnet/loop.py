@@ -53,6 +53,10 @@ class FitContext:
         self.loss_was_nonfinite = False  # set once fit has seen a NaN/inf loss
         self._last = None  # the latest dispatch's metrics on the device, and the row to read
         self.planned_steps: Optional[int] = None  # the run's last global step, when known
+        # fit sets it: train_state -> the checkpoint entries beside the train state and
+        # position (the data layout, the callbacks' states) that Checkpoint saves.
+        self.checkpoint_extras: Optional[Callable] = None
+        self._data_layout: dict = {}  # what the loop position counts in (see _data_layout)
 
     def wait(self) -> None:
         """Blocks until every step dispatched so far has finished on the device."""
@@ -273,6 +277,21 @@ def _batch_size(batch) -> int:
     return int(jax.tree.leaves(batch)[0].shape[0])
 
 
+def _check_host_batch(ctx, size: int) -> None:
+    """Records the batch size of a host pipeline (what a checkpoint's loop position
+    counts in) from an epoch's first batch, or checks it against the resumed run's."""
+    saved = int(ctx._data_layout["batch_size"])
+    if saved == -1:
+        ctx._data_layout["batch_size"] = np.int64(size)
+    elif saved != size:
+        raise ValueError(
+            f"fit: resume_from= holds a run saved with train_data of batch_size={saved}, but "
+            f"this fit's train_data gives batches of {size}. The checkpoint's position counts "
+            f"batches of the saved size, so resuming with another batch size would train some "
+            f"examples of the epoch twice and others never. Resume with batch_size={saved}, "
+            f"or start a new run (another directory).")
+
+
 def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_every,
                  on_nonfinite):
     """Runs one epoch's steps; returns ``(per-step metrics, examples seen)``.
@@ -289,6 +308,8 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     # an exception, KeyboardInterrupt).
     with loop.host_batches(train_data, epoch) as batches:
         for i, batch in enumerate(batches):
+            if i == 0:
+                _check_host_batch(ctx, _batch_size(batch))
             if i < skip:
                 continue
             loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
@@ -400,6 +421,8 @@ def _refresh_bar_lagged(bar, ctx, chunks, done, seen, t0, epoch, on_nonfinite):
 def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: str) -> None:
     """Acts on the first non-finite loss among fetched step metrics (no extra device
     sync: fit fetches them anyway). ``last_step`` is the step of the last entry."""
+    if not host_metrics:  # an epoch resumed from a checkpoint taken at its last step
+        return
     finite = np.isfinite(_per_step(host_metrics, "loss")).all(axis=1)
     if finite.all():
         return
@@ -567,7 +590,10 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         raise ValueError("fit: evaluation needs eval_data, eval_fn and metric together.")
     on_nonfinite = checks.one_of("fit", "on_nonfinite", on_nonfinite, ("raise", "warn", "ignore"))
     callbacks = list(callbacks)
-    train_state, position, run_id = _resume(resume_from, missing_ok, train_state)
+    layout = _data_layout(train_data)
+    train_state, position, run_id, resumed = _resume(
+        resume_from, missing_ok, train_state, _checkpoint_extras(callbacks, layout, train_state))
+    _check_layout(resumed, layout)
     _check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
                            metric, callbacks, epochs)
 
@@ -591,6 +617,12 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
                      _step_options(step_options), checks.flag("fit", "eval_on_ema", eval_on_ema))
     ctx = FitContext(loop)
     ctx.run_id = run_id
+    ctx._data_layout = layout
+    ctx.checkpoint_extras = lambda ts: _checkpoint_extras(callbacks, ctx._data_layout, ts)
+    if resumed is not None:
+        ctx._data_layout = {**layout, "batch_size": resumed["data"]["batch_size"]}
+        for key, cb in _stateful(callbacks, train_state):
+            cb.restore_checkpoint_state(resumed["callbacks"][key])
     ctx.host_step = int(jax.device_get(train_state.step))
     if isinstance(train_data, data_lib.DeviceData):
         full, tail = train_data.order(0)
@@ -601,30 +633,47 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     for cb in callbacks:
         cb.on_train_begin(ctx)
 
-    for epoch in range(position.epoch, epochs):
-        ctx.epoch = epoch
-        t0 = time.perf_counter()
-        bar = bar_factory(epoch, epochs)
-        skip = position.batch_in_epoch if epoch == position.epoch else 0
-        run_epoch = _train_epoch_device if steps.on_device is not None else _train_epoch
-        step_metrics, seen = run_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip,
-                                       bar, log_every, on_nonfinite)
-        host_metrics = jax.device_get(step_metrics)
-        _check_losses(ctx, host_metrics, epoch, ctx.host_step, on_nonfinite)
-        logs = {"epoch": epoch, **_mean_metrics(host_metrics)}
-        seconds = time.perf_counter() - t0
-        logs["samples_per_s"] = seen / seconds if seconds > 0 else math.nan
-        if steps.eval is not None:
-            logs.update(_evaluate(loop, steps, metric, eval_data, epoch))
-        logs["seconds"] = time.perf_counter() - t0
-        if bar is not None:
-            bar.close()
-        _end_epoch(ctx, callbacks, epoch, logs, print_fn)
-        if ctx.stop_training:
-            break
-    for cb in callbacks:
-        cb.on_train_end(ctx)
+    try:
+        for epoch in range(position.epoch, epochs):
+            ctx.epoch = epoch
+            t0 = time.perf_counter()
+            bar = bar_factory(epoch, epochs)
+            skip = position.batch_in_epoch if epoch == position.epoch else 0
+            run_epoch = _train_epoch_device if steps.on_device is not None else _train_epoch
+            step_metrics, seen = run_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip,
+                                           bar, log_every, on_nonfinite)
+            host_metrics = jax.device_get(step_metrics)
+            _check_losses(ctx, host_metrics, epoch, ctx.host_step, on_nonfinite)
+            logs = {"epoch": epoch, **_mean_metrics(host_metrics)}
+            seconds = time.perf_counter() - t0
+            logs["samples_per_s"] = seen / seconds if seconds > 0 else math.nan
+            if steps.eval is not None:
+                logs.update(_evaluate(loop, steps, metric, eval_data, epoch))
+            logs["seconds"] = time.perf_counter() - t0
+            if bar is not None:
+                bar.close()
+            _end_epoch(ctx, callbacks, epoch, logs, print_fn)
+            if ctx.stop_training:
+                break
+        for cb in callbacks:
+            cb.on_train_end(ctx)
+    except BaseException as e:
+        _attach_train_state(e, loop)
+        raise
     return loop.host_state(), ctx.history
+
+
+def _attach_train_state(error: BaseException, loop) -> None:
+    """Keeps the trained state reachable when fit fails after training started (a
+    callback writing to a full disk, a KeyboardInterrupt, a non-finite loss): the
+    exception gets ``train_state``, the latest state on the host, so the epochs
+    already trained are not lost with the failure."""
+    try:
+        error.train_state = loop.host_state()
+    except Exception:  # the failure may have left no readable state (e.g. donated buffers)
+        return
+    if hasattr(error, "add_note"):
+        error.add_note("fit: the state trained so far is on this exception as .train_state.")
 
 
 _STEP_OPTIONS = ("clip_grad_norm", "microbatches", "ema_decay", "update")
@@ -681,11 +730,71 @@ def _per_step_callbacks(callbacks) -> list:
             is not Callback.on_step_end and not hasattr(cb, "every_steps")]
 
 
-def _resume(resume_from, missing_ok, train_state):
-    """``(train_state, position, run id)`` to start from: the latest finite checkpoint
-    of ``resume_from`` (a directory or a Checkpointer), or ``train_state`` and a new run."""
+def _data_layout(train_data) -> dict:
+    """What a loop position (batches into an epoch) means for ``train_data``, as int64
+    scalars for the checkpoint; -1 where unknown. A host pipeline's batch size is
+    known once its first batch arrives (``_train_epoch`` fills it in)."""
+    layout = {k: np.int64(-1) for k in ("batch_size", "n", "drop_remainder", "shuffle", "seed")}
+    if isinstance(train_data, data_lib.DeviceData):
+        rng = train_data.rng
+        if not train_data.shuffle:
+            seed = -1
+        elif checks.is_int(rng):
+            seed = int(rng) % 2 ** 62
+        elif isinstance(rng, jax.Array):  # a key: its bits, folded into 62 bits
+            bits = np.asarray(jax.random.key_data(rng) if jax.dtypes.issubdtype(
+                rng.dtype, jax.dtypes.prng_key) else rng).astype(np.uint64).ravel()
+            seed = int(sum(int(b) << (32 * i) for i, b in enumerate(bits[:2]))) % 2 ** 62
+        else:
+            seed = -1  # a numpy Generator: its state moves on, nothing fixed to compare
+        layout.update(batch_size=np.int64(train_data.batch_size), n=np.int64(train_data.n),
+                      drop_remainder=np.int64(train_data.drop_remainder),
+                      shuffle=np.int64(train_data.shuffle), seed=np.int64(seed))
+    return layout
+
+
+_LAYOUT_FIX = {
+    "batch_size": "the batch size", "n": "the number of examples",
+    "drop_remainder": "drop_remainder", "shuffle": "shuffle", "seed": "the shuffle seed (rng=)"}
+
+
+def _check_layout(resumed, layout, where="train_data") -> None:
+    """A resumed loop position counts batches of the data it was saved with: with other
+    data, skipping that many batches would train some examples twice and others never."""
+    if resumed is None:
+        return
+    saved = {k: int(v) for k, v in resumed["data"].items()}
+    for key, what in _LAYOUT_FIX.items():
+        now = int(layout[key])
+        if saved[key] != -1 and now != -1 and saved[key] != now:
+            raise ValueError(
+                f"fit: resume_from= holds a run saved with {where} of {key}={saved[key]}, but "
+                f"this fit's {where} has {key}={now}. The checkpoint's position counts "
+                f"batches of the saved data, so resuming with another {what} would train some "
+                f"examples of the epoch twice and others never. Resume with {key}={saved[key]}, "
+                f"or start a new run (another directory).")
+
+
+def _stateful(callbacks, train_state):
+    """``(key, callback)`` for each callback with a checkpoint state; keys keep order."""
+    return [(f"{i}_{type(cb).__name__}", cb) for i, cb in enumerate(callbacks)
+            if cb.checkpoint_state(train_state) is not None]
+
+
+def _checkpoint_extras(callbacks, layout, train_state) -> dict:
+    """The checkpoint's entries beside the train state and position."""
+    return {"data": dict(layout),
+            "callbacks": {key: cb.checkpoint_state(train_state)
+                          for key, cb in _stateful(callbacks, train_state)}}
+
+
+def _resume(resume_from, missing_ok, train_state, extras):
+    """``(train_state, position, run id, restored extras or None)`` to start from: the
+    latest finite checkpoint of ``resume_from`` (a directory or a Checkpointer), or
+    ``train_state`` and a new run. ``extras`` is the target of the data layout and the
+    callbacks' states (see :func:`_checkpoint_extras`)."""
     if resume_from is None:
-        return train_state, LoopPosition(), ckpt.new_run_id()
+        return train_state, LoopPosition(), ckpt.new_run_id(), None
     checkpointer = ckpt.checkpointer_for(resume_from, where="fit(resume_from=...)")
     step = checkpointer.latest_step(finite_only=True)
     if step is None:
@@ -696,14 +805,32 @@ def _resume(resume_from, missing_ok, train_state):
                 f"(steps {steps}); there is no good state to resume from. Start a new run "
                 f"(a new directory) or restore one explicitly with restore(..., step=).")
         if missing_ok:
-            return train_state, LoopPosition(), ckpt.new_run_id()
+            return train_state, LoopPosition(), ckpt.new_run_id(), None
         raise FileNotFoundError(
             f"fit: resume_from={_shown(resume_from)} holds no checkpoint "
             f"({_listing(checkpointer.directory)}). Check the path (and the backend: an orbax "
             f"directory needs resume_from=OrbaxCheckpointer(path)), or pass missing_ok=True "
             f"to start from scratch when there is none yet.")
-    train_state, position = LoopPosition.restore(checkpointer, train_state, step)
-    return train_state, position, checkpointer.info(step).run_id or ckpt.new_run_id()
+    base = LoopPosition().checkpoint_tree(train_state)
+    try:
+        restored = checkpointer.restore({**base, **extras}, step=step)
+    except ckpt.CheckpointMismatchError as e:
+        try:  # a checkpoint saved before fit stored the data layout and callback states
+            restored = {**checkpointer.restore(base, step=step), "data": None}
+        except ckpt.CheckpointMismatchError:
+            raise ValueError(
+                f"fit: resume_from={_shown(resume_from)} does not fit this fit's train state "
+                f"and callbacks (callbacks with state: "
+                f"{sorted(extras['callbacks']) or 'none'}). Resume with the same model, "
+                f"optimizer and callbacks as the saved run. The checkpoint says: {e}") from None
+    position = LoopPosition(int(restored["epoch"]), int(restored["batch_in_epoch"]))
+    run_id = checkpointer.info(step).run_id or ckpt.new_run_id()
+    if restored["data"] is None:
+        warnings.warn(f"fit: the checkpoint in resume_from={_shown(resume_from)} holds no data "
+                      f"layout or callback states (an older funcnet wrote it): the batch size "
+                      f"is not checked and callbacks start afresh.", RuntimeWarning, stacklevel=3)
+        return restored["train_state"], position, run_id, None
+    return restored["train_state"], position, run_id, restored
 
 
 def _shown(resume_from) -> str:

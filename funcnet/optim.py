@@ -416,8 +416,10 @@ def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: flo
       ValueError: a negative ``learning_rate``/``alpha``/``eps``/``weight_decay``/
         ``momentum`` (PyTorch's checks).
     """
+    # alpha > 1 makes (1 - alpha) * g**2 negative and the square root NaN (torch only
+    # checks alpha >= 0 and fails two steps later with a non-finite loss).
     _check_recipe("rmsprop", learning_rate, nonnegative=dict(
-        alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum))
+        eps=eps, weight_decay=weight_decay, momentum=momentum), at_most_one=dict(alpha=alpha))
     scale = optax.scale_by_stddev if centered else optax.scale_by_rms
     parts = _coupled_weight_decay(weight_decay)
     parts.append(scale(decay=alpha, eps=eps, initial_scale=0.0, eps_in_sqrt=False))

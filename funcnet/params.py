@@ -28,7 +28,10 @@ from __future__ import annotations
 from typing import Any, Callable, Dict
 
 import jax
+import numpy as np
 import optax
+
+from funcnet import _checks as checks
 
 __all__ = ["paths", "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze",
            "KERNEL_NAMES"]
@@ -171,7 +174,8 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def freeze(optimizer: optax.GradientTransformation, mask) -> optax.GradientTransformation:
+def freeze(optimizer: optax.GradientTransformation, mask, *,
+           allow_empty: bool = False) -> optax.GradientTransformation:
     """``optimizer`` for the leaves where ``mask`` is False; zero updates where it is True.
 
     ``mask`` is a bool pytree with the params' structure, or a function ``params ->
@@ -186,6 +190,9 @@ def freeze(optimizer: optax.GradientTransformation, mask) -> optax.GradientTrans
     Args:
       optimizer: the optax transformation for the trained leaves.
       mask: a bool pytree (True: frozen) or a function ``params -> mask``.
+      allow_empty: accept a mask that freezes nothing. By default an all-False
+        mask is refused when the optimizer is initialized: it is almost always a
+        typo in a path prefix (the same typo :func:`subtree_mask` refuses).
 
     Returns:
       An ``optax.GradientTransformation``.
@@ -198,8 +205,29 @@ def freeze(optimizer: optax.GradientTransformation, mask) -> optax.GradientTrans
       >>> updates["encoder"]["W"].tolist(), updates["decoder"]["W"].tolist()
       ([0.0, 0.0], [-0.5, -0.5])
     """
+    allow_empty = checks.flag("freeze", "allow_empty", allow_empty)
+
     def labels(params):
         tree = mask(params) if callable(mask) else mask
+        if jax.tree.structure(params) != jax.tree.structure(tree):
+            raise ValueError(f"freeze: mask must have the params' structure, one bool per "
+                             f"parameter array; got {jax.tree.structure(tree)} for params "
+                             f"{jax.tree.structure(params)}. Build it with subtree_mask(params, "
+                             f"'prefix') or mask_where(params, fn).")
+        flags = []
+        for path, frozen in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            value = checks.concrete(frozen)
+            if value is None or value.ndim != 0 or value.dtype != np.bool_:
+                raise TypeError(f"freeze: mask{jax.tree_util.keystr(tuple(path))} must be one "
+                                f"bool per parameter array (True: frozen), got "
+                                f"{checks.got(frozen)[:80]}; whole arrays are frozen or not, "
+                                f"element-wise masks are not supported.")
+            flags.append(bool(value))
+        if flags and not any(flags) and not allow_empty:
+            raise ValueError("freeze: the mask selects no parameter, so nothing would be "
+                             "frozen (a typo in a path prefix?). Check it with "
+                             "funcnet.params.paths(params); pass allow_empty=True if freezing "
+                             "nothing is intended.")
         return jax.tree.map(lambda frozen: "frozen" if frozen else "trained", tree)
 
     return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)

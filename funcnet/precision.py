@@ -288,6 +288,15 @@ def dynamic_loss_scale(initial: float = 2.0 ** 15, *, period: int = 2000, factor
                      jnp.asarray(min_scale, jnp.float32))
 
 
+def _check_scale(where: str, other: str, loss_scale) -> None:
+    # Swapped arguments otherwise fail inside with "has no attribute 'scale'".
+    if not isinstance(loss_scale, LossScale):
+        raise TypeError(f"{where}: the first argument must be the LossScale (from "
+                        f"static_loss_scale() or dynamic_loss_scale()), got "
+                        f"{type(loss_scale).__name__}; call {where}(loss_scale, {other}) "
+                        f"(arguments swapped?).")
+
+
 def scale_loss(loss_scale: LossScale, loss):
     """``loss * S``, computed in float32 at least (a float16 loss times ``2**15`` overflows).
 
@@ -296,6 +305,7 @@ def scale_loss(loss_scale: LossScale, loss):
       >>> scaled.dtype, float(scaled)
       (dtype('float32'), 16.0)
     """
+    _check_scale("scale_loss", "loss", loss_scale)
     loss = jnp.asarray(loss)
     return loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * loss_scale.scale
 
@@ -308,6 +318,7 @@ def unscale_grads(loss_scale: LossScale, grads):
       >>> g["w"].dtype, g["w"].tolist()
       (dtype('float16'), [2.0, 2.0])
     """
+    _check_scale("unscale_grads", "grads", loss_scale)
     inv = 1.0 / loss_scale.scale
 
     def unscale(g):
@@ -336,6 +347,7 @@ def update_loss_scale(loss_scale: LossScale, grads_finite) -> LossScale:
     ``good_steps + 1``; when that reaches ``period``, ``S <- S * factor`` (kept
     finite in float32) and ``good_steps <- 0``. With ``factor == 1`` ``S`` stays.
     """
+    _check_scale("update_loss_scale", "grads_finite", loss_scale)
     ls = loss_scale
     good = ls.good_steps + 1
     grow = good >= ls.period

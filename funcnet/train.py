@@ -611,6 +611,12 @@ def _check_loss_output(out, loss_fn):
     if jnp.ndim(loss) != 0:
         raise TypeError(f"make_train_step: {_fn_name(loss_fn)} returned a loss of shape "
                         f"{jnp.shape(loss)}; it must be a scalar (reduce it, e.g. .mean()).")
+    if not jnp.issubdtype(jnp.result_type(loss), jnp.floating):
+        # jax.grad refuses integer outputs with a message about the dtype alone.
+        raise TypeError(f"make_train_step: {_fn_name(loss_fn)} returned a loss of dtype "
+                        f"{jnp.result_type(loss)}; it must be floating to be differentiated "
+                        f"(an argmax/count instead of a loss? compute it from the float "
+                        f"outputs, or cast: loss.astype(jnp.float32)).")
     return out
 
 
@@ -730,6 +736,15 @@ def polyak_update(train_state: TrainState, src: str, dst: str, tau) -> TrainStat
     it with :func:`copy_params` when it should follow. ``tau`` may be traced.
     """
     _check_pair("polyak_update", train_state, src, dst)
+    if isinstance(tau, (str, bytes)):
+        raise TypeError(f"polyak_update: tau must be a number in [0, 1] (e.g. tau=0.005), got "
+                        f"the string {tau!r}; pass float({tau!r}).")
+    value = checks.concrete(tau)
+    if value is not None and (value.size != 1 or not 0.0 <= float(value) <= 1.0):
+        # Outside [0, 1] optax extrapolates past src or away from it without a word.
+        raise ValueError(f"polyak_update: tau must be in [0, 1] (the fraction of {src!r} mixed "
+                         f"into {dst!r}; 1 copies, 0 keeps), got {tau!r}. Typical soft updates "
+                         f"use tau=0.005.")
     averaged = optax.incremental_update(train_state.params[src], train_state.params[dst], tau)
     return train_state._replace(params={**train_state.params, dst: averaged})
 
@@ -740,3 +755,11 @@ def _check_pair(where, train_state, src, dst):
         raise ValueError(f"{where}: models {src!r} and {dst!r} have differently structured "
                          f"params, so one cannot be copied onto the other. Build both from "
                          f"the same layer and input shape.")
+    pairs = zip(jax.tree_util.tree_flatten_with_path(train_state.params[src])[0],
+                jax.tree.leaves(train_state.params[dst]))
+    for (path, a), b in pairs:
+        if jnp.shape(a) != jnp.shape(b):
+            raise ValueError(f"{where}: models {src!r} and {dst!r} are different architectures: "
+                             f"params{jax.tree_util.keystr(tuple(path))} has shape {jnp.shape(a)} "
+                             f"in {src!r} but {jnp.shape(b)} in {dst!r}, so {dst!r}'s layer could "
+                             f"not use the copy. Build both from the same layer and input shape.")

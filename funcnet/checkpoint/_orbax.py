@@ -102,7 +102,11 @@ def _abstract(like):
 
 def _placed(value, like):
     if _is_key(like):
-        return jax.random.wrap_key_data(value, impl=jax.random.key_impl(like))
+        # key_impl takes only concrete keys; an abstract (jax.eval_shape) key leaf carries
+        # its implementation on its dtype (no public accessor as of jax 0.10).
+        impl = (jax.random.key_impl(like) if isinstance(like, jax.Array)
+                else like.dtype._impl)
+        return jax.random.wrap_key_data(value, impl=impl)
     if isinstance(like, np.generic):
         return np.asarray(value)[()]
     if isinstance(like, np.ndarray) or (isinstance(like, jax.ShapeDtypeStruct)
@@ -146,6 +150,7 @@ class OrbaxCheckpointer:
         step = _step(step)
         is_finite = finite is not False and tree_is_finite(tree)
         self._finish_pending()  # the previous save is committed before the next starts
+        self._manager.reload()  # another run may have written here since: not a cached list
         infos = self._all_infos()
         owner = owner_for_save(f"OrbaxCheckpointer.save(step={step})", self.directory,
                                     infos, step, self.run_id, overwrite=self.overwrite)
@@ -213,7 +218,8 @@ class OrbaxCheckpointer:
         with the target leaf's sharding."""
         info = self.info(step)
         leaves, treedef = jax.tree.flatten(target)
-        abstract = jax.tree.unflatten(treedef, [_abstract(x) for x in leaves])
+        abstract_leaves = [_abstract(x) for x in leaves]
+        abstract = jax.tree.unflatten(treedef, abstract_leaves)
         try:
             restored = self._manager.restore(info.step,
                                              args=self._ocp.args.StandardRestore(abstract))
@@ -222,6 +228,17 @@ class OrbaxCheckpointer:
                 f"OrbaxCheckpointer.restore: step {info.step} in {self.directory} does not "
                 f"match target: {e}") from e
         got = treedef.flatten_up_to(restored)
+        # Orbax hands back the stored shapes whatever the target says; the npz backend
+        # refuses, and so does this one (a model built with other sizes cannot use them).
+        wrong = [f"{jax.tree_util.keystr(path)}: target expects shape {tuple(np.shape(a))}, the "
+                 f"checkpoint has {tuple(np.shape(v))}"
+                 for (path, _), a, v in zip(jax.tree_util.tree_flatten_with_path(target)[0],
+                                            abstract_leaves, got)
+                 if tuple(np.shape(a)) != tuple(np.shape(v))]
+        if wrong:
+            raise CheckpointMismatchError(
+                f"OrbaxCheckpointer.restore: step {info.step} in {self.directory} does not "
+                f"match target:\n  - " + "\n  - ".join(wrong[:10]))
         return jax.tree.unflatten(treedef, [_placed(v, like) for v, like in zip(got, leaves)])
 
     def __repr__(self):

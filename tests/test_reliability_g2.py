@@ -1,0 +1,305 @@
+"""Bad input and injected faults for the features of the second reliability round (issue 24):
+device data, target-network updates, freeze masks, resuming at an epoch's end. Each case is a
+real call; each error must name the argument and say what would fix it."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from funcnet import callbacks, checkpoint, data, distributed, optim
+from funcnet import serial
+from funcnet.layers import Dense, Relu
+from funcnet.loop import fit
+from funcnet.params import freeze, subtree_mask
+from funcnet.train import TrainState, copy_params, polyak_update
+from helpers.training import X, Y, fit_setup, params_equal
+
+KEY = jax.random.key(0)
+BIG = np.array([1, 2 ** 40, 3, 4], np.int64)  # int32 cannot hold 2**40 (x64 is off in tests)
+
+
+# --- 4. one x32 check on every path that puts host data on a device -------------------
+
+@pytest.mark.parametrize("put", [
+    lambda: data.DeviceData((np.ones((4, 2), np.float32), BIG), 2),
+    lambda: data.DeviceData({"ids": BIG}, 2),
+    lambda: list(data.prefetch_to_device([{"ids": BIG}])),
+    lambda: distributed.shard_batch(distributed.data_mesh(), {"ids": BIG}),
+], ids=["DeviceData-tuple", "DeviceData-dict", "prefetch_to_device", "shard_batch"])
+def test_int64_values_int32_cannot_hold_are_refused_everywhere(put):
+    with pytest.raises(ValueError, match=r"holds 1099511627776, which int32 cannot hold.*"
+                                         r"jax_enable_x64"):
+        put()
+
+
+def test_int64_values_that_fit_still_go_on_device():
+    dd = data.DeviceData((np.arange(4, dtype=np.int64),), 2)
+    assert [np.asarray(b[0]).tolist() for b in dd(0)] == [[0, 1], [2, 3]]
+
+
+# --- 5. polyak_update's tau and copy_params's shapes -----------------------------------
+
+def _two():
+    q = serial(Dense(4), Relu, Dense(2))
+    return TrainState.create({"online": (q, (-1, 3)), "target": (q, (-1, 3))},
+                             {"online": optax.sgd(0.1)}, KEY)
+
+
+@pytest.mark.parametrize("tau,err,match", [
+    (1.5, ValueError, r"tau must be in \[0, 1\].*got 1.5.*tau=0.005"),
+    (-0.1, ValueError, r"tau must be in \[0, 1\].*got -0.1"),
+    (np.array([0.1, 0.2]), ValueError, r"tau must be in \[0, 1\]"),
+    ("0.005", TypeError, r"tau must be a number.*string '0.005'.*float\('0.005'\)"),
+])
+def test_polyak_update_refuses_a_tau_outside_0_1(tau, err, match):
+    with pytest.raises(err, match=match):
+        polyak_update(_two(), "online", "target", tau)
+
+
+def test_polyak_update_still_takes_edges_and_a_traced_tau():
+    ts = _two()
+    params_equal(polyak_update(ts, "online", "target", 1.0).params["target"], ts.params["online"])
+    params_equal(polyak_update(ts, "online", "target", 0).params["target"], ts.params["target"])
+    soft = jax.jit(lambda t, tau: polyak_update(t, "online", "target", tau))(ts, 0.25)
+    jax.tree.map(lambda s, o, t: np.testing.assert_allclose(s, 0.25 * o + 0.75 * t, rtol=1e-6),
+                 soft.params["target"], ts.params["online"], ts.params["target"])
+
+
+@pytest.mark.parametrize("fn", [copy_params, lambda ts, a, b: polyak_update(ts, a, b, 0.5)])
+def test_copy_between_architectures_of_one_structure_is_refused(fn):
+    with pytest.raises(ValueError, match=r"different architectures: params\[0\]\['W'\] has shape "
+                                         r"\(3, 4\) in 'online' but \(3, 5\) in 'target'.*"
+                                         r"same layer and input shape"):
+        fn(_mismatched(), "online", "target")
+
+
+def _mismatched():  # one structure, other shapes
+    q, other = serial(Dense(4), Relu, Dense(2)), serial(Dense(5), Relu, Dense(2))
+    return TrainState.create({"online": (q, (-1, 3)), "target": (other, (-1, 3))},
+                             {"online": optax.sgd(0.1)}, KEY)
+
+
+# --- 6. freeze's mask ------------------------------------------------------------------
+
+PARAMS = {"encoder": {"W": jnp.ones(2)}, "decoder": {"W": jnp.ones(2)}}
+
+
+@pytest.mark.parametrize("mask,err,match", [
+    ({"encoder": {"W": False}, "decoder": {"W": False}}, ValueError,
+     r"mask selects no parameter.*typo in a path prefix.*allow_empty=True"),
+    (lambda p: jax.tree.map(lambda _: False, p), ValueError, r"allow_empty=True"),
+    ({"encoder": True}, ValueError, r"mask must have the params' structure.*subtree_mask"),
+    ({"encoder": {"W": np.array([True, False])}, "decoder": {"W": False}}, TypeError,
+     r"mask\['encoder'\]\['W'\] must be one bool per parameter array.*element-wise"),
+    ({"encoder": {"W": 1}, "decoder": {"W": 0}}, TypeError, r"must be one bool"),
+])
+def test_freeze_refuses_masks_that_cannot_mean_what_was_meant(mask, err, match):
+    opt = freeze(optax.sgd(0.5), mask)
+    with pytest.raises(err, match=match):
+        opt.init(PARAMS)
+
+
+def test_freeze_allow_empty_opts_out_and_a_real_mask_still_works():
+    nothing = {"encoder": {"W": False}, "decoder": {"W": False}}
+    opt = freeze(optax.sgd(0.5), nothing, allow_empty=True)
+    updates, _ = opt.update(PARAMS, opt.init(PARAMS), PARAMS)
+    assert updates["encoder"]["W"].tolist() == [-0.5, -0.5]
+    opt = freeze(optax.sgd(0.5), lambda p: subtree_mask(p, "encoder"))
+    updates, _ = jax.jit(opt.update)(PARAMS, opt.init(PARAMS), PARAMS)
+    assert updates["encoder"]["W"].tolist() == [0.0, 0.0]
+    with pytest.raises(TypeError, match="allow_empty"):
+        freeze(optax.sgd(0.5), nothing, allow_empty="yes")
+
+
+# --- resuming from a checkpoint taken at an epoch's last step --------------------------
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt(callbacks.Callback):
+    def __init__(self, at):
+        self.at = at
+
+    def on_step_end(self, ctx, step):
+        if step == self.at:
+            raise Crash
+
+
+@pytest.mark.parametrize("pipeline", ["host", "device"])
+def test_resume_from_a_checkpoint_at_an_epochs_last_step(tmp_path, pipeline):
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
+    x, y = X[:24], Y[:24]  # 3 steps per epoch
+    train_data = (data.DeviceData((x, y), 8, shuffle=True, rng=3) if pipeline == "device" else
+                  (lambda epoch: data.batches((x, y), 8, shuffle=True, rng=3, epoch=epoch)))
+    full, _ = fit(ts, loss_fn, opt, train_data, epochs=2, **kw)
+    saver = callbacks.Checkpoint(tmp_path, every_steps=3, every_epochs=None)
+    with pytest.raises(Crash):  # crashes after step 3 is saved, before epoch 0 ends
+        fit(ts, loss_fn, opt, train_data, epochs=2, callbacks=[saver, CrashAt(3)], **kw)
+    saver.checkpointer.wait()
+    assert saver.checkpointer.all_steps() == [3]
+    ckptr = checkpoint.NpzCheckpointer(tmp_path)
+    resumed, history = fit(ts, loss_fn, opt, train_data, epochs=2, resume_from=ckptr, **kw)
+    assert int(resumed.step) == int(full.step) == 6
+    params_equal((resumed.params, resumed.opt_state), (full.params, full.opt_state))
+    assert [h["epoch"] for h in history] == [0, 1]
+
+
+# --- 1, 2 and "Done when": resume after every step of a 2-epoch fit, both pipelines ------
+
+def _pipelines():
+    x, y = X[:24], Y[:24]  # 3 steps of 8 per epoch
+    return {"host": lambda epoch: data.batches((x, y), 8, shuffle=True, rng=3, epoch=epoch),
+            "device": data.DeviceData((x, y), 8, shuffle=True, rng=3)}
+
+
+def _early():  # mode="max": epoch 0 stays the best, so restore_best hands back its state
+    return callbacks.EarlyStopping("eval_loss", patience=1, mode="max", restore_best=True)
+
+
+@pytest.mark.parametrize("pipeline", ["host", "device"])
+def test_resume_after_any_step_is_bit_identical_callbacks_included(tmp_path, pipeline):
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.3)
+    train_data = _pipelines()[pipeline]
+    full, full_history = fit(ts, loss_fn, opt, train_data, epochs=2, callbacks=[_early()], **kw)
+    assert int(full.step) == 3  # EarlyStopping's restored best: epoch 0's state
+    for k in range(1, 7):
+        where = tmp_path / str(k)
+        saver = callbacks.Checkpoint(where, every_steps=1, every_epochs=None, keep=1)
+        with pytest.raises(Crash):
+            fit(ts, loss_fn, opt, train_data, epochs=2, callbacks=[saver, _early(), CrashAt(k)],
+                **kw)
+        saver.checkpointer.wait()
+        ckptr = checkpoint.NpzCheckpointer(where, keep=1)
+        resumed, history = fit(ts, loss_fn, opt, train_data, epochs=2, resume_from=ckptr,
+                               callbacks=[callbacks.Checkpoint(ckptr, every_steps=1,
+                                                               every_epochs=None), _early()],
+                               **kw)
+        assert int(resumed.step) == 3, k
+        params_equal((resumed.params, resumed.opt_state), (full.params, full.opt_state))
+        np.testing.assert_array_equal(jax.random.key_data(resumed.rng),
+                                      jax.random.key_data(full.rng))
+        assert [h["eval_loss"] for h in history] == [h["eval_loss"] for h in full_history
+                                                     if h["epoch"] >= (k - 1) // 3], k
+
+
+@pytest.mark.parametrize("change", ["batch_size", "drop_remainder", "seed", "n"])
+def test_resume_with_other_data_is_refused_naming_both_values(tmp_path, change):
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
+    x, y = X[:24], Y[:24]
+    saver = callbacks.Checkpoint(tmp_path, every_steps=1, every_epochs=None)
+    with pytest.raises(Crash):
+        fit(ts, loss_fn, opt, data.DeviceData((x, y), 8, shuffle=True, rng=3), epochs=2,
+            callbacks=[saver, CrashAt(2)], **kw)
+    saver.checkpointer.wait()
+    other = {"batch_size": dict(batch_size=4), "drop_remainder": dict(drop_remainder=False),
+             "seed": dict(rng=4), "n": {}}[change]
+    args = {**dict(batch_size=8, shuffle=True, rng=3), **other}
+    xs, ys = (X[:20], Y[:20]) if change == "n" else (x, y)
+    with pytest.raises(ValueError, match=rf"saved with train_data of {change}=.*but this fit's "
+                                         rf"train_data has {change}=.*Resume with {change}="):
+        fit(ts, loss_fn, opt, data.DeviceData((xs, ys), **args), epochs=2, resume_from=tmp_path,
+            **kw)
+    # the host pipeline: its batch size is checked against the saved run's
+    with pytest.raises(ValueError, match=r"batch_size=8, but this fit's train_data gives "
+                                         r"batches of 4.*Resume with batch_size=8"):
+        fit(ts, loss_fn, opt, lambda e: data.batches((x, y), 4, shuffle=True, rng=3, epoch=e),
+            epochs=2, resume_from=tmp_path, **kw)
+
+
+# --- writers checked when fit starts; the trained state survives a late failure ---------
+
+@pytest.mark.parametrize("make", [
+    lambda d: callbacks.CSVLogger(d),  # a directory where a file path belongs
+    lambda d: callbacks.JSONLLogger(d),
+    lambda d: callbacks.Checkpoint(checkpoint.NpzCheckpointer(d / "x.csv")),
+], ids=["CSVLogger", "JSONLLogger", "Checkpoint"])
+def test_an_unwritable_destination_fails_before_training(tmp_path, make):
+    (tmp_path / "x.csv").write_text("")  # a file where Checkpoint wants a directory
+    cb = make(tmp_path)
+    ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.0)
+    started = CrashAt(1)
+    with pytest.raises(OSError, match=r"cannot write (path|directory)=.*before training\. "
+                                      r"Pass a writable"):
+        fit(ts, loss_fn, opt, train_data, epochs=1, callbacks=[cb, started], **kw)
+
+
+class FailAtEpochEnd(callbacks.Callback):
+    def on_epoch_end(self, ctx, epoch, logs):
+        if epoch == 1:
+            raise OSError(28, "No space left on device")
+
+
+def test_a_late_callback_failure_keeps_the_trained_state_on_the_exception():
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
+    train_data = _pipelines()["host"]
+    full, _ = fit(ts, loss_fn, opt, train_data, epochs=2, **kw)
+    with pytest.raises(OSError, match="No space left") as info:
+        fit(ts, loss_fn, opt, train_data, epochs=2, callbacks=[FailAtEpochEnd()], **kw)
+    assert ".train_state" in "".join(getattr(info.value, "__notes__", []))
+    params_equal(info.value.train_state.params, full.params)
+
+
+# --- 3. the orbax backend follows the npz backend's safety rules ------------------------
+
+def test_orbax_refuses_other_shapes_and_a_second_run_in_one_directory(tmp_path):
+    pytest.importorskip("orbax.checkpoint")
+    from funcnet.checkpoint_orbax import OrbaxCheckpointer
+    tree = {"w": jnp.ones((2, 3)), "rng": jax.random.key(1), "n": np.int64(3)}
+    first = OrbaxCheckpointer(tmp_path, keep=3, run_id="a", async_=False)
+    second = OrbaxCheckpointer(tmp_path, keep=3, run_id="b", async_=False)  # sees no step yet
+    first.save(1, tree)
+    first.wait()
+    with pytest.raises(checkpoint.CheckpointMismatchError,
+                       match=r"\['w'\]: target expects shape \(2, 4\), the checkpoint has \(2, 3\)"):
+        first.restore({**tree, "w": np.ones((2, 4), np.float32)})  # a host-array target
+    with pytest.raises(checkpoint.CheckpointMismatchError, match=r"\(2, 4\).*\(2, 3\)"):
+        first.restore({**tree, "w": jnp.ones((2, 4))})
+    # an abstract target, PRNG key included
+    back = first.restore(jax.eval_shape(lambda: tree))
+    np.testing.assert_array_equal(jax.random.key_data(back["rng"]), jax.random.key_data(tree["rng"]))
+    # a second run opened before the first saved: its ownership check reads the disk
+    first.save(2, tree)
+    first.wait()
+    with pytest.raises(checkpoint.CheckpointOwnershipError, match=r"\[1, 2\]"):
+        second.save(3, tree)
+    first.close()
+    second.close()
+
+
+# --- hyperparameters and the loss, checked where they are given -------------------------
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: optim.rmsprop(1e-3, alpha=1.5), r"rmsprop: alpha .*\[0, 1\].*1.5"),
+    (lambda: optim.rmsprop(lambda step: jnp.nan),
+     r"rmsprop: the learning_rate schedule gives nan at step 0.*finite number >= 0"),
+    (lambda: optim.adam(optax.linear_schedule(-1.0, 0.0, 10)),
+     r"adam: the learning_rate schedule gives -1.0"),
+])
+def test_bad_hyperparameters_fail_at_construction(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_an_integer_loss_is_refused_naming_the_fix():
+    from funcnet.train import Aux, make_train_step
+    ts, _, opt, _, _ = fit_setup(dropout=0.0)
+
+    def count_loss(params, state, batch, rng):
+        return jnp.sum(batch[1]), Aux(state=state)
+
+    with pytest.raises(TypeError, match=r"returned a loss of dtype int32; it must be floating.*"
+                                        r"astype\(jnp.float32\)"):
+        make_train_step(count_loss, opt)(ts, (X[:8], Y[:8]))
+
+
+@pytest.mark.parametrize("call", ["scale_loss", "unscale_grads", "update_loss_scale"])
+def test_loss_scale_functions_with_swapped_arguments_say_so(call):
+    from funcnet import precision
+    ls = precision.dynamic_loss_scale()
+    other = {"scale_loss": jnp.float32(1.0), "unscale_grads": {"w": jnp.ones(2)},
+             "update_loss_scale": jnp.asarray(True)}[call]
+    with pytest.raises(TypeError, match=rf"{call}: the first argument must be the LossScale.*"
+                                        rf"arguments swapped"):
+        getattr(precision, call)(other, ls)
