@@ -14,6 +14,7 @@ import math
 import numbers
 from typing import Any, Optional, Sequence
 
+import jax
 import jax.nn.initializers as jinit
 import numpy as np
 
@@ -38,9 +39,6 @@ def is_real(x: Any) -> bool:
 def got(value: Any) -> str:
     """How an error message shows a value it refuses: its repr and its type."""
     return f"{value!r} ({type(value).__name__})"
-
-
-_got = got  # the old name, while code written against it lands; use got
 
 
 def integer(where: str, name: str, value: Any, *, low: Optional[int] = None) -> int:
@@ -82,7 +80,6 @@ def concrete(x) -> Optional[np.ndarray]:
     Value checks (label ranges) run only on concrete values: outside ``jit`` they
     raise; under ``jit`` the function's documented out-of-range behaviour applies.
     """
-    import jax  # here, not at the top: this module is otherwise free of jax
 
     if isinstance(x, jax.core.Tracer):
         return None
@@ -227,7 +224,6 @@ def fits_x32(fn: str, tree) -> None:
     ``jax_enable_x64`` is off: ``2**40`` becomes 0. Only host values (NumPy,
     Python ints) are looked at; device arrays are already 32-bit.
     """
-    import jax  # here, not at the top, as in concrete()
 
     if jax.config.jax_enable_x64:
         return

@@ -11,8 +11,10 @@ import csv
 import importlib.util
 import json
 import os
+import warnings
 from typing import Optional
 
+import jax
 import numpy as np
 
 from funcnet import _checks as checks
@@ -378,7 +380,6 @@ class Profile(Callback):
     def on_train_begin(self, ctx):
         planned = ctx.planned_steps
         if planned is not None and self.stop > planned:
-            import warnings
             warnings.warn(f"Profile: the window ends at step {self.stop}, past this run's "
                           f"last step ({planned}); the trace will stop at the end of training.",
                           stacklevel=2)
@@ -386,7 +387,6 @@ class Profile(Callback):
             self._begin()
 
     def _begin(self):
-        import jax
         jax.profiler.start_trace(self.logdir)
         self._on = True
 
@@ -397,7 +397,6 @@ class Profile(Callback):
             self._end(ctx)
 
     def _end(self, ctx):
-        import jax
         ctx.wait()
         jax.profiler.stop_trace()
         self._on = False

@@ -250,7 +250,12 @@ def test_fit_resumes_a_sharded_state_from_orbax_in_its_shardings(tmp_path):
     full, _ = funcnet.fit(placed, loss_fn, OPT, train, epochs=2, mesh=mesh)
     ck = callbacks.Checkpoint(tmp_path, every_epochs=1, backend="orbax")
     funcnet.fit(placed, loss_fn, OPT, train, epochs=1, mesh=mesh, callbacks=[ck])
-    restored = ck.checkpointer.restore({"train_state": placed, "epoch": 0, "batch_in_epoch": 0})
+    # What fit's Checkpoint writes: the state, the loop position, the data layout it
+    # checks on resume, and the (here no) callback states.
+    layout = dict.fromkeys(("batch_size", "n", "drop_remainder", "shuffle", "seed"), np.int64(0))
+    restored = ck.checkpointer.restore({"train_state": placed, "epoch": np.int64(0),
+                                        "batch_in_epoch": np.int64(0), "data": layout,
+                                        "callbacks": {}})
     _assert_same_layout(restored["train_state"], placed)
     resumed, _ = funcnet.fit(placed, loss_fn, OPT, train, epochs=2, mesh=mesh,
                              resume_from=ck.checkpointer)
