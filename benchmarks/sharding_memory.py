@@ -2,6 +2,7 @@
 
     python -m benchmarks.sharding_memory                    # 4 and 8 simulated CPU devices
     python -m benchmarks.sharding_memory --devices 4 --models mlp --json out.json
+    python -m benchmarks.sharding_memory --devices 4 --tiny --steps 1   # a smoke run
 
 For each device count (a child process each, since XLA reads the simulated device
 count once) and each model -- an MLP of about 55 M parameters (1024 -> 4096 x 4 ->
@@ -20,6 +21,10 @@ read from the arrays' shards (``sharding.explain``), and the ratio to replicated
 device (arguments, temporaries); and the median step time over ``--steps`` steps. On
 simulated CPU devices every "device" shares the same cores and memory, so the step
 times show the cost of the extra collectives, not a speed-up.
+
+``--tiny`` swaps in models of a few thousand parameters (and ``fsdp_rules(min_size=0)``,
+so that they are split at all): it checks that the harness runs (tests/test_benchmarks_smoke.py
+calls :func:`_child` in-process on the test's 4 devices), its numbers measure nothing.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ import sys
 import time
 
 
-def _child(devices: int, models, steps: int) -> list:
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+def _child(devices: int, models, steps: int, tiny: bool = False) -> list:
+    """The rows for ``devices`` devices (this process must have them): one per model and
+    layout, each also printed as a JSON line."""
     import jax
     import numpy as np
     import optax
@@ -45,29 +50,34 @@ def _child(devices: int, models, steps: int) -> list:
     from funcnet.models import GPT
     from funcnet.train import Aux, TrainState, make_train_step
 
+    width, n_in, n_batch = (64, 16, 8) if tiny else (4096, 1024, 32)
+    min_size = 0 if tiny else 2 ** 14   # fsdp_rules' default
+
     def mlp():
-        net = funcnet.serial(Dense(4096), Relu, Dense(4096), Relu, Dense(4096), Relu,
-                             Dense(4096), Relu, Dense(10))
+        net = funcnet.serial(Dense(width), Relu, Dense(width), Relu, Dense(width), Relu,
+                             Dense(width), Relu, Dense(10))
         rng = np.random.default_rng(0)
-        batch = (rng.normal(size=(32, 1024)).astype(np.float32),
-                 rng.integers(0, 10, 32).astype(np.int32))
+        batch = (rng.normal(size=(n_batch, n_in)).astype(np.float32),
+                 rng.integers(0, 10, n_batch).astype(np.int32))
 
         def loss_fn(params, state, b, key):
             out, state = net.apply(params, state, b[0])
             return losses.cross_entropy(out, b[1]), Aux(state=state)
         tp = sharding.megatron_rules(column=["0", "4"], row=["2", "6"], fsdp_axis="data")
-        return net, (-1, 1024), batch, loss_fn, tp
+        return net, (-1, n_in), batch, loss_fn, tp
 
     def gpt():
-        net = GPT(vocab_size=65, block_size=64, n_layer=6, n_head=6, n_embd=384, bias=False)
+        block, n_layer, n_head, n_embd, n_b = (8, 1, 2, 16, 8) if tiny else (64, 6, 6, 384, 16)
+        net = GPT(vocab_size=65, block_size=block, n_layer=n_layer, n_head=n_head,
+                  n_embd=n_embd, bias=False)
         rng = np.random.default_rng(0)
-        batch = tuple(rng.integers(0, 65, (16, 64)).astype(np.int32) for _ in range(2))
+        batch = tuple(rng.integers(0, 65, (n_b, block)).astype(np.int32) for _ in range(2))
 
         def loss_fn(params, state, b, key):
             logits, state = net.apply(params, state, b[0])
             return (losses.cross_entropy(logits.reshape(-1, 65), b[1].reshape(-1)),
                     Aux(state=state))
-        return net, (-1, 64), batch, loss_fn, sharding.megatron_rules(fsdp_axis="data")
+        return net, (-1, block), batch, loss_fn, sharding.megatron_rules(fsdp_axis="data")
 
     rows = []
     for name in models:
@@ -80,9 +90,10 @@ def _child(devices: int, models, steps: int) -> list:
         grid = jax.make_mesh((devices // 2, 2), ("data", "model"))
         layouts = {
             "replicated": (flat, lambda: distributed.replicate_on(flat, ts)),
-            "fsdp": (flat, lambda: sharding.shard_params(ts, flat, sharding.fsdp_rules("data"))),
+            "fsdp": (flat, lambda: sharding.shard_params(
+                ts, flat, sharding.fsdp_rules("data", min_size))),
             "2d": (grid, lambda: sharding.shard_params(
-                ts, grid, tp_rules + sharding.fsdp_rules("data"))),
+                ts, grid, tp_rules + sharding.fsdp_rules("data", min_size))),
         }
         base = None
         for layout, (mesh, place) in layouts.items():
@@ -138,17 +149,21 @@ def main(argv=None) -> None:
     ap.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--models", nargs="+", default=["mlp", "gpt"], choices=["mlp", "gpt"])
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--tiny", action="store_true",
+                    help="models of a few thousand parameters: a smoke run, not a measurement")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        _child(args.child, args.models, args.steps)
+        _child(args.child, args.models, args.steps, args.tiny)
         return
     rows = []
     for n in args.devices:
         cmd = [sys.executable, "-m", "benchmarks.sharding_memory", "--child", str(n),
-               "--steps", str(args.steps), "--models", *args.models]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+               "--steps", str(args.steps), "--models", *args.models, *["--tiny"][:args.tiny]]
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
         rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     print(_table(rows))
     if args.json:

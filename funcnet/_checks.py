@@ -22,7 +22,8 @@ from funcnet import initializers as finit
 from funcnet.errors import ArgumentError
 
 __all__ = ["ArgumentError", "is_int", "is_real", "got", "integer", "positive_int",
-           "non_negative_int", "real", "concrete", "flag", "one_of", "hyperparameter",
+           "non_negative_int", "real", "concrete", "concrete_within", "flag", "one_of",
+           "hyperparameter",
            "learning_rate", "initializer", "prng_key", "fits_x32"]
 
 
@@ -84,6 +85,21 @@ def concrete(x) -> Optional[np.ndarray]:
     if isinstance(x, jax.core.Tracer):
         return None
     return np.asarray(x)
+
+
+def concrete_within(where: str, name: str, x, low, high, *, what: str = "",
+                    fix: str = "") -> None:
+    """Checks ``low <= x <= high`` entrywise when ``x`` is concrete (see :func:`concrete`);
+    the error names the first entry outside, its index and the range of ``x``."""
+    known = concrete(x)
+    if known is None or known.size == 0:
+        return
+    bad = np.flatnonzero((known < low) | (known > high))
+    if bad.size:
+        i = int(bad[0])
+        raise ArgumentError(
+            f"{where}: {name} must lie in [{low}, {high}]{what}, got {known.flat[i]} at index "
+            f"{i} (values from {known.min()} to {known.max()}). {fix}".rstrip())
 
 
 def flag(where: str, name: str, value: Any) -> bool:
@@ -227,11 +243,16 @@ def fits_x32(fn: str, tree) -> None:
 
     if jax.config.jax_enable_x64:
         return
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if isinstance(x, jax.Array) or not isinstance(x, (np.ndarray, np.generic, int)):
+    # fit calls this on every host batch: plain leaves (paths cost ~4 us more per call,
+    # so only an error computes them), and a min/max only of 64-bit integer host arrays.
+    for i, x in enumerate(jax.tree.leaves(tree)):
+        if isinstance(x, (np.ndarray, np.generic)):  # device arrays are already 32-bit
+            if x.dtype.kind not in "iu" or x.dtype.itemsize != 8 or x.size == 0:
+                continue
+        elif not isinstance(x, int) or -2 ** 31 <= x < 2 ** 31:
             continue
         x = np.asarray(x)
-        if x.dtype not in (np.int64, np.uint64) or x.size == 0:
+        if x.dtype.kind not in "iu":  # a Python int beyond 64 bits: jax refuses it itself
             continue
         small = np.int32 if x.dtype == np.int64 else np.uint32
         info = np.iinfo(small)
@@ -239,6 +260,7 @@ def fits_x32(fn: str, tree) -> None:
         if lo >= info.min and hi <= info.max:
             continue
         bad = lo if lo < info.min else hi
+        path = jax.tree_util.tree_flatten_with_path(tree)[0][i][0]
         raise ValueError(
             f"{fn}: {jax.tree_util.keystr(tuple(path)) or 'the value'} holds {int(bad)}, which "
             f"{np.dtype(small).name} cannot hold: with jax_enable_x64 off (JAX's default) {x.dtype} values are stored "

@@ -1,6 +1,6 @@
 """Callbacks for :func:`funcnet.loop.fit`: checkpoints, loggers, early stopping.
 
-A callback overrides any of four hooks; each gets the loop's
+A callback overrides any of its hooks; each gets the loop's
 :class:`funcnet.loop.FitContext`. Callbacks that write files do so from process 0
 only, so a multi-process run writes one copy.
 """
@@ -35,6 +35,11 @@ class Callback:
     than ``on_epoch_end`` would). ``log_keys`` lists the keys a callback adds to the
     logs; None (the default) means unknown, and a callback with its own
     ``on_epoch_end`` may then add any key, so later callbacks cannot be checked.
+
+    ``on_step_begin(ctx, step)`` runs right before the dispatch of global step
+    ``step`` (the first of its steps when a dispatch runs several), ``on_step_end``
+    right after it with the step count then. ``fit`` calls ``on_step_begin`` only on
+    callbacks that override it, so the hook costs nothing per step otherwise.
     """
 
     log_keys = None
@@ -52,6 +57,7 @@ class Callback:
 
     def check_log_keys(self, logs): ...
     def on_train_begin(self, ctx): ...
+    def on_step_begin(self, ctx, step: int): ...
     def on_step_end(self, ctx, step: int): ...
     def on_epoch_end(self, ctx, epoch: int, logs: dict): ...
     def on_train_end(self, ctx): ...
@@ -360,10 +366,12 @@ class Profile(Callback):
     The trace starts after step ``start`` and stops after step ``stop`` (waiting for
     the device to finish them), so it holds those steps; open it with TensorBoard's
     profile plugin or Perfetto (``.xplane.pb`` under ``logdir/plugins/profile``).
+    Each dispatch in the window runs inside ``jax.profiler.StepTraceAnnotation("train",
+    step_num=step)``, the step markers the profiler's step-time view groups by.
     ``fit``'s dispatches are unchanged: with several steps per dispatch (a
     ``DeviceData``) the trace starts and stops between dispatches, so it holds the
-    dispatches around the window. A window that ends past the run's last step is
-    warned about at the start.
+    dispatches around the window, each marked with its first step. A window that ends
+    past the run's last step is warned about at the start.
     """
 
     log_keys = ()
@@ -376,8 +384,11 @@ class Profile(Callback):
         self.logdir, self.start, self.stop = str(logdir), int(steps[0]), int(steps[1])
         self.every_steps = None  # called between dispatches; fit keeps its dispatch size
         self._on = False
+        self._mark = None  # the open StepTraceAnnotation of the dispatch in flight
 
     def on_train_begin(self, ctx):
+        # Checked on every process: each writes its own host's trace into logdir.
+        _check_writable("Profile", self.logdir, "logdir", directory=True)
         planned = ctx.planned_steps
         if planned is not None and self.stop > planned:
             warnings.warn(f"Profile: the window ends at step {self.stop}, past this run's "
@@ -390,7 +401,15 @@ class Profile(Callback):
         jax.profiler.start_trace(self.logdir)
         self._on = True
 
+    def on_step_begin(self, ctx, step):
+        if self._on:
+            self._mark = jax.profiler.StepTraceAnnotation("train", step_num=step)
+            self._mark.__enter__()
+
     def on_step_end(self, ctx, step):
+        if self._mark is not None:  # closed before the trace may stop below
+            self._mark.__exit__(None, None, None)
+            self._mark = None
         if not self._on and self.start <= step < self.stop:
             self._begin()
         elif self._on and step >= self.stop:

@@ -36,7 +36,7 @@ def serial(*layers, **named_layers) -> Layer:
 
     ``state=()`` is accepted when every layer is stateless (see the module docstring).
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense, Relu
       >>> init, apply = serial(Dense(4), Relu)
       >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
@@ -89,7 +89,7 @@ def parallel(*layers) -> Layer:
 
     ``state=()`` is accepted when every branch is stateless.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> init, apply = parallel(Dense(4), Dense(2))
       >>> out_shape, params, state = init(jax.random.key(0), ((-1, 3), (-1, 5)))
@@ -123,7 +123,7 @@ def parallel(*layers) -> Layer:
 def FanOut(num: int) -> Layer:
     """Copies its input ``num`` times into a tuple.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> init, apply = serial(FanOut(2), parallel(Dense(4), Dense(4)), FanInSum)
       >>> init(jax.random.key(0), (-1, 3))[0]
@@ -168,7 +168,7 @@ FanInSum = _fan_in_sum()  # sums a tuple of same-shaped inputs
 def FanInConcat(axis: int = -1) -> Layer:
     """Concatenates a tuple of inputs along ``axis``.
 
-    Example:
+    Examples:
       >>> init, apply = FanInConcat(axis=-1)
       >>> init(jax.random.key(0), ((-1, 3), (-1, 5)))[0]
       (-1, 8)
@@ -215,7 +215,7 @@ Identity = _identity()  # returns its input unchanged
 def Residual(layer) -> Layer:
     """``x + f(x)``; ``f`` must preserve the shape of its input.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> init, apply = Residual(Dense(3, W_init=jax.nn.initializers.zeros))
       >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
@@ -250,7 +250,7 @@ def Remat(layer, *, policy=None, prevent_cse: bool = True) -> Layer:
     ``dots_with_no_batch_dims_saveable``); ``prevent_cse`` as ``jax.checkpoint``.
     ``train`` is a Python bool and stays static; ``rng`` (or None) is passed through.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense, Tanh
       >>> init, apply = Remat(serial(Dense(4), Tanh))
       >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
@@ -286,7 +286,7 @@ def Scan(layer, n: int, *, unroll: int = 1) -> Layer:
     Wrap the layer in :func:`Remat` to keep only the carry of each copy for the
     backward pass.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> init, apply = Scan(Dense(3), 4)
       >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
@@ -338,7 +338,7 @@ def stack_params(trees) -> PyTree:
     ``Scan(layer, n)``: ``stack_params(serial_params)``. The inverse of
     :func:`unstack_params`.
 
-    Example:
+    Examples:
       >>> stacked = stack_params([{"W": jnp.zeros((3, 2))}, {"W": jnp.ones((3, 2))}])
       >>> stacked["W"].shape
       (2, 3, 2)
@@ -362,7 +362,7 @@ def unstack_params(tree, n: int) -> tuple:
     Turns the params (or state) of ``Scan(layer, n)`` into those of
     ``serial(*[layer] * n)``. The inverse of :func:`stack_params`.
 
-    Example:
+    Examples:
       >>> trees = unstack_params({"W": jnp.zeros((4, 3, 2))}, 4)
       >>> len(trees), trees[0]["W"].shape
       (4, (3, 2))

@@ -44,7 +44,7 @@ ApplyFn = Callable[..., Tuple[Any, PyTree]]
 class Layer(NamedTuple):
     """A layer: ``(init, apply)``. Unpacks like stax: ``init, apply = Dense(10)``.
 
-    Example:
+    Examples:
       >>> def init(rng, input_shape):
       ...     return input_shape, (), ()
       >>> def apply(params, state, x, *, rng=None, train=False):
@@ -71,7 +71,7 @@ class Layer(NamedTuple):
 class InitRecord(NamedTuple):
     """One row of a model summary: a layer's ``init`` call.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> with record_inits() as rows:
       ...     _ = Dense(4).init(jax.random.key(0), (-1, 3))
@@ -102,7 +102,7 @@ def record_inits():
       The list the :class:`InitRecord` rows are appended to, parents before their
       children, in the order ``init`` ran.
 
-    Example:
+    Examples:
       >>> from funcnet.combinators import serial
       >>> from funcnet.layers import Dense, Relu
       >>> with record_inits() as rows:
@@ -132,7 +132,7 @@ def named(name: str, init: InitFn, apply: ApplyFn) -> Layer:
     Returns:
       The :class:`Layer`; its ``init`` checks that ``rng`` is a PRNG key.
 
-    Example:
+    Examples:
       >>> double = named("Double", lambda rng, s: (s, (), ()),
       ...                lambda p, s, x, *, rng=None, train=False: (2 * x, s))
       >>> double.name, double.init(jax.random.key(0), (-1, 3))
@@ -174,7 +174,7 @@ def as_layer(layer: Any, where: str = "combinator") -> Layer:
       TypeError: ``layer`` is not an ``(init, apply)`` pair (a hint says so when it is
         a layer constructor that was not called).
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> layer = as_layer((lambda rng, s: (s, (), ()), lambda p, s, x, **kw: (x, s)))
       >>> isinstance(layer, Layer)
@@ -223,7 +223,7 @@ def check_shape(layer: str, input_shape, *, min_rank: int = 1, max_rank: int | N
       TypeError: ``input_shape`` is not a sequence of ints.
       ValueError: an entry is neither positive nor -1, or the rank is out of range.
 
-    Example:
+    Examples:
       >>> check_shape("Dense", [-1, 3])
       (-1, 3)
       >>> check_shape("Conv", (-1, 3), min_rank=3)
@@ -262,7 +262,7 @@ def check_known(layer: str, shape: Shape, axes: Sequence[int], what: str) -> Non
     Raises:
       ValueError: one of ``axes`` is -1.
 
-    Example:
+    Examples:
       >>> check_known("Dense", (-1, 3), [-1], "feature size")
       >>> check_known("Dense", (2, -1), [-1], "feature size")
       Traceback (most recent call last):
@@ -291,7 +291,7 @@ def check_input(layer: str, inputs, *, rank: int | None = None, min_rank: int | 
       TypeError: ``inputs`` is not an array.
       ValueError: the rank or the size on ``axis`` is not what the params expect.
 
-    Example:
+    Examples:
       >>> check_input("Dense", jnp.ones((2, 3)), axis=-1, size=3)
       >>> check_input("Dense", jnp.ones((2, 5)), axis=-1, size=3)
       Traceback (most recent call last):
@@ -328,7 +328,7 @@ def normalize_axis(layer: str, axis: int, rank: int) -> int:
     Raises:
       ValueError: ``axis`` is not an int in ``[-rank, rank)``.
 
-    Example:
+    Examples:
       >>> normalize_axis("Softmax", -1, 3)
       2
     """
@@ -352,7 +352,7 @@ def as_tuple(layer: str, value, n: int, what: str) -> Tuple[int, ...]:
     Raises:
       ValueError: ``value`` is neither a positive int nor ``n`` positive ints.
 
-    Example:
+    Examples:
       >>> as_tuple("Conv", 3, 2, "kernel_size"), as_tuple("Conv", (3, 1), 2, "kernel_size")
       ((3, 3), (3, 1))
     """
@@ -378,7 +378,7 @@ def need_rng(layer: str, rng) -> jax.Array:
     Raises:
       ValueError: ``rng`` is None.
 
-    Example:
+    Examples:
       >>> need_rng("Dropout", None)
       Traceback (most recent call last):
       ValueError: Dropout: train=True needs randomness, but apply got rng=None. ...
@@ -403,7 +403,7 @@ def need_state(layer: str, state, keys) -> None:
     Raises:
       ValueError: ``state`` is not a dict holding ``keys``.
 
-    Example:
+    Examples:
       >>> need_state("BatchNorm", {"mean": 0, "var": 1}, ["mean", "var"])
       >>> need_state("BatchNorm", (), ["mean", "var"])
       Traceback (most recent call last):
@@ -428,7 +428,7 @@ def describe_tree(tree, limit: int = 300) -> str:
     Returns:
       The text: arrays as ``dtype[shape]``, other leaves as their type's name.
 
-    Example:
+    Examples:
       >>> describe_tree({"W": jnp.zeros((4, 3)), "b": jnp.zeros(3)})
       "{'W': float32[4, 3], 'b': float32[3]}"
     """
@@ -458,7 +458,7 @@ def split_rng(rng, n: int):
     Returns:
       A tuple of ``n`` keys, or of ``n`` Nones.
 
-    Example:
+    Examples:
       >>> len(split_rng(jax.random.key(0), 3)), split_rng(None, 2)
       (3, (None, None))
     """

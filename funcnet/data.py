@@ -28,7 +28,7 @@ import numpy as np
 from funcnet import _checks as checks
 from funcnet._mesh import data_axis
 
-__all__ = ["batches", "epoch_order", "num_batches", "prefetch_to_device", "background",
+__all__ = ["batches", "Batches", "epoch_order", "num_batches", "prefetch_to_device", "background",
            "Background", "DeviceData"]
 
 # --------------------------------------------------------------------------- #
@@ -115,7 +115,7 @@ def _aligned(fn: str, arrays, to_numpy: bool = True):
 
 def batches(arrays, batch_size: int, *, shuffle: bool = False, rng=None,
             drop_remainder: bool = True, epoch: Optional[int] = None,
-            skip: int = 0) -> Iterator:
+            skip: int = 0) -> "Batches":
     """Minibatches of aligned arrays (one pass, i.e. one epoch).
 
     Args:
@@ -133,8 +133,9 @@ def batches(arrays, batch_size: int, *, shuffle: bool = False, rng=None,
         restart; the rest are exactly what the uninterrupted run would see.
 
     Returns:
-      An iterator over batches. Arguments are checked when ``batches`` is
-      called, not at the first ``next``.
+      A :class:`Batches`, an iterator over the batches that also carries these
+      arguments. Arguments are checked when ``batches`` is called, not at the
+      first ``next``.
     """
     pack, values, n = _aligned("batches", arrays)
     batch_size = checks.positive_int("batches", "batch_size", batch_size)
@@ -162,7 +163,40 @@ def batches(arrays, batch_size: int, *, shuffle: bool = False, rng=None,
                 idx = order[i * batch_size:(i + 1) * batch_size]
                 yield pack([v[idx] for v in values])
 
-    return generate()
+    return Batches(generate(), n=n, batch_size=batch_size, shuffle=bool(shuffle),
+                   rng=rng if shuffle else None, drop_remainder=bool(drop_remainder))
+
+
+class Batches:
+    """What :func:`batches` returns: an iterator over one epoch's batches (used up
+    after one pass, like a generator) that also says what they are made of.
+
+    ``n``, ``batch_size``, ``shuffle``, ``rng`` (None without shuffle) and
+    ``drop_remainder`` are :func:`batches`'s arguments (``n`` the number of
+    examples), as :class:`DeviceData` has them: ``fit`` reads them from the first
+    epoch's iterable (``train_data(epoch)``) and records them in its checkpoints, so
+    a resume over other data is refused instead of training some examples twice.
+    """
+
+    def __init__(self, generator, *, n: int, batch_size: int, shuffle: bool, rng,
+                 drop_remainder: bool):
+        self._generator = generator
+        self.n, self.batch_size, self.shuffle = n, batch_size, shuffle
+        self.rng, self.drop_remainder = rng, drop_remainder
+
+    def __iter__(self) -> "Batches":
+        return self
+
+    def __next__(self):
+        return next(self._generator)
+
+    def close(self) -> None:
+        """Stops the iteration, as a generator's ``close`` does."""
+        self._generator.close()
+
+    def __repr__(self):
+        return (f"Batches(n={self.n}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+                f"drop_remainder={self.drop_remainder})")
 
 
 # --------------------------------------------------------------------------- #
@@ -290,10 +324,14 @@ class DeviceData:
         tail = 0 if self.drop_remainder else self.n % self.batch_size
         for size in (self.batch_size, tail):
             if size % n_split:
+                fix = (f"Use a batch_size that is a multiple of {n_split} (e.g. "
+                       f"{max(n_split, size // n_split * n_split)})." if size == self.batch_size
+                       else f"It is each epoch's last batch, the rows left of n={self.n} after "
+                            f"batches of batch_size={self.batch_size}: drop it "
+                            f"(drop_remainder=True) or pick a batch_size that leaves a multiple "
+                            f"of {n_split}.")
                 raise ValueError(f"DeviceData: a batch of {size} examples cannot be split evenly "
-                                 f"over {n_split} devices (mesh axis {axis!r}). "
-                                 f"Use a batch size that is a multiple of {n_split}, or drop "
-                                 f"the last partial batch (drop_remainder=True).")
+                                 f"over {n_split} devices (mesh axis {axis!r}). {fix}")
 
     def __repr__(self) -> str:
         where = ("" if self.mesh is None else

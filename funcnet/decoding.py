@@ -42,7 +42,7 @@ def sample_logits(rng, logits, *, temperature: float = 1.0, top_k: Optional[int]
     Returns:
       Int token ids of shape ``logits.shape[:-1]``.
 
-    Example:
+    Examples:
       >>> logits = jnp.array([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0]])
       >>> sample_logits(None, logits, temperature=0).tolist()
       [1, 0]
@@ -91,7 +91,7 @@ def generate(net, params, state, prompt, max_new_tokens: int, *, rng, temperatur
       ValueError: a prompt that is not ``(B, P)`` ints, a state with no cache (without
         ``window``), or a cache too short for ``P + max_new_tokens``.
 
-    Example:
+    Examples:
       A bigram model (each position's logits read only its own token), re-run on the
       last 4 tokens; a ``GPT(..., decode=True)`` and its fresh cache go without ``window``:
 

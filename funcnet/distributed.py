@@ -69,7 +69,7 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     Raises:
       ValueError: ``process_id`` is out of range, or a ``FUNCNET_*`` variable is malformed.
 
-    Example:
+    Examples:
       Every process of the job runs the same script (not run here: it waits for the
       other processes and the coordinator, and this test process has neither):
 
@@ -139,7 +139,7 @@ def data_mesh(devices=None, axis_name: str = "data", *, explicit: bool = True) -
     Raises:
       ValueError: more devices asked for than there are.
 
-    Example:
+    Examples:
       >>> mesh = data_mesh(4)
       >>> dict(mesh.shape), mesh.axis_types
       ({'data': 4}, (Explicit,))
@@ -173,7 +173,7 @@ def replicate_on(mesh: jax.sharding.Mesh, tree):
     Raises:
       ValueError: a 64-bit leaf that would be truncated with x64 disabled.
 
-    Example:
+    Examples:
       >>> mesh = data_mesh(4)
       >>> params = replicate_on(mesh, {"W": jnp.ones((3, 2))})
       >>> params["W"].sharding.is_fully_replicated, len(params["W"].sharding.device_set)
@@ -212,7 +212,7 @@ def shard_batch(mesh: jax.sharding.Mesh, batch):
       ArgumentError: ``mesh`` is not a mesh (e.g. the arguments swapped).
       ValueError: the leading sizes differ or do not divide by the axis size.
 
-    Example:
+    Examples:
       >>> mesh = data_mesh(4)
       >>> batch = shard_batch(mesh, {"x": np.ones((8, 3)), "y": np.arange(8)})
       >>> batch["x"].shape, batch["x"].sharding.shard_shape(batch["x"].shape)
@@ -250,7 +250,7 @@ def shard_local_batch(mesh: jax.sharding.Mesh, batch):
       ArgumentError: ``mesh`` is not a mesh.
       ValueError: the leading sizes differ or do not divide by this process's devices.
 
-    Example:
+    Examples:
       >>> mesh = data_mesh(4)
       >>> rows = process_slice(8)  # one process: all 8 rows
       >>> batch = shard_local_batch(mesh, {"x": np.ones((8, 3))[rows]})
@@ -287,9 +287,11 @@ def _batch_sharding(fn, mesh, batch, divisor):
     (size,) = sizes.pop()
     if size % divisor:
         raise ValueError(f"{fn}: a batch of {size} examples cannot be split evenly over "
-                         f"{divisor} devices (mesh axis {axis!r}). Use a batch "
-                         f"size that is a multiple of {divisor}, or drop the last partial batch "
-                         f"(drop_remainder=True).")
+                         f"{divisor} devices (mesh axis {axis!r}): {size} % {divisor} = "
+                         f"{size % divisor}. Use a batch size that is a multiple of {divisor} "
+                         f"(e.g. {max(divisor, size // divisor * divisor)}); if this is an "
+                         f"epoch's last, partial batch, drop it (funcnet.data.batches(..., "
+                         f"drop_remainder=True)).")
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
 
 
@@ -305,7 +307,7 @@ def local_device_count(devices: Optional[int] = None) -> int:
     Raises:
       ValueError: more devices asked for than this process has.
 
-    Example:
+    Examples:
       >>> local_device_count(), local_device_count(2)
       (4, 2)
     """
@@ -338,7 +340,7 @@ def replicate(tree, devices=None):
       ValueError: more devices asked for than there are, or a 64-bit leaf that would
         be truncated.
 
-    Example:
+    Examples:
       >>> params = replicate({"W": jnp.ones((3, 2))}, devices=4)
       >>> params["W"].shape, len(params["W"].sharding.device_set)
       ((4, 3, 2), 4)
@@ -374,7 +376,7 @@ def unreplicate(tree):
     Raises:
       ValueError: ``tree`` does not hold one replica per device (see above).
 
-    Example:
+    Examples:
       >>> unreplicate(replicate({"W": jnp.ones((3, 2))}, devices=4))["W"].shape
       (3, 2)
     """
@@ -441,7 +443,7 @@ def shard(batch, n_devices: Optional[int] = None):
     Raises:
       ValueError: the leading sizes differ, or do not divide by ``n_devices``.
 
-    Example:
+    Examples:
       >>> shard({"x": np.ones((8, 3)), "y": np.arange(8)})["x"].shape
       (4, 2, 3)
       >>> shard({"x": np.ones((6, 3))}, 4)
@@ -510,7 +512,7 @@ class InFlight:
       cpu_only: bound only when this process's devices are CPUs (default), else
         never block; False bounds on every platform.
 
-    Example:
+    Examples:
       >>> in_flight = InFlight()  # at most 2 unfinished steps (on CPU)
       >>> step = jax.jit(lambda x: x + 1)
       >>> x = jnp.zeros(3)
@@ -566,7 +568,7 @@ def process_slice(num_examples: int, process_index: Optional[int] = None,
     Raises:
       ValueError: ``num_examples`` does not divide by the process count.
 
-    Example:
+    Examples:
       >>> process_slice(8, process_index=1, process_count=4)
       slice(2, 4, None)
     """
@@ -585,7 +587,7 @@ def is_main_process() -> bool:
     Returns:
       ``jax.process_index() == 0``.
 
-    Example:
+    Examples:
       >>> is_main_process()  # a single process is the main one
       True
     """

@@ -8,7 +8,7 @@ keep working. This module imports nothing from funcnet: every other module may u
 ``ArgumentError``              a bad argument to any funcnet function (ValueError and TypeError)
 ``MismatchError``              params or state that do not fit the layer given them
 ``MetricStateError``           a metric given another metric's state
-``StateDictMismatchError``     a PyTorch ``state_dict`` that does not fit the params
+``StateDictMismatchError``     a PyTorch ``state_dict`` that does not fit (a MismatchError)
 ``CheckpointError``            base of the checkpoint errors:
 ``CheckpointCorruptError``     truncated, failed checksum, or not a funcnet checkpoint
 ``CheckpointMismatchError``    a checkpoint that does not fit the restore target
@@ -31,7 +31,7 @@ class ArgumentError(ValueError, TypeError):
     """A bad argument: both a ValueError and a TypeError, so code that catches
     either (as callers of funcnet's earlier, mixed checks did) keeps working.
 
-    Example:
+    Examples:
       >>> try:
       ...     funcnet.layers.Dense(0)
       ... except ArgumentError as e:  # or ValueError, or TypeError
@@ -47,7 +47,7 @@ class MismatchError(ValueError, TypeError):
     shows), and each enclosing combinator adds its key on the way out. A ValueError
     and a TypeError, as the KeyError/TypeError it replaces was mostly the latter.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> net = funcnet.serial(Dense(4), Dense(2))
       >>> _, params, state = net.init(jax.random.key(0), (-1, 3))
@@ -88,7 +88,7 @@ class MetricStateError(ValueError):
     """A metric's ``update``/``compute`` given a state that is not its own (another
     metric's, or a collection's entries mixed up).
 
-    Example:
+    Examples:
       >>> acc, mse = funcnet.metrics.Accuracy(), funcnet.metrics.MSE()
       >>> try:
       ...     acc.compute(mse.init())
@@ -98,9 +98,18 @@ class MetricStateError(ValueError):
     """
 
 
-class StateDictMismatchError(ValueError):
+class StateDictMismatchError(MismatchError):
     """A torch ``state_dict`` that does not fit the funcnet params: the message names the
-    funcnet path and the torch key of each mismatch."""
+    funcnet path and the torch key of each mismatch. A :class:`MismatchError` (weights
+    that do not fit the network), so ``except MismatchError`` catches it with the other
+    misfits; a ValueError too. ``missing`` and ``unexpected`` list the torch keys, as
+    torch's ``load_state_dict(strict=True)`` names them."""
+
+    def __init__(self, message: str, missing=(), unexpected=()):
+        self.missing, self.unexpected = list(missing), list(unexpected)
+        # MismatchError's fields describe a layer's place in a network; this error has
+        # none (the loader pairs whole trees), so its message stands as given.
+        super().__init__("load_torch_state_dict", "state_dict", "", "", "", message=message)
 
 
 class CheckpointError(ValueError):

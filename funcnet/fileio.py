@@ -23,7 +23,7 @@ def fsync_dir(directory) -> None:
     Args:
       directory: the directory whose entries (a rename, a new file) to make durable.
 
-    Example:
+    Examples:
       >>> import tempfile
       >>> fsync_dir(tempfile.mkdtemp())  # returns None; errors are ignored
     """
@@ -63,7 +63,7 @@ def atomic_write(dest, *, prefix: str | None = None, suffix: str = ".tmp"):
     Raises:
       FileNotFoundError: ``dest``'s directory does not exist.
 
-    Example:
+    Examples:
       >>> import os, tempfile
       >>> dest = os.path.join(tempfile.mkdtemp(), "weights.bin")
       >>> with atomic_write(dest) as (f, tmp):

@@ -63,8 +63,10 @@ def make_predict_fn(layer, params, state: Any = (), *, policy=None) -> Callable:
 
     Raises:
       ArgumentError: ``policy`` is neither a Policy, a policy string nor None.
+      ValueError: ``params``, ``state`` or (when called) the inputs hold a 64-bit
+        integer that int32 cannot hold with x64 off (it would be used wrapped).
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> net = Dense(2)
       >>> _, params, state = net.init(jax.random.key(0), (-1, 3))
@@ -75,6 +77,7 @@ def make_predict_fn(layer, params, state: Any = (), *, policy=None) -> Callable:
     layer = as_layer(layer, "make_predict_fn")
     if policy is not None:
         layer = _with_policy(layer, _policy("make_predict_fn", policy))
+    checks.fits_x32("make_predict_fn", {"params": params, "state": state})
     return functools.partial(_predictor(layer), params, state)
 
 
@@ -83,10 +86,18 @@ def _predictor(layer):
     # One jitted function per layer: new params for the same network (every epoch's,
     # say) reuse its compiled program instead of compiling another.
     @jax.jit
-    def predict(params, state, inputs):
+    def jitted(params, state, inputs):
         outputs, _ = layer.apply(params, state, inputs, rng=None, train=False)
         return outputs
 
+    def predict(params, state, inputs):
+        # jit would store int64 inputs int32 cannot hold (x64 off) wrapped: ids of 2**40
+        # would look up row 0 without a word.
+        checks.fits_x32("make_predict_fn's predict", {"inputs": inputs})
+        return jitted(params, state, inputs)
+
+    # What a jitted function offers stays reachable (lowering, the compile count).
+    predict.lower, predict._cache_size = jitted.lower, jitted._cache_size
     return predict
 
 
@@ -189,7 +200,7 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
       FileNotFoundError: ``path``'s directory does not exist.
       ImportError: the ``flatbuffers`` package is missing.
 
-    Example:
+    Examples:
       >>> import os, tempfile
       >>> from funcnet.layers import Dense
       >>> net = Dense(2)
@@ -294,7 +305,7 @@ def load_exported(path) -> Callable:
         for another platform.
       ImportError: the ``flatbuffers`` package is missing.
 
-    Example:
+    Examples:
       >>> import os, tempfile
       >>> from funcnet.layers import Dense
       >>> net = Dense(2)

@@ -64,7 +64,7 @@ def calculate_gain(nonlinearity: str = "leaky_relu", negative_slope: float = 0.0
     Raises:
       ValueError: an unknown ``nonlinearity``.
 
-    Example:
+    Examples:
       >>> calculate_gain("relu") == math.sqrt(2), calculate_gain("tanh")
       (True, 1.6666666666666667)
     """
@@ -96,7 +96,7 @@ def xavier_uniform(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
     Returns:
       An initializer ``init(key, shape, dtype)``.
 
-    Example:
+    Examples:
       >>> W = xavier_uniform()(jax.random.key(0), (4, 2))
       >>> W.shape, W.dtype, bool(abs(W).max() <= 1.0)  # a = sqrt(6 / 6)
       ((4, 2), dtype('float32'), True)
@@ -115,7 +115,7 @@ def xavier_normal(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
     Returns:
       An initializer ``init(key, shape, dtype)``.
 
-    Example:
+    Examples:
       >>> W = xavier_normal()(jax.random.key(0), (200, 200))
       >>> W.shape, round(float(W.std()), 2)  # std = sqrt(2 / 400)
       ((200, 200), 0.07)
@@ -142,7 +142,7 @@ def kaiming_uniform(negative_slope: float = 0.0, mode: str = "fan_in",
     Raises:
       ValueError: an unknown ``nonlinearity``.
 
-    Example:
+    Examples:
       >>> W = kaiming_uniform(nonlinearity="relu")(jax.random.key(0), (6, 3))
       >>> W.shape, bool(abs(W).max() <= 1.0)  # b = sqrt(2) * sqrt(3 / 6)
       ((6, 3), True)
@@ -168,7 +168,7 @@ def kaiming_normal(negative_slope: float = 0.0, mode: str = "fan_in",
     Raises:
       ValueError: an unknown ``nonlinearity``.
 
-    Example:
+    Examples:
       >>> W = kaiming_normal(nonlinearity="relu")(jax.random.key(0), (200, 200))
       >>> W.shape, round(float(W.std()), 2)  # std = sqrt(2 / 200)
       ((200, 200), 0.1)
@@ -190,7 +190,7 @@ def torch_default(in_axis: int = -2, out_axis: int = -1):
     Returns:
       An initializer ``init(key, shape, dtype)``.
 
-    Example:
+    Examples:
       >>> W = torch_default()(jax.random.key(0), (16, 3))
       >>> W.shape, bool(abs(W).max() <= 1 / math.sqrt(16))
       ((16, 3), True)
@@ -207,7 +207,7 @@ def uniform_symmetric(bound: float):
     Returns:
       An initializer ``init(key, shape, dtype)``.
 
-    Example:
+    Examples:
       >>> b = uniform_symmetric(0.5)(jax.random.key(0), (100,))
       >>> b.shape, bool(abs(b).max() <= 0.5)
       ((100,), True)
@@ -230,7 +230,7 @@ def torch_default_bias(fan_in: int):
     Returns:
       An initializer ``init(key, shape, dtype)``.
 
-    Example:
+    Examples:
       >>> b = torch_default_bias(16)(jax.random.key(0), (3,))
       >>> b.shape, bool(abs(b).max() <= 0.25)
       ((3,), True)

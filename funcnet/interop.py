@@ -40,7 +40,7 @@ so a ``Flatten`` before a ``Dense`` orders features as ``(h, w, c)``, torch's as
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +59,11 @@ def load_torch_state_dict(params, state, state_dict, *,
                           conv_transpose: Sequence[str] = ()) -> Tuple[Any, Any]:
     """``(params, state)`` with every array replaced by its torch counterpart.
 
+    The funcnet side is read from ``params`` (and ``state``) alone: their tree is the
+    network's structure, in layer order, so the layer itself is not needed (a
+    ConvTranspose's kernel is the one layout the shapes may not tell, hence
+    ``conv_transpose``).
+
     Args:
       params, state: funcnet's, e.g. from ``layer.init`` (only their structure, shapes
         and dtypes are used).
@@ -71,8 +76,26 @@ def load_torch_state_dict(params, state, state_dict, *,
       New ``(params, state)`` trees (float arrays in the dtypes of the given ones).
 
     Raises:
-      StateDictMismatchError: a shape that does not fit (naming the funcnet path and
-        the torch key), a different number of layers, or leftover entries.
+      StateDictMismatchError: (a :class:`funcnet.errors.MismatchError`) a different
+        number of layers; or, all in one error for the whole model as torch's
+        ``load_state_dict(strict=True)`` reports them, the missing and unexpected
+        torch keys (also on the error as ``.missing`` and ``.unexpected``) and every
+        shape that does not fit (naming the funcnet path and the torch key).
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> net = funcnet.serial(Dense(3))
+      >>> _, params, state = net.init(jax.random.key(0), (-1, 2))
+      >>> torch_weights = {"0.weight": np.ones((3, 2), np.float32),   # Linear(2, 3)
+      ...                  "0.bias": np.zeros(3, np.float32)}
+      >>> params, state = load_torch_state_dict(params, state, torch_weights)
+      >>> params[0]["W"].shape                                         # weight.T
+      (2, 3)
+      >>> try:
+      ...     load_torch_state_dict(params, state, {"0.weight": np.ones((3, 2)), "0.scale": 1})
+      ... except StateDictMismatchError as e:
+      ...     print(e.missing, e.unexpected)
+      ['0.bias'] ['0.scale']
     """
     torch_units = _torch_units(state_dict)
     ours = _units(params)
@@ -84,12 +107,37 @@ def load_torch_state_dict(params, state, state_dict, *,
             f"with the same layers in the same order.")
     flat_state = _by_path(state)
     new_params, new_state = {}, {}
+    report = _Report([], [], [])
     for (path, unit), (prefix, entries) in zip(ours, torch_units):
         got_p, got_s = _convert(path, unit, flat_state, prefix, entries,
-                                path in set(conv_transpose))
+                                path in set(conv_transpose), report)
         new_params.update(got_p)
         new_state.update(got_s)
+    # Collected over the whole model first, so one error lists every problem (as
+    # torch's strict load does) instead of one fix-and-rerun per problem.
+    if report.missing or report.unexpected or report.other:
+        raise report.error()
     return _rebuilt(params, new_params), _rebuilt(state, new_state)
+
+
+class _Report(NamedTuple):
+    """What does not fit, gathered over every layer before raising."""
+
+    missing: List[str]      # torch keys a funcnet param needs but the state_dict lacks
+    unexpected: List[str]   # state_dict keys no funcnet param takes
+    other: List[str]        # shape mismatches and unknown layers, each a sentence
+
+    def error(self) -> StateDictMismatchError:
+        missing = list(dict.fromkeys(self.missing))  # a key read for several params: once
+        parts = ([f"missing key(s) in state_dict: {missing}"] if missing else []) + \
+                ([f"unexpected key(s) in state_dict: {self.unexpected}"]
+                 if self.unexpected else []) + self.other
+        return StateDictMismatchError(
+            "load_torch_state_dict: the state_dict does not fit funcnet's params: "
+            + "; ".join(parts) + ". Layers pair with torch's modules by order (see "
+            "funcnet.interop): build the funcnet network with the torch model's layers, "
+            "in its order and sizes, or drop or rename the state_dict's entries first.",
+            missing=missing, unexpected=self.unexpected)
 
 
 def _np(x) -> np.ndarray:
@@ -150,43 +198,39 @@ def _join(path, key):
     return f"{path}/{key}" if path else key
 
 
-def _convert(path, unit, flat_state, prefix, entries, transposed):
+def _convert(path, unit, flat_state, prefix, entries, transposed, report: _Report):
+    """One funcnet unit's arrays from one torch module's entries; what does not fit
+    goes into ``report``."""
     where = f"funcnet {path or '<root>'!r} and torch module {prefix or '<root>'!r}"
     out_p: Dict[str, np.ndarray] = {}
     out_s: Dict[str, np.ndarray] = {}
     used = set()
 
-    last = []
-
-    def take(key):
-        last[:] = [key]
-        if key not in entries:
-            raise StateDictMismatchError(
-                f"load_torch_state_dict: {where}: torch has no {_tkey(prefix, key)!r} (its "
-                f"entries: {sorted(entries)}).")
+    def load(target, fkey, key, like, convert=lambda v: v):
+        """torch's ``key``, converted, as funcnet's ``fkey`` (shaped like ``like``)."""
         used.add(key)
-        return entries[key]
-
-    def put(target, fkey, value, like):
+        if key not in entries:
+            report.missing.append(_tkey(prefix, key))
+            return
+        value = convert(entries[key])
         if tuple(value.shape) != tuple(like.shape):
-            raise StateDictMismatchError(
-                f"load_torch_state_dict: {where}: {_join(path, fkey)!r} has shape "
-                f"{tuple(like.shape)} but torch's {_tkey(prefix, last[0])!r} converts to "
-                f"{tuple(value.shape)}. The layers do not line up (see the order rules in "
-                f"funcnet.interop).")
+            report.other.append(
+                f"{where}: {_join(path, fkey)!r} has shape {tuple(like.shape)} but torch's "
+                f"{_tkey(prefix, key)!r} converts to {tuple(value.shape)}")
+            return
         target[_join(path, fkey)] = value
 
     keys = set(unit)
     if keys >= {"query", "key", "value", "out"}:
-        W = take("in_proj_weight")
         E = unit["query"]["W"].shape[1]
         for i, name in enumerate(("query", "key", "value")):
-            put(out_p, f"{name}/W", W[i * E:(i + 1) * E].T, unit[name]["W"])
+            rows = slice(i * E, (i + 1) * E)
+            load(out_p, f"{name}/W", "in_proj_weight", unit[name]["W"], lambda w: w[rows].T)
             if "b" in unit[name]:
-                put(out_p, f"{name}/b", take("in_proj_bias")[i * E:(i + 1) * E], unit[name]["b"])
-        put(out_p, "out/W", take("out_proj.weight").T, unit["out"]["W"])
+                load(out_p, f"{name}/b", "in_proj_bias", unit[name]["b"], lambda b: b[rows])
+        load(out_p, "out/W", "out_proj.weight", unit["out"]["W"], lambda w: w.T)
         if "b" in unit["out"]:
-            put(out_p, "out/b", take("out_proj.bias"), unit["out"]["b"])
+            load(out_p, "out/b", "out_proj.bias", unit["out"]["b"])
     elif "W_ih" in keys or all(re.fullmatch(r"l\d+(_reverse)?", k) for k in keys):
         layers = {"l0": unit} if "W_ih" in keys else unit
         for sub, p in layers.items():
@@ -194,44 +238,45 @@ def _convert(path, unit, flat_state, prefix, entries, transposed):
                                     ("b_ih", "bias_ih", False), ("b_hh", "bias_hh", False)):
                 if ours not in p:  # bias=False: torch has no bias_* entries either
                     continue
-                value = take(f"{theirs}_{sub}")
                 fkey = ours if "W_ih" in keys else f"{sub}/{ours}"
-                put(out_p, fkey, value.T if t else value, p[ours])
+                load(out_p, fkey, f"{theirs}_{sub}", p[ours], (lambda v: v.T) if t else
+                     (lambda v: v))
     elif keys <= {"W", "b"} and "W" in keys:
-        weight, W = take("weight"), unit["W"]
-        if W.ndim == 2:
-            put(out_p, "W", weight.T, W)
-        else:
+        W = unit["W"]
+
+        def layout(weight):
+            if W.ndim == 2:
+                return weight.T
+            if weight.ndim != W.ndim:  # not a convolution's: reported as a shape mismatch
+                return weight
             spatial = tuple(range(2, W.ndim))
             plain = weight.transpose(spatial + (1, 0))     # Conv: (out, in, *k)
             trans = weight.transpose(spatial + (0, 1))     # ConvTranspose: (in, out, *k)
             fits_trans = tuple(trans.shape) == tuple(W.shape)
-            value = trans if transposed or (fits_trans and tuple(plain.shape) != tuple(W.shape)) \
+            return trans if transposed or (fits_trans and tuple(plain.shape) != tuple(W.shape)) \
                 else plain
-            put(out_p, "W", value, W)
+
+        load(out_p, "W", "weight", W, layout)
         if "b" in keys:
-            put(out_p, "b", take("bias"), unit["b"])
+            load(out_p, "b", "bias", unit["b"])
     elif keys == {"E"}:
-        put(out_p, "E", take("weight"), unit["E"])
+        load(out_p, "E", "weight", unit["E"])
     elif keys <= {"scale", "bias"}:
         if "scale" in keys:
-            put(out_p, "scale", take("weight"), unit["scale"])
+            load(out_p, "scale", "weight", unit["scale"])
         if "bias" in keys:
-            put(out_p, "bias", take("bias"), unit["bias"])
+            load(out_p, "bias", "bias", unit["bias"])
         for ours, theirs in (("mean", "running_mean"), ("var", "running_var"),
                              ("num_batches_tracked", "num_batches_tracked")):
             if _join(path, ours) in flat_state:
-                put(out_s, ours, take(theirs), flat_state[_join(path, ours)])
+                load(out_s, ours, theirs, flat_state[_join(path, ours)])
         # only BatchNorm(momentum=None) reads torch's count; any other drops it
         used.add("num_batches_tracked")
     else:
-        raise StateDictMismatchError(f"load_torch_state_dict: {where}: funcnet's params "
-                                     f"{sorted(keys)} are not a layer this loader knows.")
-    left = sorted(set(entries) - used)
-    if left:
-        raise StateDictMismatchError(f"load_torch_state_dict: {where}: unexpected torch "
-                                     f"entries {[_tkey(prefix, k) for k in left]} (funcnet's "
-                                     f"layer has {sorted(keys)}).")
+        report.other.append(f"{where}: funcnet's params {sorted(keys)} are not a layer this "
+                            f"loader knows")
+        used.update(entries)  # the module is reported whole, not its keys one by one
+    report.unexpected.extend(_tkey(prefix, k) for k in sorted(set(entries) - used))
     return out_p, out_s
 
 

@@ -21,7 +21,7 @@ def count(tree) -> int:
     Returns:
       The total number of scalars, a Python int.
 
-    Example:
+    Examples:
       >>> count({"W": jnp.zeros((3, 4)), "b": jnp.zeros(4)})
       16
     """
@@ -31,7 +31,7 @@ def count(tree) -> int:
 class Summary(NamedTuple):
     """What :func:`summary` found: one row per layer, the totals, and the printed table.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> s = summary(Dense(4), (-1, 3), print_fn=None)
       >>> s.output_shape, s.total_params, s.total_state, len(s.rows)
@@ -68,7 +68,7 @@ def summary(layer, input_shape, *, rng=None, print_fn: Optional[Callable[[str], 
     Raises:
       TypeError: ``layer`` is not a layer.
 
-    Example:
+    Examples:
       >>> from funcnet.combinators import serial
       >>> from funcnet.layers import Dense, Relu
       >>> s = summary(serial(Dense(4), Relu, Dense(2)), (-1, 3))

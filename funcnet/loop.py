@@ -2,16 +2,24 @@
 
 Everything :func:`fit` does can be written by hand with
 :func:`funcnet.train.make_train_step` (the examples show both). The loop is split
-into its phases -- restore, compile, one epoch, evaluate, end of epoch -- and keeps
-its position in one small record, :class:`LoopPosition`, which is what a
+into its phases -- restore, check, compile, one epoch, evaluate, end of epoch -- and
+keeps its position in one small record, :class:`LoopPosition`, which is what a
 checkpoint stores next to the train state and what ``resume_from`` reads back.
+
+Where each phase lives: restoring and what a checkpoint's position means in
+``funcnet._loop_resume``; the checks made before the first step (and
+:class:`LogKeys`) in ``funcnet._loop_checks``; here, the placement of the state
+(``_Loop``), the compiled steps, and the two epoch runners, which share nothing but
+the metrics they return: ``_train_epoch`` over a host pipeline (one step per
+dispatch, batches from an iterable, optionally assembled in a background thread)
+and ``_train_epoch_device`` over a :class:`funcnet.data.DeviceData` (batches gathered
+inside the step, several steps per dispatch).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 import warnings
@@ -23,13 +31,15 @@ import numpy as np
 import optax
 
 from funcnet import _checks as checks
-from funcnet import checkpoint as ckpt
 from funcnet import data as data_lib
 from funcnet import distributed
+from funcnet import precision
 from funcnet import sharding
-from funcnet.callbacks import Callback
-from funcnet.errors import MetricStateError
+from funcnet.callbacks import Callback, Checkpoint
+from funcnet._loop_checks import LogKeys, check_before_training, step_metric_keys
 from funcnet._loop_position import LoopPosition
+from funcnet._loop_resume import (EpochSums, check_layout, checkpoint_extras, data_layout,
+                                  resume, stateful)
 from funcnet.train import TrainState, make_eval_step, make_train_step
 
 __all__ = ["fit", "FitContext", "LoopPosition", "LogKeys"]
@@ -56,7 +66,17 @@ class FitContext:
         # fit sets it: train_state -> the checkpoint entries beside the train state and
         # position (the data layout, the callbacks' states) that Checkpoint saves.
         self.checkpoint_extras: Optional[Callable] = None
-        self._data_layout: dict = {}  # what the loop position counts in (see _data_layout)
+        self._data_layout: dict = {}  # what the position counts in (_loop_resume.data_layout)
+        self._resumed = None  # what resume_from's checkpoint holds beside the state, if any
+        self._layout_seen = False  # the host pipeline's layout was read (its first epoch)
+        # fit sets it: () -> whether the loss computes in float16, asked only once a loss
+        # is non-finite (a trace, no device work); _batch_spec: the shapes it traces with.
+        self._float16: Callable[[], bool] = lambda: False
+        self._batch_spec = None
+        # The epoch's metric sums a checkpoint carries (see EpochSums): the resumed run's
+        # part of the current epoch, and the epoch runner's fetch of the steps it ran.
+        self._epoch_sums: Optional[EpochSums] = None
+        self._epoch_host: Callable[[], list] = list
 
     def wait(self) -> None:
         """Blocks until every step dispatched so far has finished on the device."""
@@ -127,14 +147,19 @@ class _Loop:
     def put_batch(self, batch):
         if self.mesh is not None:
             return distributed.shard_batch(self.mesh, batch)
-        return distributed.shard(batch, self.n) if self.n else batch
+        if self.n:
+            return distributed.shard(batch, self.n)
+        # jit would store int64 values int32 cannot hold (x64 off) wrapped, without a
+        # word; shard and shard_batch check the same on the other two placements.
+        checks.fits_x32("fit", batch)
+        return batch
 
-    def host_batches(self, data, epoch):
-        """A context manager over an epoch's batches from a host pipeline: assembled
-        ``prefetch`` ahead in a background thread (:func:`funcnet.data.background`), on
-        one device also copied there (``device_put``), so both overlap with the steps.
-        ``prefetch=0``: iterated here, one at a time."""
-        batches = data(epoch) if callable(data) else data
+    def host_batches(self, batches):
+        """A context manager over an epoch's batches (an iterable) from a host pipeline:
+        assembled ``prefetch`` ahead in a background thread
+        (:func:`funcnet.data.background`), on one device also copied there
+        (``device_put``), so both overlap with the steps. ``prefetch=0``: iterated
+        here, one at a time."""
         if not self.prefetch:
             return contextlib.nullcontext(iter(batches))
         # The copy starts in the thread on an accelerator, where device_put is an
@@ -142,7 +167,7 @@ class _Loop:
         # batch (GIL held), several times the copy jit makes of a NumPy argument.
         # pmap and mesh placements stay on this thread (put_batch): they may read the
         # thread's jax context (jax.set_mesh).
-        put = (jax.device_put if self.n is None and self.mesh is None
+        put = (_checked_device_put if self.n is None and self.mesh is None
                and jax.default_backend() != "cpu" else None)
         return data_lib.background(batches, self.prefetch, transform=put)
 
@@ -158,6 +183,13 @@ class _Loop:
     def first(self, tree):
         """One replica's value of a per-device result (the value itself on one device)."""
         return jax.tree.map(lambda x: x[0], tree) if self.n else tree
+
+
+def _checked_device_put(batch):
+    """``jax.device_put`` of a host batch after the int32 check ``put_batch`` makes:
+    device_put would wrap the values as silently as jit."""
+    checks.fits_x32("fit", batch)
+    return jax.device_put(batch)
 
 
 def _lies_on(tree, mesh) -> bool:
@@ -273,23 +305,26 @@ def _iterate(data, epoch):
     return iter(data(epoch) if callable(data) else data)
 
 
+def _spec(batch):
+    """A batch's shapes and dtypes, without its values (nothing kept alive)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
+
+
 def _batch_size(batch) -> int:
     return int(jax.tree.leaves(batch)[0].shape[0])
 
 
-def _check_host_batch(ctx, size: int) -> None:
-    """Records the batch size of a host pipeline (what a checkpoint's loop position
-    counts in) from an epoch's first batch, or checks it against the resumed run's."""
-    saved = int(ctx._data_layout["batch_size"])
-    if saved == -1:
-        ctx._data_layout["batch_size"] = np.int64(size)
-    elif saved != size:
-        raise ValueError(
-            f"fit: resume_from= holds a run saved with train_data of batch_size={saved}, but "
-            f"this fit's train_data gives batches of {size}. The checkpoint's position counts "
-            f"batches of the saved size, so resuming with another batch size would train some "
-            f"examples of the epoch twice and others never. Resume with batch_size={saved}, "
-            f"or start a new run (another directory).")
+def _check_host_layout(ctx, batches, size: int) -> None:
+    """Records what a checkpoint's loop position counts in for a host pipeline, from
+    the first epoch's iterable (all of it for a ``data.Batches``) and first batch
+    (``size``), and refuses it when it differs from the resumed run's."""
+    now = data_layout(batches)
+    if int(now["batch_size"]) == -1:
+        now["batch_size"] = np.int64(size)
+    check_layout(ctx._resumed, now)
+    # What this iterable cannot tell stays as the resumed run recorded it.
+    ctx._data_layout = {k: v if int(v) != -1 else ctx._data_layout[k] for k, v in now.items()}
+    ctx._layout_seen = True
 
 
 def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_every,
@@ -304,14 +339,20 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     # At most two multi-device steps in flight on CPU, where many queued executions
     # can stall XLA:CPU's collectives (distributed.InFlight says what happens).
     in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)
+    starters = _step_begin_callbacks(callbacks)  # usually none: no call per step then
+    source = train_data(epoch) if callable(train_data) else train_data
+    ctx._epoch_host = lambda: jax.device_get(step_metrics)  # read only by a checkpoint
     # The with block stops the background thread however the epoch ends (early stop,
     # an exception, KeyboardInterrupt).
-    with loop.host_batches(train_data, epoch) as batches:
+    with loop.host_batches(source) as batches:
         for i, batch in enumerate(batches):
-            if i == 0:
-                _check_host_batch(ctx, _batch_size(batch))
+            if i == 0 and not ctx._layout_seen:
+                _check_host_layout(ctx, source, _batch_size(batch))
+                ctx._batch_spec = _spec(batch)
             if i < skip:
                 continue
+            for cb in starters:
+                cb.on_step_begin(ctx, ctx.host_step + 1)
             loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
             step_metrics.append(in_flight.add(metrics))
             ctx._last = (metrics, None)
@@ -375,9 +416,13 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
     chunks, seen, i = [], 0, skip  # chunks: (metric rows, steps in them, global step after)
     next_log = (ctx.host_step // log_every + 1) * log_every
     in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)  # see _train_epoch
+    starters = _step_begin_callbacks(callbacks)
+    ctx._epoch_host = lambda: _chunk_rows(chunks)  # read only by a checkpoint
     while i < len(full):
         n = min(k - ctx.host_step % k, len(full) - i)
         at = (np.int32(i),) if k == 1 else (np.int32(i), np.int32(n))
+        for cb in starters:
+            cb.on_step_begin(ctx, ctx.host_step + 1)   # the dispatch's first step
         loop.state, rows = steps.on_device(loop.state, data.arrays, order, *at)
         in_flight.add(rows)
         i += n
@@ -392,6 +437,8 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
             next_log = (ctx.host_step // log_every + 1) * log_every
             _refresh_bar_lagged(bar, ctx, chunks, i - skip, seen, t0, epoch, on_nonfinite)
     if tail is not None and skip <= len(full):
+        for cb in starters:
+            cb.on_step_begin(ctx, ctx.host_step + 1)
         loop.state, metrics = steps.on_device_one(loop.state, data.arrays, loop.put_order(tail))
         seen += len(tail)
         ctx.batch_in_epoch = len(full) + 1
@@ -400,9 +447,14 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
         ctx._last = (metrics, None)
         for cb in callbacks:
             cb.on_step_end(ctx, ctx.host_step)
+    return _chunk_rows(chunks), seen
+
+
+def _chunk_rows(chunks) -> list:
+    """The per-step metric dicts on the host of ``(rows, steps in them, _)`` dispatches."""
     host = jax.device_get([rows for rows, _, _ in chunks])
     return [{key: h[key][j] for key in h} for h, (_, n, _) in zip(host, chunks)
-            for j in range(n)], seen
+            for j in range(n)]
 
 
 def _refresh_bar_lagged(bar, ctx, chunks, done, seen, t0, epoch, on_nonfinite):
@@ -429,25 +481,73 @@ def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: s
     bad = int(np.argmin(finite))
     first = not ctx.loss_was_nonfinite
     ctx.loss_was_nonfinite = True  # later checkpoints are marked non-finite
+    if on_nonfinite == "ignore" or (on_nonfinite == "warn" and not first):
+        return  # nothing to say: the message (and its float16 trace) is not built
     step = last_step - len(host_metrics) + bad + 1
     msg = (f"fit: the loss became non-finite ({np.asarray(host_metrics[bad]['loss']).ravel()[0]})"
            f" at epoch {epoch}, step {step} (the first such step fit has seen). Checkpoints "
            f"taken from now on are marked non-finite and keep= never rotates away the last "
            f"finite one; resume_from= restores that one. Lower the learning rate or check the "
            f"data, or pass on_nonfinite='warn' or 'ignore' to train on.")
+    if ctx._float16():
+        # The most likely cause then, and one a learning rate cannot fix: float16 overflow.
+        msg += (" The loss computes in float16, whose largest value is 65504: larger "
+                "activations or inputs become inf (then NaN). Compute in bfloat16 instead "
+                "(float32's range; e.g. policy 'params=float32,compute=bfloat16,"
+                "output=float32'), or keep float16 with the inputs scaled to a small range "
+                "and loss scaling (TrainState.create(..., loss_scale="
+                "precision.dynamic_loss_scale())).")
     if on_nonfinite == "raise":
         raise FloatingPointError(msg)
-    if on_nonfinite == "warn" and first:
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def _mean_metrics(host) -> dict:
+def _computes_in_float16(train_state, loss_fn, batch_spec) -> bool:
+    """Whether ``loss_fn`` computes anything in float16, read from its jaxpr (traced
+    on the shapes, never run): a float16 policy's compute dtype is nowhere else (params
+    and outputs may be float32). When it cannot be traced (a pmap collective, no batch
+    seen): float16 params or a loss scale, which is for float16 training."""
+    try:
+        jaxpr = jax.make_jaxpr(lambda ts, b: loss_fn(ts.params, ts.state, b, ts.rng))(
+            train_state, batch_spec).jaxpr
+    except Exception:
+        return (isinstance(train_state.loss_scale, precision.LossScale) or any(
+            getattr(x, "dtype", None) == jnp.float16 for x in jax.tree.leaves(train_state.params)))
+    return _has_float16(jaxpr)
+
+
+def _has_float16(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if any(getattr(v.aval, "dtype", None) == jnp.float16 for v in eqn.outvars):
+            return True
+        for param in eqn.params.values():  # the bodies of jit, scan, cond, custom_vjp ...
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr holds its Jaxpr
+                if hasattr(inner, "eqns") and _has_float16(inner):
+                    return True
+    return False
+
+
+def _mean_metrics(ctx, host) -> dict:
     """Per-epoch means of the (fetched) step metrics, ``loss`` first: the mean over the
-    steps of each step's mean (over devices under pmap)."""
-    if not host:
-        return {}
-    keys = ["loss"] + [k for k in host[0] if k != "loss"]
-    return {k: float(_per_step(host, k).mean(axis=1).mean()) for k in keys}
+    steps of each step's mean (over devices under pmap), the steps of a resumed epoch
+    before the checkpoint included (:class:`funcnet._loop_resume.EpochSums`)."""
+    sums = ctx._epoch_sums
+    if sums is None:
+        if not host:
+            return {}
+        sums = EpochSums.zeros(["loss"] + [k for k in host[0] if k != "loss"])
+    return sums.plus(host).means()
+
+
+def _epoch_sums_now(ctx) -> Optional[EpochSums]:
+    """What a checkpoint taken now stores of the epoch's metrics: none at an epoch's end
+    (the position is the next epoch's start), else the sums of the steps so far."""
+    if ctx._epoch_sums is None:
+        return None
+    if ctx.batch_in_epoch == 0:
+        return EpochSums.zeros(ctx._epoch_sums.keys)
+    return ctx._epoch_sums.plus(ctx._epoch_host())
 
 
 def _per_step(host, key) -> np.ndarray:
@@ -476,7 +576,9 @@ def _evaluate(loop, steps, metric, eval_data, epoch) -> dict:
 def _end_epoch(ctx, callbacks, epoch, logs, print_fn):
     ctx.batch_in_epoch = 0
     ctx.epoch = epoch + 1  # a checkpoint taken now resumes at the next epoch
-    for cb in callbacks:
+    # Checkpoints save last: the callback states they store (EarlyStopping's wait) must
+    # be the epoch's final ones, or a resume would count this epoch again.
+    for cb in sorted(callbacks, key=lambda cb: isinstance(cb, Checkpoint)):
         cb.on_epoch_end(ctx, epoch, logs)
     ctx.epoch = epoch
     ctx.history.append(logs)
@@ -493,6 +595,16 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         step_options: Optional[dict] = None, eval_on_ema: bool = False,
         prefetch: Optional[int] = None):
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
+
+    The common call is ``fit(train_state, loss_fn, optimizer, train_data, epochs=N)``,
+    with ``eval_data``, ``eval_fn`` and ``metric`` for an evaluation after each epoch
+    and ``callbacks`` for checkpoints, logs and early stopping. The other keywords,
+    by concern, each with a default that needs no thought: where the steps run
+    (``devices`` for pmap, or ``mesh``); resuming (``resume_from``, ``missing_ok``);
+    what a step does (``step_options``, which are ``make_train_step``'s options,
+    ``eval_on_ema``, ``on_nonfinite``); what is shown (``progress``, ``log_every``,
+    ``print_fn``); and speed (``steps_per_dispatch``, ``prefetch``), which changes how
+    steps are dispatched, never their result.
 
     Args:
       train_state: from :meth:`funcnet.train.TrainState.create`.
@@ -535,7 +647,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
       callbacks: :mod:`funcnet.callbacks` instances (checkpoints, loggers, early
         stopping), called in order: put callbacks that add log entries
         (``LearningRateLogger``) before the loggers that write them. With several
-        steps per dispatch, ``on_step_end`` runs once per dispatch, after its last step.
+        steps per dispatch, ``on_step_end`` runs once per dispatch, after its last step,
+        and ``on_step_begin`` (called only on callbacks that define it) once before it.
       progress: a tqdm progress bar with loss and samples/s. ``None``: on when
         stderr is a terminal and tqdm is installed; ``False``: off.
       log_every: steps between progress-bar refreshes (each one reads a loss from
@@ -590,11 +703,17 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         raise ValueError("fit: evaluation needs eval_data, eval_fn and metric together.")
     on_nonfinite = checks.one_of("fit", "on_nonfinite", on_nonfinite, ("raise", "warn", "ignore"))
     callbacks = list(callbacks)
-    layout = _data_layout(train_data)
-    train_state, position, run_id, resumed = _resume(
-        resume_from, missing_ok, train_state, _checkpoint_extras(callbacks, layout, train_state))
-    _check_layout(resumed, layout)
-    _check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
+    layout = data_layout(train_data)
+    sums_keys = None
+    if resume_from is not None:
+        sums_keys = step_metric_keys(train_state, loss_fn, optimizer, train_data,
+                                     _step_options(step_options))
+    train_state, position, run_id, resumed = resume(
+        resume_from, missing_ok, train_state, checkpoint_extras(
+            callbacks, layout, train_state,
+            None if sums_keys is None else EpochSums.zeros(sums_keys)))
+    check_layout(resumed, layout)
+    check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
                            metric, callbacks, epochs)
 
     if mesh is not None and devices is not None:
@@ -618,10 +737,29 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     ctx = FitContext(loop)
     ctx.run_id = run_id
     ctx._data_layout = layout
-    ctx.checkpoint_extras = lambda ts: _checkpoint_extras(callbacks, ctx._data_layout, ts)
+    # The epoch's metric sums go into checkpoints when their keys are known before the
+    # first step (a trace of the step), so a resumed epoch logs the uninterrupted mean.
+    # A run that neither saves nor resumes checkpoints needs no trace.
+    keys = sums_keys
+    if keys is None and any(isinstance(cb, Checkpoint) for cb in callbacks):
+        keys = step_metric_keys(train_state, loss_fn, optimizer, train_data,
+                                _step_options(step_options))
+    ctx.checkpoint_extras = lambda ts: checkpoint_extras(
+        callbacks, ctx._data_layout, ts, _epoch_sums_now(ctx))
+    if isinstance(train_data, data_lib.DeviceData):
+        ctx._batch_spec = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct((train_data.batch_size,) + a.shape[1:], a.dtype),
+            train_data.arrays)
+    start_state = train_state
+    ctx._float16 = lambda: _computes_in_float16(start_state, loss_fn, ctx._batch_spec)
+    ctx._resumed = resumed
+    resumed_sums = None
+    if resumed is not None and resumed.get("epoch_metrics") is not None and keys is not None:
+        resumed_sums = EpochSums.from_tree(resumed["epoch_metrics"])
     if resumed is not None:
-        ctx._data_layout = {**layout, "batch_size": resumed["data"]["batch_size"]}
-        for key, cb in _stateful(callbacks, train_state):
+        ctx._data_layout = {k: v if int(v) != -1 else resumed["data"][k]
+                            for k, v in layout.items()}
+        for key, cb in stateful(callbacks, train_state):
             cb.restore_checkpoint_state(resumed["callbacks"][key])
     ctx.host_step = int(jax.device_get(train_state.step))
     if isinstance(train_data, data_lib.DeviceData):
@@ -639,12 +777,15 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
             t0 = time.perf_counter()
             bar = bar_factory(epoch, epochs)
             skip = position.batch_in_epoch if epoch == position.epoch else 0
+            ctx._epoch_sums = None if keys is None else (
+                resumed_sums if epoch == position.epoch and resumed_sums is not None
+                else EpochSums.zeros(keys))
             run_epoch = _train_epoch_device if steps.on_device is not None else _train_epoch
             step_metrics, seen = run_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip,
                                            bar, log_every, on_nonfinite)
             host_metrics = jax.device_get(step_metrics)
             _check_losses(ctx, host_metrics, epoch, ctx.host_step, on_nonfinite)
-            logs = {"epoch": epoch, **_mean_metrics(host_metrics)}
+            logs = {"epoch": epoch, **_mean_metrics(ctx, host_metrics)}
             seconds = time.perf_counter() - t0
             logs["samples_per_s"] = seen / seconds if seconds > 0 else math.nan
             if steps.eval is not None:
@@ -723,131 +864,21 @@ def _check_dispatch(k, on_device: bool, callbacks, log_every: int) -> int:
 
 
 def _per_step_callbacks(callbacks) -> list:
-    """The callbacks with an ``on_step_end`` of their own that want every step: not those
-    with an ``every_steps`` attribute (``Checkpoint``, ``TensorBoardLogger``), which only
-    need dispatches to end on its multiples."""
-    return [cb for cb in callbacks if getattr(type(cb), "on_step_end", None)
-            is not Callback.on_step_end and not hasattr(cb, "every_steps")]
+    """The callbacks with an ``on_step_end`` (or ``on_step_begin``) of their own that want
+    every step: not those with an ``every_steps`` attribute (``Checkpoint``,
+    ``TensorBoardLogger``, ``Profile``), which only need dispatches to end on its
+    multiples."""
+    return [cb for cb in callbacks if not hasattr(cb, "every_steps") and (
+        getattr(type(cb), "on_step_end", None) is not Callback.on_step_end
+        or _step_begin_callbacks([cb]))]
 
 
-def _data_layout(train_data) -> dict:
-    """What a loop position (batches into an epoch) means for ``train_data``, as int64
-    scalars for the checkpoint; -1 where unknown. A host pipeline's batch size is
-    known once its first batch arrives (``_train_epoch`` fills it in)."""
-    layout = {k: np.int64(-1) for k in ("batch_size", "n", "drop_remainder", "shuffle", "seed")}
-    if isinstance(train_data, data_lib.DeviceData):
-        rng = train_data.rng
-        if not train_data.shuffle:
-            seed = -1
-        elif checks.is_int(rng):
-            seed = int(rng) % 2 ** 62
-        elif isinstance(rng, jax.Array):  # a key: its bits, folded into 62 bits
-            bits = np.asarray(jax.random.key_data(rng) if jax.dtypes.issubdtype(
-                rng.dtype, jax.dtypes.prng_key) else rng).astype(np.uint64).ravel()
-            seed = int(sum(int(b) << (32 * i) for i, b in enumerate(bits[:2]))) % 2 ** 62
-        else:
-            seed = -1  # a numpy Generator: its state moves on, nothing fixed to compare
-        layout.update(batch_size=np.int64(train_data.batch_size), n=np.int64(train_data.n),
-                      drop_remainder=np.int64(train_data.drop_remainder),
-                      shuffle=np.int64(train_data.shuffle), seed=np.int64(seed))
-    return layout
-
-
-_LAYOUT_FIX = {
-    "batch_size": "the batch size", "n": "the number of examples",
-    "drop_remainder": "drop_remainder", "shuffle": "shuffle", "seed": "the shuffle seed (rng=)"}
-
-
-def _check_layout(resumed, layout, where="train_data") -> None:
-    """A resumed loop position counts batches of the data it was saved with: with other
-    data, skipping that many batches would train some examples twice and others never."""
-    if resumed is None:
-        return
-    saved = {k: int(v) for k, v in resumed["data"].items()}
-    for key, what in _LAYOUT_FIX.items():
-        now = int(layout[key])
-        if saved[key] != -1 and now != -1 and saved[key] != now:
-            raise ValueError(
-                f"fit: resume_from= holds a run saved with {where} of {key}={saved[key]}, but "
-                f"this fit's {where} has {key}={now}. The checkpoint's position counts "
-                f"batches of the saved data, so resuming with another {what} would train some "
-                f"examples of the epoch twice and others never. Resume with {key}={saved[key]}, "
-                f"or start a new run (another directory).")
-
-
-def _stateful(callbacks, train_state):
-    """``(key, callback)`` for each callback with a checkpoint state; keys keep order."""
-    return [(f"{i}_{type(cb).__name__}", cb) for i, cb in enumerate(callbacks)
-            if cb.checkpoint_state(train_state) is not None]
-
-
-def _checkpoint_extras(callbacks, layout, train_state) -> dict:
-    """The checkpoint's entries beside the train state and position."""
-    return {"data": dict(layout),
-            "callbacks": {key: cb.checkpoint_state(train_state)
-                          for key, cb in _stateful(callbacks, train_state)}}
-
-
-def _resume(resume_from, missing_ok, train_state, extras):
-    """``(train_state, position, run id, restored extras or None)`` to start from: the
-    latest finite checkpoint of ``resume_from`` (a directory or a Checkpointer), or
-    ``train_state`` and a new run. ``extras`` is the target of the data layout and the
-    callbacks' states (see :func:`_checkpoint_extras`)."""
-    if resume_from is None:
-        return train_state, LoopPosition(), ckpt.new_run_id(), None
-    checkpointer = ckpt.checkpointer_for(resume_from, where="fit(resume_from=...)")
-    step = checkpointer.latest_step(finite_only=True)
-    if step is None:
-        steps = checkpointer.all_steps()
-        if steps:
-            raise FloatingPointError(
-                f"fit: resume_from={_shown(resume_from)} holds only non-finite checkpoints "
-                f"(steps {steps}); there is no good state to resume from. Start a new run "
-                f"(a new directory) or restore one explicitly with restore(..., step=).")
-        if missing_ok:
-            return train_state, LoopPosition(), ckpt.new_run_id(), None
-        raise FileNotFoundError(
-            f"fit: resume_from={_shown(resume_from)} holds no checkpoint "
-            f"({_listing(checkpointer.directory)}). Check the path (and the backend: an orbax "
-            f"directory needs resume_from=OrbaxCheckpointer(path)), or pass missing_ok=True "
-            f"to start from scratch when there is none yet.")
-    base = LoopPosition().checkpoint_tree(train_state)
-    try:
-        restored = checkpointer.restore({**base, **extras}, step=step)
-    except ckpt.CheckpointMismatchError as e:
-        try:  # a checkpoint saved before fit stored the data layout and callback states
-            restored = {**checkpointer.restore(base, step=step), "data": None}
-        except ckpt.CheckpointMismatchError:
-            raise ValueError(
-                f"fit: resume_from={_shown(resume_from)} does not fit this fit's train state "
-                f"and callbacks (callbacks with state: "
-                f"{sorted(extras['callbacks']) or 'none'}). Resume with the same model, "
-                f"optimizer and callbacks as the saved run. The checkpoint says: {e}") from None
-    position = LoopPosition(int(restored["epoch"]), int(restored["batch_in_epoch"]))
-    run_id = checkpointer.info(step).run_id or ckpt.new_run_id()
-    if restored["data"] is None:
-        warnings.warn(f"fit: the checkpoint in resume_from={_shown(resume_from)} holds no data "
-                      f"layout or callback states (an older funcnet wrote it): the batch size "
-                      f"is not checked and callbacks start afresh.", RuntimeWarning, stacklevel=3)
-        return restored["train_state"], position, run_id, None
-    return restored["train_state"], position, run_id, restored
-
-
-def _shown(resume_from) -> str:
-    return repr(str(resume_from)) if isinstance(resume_from, (str, os.PathLike)) else repr(resume_from)
-
-
-def _listing(directory) -> str:
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return f"{directory} does not exist"
-    except NotADirectoryError:
-        return f"{directory} is a file, not a directory"
-    if not names:
-        return f"{directory} is empty"
-    more = f", ... ({len(names)} entries)" if len(names) > 10 else ""
-    return f"{directory} contains: {', '.join(names[:10])}{more}"
+def _step_begin_callbacks(callbacks) -> list:
+    """The callbacks with an ``on_step_begin`` of their own (``Profile``): the loop calls
+    only these before each dispatch, so a run without one pays nothing per step. A
+    duck-typed callback without the hook is left out."""
+    return [cb for cb in callbacks if getattr(type(cb), "on_step_begin", Callback.on_step_begin)
+            is not Callback.on_step_begin]
 
 
 def _fmt(v):
@@ -869,119 +900,3 @@ def _progress_factory(progress):
         return lambda epoch, epochs: None
     return lambda epoch, epochs: tqdm(desc=f"epoch {epoch + 1}/{epochs}", unit="step",
                                       leave=False, dynamic_ncols=True)
-
-
-# --------------------------------------------------------------------------- #
-# Checks before the first step: mistakes that would otherwise surface only after
-# an epoch of training (at the first evaluation or the first epoch's end).
-# --------------------------------------------------------------------------- #
-
-class LogKeys:
-    """The keys of fit's epoch logs as known before training, as a callback will see them.
-
-    ``certain``: keys that will be there (``epoch``, ``loss``, ``samples_per_s``,
-    ``seconds``, the ``eval_*`` keys, keys added by earlier callbacks). ``has(key)``:
-    True, False (it cannot come), or None (cannot tell: an earlier user callback may
-    add keys, or the evaluation or the step could not be traced ahead of time).
-    """
-
-    def __init__(self, certain, eval_keys, step_keys, callbacks_after, open_ended=False):
-        self.certain = frozenset(certain)
-        self.evaluates = eval_keys is None or bool(eval_keys)
-        self._eval_known = eval_keys is not None
-        self._step_keys = step_keys          # () -> frozenset or None, traced when needed
-        self._after = callbacks_after         # the callbacks that run later
-        self._open = open_ended
-
-    def has(self, key: str):
-        if key in self.certain:
-            return True
-        if self._open:
-            return None
-        if key.startswith("eval_"):
-            return False if self._eval_known else None
-        step = self._step_keys()
-        return None if step is None else key in step
-
-    def added_later(self, key: str):
-        """The name of a later callback that adds ``key``, if one does."""
-        return next((type(cb).__name__ for cb in self._after
-                     if key in (getattr(cb, "log_keys", None) or ())), None)
-
-
-def _check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
-                           metric, callbacks, epochs) -> None:
-    """An eval_fn whose state ``metric`` cannot compute, and keys callbacks monitor that
-    fit will never log, fail here, before the first step (``jax.eval_shape``: traced,
-    never run). What cannot be known ahead (data that can only be read once, a step
-    or evaluation that traces only under pmap, user callbacks that add keys) is let
-    through, to fail where it fails today."""
-    checks.non_negative_int("fit", "epochs", epochs)
-    eval_keys = frozenset()
-    if eval_fn is not None:
-        eval_keys = _eval_keys(train_state, eval_fn, metric, eval_data)
-    step_cache: list = []
-
-    def step_keys():
-        if not step_cache:
-            step_cache.append(_step_metric_keys(train_state, loss_fn, optimizer, train_data))
-        return step_cache[0]
-
-    certain = {"epoch", "loss", "grad_norm", "samples_per_s", "seconds"} | (eval_keys or set())
-    open_ended = False
-    for i, cb in enumerate(callbacks):
-        cb_check = getattr(cb, "check_log_keys", None)
-        if cb_check is not None:
-            cb_check(LogKeys(certain, eval_keys, step_keys, callbacks[i + 1:], open_ended))
-        added = getattr(cb, "log_keys", None)
-        if added is not None:
-            certain |= set(added)
-        elif getattr(type(cb), "on_epoch_end", None) is not Callback.on_epoch_end:
-            open_ended = True  # a callback of its own may add any key
-
-
-def _first_batch(data):
-    """A batch with the shapes of the data's batches, or None when taking one would use
-    up data that can be read only once (an iterator)."""
-    if isinstance(data, data_lib.DeviceData):
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct((data.batch_size,) + a.shape[1:],
-                                                           a.dtype), data.arrays)
-    if callable(data):
-        data = data(0)
-    elif iter(data) is data:
-        return None
-    return next(iter(data), None)
-
-
-def _eval_keys(train_state, eval_fn, metric, eval_data):
-    """The ``eval_*`` log keys, after checking that ``metric`` computes what eval_fn
-    returns; None when eval_fn cannot be traced ahead of time."""
-    batch = _first_batch(eval_data)
-    if batch is None:
-        return None
-    try:
-        out = jax.eval_shape(lambda ts, b: eval_fn(ts.params, ts.state, b), train_state, batch)
-    except Exception:  # e.g. a collective that needs pmap: the evaluation will tell
-        return None
-    try:
-        computed = jax.eval_shape(metric.compute, out)
-    except MetricStateError as e:
-        raise ValueError(f"fit: eval_fn returns a state that metric= cannot compute: {e} Pass as "
-                         f"metric= the metric whose state eval_fn returns (the one whose update "
-                         f"it calls).") from e
-    except Exception:
-        return None
-    return frozenset(f"eval_{k}" for k in (computed if isinstance(computed, dict)
-                                           else {"metric": None}))
-
-
-def _step_metric_keys(train_state, loss_fn, optimizer, train_data):
-    """The keys of the step's metrics (``loss`` and ``Aux.metrics``), or None."""
-    batch = _first_batch(train_data)
-    if batch is None:
-        return None
-    try:
-        metrics = jax.eval_shape(make_train_step(loss_fn, optimizer), train_state, batch)[1]
-    except Exception:
-        return None
-    return frozenset(metrics)

@@ -50,7 +50,7 @@ __all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MS
 class Metric(NamedTuple):
     """A metric: ``(init, update, compute)``, each a pure function.
 
-    Example:
+    Examples:
       >>> count = Metric(init=lambda: jnp.zeros((), jnp.int32),
       ...                update=lambda s, x: s + x.size, compute=lambda s: s)
       >>> int(count.compute(count.update(count.init(), jnp.ones((2, 3)))))
@@ -193,7 +193,7 @@ def Accuracy() -> Metric:
     Returns:
       A :class:`Metric`.
 
-    Example:
+    Examples:
       >>> acc = Accuracy()
       >>> s = acc.update(acc.init(), jnp.array([[2.0, 1.0], [0.0, 3.0], [1.0, 0.0]]),
       ...                jnp.array([0, 1, 1]))
@@ -236,7 +236,7 @@ def TopKAccuracy(k: int) -> Metric:
     Raises:
       ArgumentError: ``k`` is not a positive int; (in ``update``) ``k`` exceeds the classes.
 
-    Example:
+    Examples:
       >>> top2 = TopKAccuracy(2)
       >>> scores = jnp.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]])
       >>> float(top2.compute(top2.update(top2.init(), scores, jnp.array([1, 0]))))
@@ -281,7 +281,7 @@ def ConfusionMatrix(num_classes: int) -> Metric:
     Raises:
       ArgumentError: ``num_classes`` is not a positive int.
 
-    Example:
+    Examples:
       >>> cm = ConfusionMatrix(2)
       >>> update = jax.jit(cm.update)  # as inside an eval step
       >>> cm.compute(update(cm.init(), jnp.array([0, 1, 1]), jnp.array([0, 0, 1]))).tolist()
@@ -389,7 +389,7 @@ def F1(average="binary", num_classes=None, *, threshold: float = 0.5,
       ArgumentError: an unknown ``average``, a missing or contradicting ``num_classes``,
         or a bad ``threshold``/``zero_division``.
 
-    Example:
+    Examples:
       >>> f1 = F1()
       >>> s = jax.jit(f1.update)(f1.init(), jnp.array([1, 1, 0, 0]), jnp.array([1, 0, 1, 0]))
       >>> float(jax.jit(f1.compute)(s))  # tp=1, fp=1, fn=1
@@ -552,7 +552,7 @@ def ROCAUC(capacity=None) -> Metric:
     Raises:
       ArgumentError: ``capacity`` is missing or not a positive int.
 
-    Example:
+    Examples:
       >>> auc = ROCAUC(capacity=8)
       >>> s = jax.jit(auc.update)(auc.init(), jnp.array([0.1, 0.4, 0.35, 0.8]),
       ...                         jnp.array([0, 0, 1, 1]))
@@ -644,7 +644,7 @@ def Mean() -> Metric:
     Returns:
       A :class:`Metric`.
 
-    Example:
+    Examples:
       >>> mean = Mean()
       >>> s = mean.update(mean.init(), jnp.array([1.0, 2.0, 3.0]))
       >>> s = mean.update(s, jnp.array([10.0]), weights=jnp.array([3.0]))
@@ -704,7 +704,7 @@ def MSE() -> Metric:
     Returns:
       A :class:`Metric`.
 
-    Example:
+    Examples:
       >>> mse = MSE()
       >>> float(mse.compute(mse.update(mse.init(), jnp.array([1.0, 2.0]), jnp.array([1.0, 4.0]))))
       2.0
@@ -718,7 +718,7 @@ def MAE() -> Metric:
     Returns:
       A :class:`Metric`.
 
-    Example:
+    Examples:
       >>> mae = MAE()
       >>> float(mae.compute(mae.update(mae.init(), jnp.array([1.0, 2.0]), jnp.array([1.0, 4.0]))))
       1.0
@@ -732,7 +732,7 @@ def RMSE() -> Metric:
     Returns:
       A :class:`Metric`.
 
-    Example:
+    Examples:
       >>> rmse = RMSE()
       >>> s = rmse.update(rmse.init(), jnp.array([0.0, 0.0]), jnp.array([3.0, 4.0]))
       >>> round(float(rmse.compute(s)), 4)  # sqrt((9 + 16) / 2)
@@ -764,7 +764,7 @@ def collection(**metrics: Metric) -> Metric:
       ValueError: no metric given.
       TypeError: a value that is not a :class:`Metric`.
 
-    Example:
+    Examples:
       >>> metric = collection(acc=Accuracy(), loss=Mean())
       >>> s = metric.update(metric.init(), acc=(jnp.array([0, 1]), jnp.array([0, 0])),
       ...                   loss=jnp.array([0.5, 1.5]))
@@ -840,7 +840,7 @@ def merge(state, axis_name):
     Returns:
       The state summed over ``axis_name``, the same on every device.
 
-    Example:
+    Examples:
       >>> acc = Accuracy()
       >>> def per_device(pred, label):  # each device's part of the batch
       ...     return merge(acc.update(acc.init(), pred, label), "devices")

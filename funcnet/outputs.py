@@ -185,7 +185,7 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
     ``N*d1*...`` labels with rows; use ``multi_output`` or ``preserve_shape``).
     The ``out_grad`` option is not provided.
 
-    Example:
+    Examples:
       >>> softmax_output(jnp.zeros((1, 2)), jnp.array([0])).tolist()
       [[0.5, 0.5]]
       >>> # MXNet's gradient (softmax - one_hot), whatever the head gradient:
@@ -357,7 +357,7 @@ def linear_regression_output(data, label, *, grad_scale: float = 1.0):
     reads it in data's memory order), e.g. ``(N,)`` for ``data (N, 1)``. ``label``
     gets a zero gradient; the incoming cotangent is ignored.
 
-    Example:
+    Examples:
       >>> f = lambda d: linear_regression_output(d, jnp.array([[1.0, 0.0]])).sum()
       >>> jax.grad(f)(jnp.array([[3.0, 2.0]])).tolist()  # (out - label) / num_output
       [[1.0, 1.0]]
@@ -461,7 +461,7 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
 
     The incoming cotangent is ignored.
 
-    Example:
+    Examples:
       >>> jax.grad(lambda x: make_loss(x ** 2).sum())(jnp.array([3.0])).tolist()
       [6.0]
     """
@@ -488,7 +488,7 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
 def block_grad(x):
     """Identity forward, zero gradient (MXNet ``BlockGrad`` = ``jax.lax.stop_gradient``).
 
-    Example:
+    Examples:
       >>> jax.grad(lambda x: (block_grad(x) * x).sum())(jnp.array([3.0])).tolist()
       [3.0]
     """

@@ -50,7 +50,7 @@ def path_str(key_path) -> str:
     Returns:
       The keys joined by ``/``.
 
-    Example:
+    Examples:
       >>> (key_path, leaf), = jax.tree_util.tree_flatten_with_path({"a": [{"W": 1}]})[0]
       >>> path_str(key_path)
       'a/0/W'
@@ -71,7 +71,7 @@ def paths(tree) -> Dict[str, Any]:
     Returns:
       A dict from each leaf's path (:func:`path_str`) to the leaf.
 
-    Example:
+    Examples:
       >>> from funcnet.combinators import serial
       >>> from funcnet.layers import Dense, Relu
       >>> net = serial(encoder=serial(Dense(4), Relu), decoder=Dense(2))
@@ -95,7 +95,7 @@ def mask_where(params, predicate: Callable[[str, Any], bool]):
     Returns:
       A pytree of Python bools with ``params``' structure.
 
-    Example:
+    Examples:
       >>> params = {"W": jnp.ones((3, 2)), "b": jnp.zeros(2)}
       >>> mask_where(params, lambda path, x: x.ndim == 1)
       {'W': False, 'b': True}
@@ -118,7 +118,7 @@ def kernel_mask(params):
     Returns:
       A pytree of Python bools with ``params``' structure.
 
-    Example:
+    Examples:
       >>> params = ({"W": jnp.ones((3, 2)), "b": jnp.zeros(2)}, {"E": jnp.ones((5, 2))})
       >>> kernel_mask(params)
       ({'W': True, 'b': False}, {'E': True})
@@ -148,7 +148,7 @@ def subtree_mask(params, *prefixes: str):
         decay nothing, silently); the message lists the paths there are.
       TypeError: no prefix was given.
 
-    Example:
+    Examples:
       >>> params = {"encoder": {"W": jnp.ones((3, 2))}, "decoder": {"W": jnp.ones((2, 3))}}
       >>> subtree_mask(params, "encoder")
       {'decoder': {'W': False}, 'encoder': {'W': True}}
@@ -197,7 +197,7 @@ def freeze(optimizer: optax.GradientTransformation, mask, *,
     Returns:
       An ``optax.GradientTransformation``.
 
-    Example:
+    Examples:
       >>> params = {"encoder": {"W": jnp.ones(2)}, "decoder": {"W": jnp.ones(2)}}
       >>> opt = freeze(optax.sgd(0.5), lambda p: subtree_mask(p, "encoder"))
       >>> grads = jax.tree.map(jnp.ones_like, params)

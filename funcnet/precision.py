@@ -87,7 +87,7 @@ class Policy(NamedTuple):
     compute dtype". Build one with :meth:`make` (validates, accepts short names)
     or :func:`parse_policy` from a string.
 
-    Example:
+    Examples:
       >>> Policy.make("float32", "bf16", "float32").compute_dtype
       dtype(bfloat16)
     """
@@ -130,7 +130,7 @@ def parse_policy(spec: str) -> Policy:
     Raises:
       ValueError: a part that is not ``key=dtype`` with a known key, or a key given twice.
 
-    Example:
+    Examples:
       >>> p = parse_policy("params=float32,compute=bf16")
       >>> p.param_dtype, p.compute_dtype, p.output_dtype
       (dtype('float32'), dtype(bfloat16), dtype(bfloat16))
@@ -157,7 +157,7 @@ def parse_policy(spec: str) -> Policy:
 def cast_floating(tree, dtype):
     """Casts the floating-point leaves of ``tree`` to ``dtype``; other leaves are kept.
 
-    Example:
+    Examples:
       >>> tree = cast_floating({"w": jnp.ones(2), "ids": jnp.arange(2)}, jnp.bfloat16)
       >>> tree["w"].dtype, tree["ids"].dtype
       (dtype(bfloat16), dtype('int32'))
@@ -190,7 +190,7 @@ def apply_policy(layer, policy) -> Layer:
     The stored params stay in ``param_dtype``, so their gradients (and optax's
     updates) are in ``param_dtype`` too. Integer leaves are never cast.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dense
       >>> net = apply_policy(Dense(3), "params=float32,compute=bf16,output=float32")
       >>> _, params, state = net.init(jax.random.key(0), (-1, 2))
@@ -250,7 +250,7 @@ def _positive(where: str, what: str, value, integer=False):
 def static_loss_scale(scale: float = 2.0 ** 15) -> LossScale:
     """A fixed scale ``S``: steps with non-finite gradients are still skipped, ``S`` never changes.
 
-    Example:
+    Examples:
       >>> float(static_loss_scale(1024.0).scale)
       1024.0
     """
@@ -270,7 +270,7 @@ def dynamic_loss_scale(initial: float = 2.0 ** 15, *, period: int = 2000, factor
     Give it to ``funcnet.TrainState.create(..., loss_scale=...)``: every step of
     :func:`funcnet.train.make_train_step` then scales the loss.
 
-    Example:
+    Examples:
       >>> ls = dynamic_loss_scale(2.0 ** 10, period=2)
       >>> float(update_loss_scale(ls, jnp.asarray(False)).scale)  # non-finite: halved
       512.0
@@ -300,7 +300,7 @@ def _check_scale(where: str, other: str, loss_scale) -> None:
 def scale_loss(loss_scale: LossScale, loss):
     """``loss * S``, computed in float32 at least (a float16 loss times ``2**15`` overflows).
 
-    Example:
+    Examples:
       >>> scaled = scale_loss(static_loss_scale(8.0), jnp.float16(2.0))
       >>> scaled.dtype, float(scaled)
       (dtype('float32'), 16.0)
@@ -313,7 +313,7 @@ def scale_loss(loss_scale: LossScale, loss):
 def unscale_grads(loss_scale: LossScale, grads):
     """``grads / S``, leaf by leaf, divided in float32 and returned in each leaf's dtype.
 
-    Example:
+    Examples:
       >>> g = unscale_grads(static_loss_scale(8.0), {"w": jnp.full((2,), 16.0, jnp.float16)})
       >>> g["w"].dtype, g["w"].tolist()
       (dtype('float16'), [2.0, 2.0])
@@ -331,7 +331,7 @@ def unscale_grads(loss_scale: LossScale, grads):
 def all_finite(tree) -> jax.Array:
     """A bool scalar: True when no floating leaf of ``tree`` holds an inf or a NaN.
 
-    Example:
+    Examples:
       >>> bool(all_finite([jnp.ones(2), jnp.asarray([1.0, jnp.inf])]))
       False
     """

@@ -84,7 +84,7 @@ def fsdp(axis: str = "data", min_size: int = 2 ** 14) -> Callable:
       ArgumentError: ``min_size`` is not a non-negative int.
       ValueError: (when the spec is used) the mesh has no axis ``axis``.
 
-    Example:
+    Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
       >>> spec = fsdp("data", min_size=16)
       >>> spec((8, 12), mesh) == P(None, "data"), spec((3, 3), mesh) == spec((3, 5), mesh) == P()
@@ -120,7 +120,7 @@ def fsdp_rules(axis: str = "data", min_size: int = 2 ** 14) -> List[Tuple[str, S
     Returns:
       The rules, a list of one ``(pattern, spec)``.
 
-    Example:
+    Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
       >>> params = {"W": jnp.zeros((64, 8)), "b": jnp.zeros(8)}
       >>> param_specs(params, mesh, fsdp_rules("data", min_size=64)) == {"W": P("data", None),
@@ -155,7 +155,7 @@ def megatron_rules(column: Sequence[str] = (r"attn/attn/(query|key|value)", r"ml
     Returns:
       The rules, a list of ``(pattern, spec)``.
 
-    Example:
+    Examples:
       >>> mesh = jax.make_mesh((2, 2), ("data", "model"))
       >>> params = {"mlp": {"fc": {"W": jnp.zeros((4, 8)), "b": jnp.zeros(8)},
       ...                   "proj": {"W": jnp.zeros((8, 4)), "b": jnp.zeros(4)}}}
@@ -198,7 +198,7 @@ def param_specs(tree, mesh: jax.sharding.Mesh, rules: Rules):
     Raises:
       ValueError: a rule is malformed, or a spec does not fit its leaf or the mesh.
 
-    Example:
+    Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
       >>> tree = {"W": jax.ShapeDtypeStruct((8, 4), jnp.float32), "b": jnp.zeros(4)}
       >>> param_specs(tree, mesh, [("W$", P("data", None))]) == {"W": P("data", None), "b": P()}
@@ -245,15 +245,18 @@ def shard_params(tree, mesh: jax.sharding.Mesh, rules: Rules):
       ``tree`` with every leaf a new ``jax.Array`` placed on ``mesh``.
 
     Raises:
-      ValueError: as :func:`param_specs`.
+      ValueError: as :func:`param_specs`; a 64-bit integer value that int32 cannot
+        hold with x64 off (it would be stored wrapped).
 
-    Example:
+    Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
       >>> params = shard_params({"W": jnp.zeros((8, 4)), "b": jnp.zeros(4)}, mesh,
       ...                       [("W$", P("data", None))])
       >>> params["W"].sharding.shard_shape((8, 4)), params["b"].sharding.shard_shape((4,))
       ((2, 4), (4,))
     """
+    # _place copies host values to the devices as int32 when x64 is off: 2**40 would be 0.
+    checks.fits_x32("shard_params", tree)
     specs = param_specs(tree, mesh, rules)
     return jax.tree.map(lambda spec, x: _place(x, NamedSharding(mesh, spec)), specs, tree,
                         is_leaf=lambda s: isinstance(s, P))
@@ -271,7 +274,7 @@ def state_shardings(tree):
     Returns:
       A pytree of shardings (None for non-array leaves) with ``tree``'s structure.
 
-    Example:
+    Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
       >>> params = shard_params({"W": jnp.zeros((8, 4))}, mesh, [("W", P("data"))])
       >>> state_shardings(params)["W"].spec == P("data")
@@ -427,7 +430,7 @@ def _match(node, params, specs):
 class Explained(NamedTuple):
     """What :func:`explain` found: one row per array leaf, and totals in bytes.
 
-    Example:
+    Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
       >>> params = shard_params({"W": jnp.zeros((8, 4))}, mesh, [("W", P("data"))])
       >>> out = explain(params, print_fn=None)
@@ -467,7 +470,7 @@ def explain(tree, *, print_fn: Optional[Callable[[str], None]] = print) -> Expla
     Returns:
       An :class:`Explained`; ``str()`` of it is the table.
 
-    Example:
+    Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
       >>> params = shard_params({"W": jnp.zeros((8, 4)), "b": jnp.zeros(4)}, mesh,
       ...                       [("W", P("data"))])

@@ -39,7 +39,7 @@ def fill_batch(shape, batch: int = 2):
     Returns:
       ``shape`` with every -1 replaced, as tuples.
 
-    Example:
+    Examples:
       >>> fill_batch((-1, 3)), fill_batch(((-1, 3), (-1, 4, 5)), batch=8)
       ((2, 3), ((8, 3), (8, 4, 5)))
     """
@@ -60,7 +60,7 @@ def random_inputs(rng, input_shape, dtype=jnp.float32, batch: int = 2):
     Returns:
       An array, or a tuple of arrays for a tuple of shapes.
 
-    Example:
+    Examples:
       >>> x = random_inputs(jax.random.key(0), (-1, 3))
       >>> x.shape, x.dtype
       ((2, 3), dtype('float32'))
@@ -99,7 +99,7 @@ def check_layer(layer: Layer, input_shape, *, rng=None, train_modes=(False, True
         the ``train`` mode and the clause.
       TypeError: ``layer`` is not a layer.
 
-    Example:
+    Examples:
       >>> from funcnet.layers import Dropout
       >>> out_shape, params, state = check_layer(Dropout(0.5), (-1, 4), grad_check=False)
       >>> out_shape, params, state

@@ -114,7 +114,7 @@ class TrainState(NamedTuple):
         models left out are not trained). Each model is initialised with its own
         key, split from ``rng`` in sorted name order.
 
-        Example:
+        Examples:
           >>> from funcnet.layers import Dense
           >>> ts = TrainState.create(Dense(2), optax.sgd(0.1), jax.random.key(0), (-1, 3))
           >>> ts.params["W"].shape, int(ts.step), ts.ema, ts.loss_scale
@@ -206,7 +206,7 @@ class Aux(NamedTuple):
         noise it drew), never averaged. When not empty, the step returns
         ``(train_state, metrics, outputs)`` instead of ``(train_state, metrics)``.
 
-    Example:
+    Examples:
       >>> Aux(state=(), metrics={"acc": 1.0})
       Aux(state=(), loss_state=(), metrics={'acc': 1.0}, outputs={})
     """
@@ -291,7 +291,7 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     bit-identical. ``update=`` needs one optimizer state per model (a dict of
     optimizers at create, the same optimizer under several names if you like).
 
-    Example:
+    Examples:
       >>> from funcnet import losses
       >>> from funcnet.layers import Dense
       >>> net = Dense(2)
@@ -677,7 +677,7 @@ def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None,
     ``ema=True`` evaluates the params' moving average (``train_state.ema.params``)
     with the live layer state.
 
-    Example:
+    Examples:
       >>> from funcnet import metrics
       >>> from funcnet.layers import Dense
       >>> net, acc = Dense(2), metrics.Accuracy()

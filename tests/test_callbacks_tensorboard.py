@@ -102,3 +102,35 @@ def test_profile_traces_its_window_and_keeps_the_dispatches(tmp_path):
                     callbacks=[callbacks.Profile(tmp_path / "p2", steps=(1, 100))])
     with pytest.raises(ValueError, match=r"0 <= start < stop"):
         callbacks.Profile(tmp_path, steps=(5, 5))
+
+
+def _step_marks(logdir):
+    """The ``step_num`` of every ``train`` StepTraceAnnotation in the trace under ``logdir``."""
+    from jax.profiler import ProfileData
+    (path,) = glob.glob(str(logdir / "**" / "*.xplane.pb"), recursive=True)
+    return sorted(int(dict(ev.stats)["step_num"])
+                  for plane in ProfileData.from_file(path).planes for line in plane.lines
+                  for ev in line.events if ev.name == "train")
+
+
+def test_profile_marks_each_dispatch_of_its_window_with_a_step_annotation(tmp_path):
+    ts, loss_fn, opt, arrays, _, _ = _setup()
+    started = []
+
+    class Begin(callbacks.Callback):
+        every_steps = None  # keeps fit's dispatch size, as Profile does
+
+        def on_step_begin(self, ctx, step):
+            started.append(step)
+
+    # the host pipeline: one step per dispatch, each step of the window marked
+    funcnet.fit(ts, loss_fn, opt, lambda e: data.batches(arrays, 16), epochs=3,
+                callbacks=[Begin(), callbacks.Profile(tmp_path / "host", steps=(4, 8))])
+    assert started == list(range(1, 13))
+    assert _step_marks(tmp_path / "host") == [5, 6, 7, 8]
+    # a DeviceData in dispatches of 4 steps: the dispatch inside the window, by its first step
+    started.clear()
+    funcnet.fit(ts, loss_fn, opt, data.DeviceData(arrays, 16), epochs=4, steps_per_dispatch=4,
+                log_every=4, callbacks=[Begin(), callbacks.Profile(tmp_path / "dev", steps=(4, 8))])
+    assert started == [1, 5, 9, 13]
+    assert _step_marks(tmp_path / "dev") == [5]

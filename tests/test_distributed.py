@@ -88,23 +88,34 @@ def _run_workers(tmp_path, script, args_of, name):
 def test_two_processes_train_fsdp_are_killed_and_resume_bit_identically(tmp_path):
     """FSDP over the 4 devices of 2 processes with fit and orbax checkpoints: killed at
     step 5, restarted from step 3's checkpoint, the run ends bit for bit where an
-    uninterrupted one does."""
-    ckpt, out = tmp_path / "ckpt", tmp_path / "final.npz"
+    uninterrupted one does: params, Adam's moments and count, the step and the rng."""
+    ckpt, outs = tmp_path / "ckpt", [tmp_path / f"final{i}.npz" for i in range(2)]
     port = _free_port()
     codes, text = _run_workers(tmp_path, "fsdp_worker.py",
-                               lambda i: (i, port, ckpt, out, "crash"), "crash")
+                               lambda i: (i, port, ckpt, outs[i], "crash"), "crash")
     assert codes == [-signal.SIGKILL] * 2, f"exit codes {codes}\n{text}"
     from funcnet.checkpoint_orbax import OrbaxCheckpointer
     assert 3 in OrbaxCheckpointer(ckpt).all_steps()
     port = _free_port()
     codes, text = _run_workers(tmp_path, "fsdp_worker.py",
-                               lambda i: (i, port, ckpt, out, "resume"), "resume")
+                               lambda i: (i, port, ckpt, outs[i], "resume"), "resume")
     assert codes == [0, 0], f"exit codes {codes}\n{text}"
-    got = np.load(out)
-    n = len([k for k in got.files if k.startswith("arr_")])
-    assert n == 6  # the three Dense layers' W and b
-    for i in range(n):
-        np.testing.assert_array_equal(got[f"arr_{i}"], got[f"fresh_{i}"])
+    got = [dict(np.load(o)) for o in outs]
+    paths = sorted(k[len("fresh/"):] for k in got[0] if k.startswith("fresh/"))
+    assert sorted(k[len("resumed/"):] for k in got[0] if k.startswith("resumed/")) == paths
+    layers = [f"{i}/{w}" for i in (0, 2, 4) for w in ("W", "b")]  # the three Dense layers
+    assert paths == sorted([f"params/{k}" for k in layers] + ["opt_state/0/count"]
+                           + [f"opt_state/0/{m}/{k}" for m in ("mu", "nu") for k in layers]
+                           + ["step", "rng"])
+    for r in got:
+        assert r["fresh/step"] == r["fresh/opt_state/0/count"] == 8  # 2 epochs of 4 steps
+        assert all(np.any(r[f"fresh/opt_state/0/{m}/{k}"] != 0) for m in ("mu", "nu")
+                   for k in layers)
+        for p in paths:
+            np.testing.assert_array_equal(r[f"resumed/{p}"], r[f"fresh/{p}"],
+                                          err_msg=f"{p}: resumed != uninterrupted")
+    for p in paths:  # and both processes hold the same state
+        np.testing.assert_array_equal(got[0][f"fresh/{p}"], got[1][f"fresh/{p}"], err_msg=p)
 
 
 def test_replicate_puts_one_copy_per_device_and_unreplicate_inverts():

@@ -133,8 +133,12 @@ def test_errors():
     key = jax.random.key(0)
     with pytest.raises(ValueError, match=r"MaxPool.*unknown padding 'FULL'.*'VALID', 'SAME', 'SAME_LOWER'"):
         MaxPool((2, 2), padding="FULL")
-    with pytest.raises(ValueError, match=r"AvgPool.*padding .* must be smaller than the window"):
+    with pytest.raises(ValueError, match=r"AvgPool.*padding 2 on spatial axis 0 is more than half "
+                                         r"the window: window 2, so padding may be at most 1"):
         AvgPool((2, 2), padding=2)
+    with pytest.raises(ValueError, match=r"AvgPool.*padding \(\(2, 0\), \(0, 0\)\) must be smaller "
+                                         r"than the window \(2, 2\)"):
+        AvgPool((2, 2), padding=[(2, 0), (0, 0)])
     with pytest.raises(TypeError, match=r"window_shape must be a tuple"):
         MaxPool(2)
     with pytest.raises(TypeError, match=r"window_shape must contain only ints"):

@@ -179,3 +179,40 @@ def test_full_recurrent_layer_contract_dropout_and_bad_input():
         layer.apply(params, (), x, initial_state=jnp.zeros((2, 2, 4)))
     with pytest.raises(ValueError, match="dropout=1.0 must be in"):
         L.LSTM(4, num_layers=2, dropout=1.0)
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_two_layer_bidirectional_without_lengths_or_initial_state_match_torch(kind):
+    import torch
+    from funcnet import layers as L
+    N, T, F, H = 3, 5, 4, 6
+    layer = getattr(L, kind)(H, num_layers=2, bidirectional=True, return_state=True)
+    _, params, _ = layer.init(jax.random.key(0), (-1, T, F))
+    x = np.random.default_rng(1).normal(size=(N, T, F)).astype(np.float32)
+    out, final = jax.jit(lambda p, x: layer.apply(p, (), x)[0])(params, x)
+    module = getattr(torch.nn, kind)(F, H, num_layers=2, bidirectional=True, batch_first=True)
+    _load_torch(params, module, 2, 2)
+    t_out, t_final = module(torch.tensor(x))          # zero initial state, full sequences
+    np.testing.assert_allclose(np.asarray(out), t_out.detach().numpy(), rtol=1e-5, atol=1e-5)
+    pairs = zip(final, t_final) if kind == "LSTM" else [(final, t_final)]
+    for a, b in pairs:
+        np.testing.assert_allclose(np.asarray(a), b.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_lengths_out_of_range_are_refused_when_known_and_clipped_under_jit():
+    from funcnet import layers as L
+    from funcnet.errors import ArgumentError
+    layer = L.GRU(3, bidirectional=True)
+    _, params, _ = layer.init(jax.random.key(0), (-1, 4, 2))
+    x = jnp.asarray(_randn(2, 2, 4, 2))
+    with pytest.raises(ArgumentError, match=r"GRU\(3\): lengths must lie in \[0, 4\] \(the "
+                                            r"sequence length\), got -2 at index 1"):
+        layer.apply(params, (), x, lengths=np.array([3, -2]))
+    with pytest.raises(ValueError, match=r"got 6 at index 0"):
+        layer.apply(params, (), x, lengths=np.array([6, 1]))
+    # under jit the values are unknown: -2 acts as 0 and 6 as 4 (the reverse direction
+    # no longer reads past the sequence's end, which gave NaN)
+    f = jax.jit(lambda lengths: layer.apply(params, (), x, lengths=lengths)[0])
+    clipped = np.asarray(f(np.array([-2, 6])))
+    assert np.isfinite(clipped).all()
+    np.testing.assert_array_equal(clipped, np.asarray(f(np.array([0, 4]))))

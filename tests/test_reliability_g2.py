@@ -1,15 +1,20 @@
 """Bad input and injected faults for the features of the second reliability round (issue 24):
 device data, target-network updates, freeze masks, resuming at an epoch's end. Each case is a
 real call; each error must name the argument and say what would fix it."""
+import importlib.util
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from funcnet import callbacks, checkpoint, data, distributed, optim
+from funcnet import callbacks, checkpoint, data, distributed, optim, sharding
+from funcnet import loop as loop_module
 from funcnet import serial
-from funcnet.layers import Dense, Relu
+from funcnet.inference import make_predict_fn
+from funcnet.layers import Dense, Embedding, Relu
 from funcnet.loop import fit
 from funcnet.params import freeze, subtree_mask
 from funcnet.train import TrainState, copy_params, polyak_update
@@ -26,11 +31,34 @@ BIG = np.array([1, 2 ** 40, 3, 4], np.int64)  # int32 cannot hold 2**40 (x64 is 
     lambda: data.DeviceData({"ids": BIG}, 2),
     lambda: list(data.prefetch_to_device([{"ids": BIG}])),
     lambda: distributed.shard_batch(distributed.data_mesh(), {"ids": BIG}),
-], ids=["DeviceData-tuple", "DeviceData-dict", "prefetch_to_device", "shard_batch"])
+    lambda: _fit_on([(X[:4], BIG)]),
+    lambda: _fit_on([(X[:4], BIG)], prefetch=2),
+    lambda: _fit_on([(X[:4], BIG)], devices=1),
+    lambda: _fit_on([(X[:4], BIG)], mesh=distributed.data_mesh()),
+    lambda: _fit_on([(X[:4], Y[:4])], eval_data=[(X[:4], BIG)]),
+    lambda: sharding.shard_params({"a": BIG}, distributed.data_mesh(), []),
+    lambda: make_predict_fn(Embedding(4, 2), {"a": BIG}),
+    lambda: _predict_ids(BIG),
+], ids=["DeviceData-tuple", "DeviceData-dict", "prefetch_to_device", "shard_batch", "fit",
+        "fit-prefetch", "fit-pmap", "fit-mesh", "fit-eval", "shard_params",
+        "make_predict_fn-params", "make_predict_fn-inputs"])
 def test_int64_values_int32_cannot_hold_are_refused_everywhere(put):
     with pytest.raises(ValueError, match=r"holds 1099511627776, which int32 cannot hold.*"
                                          r"jax_enable_x64"):
         put()
+
+
+def _fit_on(train_data, eval_data=None, **kw):
+    ts, loss_fn, opt, _, fit_kw = fit_setup(dropout=0.0)
+    if eval_data is not None:
+        fit_kw["eval_data"] = eval_data
+    return fit(ts, loss_fn, opt, train_data, epochs=1, **{**fit_kw, **kw})
+
+
+def _predict_ids(ids):
+    net = Embedding(4, 2)
+    _, params, state = net.init(KEY, (-1,))
+    return make_predict_fn(net, params, state)(ids)
 
 
 def test_int64_values_that_fit_still_go_on_device():
@@ -180,32 +208,94 @@ def test_resume_after_any_step_is_bit_identical_callbacks_included(tmp_path, pip
         params_equal((resumed.params, resumed.opt_state), (full.params, full.opt_state))
         np.testing.assert_array_equal(jax.random.key_data(resumed.rng),
                                       jax.random.key_data(full.rng))
-        assert [h["eval_loss"] for h in history] == [h["eval_loss"] for h in full_history
-                                                     if h["epoch"] >= (k - 1) // 3], k
+        # the whole history of the epochs it ran, the resumed epoch's training means
+        # included (the checkpoint carries the sums of that epoch's earlier steps)
+        assert _untimed(history) == _untimed([h for h in full_history
+                                              if h["epoch"] >= (k - 1) // 3]), k
 
 
-@pytest.mark.parametrize("change", ["batch_size", "drop_remainder", "seed", "n"])
-def test_resume_with_other_data_is_refused_naming_both_values(tmp_path, change):
+def test_a_checkpoint_without_epoch_sums_keeps_its_layout_and_callback_states(tmp_path,
+                                                                            monkeypatch):
+    # What an earlier funcnet (or a step fit cannot trace) writes: no epoch_metrics entry.
+    # Its data layout and callback states must still be read, not dropped as "older".
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.3)
+    train_data = _pipelines()["device"]
+    full, _ = fit(ts, loss_fn, opt, train_data, epochs=2, callbacks=[_early()], **kw)
+    saver = callbacks.Checkpoint(tmp_path, every_steps=1, every_epochs=None, keep=1)
+    with monkeypatch.context() as m:
+        m.setattr(loop_module, "step_metric_keys", lambda *args, **kwargs: None)
+        with pytest.raises(Crash):
+            fit(ts, loss_fn, opt, train_data, epochs=2, callbacks=[saver, _early(), CrashAt(4)],
+                **kw)
+    saver.checkpointer.wait()
+    other = data.DeviceData((X[:24], Y[:24]), 4, shuffle=True, rng=3)
+    with pytest.raises(ValueError, match=r"batch_size=8, but this fit's train_data has "
+                                         r"batch_size=4"):
+        fit(ts, loss_fn, opt, other, epochs=2, resume_from=tmp_path,
+            callbacks=[callbacks.Checkpoint(tmp_path), _early()], **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "older funcnet" warning: nothing was dropped
+        resumed, _ = fit(ts, loss_fn, opt, train_data, epochs=2, resume_from=tmp_path,
+                         callbacks=[callbacks.Checkpoint(tmp_path), _early()], **kw)
+    assert int(resumed.step) == 3  # EarlyStopping's restored best state came back too
+    params_equal((resumed.params, resumed.opt_state), (full.params, full.opt_state))
+
+
+_TIMING = ("seconds", "samples_per_s")
+
+
+def _untimed(history):
+    return [{k: v for k, v in h.items() if k not in _TIMING} for h in history]
+
+
+@pytest.mark.parametrize("pipeline", ["host", "device"])
+def test_resume_after_a_non_improving_epoch_keeps_early_stoppings_wait(tmp_path, pipeline):
+    # mode="max" on a falling eval_loss: epoch 0 stays the best, epochs 1 and 2 do not
+    # improve, and patience 2 stops the run after epoch 2 (of 4). Interrupted after epoch 1
+    # (wait 1): a resume that forgot the wait would train epoch 3 too.
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.3)
+    train_data = _pipelines()[pipeline]
+    early = lambda: callbacks.EarlyStopping("eval_loss", patience=2, mode="max")
+    full, full_history = fit(ts, loss_fn, opt, train_data, epochs=4, callbacks=[early()], **kw)
+    assert int(full.step) == 9 and len(full_history) == 3  # stopped after epoch 2
+    saver = callbacks.Checkpoint(tmp_path, every_epochs=1)
+    with pytest.raises(Crash):  # in epoch 2's first step, after epoch 1's checkpoint
+        fit(ts, loss_fn, opt, train_data, epochs=4, callbacks=[saver, early(), CrashAt(7)], **kw)
+    saver.checkpointer.wait()
+    assert saver.checkpointer.all_steps() == [3, 6]
+    resumed, history = fit(ts, loss_fn, opt, train_data, epochs=4, resume_from=tmp_path,
+                           callbacks=[callbacks.Checkpoint(tmp_path), early()], **kw)
+    assert int(resumed.step) == int(full.step)
+    params_equal((resumed.params, resumed.opt_state), (full.params, full.opt_state))
+    np.testing.assert_array_equal(jax.random.key_data(resumed.rng),
+                                  jax.random.key_data(full.rng))
+    assert _untimed(history) == _untimed(full_history[2:])
+
+
+def _data(pipeline, xs, ys, **args):
+    if pipeline == "device":
+        return data.DeviceData((xs, ys), **args)
+    return lambda epoch: data.batches((xs, ys), epoch=epoch, **args)
+
+
+@pytest.mark.parametrize("pipeline", ["host", "device"])
+@pytest.mark.parametrize("change", ["batch_size", "drop_remainder", "shuffle", "seed", "n"])
+def test_resume_with_other_data_is_refused_naming_both_values(tmp_path, change, pipeline):
     ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
     x, y = X[:24], Y[:24]
     saver = callbacks.Checkpoint(tmp_path, every_steps=1, every_epochs=None)
+    saved = dict(batch_size=8, shuffle=True, rng=3)
     with pytest.raises(Crash):
-        fit(ts, loss_fn, opt, data.DeviceData((x, y), 8, shuffle=True, rng=3), epochs=2,
+        fit(ts, loss_fn, opt, _data(pipeline, x, y, **saved), epochs=2,
             callbacks=[saver, CrashAt(2)], **kw)
     saver.checkpointer.wait()
     other = {"batch_size": dict(batch_size=4), "drop_remainder": dict(drop_remainder=False),
-             "seed": dict(rng=4), "n": {}}[change]
-    args = {**dict(batch_size=8, shuffle=True, rng=3), **other}
+             "shuffle": dict(shuffle=False), "seed": dict(rng=4), "n": {}}[change]
     xs, ys = (X[:20], Y[:20]) if change == "n" else (x, y)
     with pytest.raises(ValueError, match=rf"saved with train_data of {change}=.*but this fit's "
                                          rf"train_data has {change}=.*Resume with {change}="):
-        fit(ts, loss_fn, opt, data.DeviceData((xs, ys), **args), epochs=2, resume_from=tmp_path,
-            **kw)
-    # the host pipeline: its batch size is checked against the saved run's
-    with pytest.raises(ValueError, match=r"batch_size=8, but this fit's train_data gives "
-                                         r"batches of 4.*Resume with batch_size=8"):
-        fit(ts, loss_fn, opt, lambda e: data.batches((x, y), 4, shuffle=True, rng=3, epoch=e),
-            epochs=2, resume_from=tmp_path, **kw)
+        fit(ts, loss_fn, opt, _data(pipeline, xs, ys, **{**saved, **other}), epochs=2,
+            resume_from=tmp_path, **kw)
 
 
 # --- writers checked when fit starts; the trained state survives a late failure ---------
@@ -214,14 +304,17 @@ def test_resume_with_other_data_is_refused_naming_both_values(tmp_path, change):
     lambda d: callbacks.CSVLogger(d),  # a directory where a file path belongs
     lambda d: callbacks.JSONLLogger(d),
     lambda d: callbacks.Checkpoint(checkpoint.NpzCheckpointer(d / "x.csv")),
-], ids=["CSVLogger", "JSONLLogger", "Checkpoint"])
+    pytest.param(lambda d: callbacks.TensorBoardLogger(d / "x.csv"), marks=pytest.mark.skipif(
+        importlib.util.find_spec("tensorboardX") is None, reason="needs tensorboardX")),
+    lambda d: callbacks.Profile(d / "x.csv"),
+], ids=["CSVLogger", "JSONLLogger", "Checkpoint", "TensorBoardLogger", "Profile"])
 def test_an_unwritable_destination_fails_before_training(tmp_path, make):
-    (tmp_path / "x.csv").write_text("")  # a file where Checkpoint wants a directory
+    (tmp_path / "x.csv").write_text("")  # a file where a directory belongs
     cb = make(tmp_path)
     ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.0)
     started = CrashAt(1)
-    with pytest.raises(OSError, match=r"cannot write (path|directory)=.*before training\. "
-                                      r"Pass a writable"):
+    with pytest.raises(OSError, match=r"cannot write (path|directory|logdir)=.*before "
+                                      r"training\. Pass a writable"):
         fit(ts, loss_fn, opt, train_data, epochs=1, callbacks=[cb, started], **kw)
 
 
@@ -303,3 +396,37 @@ def test_loss_scale_functions_with_swapped_arguments_say_so(call):
     with pytest.raises(TypeError, match=rf"{call}: the first argument must be the LossScale.*"
                                         rf"arguments swapped"):
         getattr(precision, call)(other, ls)
+
+
+# --- float16 compute overflowing: said, not a generic non-finite loss --------------------
+
+def _policy_setup(policy):
+    from funcnet import losses, precision
+    from funcnet.train import Aux
+    net = precision.apply_policy(Dense(2), policy) if policy else Dense(2)
+    ts = TrainState.create(net, optax.sgd(0.1), KEY, (-1, 3))
+
+    def loss_fn(params, state, batch, rng):
+        out, state = net.apply(params, state, batch[0])
+        return losses.cross_entropy(out.astype(jnp.float32), batch[1]), Aux(state=state)
+
+    return ts, loss_fn, optax.sgd(0.1)
+
+
+@pytest.mark.parametrize("policy", ["params=float32,compute=float16,output=float32",
+                                    "params=float16,compute=float16"])
+@pytest.mark.parametrize("pipeline", ["host", "device"])
+def test_float16_overflow_is_named_with_bfloat16_and_loss_scaling_as_fixes(policy, pipeline):
+    huge = np.full((4, 3), 1e6, np.float32)  # beyond float16's 65504: inf in the network
+    arrays = (huge, np.zeros(4, np.int32))
+    train_data = data.DeviceData(arrays, 4) if pipeline == "device" else [arrays]
+    with pytest.raises(FloatingPointError, match=r"non-finite.*float16.*65504.*bfloat16.*"
+                                                 r"loss_scale"):
+        fit(*_policy_setup(policy), train_data, epochs=1, progress=False)
+
+
+def test_a_float32_network_is_not_told_about_float16():
+    bad = (np.full((4, 3), np.nan, np.float32), np.zeros(4, np.int32))
+    with pytest.raises(FloatingPointError, match="non-finite") as info:
+        fit(*_policy_setup(None), [bad], epochs=1, progress=False)
+    assert "float16" not in str(info.value)

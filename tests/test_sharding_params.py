@@ -6,6 +6,7 @@ momentum, whose update is linear in the gradient: Adam's scale invariance would 
 a gradient N times too large), and its outputs must keep the layout they came in
 with.
 """
+import functools
 import re
 import warnings
 
@@ -176,27 +177,37 @@ def test_fsdp_step_equals_one_device_and_keeps_the_layout(auto):
     assert all(x.is_deleted() for x in inputs if not jnp.issubdtype(x.dtype, jax.dtypes.prng_key))
 
 
-def test_tensor_parallel_and_2d_layouts_equal_one_device():
+@pytest.mark.parametrize("auto", [False, True], ids=["explicit", "auto"])
+def test_tensor_parallel_and_2d_layouts_equal_one_device(auto):
     ts, loss_fn, batch = _mlp_case()
     step = make_train_step(loss_fn, OPT)
     want = _two_steps(step, ts, batch)
-    mesh = _mesh((2, 2), ("data", "model"))
+    mesh = _mesh((2, 2), ("data", "model"), auto=auto)
     for rules in (sharding.megatron_rules(column=["0"], row=["2"]),
                   sharding.megatron_rules(column=["0"], row=["2"], fsdp_axis="data")
                   + sharding.fsdp_rules("data", min_size=0)):
         placed = sharding.shard_params(ts, mesh, rules)
+        assert placed.params[0]["W"].sharding.spec[-1] == "model"   # column-parallel
+        assert placed.params[2]["W"].sharding.spec[0] == "model"    # row-parallel
         got = _two_steps(step, placed, batch, mesh)
         _assert_close(got.params, want.params)
         _assert_same_layout(got, placed)
 
 
-# Pure tensor parallel and Auto meshes are covered on the MLP above; the GPT adds
-# attention's head split and the tied embedding.
-@pytest.mark.parametrize("layout", ["fsdp", "megatron+fsdp"])
+@functools.cache
+def _gpt_one_device():
+    """The GPT case's two steps on one device (as host arrays), shared by the layouts."""
+    ts, loss_fn, batch = _gpt_case()
+    return jax.device_get(_two_steps(make_train_step(loss_fn, OPT), ts, batch))
+
+
+# Pure tensor parallel, 2-D and Auto meshes are also checked on the MLP above; the GPT
+# adds attention's head split and the tied embedding (on Explicit meshes only).
+@pytest.mark.parametrize("layout", ["fsdp", "megatron", "megatron+fsdp"])
 def test_gpt_sharded_step_equals_one_device(layout):
     ts, loss_fn, batch = _gpt_case()
     step = make_train_step(loss_fn, OPT)
-    want = _two_steps(step, ts, batch)
+    want = _gpt_one_device()
     if layout.startswith("fsdp"):
         mesh, rules = _mesh(auto=layout.endswith("auto")), sharding.fsdp_rules(min_size=0)
     else:
@@ -207,6 +218,7 @@ def test_gpt_sharded_step_equals_one_device(layout):
     if "megatron" in layout:
         qkv = placed.params["body"]["blocks"][0]["attn"]["attn"]["query"]["W"]
         assert "model" in qkv.sharding.spec
+        assert ("data" in qkv.sharding.spec) == ("fsdp" in layout)
     got = _two_steps(step, placed, batch, mesh)
     _assert_close(got.params, want.params)
     _assert_same_layout(got, placed)
@@ -331,3 +343,42 @@ def test_a_batch_the_data_axis_does_not_divide_is_refused_on_a_2d_mesh():
         distributed.shard_batch(mesh, np.zeros((3, 3), np.float32))
     with pytest.raises(ValueError, match="name the one batches are split over 'data'"):
         distributed.shard_batch(_mesh((2, 2), ("x", "y")), np.zeros((4, 3), np.float32))
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "2d"])
+def test_fit_refuses_a_batch_the_data_axis_does_not_divide(layout):
+    """fit(mesh=) with a sharded state: a batch size (or an epoch's last batch) the data
+    axis does not divide is refused naming both numbers, from DeviceData before any
+    step and from the host pipeline at that batch, and the given state survives."""
+    ts, loss_fn, _ = _mlp_case()
+    x, y = _fit_data()
+    # bad: a batch size the data axis does not divide; the last batch of n_tail rows in
+    # batches of 8 (which it divides) holds tail rows, which it does not.
+    if layout == "fsdp":
+        mesh, rules, n_split = _mesh(), sharding.fsdp_rules(min_size=0), 4
+        bad, n_tail, tail, fix = 6, 62, 6, 4
+    else:
+        mesh, n_split = _mesh((2, 2), ("data", "model")), 2
+        rules = sharding.megatron_rules(column=["0"], row=["2"]) + sharding.fsdp_rules("data", 0)
+        bad, n_tail, tail, fix = 5, 63, 7, 4
+    placed = sharding.shard_params(ts, mesh, rules)
+    axis = rf"over {n_split} devices \(mesh axis 'data'"
+    fit = lambda train: funcnet.fit(placed, loss_fn, OPT, train, epochs=1, mesh=mesh)  # noqa: E731
+
+    with pytest.raises(ValueError, match=rf"^DeviceData: a batch of {bad} examples cannot be "
+                                         rf"split evenly {axis}\)\. Use a batch_size that is a "
+                                         rf"multiple of {n_split} \(e\.g\. {fix}\)\.$"):
+        fit(data.DeviceData((x, y), bad))
+    with pytest.raises(ValueError, match=rf"a batch of {tail} examples cannot be split evenly "
+                                         rf"{axis}\)\. It is each epoch's last batch, the rows "
+                                         rf"left of n={n_tail} after batches of batch_size=8: "
+                                         rf"drop it \(drop_remainder=True\)"):
+        fit(data.DeviceData((x[:n_tail], y[:n_tail]), 8, drop_remainder=False))
+    with pytest.raises(ValueError, match=rf"a batch of {bad} examples cannot be split evenly "
+                                         rf"{axis}\): {bad} % {n_split} = {bad % n_split}\. "
+                                         rf"Use a batch size that is a multiple of {n_split}"):
+        fit(lambda e: data.batches((x, y), bad, epoch=e))
+    with pytest.raises(ValueError, match=rf"a batch of {tail} examples cannot be split evenly "
+                                         rf"{axis}.*last, partial batch.*drop_remainder=True"):
+        fit(lambda e: data.batches((x[:n_tail], y[:n_tail]), 8, drop_remainder=False, epoch=e))
+    assert not any(a.is_deleted() for a in jax.tree.leaves(placed))

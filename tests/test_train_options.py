@@ -207,7 +207,7 @@ def test_reduce_on_plateau_lowers_the_learning_rate_inside_fit():
     assert float(out.opt_state[1].scale) < 1.0   # it saw value= and cut the rate
 
 
-def test_fit_passes_step_options_and_evaluates_on_the_ema():
+def test_fit_passes_step_options_to_the_step():
     net = _mlp()
     opt = optax.sgd(0.1)
     ts = TrainState.create(net, opt, jax.random.key(0), (-1, 8), ema=True)
@@ -221,6 +221,33 @@ def test_fit_passes_step_options_and_evaluates_on_the_ema():
     assert "grad_norm" in h1[0] and h1[0]["grad_norm"] > 0
     with pytest.raises(ValueError, match=r"unknown: \['clip'\]"):
         funcnet.fit(ts, _mse(net), opt, train, step_options={"clip": 1.0})
+
+
+def test_fit_eval_on_ema_logs_the_ema_params_metrics():
+    net = _mlp()
+    opt = optax.sgd(0.1)
+    mse = funcnet.metrics.MSE()
+    ts = TrainState.create(net, opt, jax.random.key(0), (-1, 8), ema=True)
+    x, y = _batch(1, 32)
+
+    def eval_fn(params, state, batch):
+        return mse.update(mse.init(), net.apply(params, state, batch[0])[0], batch[1])
+
+    def eval_of(params):  # by hand, on the whole eval set at once
+        return float(mse.compute(eval_fn(params, out.state, (x, y))))
+
+    out, history = funcnet.fit(ts, _mse(net), opt, data.DeviceData(_batch(0, 64), 16),
+                               epochs=1, eval_data=lambda e: data.batches((x, y), 16),
+                               eval_fn=eval_fn, metric=mse, eval_on_ema=True,
+                               step_options={"ema_decay": 0.9})
+    assert int(out.ema.count) == 4
+    want, raw = eval_of(out.ema.params), eval_of(out.params)
+    assert history[0]["eval_metric"] == pytest.approx(want, rel=1e-5)
+    assert abs(raw - want) > 1e-3 * abs(want)   # the raw params would log another value
+    _, plain = funcnet.fit(ts, _mse(net), opt, data.DeviceData(_batch(0, 64), 16), epochs=1,
+                           eval_data=lambda e: data.batches((x, y), 16), eval_fn=eval_fn,
+                           metric=mse, step_options={"ema_decay": 0.9})
+    assert plain[0]["eval_metric"] == pytest.approx(raw, rel=1e-5)
 
 
 def test_early_stopping_restores_the_best_epochs_state():

@@ -220,6 +220,22 @@ class OrbaxCheckpointer:
         leaves, treedef = jax.tree.flatten(target)
         abstract_leaves = [_abstract(x) for x in leaves]
         abstract = jax.tree.unflatten(treedef, abstract_leaves)
+        # Orbax casts the stored values to the target's dtypes without a word (float32
+        # into float16 or int32 rounds or truncates them); the npz backend refuses, and so
+        # does this one, before reading any array.
+        stored = self._stored_dtypes(info.step)
+        wrong = [f"{jax.tree_util.keystr(path)}: target expects {_typed(a)}, the checkpoint "
+                 f"has {_typed(stored[_plain(path)])}"
+                 for (path, like), a in zip(jax.tree_util.tree_flatten_with_path(target)[0],
+                                            abstract_leaves)
+                 if hasattr(a, "dtype") and _plain(path) in stored
+                 and not _same_dtype(like, a, stored[_plain(path)].dtype)]
+        if wrong:
+            raise CheckpointMismatchError(
+                f"OrbaxCheckpointer.restore: step {info.step} in {self.directory} does not "
+                f"match target:\n  - " + "\n  - ".join(wrong[:10]) + "\nRestore into a target "
+                f"of the saved dtypes (the model and policy the run was saved with), then "
+                f"cast explicitly if another dtype is wanted.")
         try:
             restored = self._manager.restore(info.step,
                                              args=self._ocp.args.StandardRestore(abstract))
@@ -241,8 +257,47 @@ class OrbaxCheckpointer:
                 f"match target:\n  - " + "\n  - ".join(wrong[:10]))
         return jax.tree.unflatten(treedef, [_placed(v, like) for v, like in zip(got, leaves)])
 
+    def _stored_dtypes(self, step: int) -> Dict[tuple, jax.ShapeDtypeStruct]:
+        """The dtype and shape of every array the checkpoint of ``step`` holds, by its
+        path (see :func:`_plain`); empty when orbax gives no metadata (nothing is then
+        compared)."""
+        try:
+            metadata = self._manager.item_metadata(step)
+        except Exception:  # an older or foreign layout: restore checks what it can
+            return {}
+        tree = getattr(metadata, "tree", metadata)
+        out = {}
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            dtype, shape = getattr(leaf, "dtype", None), getattr(leaf, "shape", None)
+            if dtype is not None and shape is not None:
+                out[_plain(path)] = jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+        return out
+
     def __repr__(self):
         return f"OrbaxCheckpointer({str(self.directory)!r}, keep={self.keep})"
+
+
+def _plain(path) -> tuple:
+    """A tree path as plain strings: orbax stores a NamedTuple as a dict and a tuple as a
+    list, so a target's ``.params`` is the checkpoint's ``['params']``."""
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _same_dtype(like, abstract, stored) -> bool:
+    """Whether a target leaf's dtype (``abstract``'s, :func:`_abstract` of ``like``) is
+    the stored one. A JAX target (a device array, a ``jax.eval_shape`` leaf) of a stored
+    int64 is int32 when x64 is off, as JAX itself holds it: the same integer type, not
+    a cast."""
+    dtype = np.dtype(abstract.dtype)
+    if dtype == stored:
+        return True
+    return (stored.kind in "iu" and isinstance(like, (jax.Array, jax.ShapeDtypeStruct))
+            and jax.dtypes.canonicalize_dtype(stored) == dtype)
+
+
+def _typed(like) -> str:
+    """``float32[2, 3]``: a leaf's dtype and shape, as the npz backend says it."""
+    return f"{np.dtype(like.dtype).name}{list(np.shape(like))}"
 
 
 def _step(step) -> int:

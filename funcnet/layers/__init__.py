@@ -5,8 +5,10 @@ layers that need no configuration are values, as in stax (``Relu``, ``Flatten``,
 ``GlobalAvgPool``).
 """
 
-from funcnet.layers.activations import (Elu, Gelu, LeakyRelu, LogSoftmax, Relu, Selu, Sigmoid,
-                                        Softmax, Softplus, Tanh, elementwise)
+from funcnet.layers.activations import (Celu, Elu, Gelu, Hardsigmoid, Hardswish, Hardtanh,
+                                        LeakyRelu, LogSoftmax, Mish, Prelu, Relu, Relu6, Selu,
+                                        Sigmoid, Silu, Softmax, Softplus, Swish, Tanh,
+                                        elementwise)
 from funcnet.layers.conv import Conv, ConvTranspose
 from funcnet.layers.dense import Dense
 from funcnet.layers.dropout import Dropout, SpatialDropout
@@ -14,7 +16,8 @@ from funcnet.layers.attention import (MultiHeadAttention, causal_mask, dot_produ
                                       padding_mask)
 from funcnet.layers.embedding import Embedding, TiedEmbedding, embedding_renorm
 from funcnet.layers.normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
-from funcnet.layers.pooling import AvgPool, GlobalAvgPool, GlobalMaxPool, MaxPool
+from funcnet.layers.pooling import (AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, GlobalAvgPool,
+                                    GlobalMaxPool, MaxPool, MaxUnpool)
 from funcnet.layers.resize import Upsample, ZeroPad
 from funcnet.layers.recurrent import GRU, LSTM, RNN
 from funcnet.layers.shape import Flatten, Reshape
@@ -27,4 +30,6 @@ __all__ = ["Dense", "Conv", "ConvTranspose", "MaxPool", "AvgPool", "GlobalAvgPoo
            "LogSoftmax", "elementwise", "MultiHeadAttention", "dot_product_attention",
            "causal_mask", "padding_mask", "TiedEmbedding", "embedding_renorm", "TransformerBlock",
            "LearnedPositions", "SinusoidalPositions", "rope", "sinusoidal_table", "RMSNorm",
-           "GroupNorm", "InstanceNorm", "GlobalMaxPool", "SpatialDropout", "Upsample", "ZeroPad"]
+           "GroupNorm", "InstanceNorm", "GlobalMaxPool", "SpatialDropout", "Upsample", "ZeroPad",
+           "Relu6", "Prelu", "Celu", "Hardtanh", "Hardsigmoid", "Hardswish", "Silu", "Swish",
+           "Mish", "MaxUnpool", "AdaptiveAvgPool", "AdaptiveMaxPool"]

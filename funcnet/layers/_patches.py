@@ -3,8 +3,8 @@
 Why it exists: XLA:CPU's convolution computes the *filter* gradient of a
 convolution with one input channel (the first layer of an image network) as a
 slow Eigen kernel, several times slower than the same sum written as one matrix
-product over the input's patches (``benchmarks/CONV_NOTES.md`` has the figures).
-``funcnet.layers.Conv`` uses this formulation for such layers on CPU.
+product over the input's patches (the documentation's performance page, "Conv on
+CPU", has the figures). ``funcnet.layers.Conv`` uses this formulation for such layers on CPU.
 
 For a channels-last input ``x`` of shape ``(N, *spatial, C)`` and a kernel
 ``W`` of shape ``(*window, C, O)``::

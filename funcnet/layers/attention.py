@@ -41,7 +41,7 @@ def causal_mask(q_len: int, k_len: Optional[int] = None, *, offset: int = 0) -> 
     ``nn.Transformer.generate_square_subsequent_mask(T)``. Broadcasts against
     ``(batch, heads, q_len, k_len)``.
 
-    Example:
+    Examples:
       >>> causal_mask(3).astype(int).tolist()
       [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     """
@@ -57,7 +57,7 @@ def padding_mask(valid) -> jax.Array:
     torch's ``key_padding_mask`` is ``True`` at *padding*: pass ``padding_mask(~kpm)``.
     Combine with a causal mask by ``&``: ``padding_mask(v) & causal_mask(T)``.
 
-    Example:
+    Examples:
       >>> padding_mask(jnp.array([[True, True, False]])).shape
       (1, 1, 1, 3)
     """
@@ -232,7 +232,7 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
     ``jit`` a ValueError; under ``jit`` the outputs are NaN (the write would
     otherwise land on the wrong slots silently).
 
-    Example:
+    Examples:
       >>> init, apply = MultiHeadAttention(num_heads=2, causal=True)
       >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 8))
       >>> out_shape, sorted(params)

@@ -18,7 +18,9 @@ spatial letters in the *kernel* spec is the order in which ``filter_shape``,
 ``strides``, ``dilation`` and ``padding`` list the spatial axes.
 
 Padding and window arguments are read as in :mod:`funcnet.layers.pooling`
-(the shared rules live in ``funcnet.layers._windows``).
+(the shared rules live in ``funcnet.layers._windows``). ``Conv``'s ``padding_mode``
+(PyTorch's) says what the padding holds: zeros, or the input reflected, replicated or
+wrapped around.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from jax import lax
 from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet import initializers
+from funcnet.errors import ArgumentError
 from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
 from funcnet.layers._patches import patch_conv
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
@@ -75,14 +78,16 @@ def _layout_perm(spatial_letters, rhs_spec: str, in_letter: str, out_letter: str
     return tuple(canonical.index(c) for c in rhs_spec)
 
 
-def _init_params(rng, W_init, b_init, canonical_shape, perm, fan_in: int, use_bias: bool):
+def _init_params(rng, W_init, b_init, canonical_shape, perm, fan_in: int, use_bias: bool,
+                 out_chan: int):
     """``{"W", "b"}``: the kernel drawn in the canonical ``(*spatial, in, out)`` layout
-    (whose fans every initializer reads correctly), then moved to the rhs layout."""
+    (whose fans every initializer reads correctly), then moved to the rhs layout; ``b`` has
+    ``out_chan`` entries (a grouped transposed kernel holds ``out_chan / groups``)."""
     k1, k2 = jax.random.split(rng)
     params = {"W": jnp.transpose(W_init(k1, canonical_shape, jnp.float32), perm)}
     if use_bias:
         b_init = b_init or initializers.torch_default_bias(fan_in)
-        params["b"] = b_init(k2, (canonical_shape[-1],), jnp.float32)
+        params["b"] = b_init(k2, (out_chan,), jnp.float32)
     return params
 
 
@@ -107,7 +112,8 @@ def _add_bias(out, params, out_spec: str):
 
 def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=None,
          feature_group_count: int = 1, dimension_numbers=None, W_init=None, b_init=None,
-         use_bias: bool = True, implementation: str = "auto") -> Layer:
+         use_bias: bool = True, implementation: str = "auto",
+         padding_mode: str = "zeros") -> Layer:
     """N-d convolution (cross-correlation), as ``torch.nn.Conv{1,2,3}d`` / ``lax.conv_general_dilated``.
 
     ``y[n, p, o] = b[o] + sum_{k, i} x[n, p * s + k * d - pad_lo, g(o) * I + i] * W[k, i, o]``
@@ -141,19 +147,49 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         convolution on 32 examples at a time, the outputs concatenated; at most 16
         pieces, so larger batches get larger ones), or ``"auto"`` (default). On CPU,
         ``"auto"`` takes patches for a one-channel input, and chunks for a 2-D
-        convolution of a batch over 32 on an input of at most 16x16 positions:
-        XLA:CPU's kernels there, the filter gradient above all, are up to 2.9x slower
-        on a whole batch than in pieces of 32 (on larger images pieces were even or
-        slower; ``benchmarks/CONV_NOTES.md``); elsewhere xla. Chunks need the batch
+        convolution of a batch over 32 on an input of at most 16x16 positions, where
+        XLA:CPU's own kernels measured slower (the documentation's performance page,
+        "Conv on CPU", has the rule's figures); elsewhere xla. Chunks need the batch
         axis on this device: on a global mesh (``jax.set_mesh`` with Auto or Explicit
         axes, or an input split over Explicit axes) ``"chunked"`` and ``"auto"`` use
         one convolution; inside ``pmap``/``shard_map`` they chunk the local batch. All
         give the same values and gradients up to float rounding.
+      padding_mode: what the padding holds, PyTorch's ``padding_mode``: ``"zeros"``
+        (default), ``"reflect"`` (the input mirrored without repeating the edge:
+        ``x[1], x[0] | x[0], x[1], ...``), ``"replicate"`` (the edge value repeated)
+        or ``"circular"`` (the input wrapped around: ``x[-1] | x[0], ...``). As in torch,
+        the input is padded in that mode by the ``(low, high)`` amounts ``padding``
+        gives (``jnp.pad`` with mode ``"reflect"``, ``"edge"`` or ``"wrap"``) and then
+        convolved without padding, so the output shape does not depend on the mode.
+        ``"SAME"``/``"SAME_LOWER"`` pad by their computed amounts: with stride 1,
+        ``padding="SAME"`` is torch's ``padding="same"`` (the odd extra pad at the
+        end), in any mode; torch refuses ``"same"`` with a stride over 1, funcnet pads
+        as TF's ``SAME`` there. ``"VALID"`` pads nothing in any mode.
 
     Params are ``{"W": kernel in the rhs layout, "b": (out_chan,)}``. To port a
     PyTorch ``Conv2d`` weight ``w`` (``OIHW``) to the default layout use
     ``W = w.permute(2, 3, 1, 0)``. Input sizes of -1 (batch, or an unknown spatial
     size) stay -1 in the output shape; the channel size must be known.
+
+    Returns:
+      A :class:`funcnet.core.Layer` ``(init, apply)``.
+
+    Raises:
+      ArgumentError: an unknown ``padding_mode``; ``"reflect"`` padding as large as
+        the input on some axis, or ``"circular"`` padding larger than it (PyTorch's
+        rules, checked in ``init`` where the size is known, and in ``apply``).
+      ValueError: bad shapes, strides, padding, groups or layouts (each names the
+        value and what is allowed).
+
+    Examples:
+      >>> layer = Conv(2, (3,), padding=1, padding_mode="circular", use_bias=False)
+      >>> out_shape, params, _ = layer.init(jax.random.key(0), (1, 4, 1))
+      >>> out_shape
+      (1, 4, 2)
+      >>> params = {"W": jnp.ones((3, 1, 2))}   # a sum over each window of 3
+      >>> y, _ = layer.apply(params, (), jnp.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 4, 1))
+      >>> y[0, :, 0]   # x wraps around: 4+1+2, 1+2+3, 2+3+4, 3+4+1
+      Array([7., 6., 9., 8.], dtype=float32)
     """
     name = f"Conv({out_chan}, {filter_shape!r})"
     out_chan = checks.positive_int(name, "out_chan", out_chan)
@@ -174,14 +210,24 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     b_init = checks.initializer(name, "b_init", b_init)
     implementation = checks.one_of(name, "implementation", implementation,
                                    ("auto", "xla", "patches", "chunked"))
+    padding_mode = checks.one_of(name, "padding_mode", padding_mode, tuple(_PADDING_MODES))
     patches_ok = groups == 1 and (lhs_spec, rhs_spec, out_spec) == _DEFAULT_SPECS[n]
     if implementation == "patches" and not patches_ok:
         raise ValueError(f"{name}: implementation='patches' needs the default channels-last "
                          f"layout and feature_group_count=1; use 'xla' or 'auto'.")
 
+    def pads_at(i, size):
+        """``(low, high)`` padding of the i-th spatial axis (kernel-spec order)."""
+        if isinstance(padding, str):
+            return tuple(lax.padtype_to_pads([size], [window[i]], [strides[i]], padding)[0])
+        return padding[i]
+
     def spatial_size(i, letter, size):
+        axis = lhs_spec.index(letter)
+        if padding_mode != "zeros" and size != -1 and not jax.export.is_symbolic_dim(size):
+            _check_mode_padding(name, padding_mode, pads_at(i, size), size, axis)
         pad = padding if isinstance(padding, str) else padding[i]
-        return output_size(name, size, window[i], strides[i], pad, lhs_spec.index(letter))
+        return output_size(name, size, window[i], strides[i], pad, axis)
 
     def out_shape(shape):
         return _output_shape(shape, lhs_spec, out_spec, spatial, out_chan, spatial_size)
@@ -194,7 +240,8 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
             raise ValueError(f"{name}: feature_group_count={groups} must divide the input "
                              f"channels, got {in_chan} channels (input shape {shape}).")
         params = _init_params(rng, W_init, b_init, filter_shape + (in_chan // groups, out_chan),
-                              perm, math.prod(filter_shape) * (in_chan // groups), use_bias)
+                              perm, math.prod(filter_shape) * (in_chan // groups), use_bias,
+                              out_chan)
         return out_shape(shape), params, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
@@ -204,15 +251,24 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         out_shape(tuple(inputs.shape))  # a readable error for inputs smaller than the window
         dtype = jnp.result_type(inputs, W)
         x, W = inputs.astype(dtype), W.astype(dtype)
+        conv_padding = padding
+        if padding_mode != "zeros" and padding != "VALID":
+            # torch's order: pad the whole input in the mode, then convolve unpadded. Done
+            # before any chunking, so every path below sees the same padded input.
+            widths = [(0, 0)] * x.ndim
+            for i, c in enumerate(spatial):
+                widths[lhs_spec.index(c)] = pads_at(i, x.shape[lhs_spec.index(c)])
+            x = jnp.pad(x, widths, mode=_PADDING_MODES[padding_mode])
+            conv_padding = ((0, 0),) * n
         path = _conv_path(implementation, patches_ok, x, c_axis, n_axis, n)
         if path == "patches":
-            pads = (lax.padtype_to_pads(x.shape[1:-1], window, strides, padding)
-                    if isinstance(padding, str) else padding)
+            pads = (lax.padtype_to_pads(x.shape[1:-1], window, strides, conv_padding)
+                    if isinstance(conv_padding, str) else conv_padding)
             out = patch_conv(x, W, strides, dilation, pads)
         else:
             def conv(x):
                 return lax.conv_general_dilated(
-                    x, W, strides, padding, rhs_dilation=dilation,
+                    x, W, strides, conv_padding, rhs_dilation=dilation,
                     dimension_numbers=(lhs_spec, rhs_spec, out_spec), feature_group_count=groups)
             out = (_batch_chunked(conv, x, n_axis, out_spec.index("N"))
                    if path == "chunked" else conv(x))
@@ -221,12 +277,34 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     return named(name, init, apply)
 
 
-# Examples per convolution on the "chunked" path, and at most this many pieces
-# (benchmarks/CONV_NOTES.md: 16-32 examples were best for LeNet's conv2 on XLA:CPU).
+# PyTorch's padding modes and the jnp.pad mode that fills the padding the same way.
+_PADDING_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge",
+                  "circular": "wrap"}
+
+
+def _check_mode_padding(name: str, mode: str, pads, size: int, axis: int) -> None:
+    """PyTorch's limits on ``F.pad``: jnp.pad would reflect or wrap more than once where
+    torch refuses, so a model that runs here would fail when ported back."""
+    lo, hi = pads
+    if mode == "reflect" and max(lo, hi) >= size:
+        raise ArgumentError(
+            f"{name}: padding_mode='reflect' needs padding smaller than the input size on "
+            f"each axis (torch: \"Padding size should be less than the corresponding input "
+            f"dimension\"); got padding {(lo, hi)} on axis {axis} of size {size}. Pad at most "
+            f"{size - 1} there, use a larger input, or padding_mode='replicate'.")
+    if mode == "circular" and max(lo, hi) > size:
+        raise ArgumentError(
+            f"{name}: padding_mode='circular' needs padding at most the input size on each "
+            f"axis (torch: \"Padding value causes wrapping around more than once\"); got "
+            f"padding {(lo, hi)} on axis {axis} of size {size}. Pad at most {size} there, or "
+            f"use a larger input.")
+
+
+# CPU policy of "auto" (docs/benchmarks.md, "Conv on CPU", has the measurements): examples
+# per convolution on the "chunked" path, at most this many pieces, and the largest input
+# (in positions) "auto" chunks.
 _CHUNK = 32
 _MAX_CHUNKS = 16
-# "auto" chunks only inputs of at most 16x16 positions: there chunks won (1.1-2.9x);
-# at 28x28 and 32x32 they were even, or slower (up to 1.5x for 32x32x16 -> 32).
 _CHUNK_MAX_POSITIONS = 16 * 16
 
 
@@ -299,21 +377,49 @@ def _transposed_size(name: str, size: int, k: int, s: int, pad, op: int, axis: i
     return out
 
 
+def _transpose_pads(k: int, s: int, pad) -> tuple:
+    """``(low, high)`` padding of the stride-dilated input that makes a convolution with the
+    flipped kernel the transpose of a forward conv with window ``k``, stride ``s`` and
+    padding ``pad`` (jax's ``_conv_transpose_padding``, private to lax, restated)."""
+    if pad == "SAME":
+        total = k + s - 2
+        low = k - 1 if s > k - 1 else -(-total // 2)
+    elif pad == "VALID":
+        total = k + s - 2 + max(k - s, 0)
+        low = k - 1
+    else:
+        low, total = k - 1 - pad[0], 2 * (k - 1) - pad[0] - pad[1]
+    return low, total - low
+
+
 def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=None,
                   dimension_numbers=None, W_init=None, b_init=None, use_bias: bool = True,
-                  output_padding=0) -> Layer:
-    """N-d transposed convolution, as ``torch.nn.ConvTranspose{1,2,3}d`` (``groups=1``).
+                  output_padding=0, feature_group_count: int = 1,
+                  padding_mode: str = "zeros") -> Layer:
+    """N-d transposed convolution, as ``torch.nn.ConvTranspose{1,2,3}d``.
 
     ``ConvTranspose`` with kernel ``W`` is the transpose (the input gradient) of
     the ``Conv`` whose kernel is ``W`` with its in/out channel axes swapped: each
     input pixel scatters ``x[n, p, i] * W[k, i, o]`` to output position
-    ``p * stride + k * dilation - pad_lo``. It is computed with
-    ``lax.conv_transpose(..., transpose_kernel=True, use_consistent_padding=True)``,
-    so no kernel flip is needed to port weights: PyTorch's ``w`` (``(in, out, *k)``)
-    is ``W = w.permute(*spatial, 0, 1)``, e.g. ``w.permute(2, 3, 0, 1)`` in 2-D.
+    ``p * stride + k * dilation - pad_lo``. It is computed as XLA's convolution of the
+    input dilated by the stride with the kernel flipped spatially (what
+    ``lax.conv_transpose(..., transpose_kernel=True, use_consistent_padding=True)``
+    does), so no kernel flip is needed to port weights: PyTorch's ``w`` (``(in, out,
+    *k)``) is ``W = w.permute(*spatial, 0, 1)``, e.g. ``w.permute(2, 3, 0, 1)`` in 2-D.
     It is the operation of Keras' ``Conv2DTranspose`` too (whose kernel is stored
     ``(*k, out, in)``); flax's ``ConvTranspose`` (default ``transpose_kernel=False``)
     equals it with the kernel flipped spatially.
+
+    With ``feature_group_count=g`` (PyTorch's ``groups``) the channels split into
+    ``g`` groups that do not mix: input channels ``[j*in/g, (j+1)*in/g)`` feed only
+    output channels ``[j*out/g, (j+1)*out/g)``, and
+    ``y[n, q, j*out/g + o] = sum_{p, k, i in group j} x[n, p, i] * W[k, i, o]``.
+    The kernel keeps every input channel and the output channels of one group,
+    ``(*k, in, out/g)``, as torch's ``(in, out/g, *k)`` weight does, so the port is
+    the same permutation: ``W = w.permute(2, 3, 0, 1)`` in 2-D (``w.permute(2, 0, 1)``
+    in 1-D, ``w.permute(2, 3, 4, 0, 1)`` in 3-D); ``W[..., j*in/g + i, o]`` is
+    torch's ``w[j*in/g + i, o, ...]``, the weight from input channel ``j*in/g + i`` to
+    output channel ``j*out/g + o``.
 
     Padding is that of the corresponding forward convolution. With per-axis
     stride ``s``, effective kernel ``k = dilation * (filter - 1) + 1`` and input
@@ -330,20 +436,42 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
 
     Args:
       out_chan, filter_shape, strides, dilation, dimension_numbers, use_bias:
-        as in :func:`Conv` (``groups`` is not supported).
+        as in :func:`Conv`.
       padding: ``"VALID"``, ``"SAME"``, an int, or per-axis ints or
         ``(low, high)`` pairs, all as forward-conv padding (see above).
       output_padding: int or one int per spatial axis, added to the end of each
         output axis (PyTorch's ``output_padding``; resolves the size ambiguity of
         strided transposes). Only with explicit padding; each entry must be
         smaller than the stride or the dilation of its axis, as in PyTorch.
+      feature_group_count: PyTorch's ``groups``; must divide both the input and the
+        output channels (see above).
+      padding_mode: ``"zeros"`` only, as in PyTorch's ``ConvTranspose*d``: accepted so
+        that a ported call that spells it runs; any other mode is refused, as torch does.
       W_init: called with the canonical shape ``(*filter_shape, in_chan,
-        out_chan)``, then transposed to the rhs layout. Default
+        out_chan // groups)``, then transposed to the rhs layout. Default
         ``torch_default(in_axis=-1, out_axis=-2)``: PyTorch computes a transposed
-        conv's fan-in from its *output* channels, ``fan_in = out_chan *
-        prod(filter_shape)``, so ``W ~ U(±1/sqrt(fan_in))``.
-      b_init: default ``torch_default_bias(out_chan * prod(filter_shape))``,
+        conv's fan-in from its weight's second axis, the output channels of one
+        group, ``fan_in = out_chan / groups * prod(filter_shape)``, so
+        ``W ~ U(±1/sqrt(fan_in))``.
+      b_init: default ``torch_default_bias(out_chan / groups * prod(filter_shape))``,
         also PyTorch's.
+
+    Returns:
+      A :class:`funcnet.core.Layer` ``(init, apply)``.
+
+    Raises:
+      ArgumentError: a ``padding_mode`` other than ``"zeros"``; groups that do not
+        divide the output channels (here) or the input channels (in ``init``).
+      ValueError: bad shapes, strides, padding, ``output_padding`` or layouts.
+
+    Examples:
+      >>> layer = ConvTranspose(4, (3,), strides=2, padding=1, output_padding=1,
+      ...                       feature_group_count=2)
+      >>> out_shape, params, _ = layer.init(jax.random.key(0), (1, 5, 6))
+      >>> out_shape, params["W"].shape   # W: (*k, in, out / groups)
+      ((1, 10, 4), (3, 6, 2))
+      >>> layer.apply(params, (), jnp.ones((1, 5, 6)))[0].shape
+      (1, 10, 4)
     """
     name = f"ConvTranspose({out_chan}, {filter_shape!r})"
     out_chan = checks.positive_int(name, "out_chan", out_chan)
@@ -353,16 +481,29 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
     dilation = as_tuple(name, 1 if dilation is None else dilation, n, "dilation")
     padding = normalize_padding(name, padding, n, strings=("VALID", "SAME"))
     output_padding = _output_padding(name, output_padding, padding, strides, dilation)
+    groups = checks.positive_int(name, "feature_group_count", feature_group_count)
+    if out_chan % groups:
+        raise ArgumentError(f"{name}: feature_group_count={groups} must divide out_chan="
+                            f"{out_chan}, as torch's groups must divide out_channels; use "
+                            f"a divisor of {out_chan} or change out_chan.")
+    if padding_mode != "zeros":
+        raise ArgumentError(f"{name}: padding_mode must be 'zeros', got {padding_mode!r}: as "
+                            f"in torch (\"Only \"zeros\" padding mode is supported for "
+                            f"ConvTranspose{n}d\"), a transposed convolution pads with zeros "
+                            f"only. Drop padding_mode, or pad the input with jnp.pad first.")
     lhs_spec, rhs_spec, out_spec = _specs(name, dimension_numbers, n)
     spatial = _spatial(rhs_spec, "OI")
     perm = _layout_perm(spatial, rhs_spec, "I", "O")
-    # lax's transpose_kernel=True reads the kernel as the forward conv's, whose
-    # "O" is our input channel axis: hand it the spec with I and O swapped.
-    lax_rhs_spec = rhs_spec.translate(str.maketrans("IO", "OI"))
-    lax_padding = padding if isinstance(padding, str) else tuple(
-        (lo, hi - op) for (lo, hi), op in zip(padding, output_padding))
+    to_canonical = tuple(sorted(range(n + 2), key=perm.__getitem__))
+    canonical_spec = "".join(spatial) + "IO"
     c_axis = lhs_spec.index("C")
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
+    # Padding of the stride-dilated input: lax.conv_transpose's use_consistent_padding
+    # rule, with output_padding taken off the forward conv's high side.
+    lax_pads = tuple(_transpose_pads(k, s, p if isinstance(p, str) else (p[0], p[1] - op))
+                     for k, s, p, op in zip(window, strides, (padding,) * n
+                                            if isinstance(padding, str) else padding,
+                                            output_padding))
     W_init = (checks.initializer(name, "W_init", W_init)
               or initializers.torch_default(in_axis=-1, out_axis=-2))
     b_init = checks.initializer(name, "b_init", b_init)
@@ -379,8 +520,14 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
         shape = check_shape(name, input_shape, rank=n + 2)
         check_known(name, shape, [c_axis], "channel dimension")
         in_chan = shape[c_axis]
-        params = _init_params(rng, W_init, b_init, filter_shape + (in_chan, out_chan), perm,
-                              math.prod(filter_shape) * out_chan, use_bias)
+        if in_chan % groups:
+            raise ArgumentError(f"{name}: feature_group_count={groups} must divide the input "
+                                f"channels, got {in_chan} channels (input shape {shape}), as "
+                                f"torch's groups must divide in_channels.")
+        params = _init_params(rng, W_init, b_init,
+                              filter_shape + (in_chan, out_chan // groups), perm,
+                              math.prod(filter_shape) * (out_chan // groups), use_bias,
+                              out_chan)
         return out_shape(shape), params, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
@@ -389,10 +536,17 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
                     what="channels")
         out_shape(tuple(inputs.shape))
         dtype = jnp.result_type(inputs, W)
-        out = lax.conv_transpose(
-            inputs.astype(dtype), W.astype(dtype), strides, lax_padding, rhs_dilation=dilation,
-            dimension_numbers=(lhs_spec, lax_rhs_spec, out_spec), transpose_kernel=True,
-            use_consistent_padding=True)
+        K = jnp.flip(jnp.transpose(W.astype(dtype), to_canonical), tuple(range(n)))
+        if groups > 1:
+            # (*k, in, out/g) -> (*k, in/g, out): XLA's grouped convolution reads group j's
+            # kernel from output channels [j*out/g, (j+1)*out/g) and contracts in/g inputs.
+            k_in, k_out = K.shape[n:]
+            K = K.reshape(K.shape[:n] + (groups, k_in // groups, k_out))
+            K = jnp.swapaxes(K, n, n + 1).reshape(K.shape[:n] + (k_in // groups, groups * k_out))
+        out = lax.conv_general_dilated(
+            inputs.astype(dtype), K, (1,) * n, lax_pads, lhs_dilation=strides,
+            rhs_dilation=dilation, dimension_numbers=(lhs_spec, canonical_spec, out_spec),
+            feature_group_count=groups)
         return _add_bias(out, params, out_spec), state
 
     return named(name, init, apply)

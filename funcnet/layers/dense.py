@@ -29,7 +29,7 @@ def linear(x, W, b=None):
     tensor-parallel split is kept) and the product's layout is stated
     (:func:`funcnet.sharding.matmul_sharding`).
 
-    Example:
+    Examples:
       >>> linear(jnp.ones((2, 5, 3)), jnp.ones((3, 4))).shape
       (2, 5, 4)
     """
@@ -50,7 +50,7 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
     (``U(±1/sqrt(in_dim))``) and, when ``b_init`` is None,
     ``initializers.torch_default_bias(in_dim)``. Leading axes are batch axes.
 
-    Example:
+    Examples:
       >>> init, apply = Dense(4)
       >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
       >>> out_shape, params["W"].shape, params["b"].shape, state

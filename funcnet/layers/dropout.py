@@ -28,7 +28,7 @@ def Dropout(rate: float) -> Layer:
     Args:
       rate: drop probability, a real number in ``[0, 1)``.
 
-    Example:
+    Examples:
       >>> init, apply = Dropout(0.5)
       >>> x = jnp.ones((2, 4))
       >>> bool((apply((), (), x)[0] == x).all())          # eval: the identity
@@ -82,7 +82,7 @@ def SpatialDropout(rate: float) -> Layer:
     Args:
       rate: probability of dropping a channel, a real number in ``[0, 1)``.
 
-    Example:
+    Examples:
       >>> init, apply = SpatialDropout(0.5)
       >>> y, _ = apply((), (), jnp.ones((1, 4, 4, 8)), rng=jax.random.key(0), train=True)
       >>> bool(jnp.all((y == 0).all(axis=(1, 2)) | (y == 2).all(axis=(1, 2))))  # whole channels

@@ -18,7 +18,7 @@ __all__ = ["sinusoidal_table", "rope", "LearnedPositions", "SinusoidalPositions"
 def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, dtype=jnp.float32):
     """``(length, dim)``: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(p / base^(2i/dim)).
 
-    Example:
+    Examples:
       >>> np.round(np.asarray(sinusoidal_table(2, 4), np.float64), 3).tolist()
       [[0.0, 1.0, 0.0, 1.0], [0.841, 0.54, 0.01, 1.0]]
     """
@@ -49,7 +49,7 @@ def rope(x, positions=None, *, base: float = 10000.0):
     the columns of the query and key projections when loading such weights; tested).
     Angles in float32; the output has ``x``'s dtype. An odd ``D`` is a ValueError.
 
-    Example:
+    Examples:
       >>> rope(jnp.ones((1, 3, 2, 4))).shape  # (batch, time, heads, head_dim)
       (1, 3, 2, 4)
     """
@@ -110,7 +110,7 @@ def LearnedPositions(max_length: int, dim=None, E_init=None, *, decode: bool = F
     under ``jit`` ``lax.dynamic_slice`` clamps the start, so keep decoding within the
     table (``generate`` checks the length before it runs).
 
-    Example:
+    Examples:
       >>> init, apply = LearnedPositions(16)
       >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 8))
       >>> params["E"].shape, apply(params, state, jnp.zeros((2, 5, 8)))[0].shape

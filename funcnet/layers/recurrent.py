@@ -172,11 +172,11 @@ def _checked_lengths(name, lengths, N, T):
     if lengths.shape != (N,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise ValueError(f"{name}: lengths must be {N} integers (one per sequence of the "
                          f"batch), got shape {tuple(lengths.shape)} and dtype {lengths.dtype}.")
-    known = checks.concrete(lengths)
-    if known is not None and (known.min() < 0 or known.max() > T):
-        raise ValueError(f"{name}: lengths must lie in [0, {T}] (the sequence length), got "
-                         f"values from {int(known.min())} to {int(known.max())}.")
-    return lengths
+    checks.concrete_within(name, "lengths", lengths, 0, T, what=" (the sequence length)",
+                           fix="Pass each sequence's number of valid steps.")
+    # Under jit the values are not known: clipped, a negative length acts as 0 and one
+    # past T as T (unclipped, the reverse direction would read past the end: NaN).
+    return jnp.clip(lengths, 0, T)
 
 
 def _initial_carries(name, initial_state, carry_size, n, N, H):
@@ -224,7 +224,8 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
     ``(num_layers * directions, N, H)``, zeros by default; ``lengths`` (``(N,)`` ints)
     marks each sequence's valid steps: padded steps leave the state as it was and
     output zeros, and the reverse direction starts at each sequence's last valid step,
-    as ``pack_padded_sequence`` gives. ``return_state=True`` makes the output
+    as ``pack_padded_sequence`` gives; lengths outside ``[0, T]`` are an error when
+    known, and clipped to it under ``jit``. ``return_state=True`` makes the output
     ``(outputs, h_n)`` (LSTM: ``(outputs, (h_n, c_n))``), torch's final states, each
     ``(num_layers * directions, N, H)``. With ``return_sequences=False`` the output is
     the last layer's final ``h`` (both directions side by side).
@@ -268,7 +269,8 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
     ``(num_layers * directions, N, H)``, zeros by default; ``lengths`` (``(N,)`` ints)
     marks each sequence's valid steps: padded steps leave the state as it was and
     output zeros, and the reverse direction starts at each sequence's last valid step,
-    as ``pack_padded_sequence`` gives. ``return_state=True`` makes the output
+    as ``pack_padded_sequence`` gives; lengths outside ``[0, T]`` are an error when
+    known, and clipped to it under ``jit``. ``return_state=True`` makes the output
     ``(outputs, h_n)`` (LSTM: ``(outputs, (h_n, c_n))``), torch's final states, each
     ``(num_layers * directions, N, H)``. With ``return_sequences=False`` the output is
     the last layer's final ``h`` (both directions side by side).
@@ -311,7 +313,8 @@ def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
     ``(num_layers * directions, N, H)``, zeros by default; ``lengths`` (``(N,)`` ints)
     marks each sequence's valid steps: padded steps leave the state as it was and
     output zeros, and the reverse direction starts at each sequence's last valid step,
-    as ``pack_padded_sequence`` gives. ``return_state=True`` makes the output
+    as ``pack_padded_sequence`` gives; lengths outside ``[0, T]`` are an error when
+    known, and clipped to it under ``jit``. ``return_state=True`` makes the output
     ``(outputs, h_n)`` (LSTM: ``(outputs, (h_n, c_n))``), torch's final states, each
     ``(num_layers * directions, N, H)``. With ``return_sequences=False`` the output is
     the last layer's final ``h`` (both directions side by side).

@@ -124,7 +124,7 @@ def Upsample(scale_factor=None, size=None, mode: str = "nearest",
     Output values match ``torch.nn.Upsample`` on the same (channels-first) data to
     float32 rounding; gradients are those of the gather and weighted sum.
 
-    Example:
+    Examples:
       >>> init, apply = Upsample(scale_factor=2)
       >>> init(jax.random.key(0), (-1, 4, 4, 3))[0]
       (-1, 8, 8, 3)
@@ -279,7 +279,7 @@ def ZeroPad(padding) -> Layer:
     ``ZeroPad(((top, bottom), (left, right)))`` here (a flat 4-tuple is refused).
     Negative padding (torch crops) is not supported. Stateless, no parameters.
 
-    Example:
+    Examples:
       >>> init, apply = ZeroPad(1)
       >>> init(jax.random.key(0), (-1, 4, 4, 3))[0]
       (-1, 6, 6, 3)

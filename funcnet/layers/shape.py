@@ -35,7 +35,7 @@ def Reshape(shape) -> Layer:
     ``shape`` excludes the batch axis; at most one entry may be -1, inferred from
     the input size. The non-batch input sizes must be known at ``init``.
 
-    Example:
+    Examples:
       >>> init, apply = Reshape((4, 2))
       >>> init(jax.random.key(0), (-1, 8))[0]
       (-1, 4, 2)

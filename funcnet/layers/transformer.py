@@ -42,7 +42,7 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
     ``causal``, ``rope``, ``cache_length`` (decoding) and ``implementation`` go to
     :func:`MultiHeadAttention`.
 
-    Example:
+    Examples:
       >>> block = TransformerBlock(num_heads=2)
       >>> out_shape, params, state = block.init(jax.random.key(0), (-1, 8, 16))
       >>> out, _ = block.apply(params, state, jnp.ones((2, 8, 16)))

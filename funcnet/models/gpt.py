@@ -63,7 +63,7 @@ def GPT(vocab_size: int, block_size: int, *, n_layer: int = 12, n_head: int = 12
     Raises:
       ArgumentError: a non-positive size, or a bad option of the layers inside.
 
-    Example:
+    Examples:
       >>> net = GPT(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
       >>> out_shape, params, state = net.init(jax.random.key(0), (-1, 8))
       >>> out_shape, params["E"].shape

@@ -8,8 +8,9 @@ process holds half of every large leaf. ``fit`` trains with a ``DeviceData`` and
 orbax ``Checkpoint`` every 3 steps. ``crash`` is killed (SIGKILL, by itself) at step
 5, after the checkpoint of step 3 is committed; ``resume`` restarts from that
 checkpoint and trains to the end, then trains a fresh state uninterrupted in the
-same processes, and writes both final states (gathered) for the test to compare bit
-for bit.
+same processes, and writes both final train states (gathered: params, Adam's count and
+moments, the step and the rng's key data, named ``resumed/PATH`` and ``fresh/PATH`` by
+``funcnet.paths``) to its own OUT.npz for the test to compare bit for bit.
 """
 import os
 import signal
@@ -76,7 +77,15 @@ def main():
                                 resume_from=ck.checkpointer if resume else None)
         for a, b in zip(jax.tree.leaves(out_ts), jax.tree.leaves(sharded)):
             assert a.sharding.is_equivalent_to(b.sharding, a.ndim), (a.sharding, b.sharding)
-        return multihost_utils.process_allgather(out_ts.params, tiled=True)
+        return gather(out_ts)
+
+    def gather(tree):
+        """Every leaf of ``tree`` whole on this process, by path (keys as key data)."""
+        import jax.numpy as jnp
+        flat = {path: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+                for path, x in funcnet.paths(tree).items()}
+        return {path: np.asarray(x)
+                for path, x in multihost_utils.process_allgather(flat, tiled=True).items()}
 
     if phase == "crash":
         class Die(callbacks.Callback):
@@ -92,8 +101,8 @@ def main():
         raise SystemExit("not killed")
     resumed = train(ckpt_dir, resume=True)
     fresh = train(ckpt_dir + "-uninterrupted")
-    np.savez(out, *[np.asarray(x) for x in jax.tree.leaves(resumed)],
-             **{f"fresh_{i}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(fresh))})
+    np.savez(out, **{f"resumed/{k}": v for k, v in resumed.items()},
+             **{f"fresh/{k}": v for k, v in fresh.items()})
     jax.distributed.shutdown()
 
 
