@@ -26,6 +26,29 @@ class LogKeys:
     ``seconds``, the ``eval_*`` keys, keys added by earlier callbacks). ``has(key)``:
     True, False (it cannot come), or None (cannot tell: an earlier user callback may
     add keys, or the evaluation or the step could not be traced ahead of time).
+
+    ``fit`` builds one per callback and hands it to the callback's ``check_log_keys``
+    before the first step; a callback raises there for a key it needs that cannot come.
+
+    Attributes:
+      certain: a frozenset of the keys that will be in the logs.
+      evaluates: whether fit evaluates after each epoch (``eval_*`` keys may come).
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> class Show(Callback):
+      ...     log_keys = ()
+      ...     def check_log_keys(self, logs):  # before the first step
+      ...         print(type(logs).__name__, sorted(logs.certain))
+      ...         print(logs.has("loss"), logs.has("eval_accuracy"), logs.evaluates)
+      >>> _ = funcnet.fit(ts, loss_fn, opt, [np.ones((4, 2), np.float32)], callbacks=[Show()],
+      ...                 progress=False)
+      LogKeys ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds']
+      True False False
     """
 
     def __init__(self, certain, eval_keys, step_keys, callbacks_after, open_ended=False):
@@ -37,6 +60,7 @@ class LogKeys:
         self._open = open_ended
 
     def has(self, key: str):
+        """Whether the logs will hold ``key``: True, False, or None (cannot tell)."""
         if key in self.certain:
             return True
         if self._open:

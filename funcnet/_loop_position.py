@@ -19,6 +19,18 @@ class LoopPosition(NamedTuple):
     A checkpoint stores it next to the train state; resuming skips
     ``batch_in_epoch`` batches of ``epoch`` (the data order is the same for a
     seeded ``train_data(epoch)``), so the run continues as if never interrupted.
+
+    Attributes:
+      epoch: the epoch (0-based) the loop is in, or resumes at.
+      batch_in_epoch: the batches of ``epoch`` already trained on.
+
+    Examples:
+      >>> pos = LoopPosition(epoch=2, batch_in_epoch=5)
+      >>> pos
+      LoopPosition(epoch=2, batch_in_epoch=5)
+      >>> tree = pos.checkpoint_tree({"w": np.zeros(2)})  # what a checkpoint stores
+      >>> sorted(tree), int(tree["batch_in_epoch"])
+      (['batch_in_epoch', 'epoch', 'train_state'], 5)
     """
 
     epoch: int = 0

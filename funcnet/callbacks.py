@@ -40,6 +40,22 @@ class Callback:
     ``step`` (the first of its steps when a dispatch runs several), ``on_step_end``
     right after it with the step count then. ``fit`` calls ``on_step_begin`` only on
     callbacks that override it, so the hook costs nothing per step otherwise.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> data = [np.ones((4, 2), np.float32)] * 2  # two batches an epoch
+      >>> class PrintEpoch(Callback):
+      ...     log_keys = ()  # adds no log entries
+      ...     def on_epoch_end(self, ctx, epoch, logs):
+      ...         print(epoch, ctx.step, sorted(logs))
+      >>> _ = funcnet.fit(ts, loss_fn, opt, data, epochs=2, callbacks=[PrintEpoch()],
+      ...                 progress=False)
+      0 2 ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds']
+      1 4 ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds']
     """
 
     log_keys = None
@@ -82,6 +98,36 @@ class Checkpoint(Callback):
     latest finite checkpoint with the same parameters, rng and data order as an
     uninterrupted run. Pending asynchronous writes are finished at the end of
     ``fit`` (or call ``self.checkpointer.wait()``).
+
+    Args:
+      target: a directory (a path) or a :class:`funcnet.checkpoint.Checkpointer`.
+      every_steps: save after every this many global steps; None: not by steps.
+      every_epochs: save at the end of every this many epochs; None: not by epochs.
+      keep: how many of this run's checkpoints to keep (None: all); for a directory.
+      backend: ``"npz"`` or ``"orbax"``; for a directory.
+      overwrite: let a new run take over a directory holding another run's checkpoints.
+
+    Raises:
+      funcnet.errors.ArgumentError: ``every_steps``/``every_epochs`` not a positive int
+        or None, or both None (nothing would be saved).
+
+    Examples:
+      >>> import tempfile
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> data = [np.ones((4, 2), np.float32)] * 2  # two batches an epoch
+      >>> directory = tempfile.mkdtemp()
+      >>> _ = funcnet.fit(ts, loss_fn, opt, data, epochs=2, callbacks=[Checkpoint(directory)],
+      ...                 progress=False)
+      >>> sorted(os.listdir(directory))  # one per epoch, named by the global step
+      ['ckpt-2.npz', 'ckpt-4.npz']
+      >>> resumed, history = funcnet.fit(ts, loss_fn, opt, data, epochs=3,
+      ...                                resume_from=directory, progress=False)
+      >>> int(resumed.step), [logs["epoch"] for logs in history]  # only epoch 2 was left
+      (6, [2])
     """
 
     log_keys = ()
@@ -166,7 +212,30 @@ class _FileLogger(Callback):
 
 
 class CSVLogger(_FileLogger):
-    """Appends one row per epoch to a CSV file (header written when the file is new)."""
+    """Appends one row per epoch to a CSV file (header written when the file is new).
+
+    Args:
+      path: the CSV file; its directory is created if missing.
+
+    Raises:
+      ValueError: (when ``fit`` starts, or at an epoch's end) the file exists and has
+        no column for a key the logs will hold; use a new file or :class:`JSONLLogger`.
+
+    Examples:
+      >>> import tempfile
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> data = [np.ones((4, 2), np.float32)] * 2  # two batches an epoch
+      >>> path = os.path.join(tempfile.mkdtemp(), "log.csv")
+      >>> _ = funcnet.fit(ts, loss_fn, opt, data, epochs=2, callbacks=[CSVLogger(path)],
+      ...                 progress=False)
+      >>> lines = open(path).read().splitlines()
+      >>> lines[0], len(lines)  # a header and one row per epoch
+      ('epoch,loss,grad_norm,samples_per_s,seconds', 3)
+    """
 
     def check_log_keys(self, logs):
         # Appending to an existing file (a resumed run): its columns must hold every key
@@ -205,7 +274,28 @@ class CSVLogger(_FileLogger):
 
 
 class JSONLLogger(_FileLogger):
-    """Appends one JSON object per epoch to a file."""
+    """Appends one JSON object per epoch to a file.
+
+    Unlike :class:`CSVLogger`, the epochs' logs may have different keys.
+
+    Args:
+      path: the file; its directory is created if missing.
+
+    Examples:
+      >>> import tempfile
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> data = [np.ones((4, 2), np.float32)] * 2  # two batches an epoch
+      >>> path = os.path.join(tempfile.mkdtemp(), "log.jsonl")
+      >>> _ = funcnet.fit(ts, loss_fn, opt, data, epochs=2, callbacks=[JSONLLogger(path)],
+      ...                 progress=False)
+      >>> [(logs["epoch"], sorted(logs)) for logs in map(json.loads, open(path))]
+      [(0, ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds']),
+       (1, ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds'])]
+    """
 
     def on_epoch_end(self, ctx, epoch, logs):
         if distributed.is_main_process():
@@ -225,6 +315,38 @@ class EarlyStopping(Callback):
     ``fit`` checks before training that ``monitor`` is a key its logs will have (the
     step's metrics, ``eval_*`` from the metric's ``compute``, keys added by callbacks
     before this one); a user callback that adds keys makes unknown keys pass.
+
+    Args:
+      monitor: the log key watched, e.g. ``"eval_loss"`` or ``"loss"``.
+      patience: epochs without improvement before stopping.
+      mode: ``"min"`` (lower is better) or ``"max"``.
+      min_delta: the least change that counts as an improvement (>= 0).
+      restore_best: hand back the best epoch's train state at the end of training.
+
+    Raises:
+      ValueError: ``mode`` not ``"min"``/``"max"``; when ``fit`` starts, a ``monitor``
+        fit will not log.
+      funcnet.errors.ArgumentError: a ``monitor`` that is not a string, a negative
+        ``patience`` or ``min_delta``.
+      KeyError: (at an epoch's end) ``monitor`` missing from the logs.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> data = [np.ones((4, 2), np.float32)] * 2  # two batches an epoch
+      >>> frozen = optax.sgd(0.0)  # the loss never improves
+      >>> stop = EarlyStopping("loss", patience=1)
+      >>> _, history = funcnet.fit(ts, loss_fn, frozen, data, epochs=10, callbacks=[stop],
+      ...                          progress=False)
+      >>> len(history), stop.wait  # the best epoch, then one without improvement
+      (2, 1)
+      >>> EarlyStopping(mode="lowest")
+      Traceback (most recent call last):
+      ...
+      ValueError: EarlyStopping: mode must be 'min' or 'max', got 'lowest'.
     """
 
     log_keys = ()
@@ -298,7 +420,27 @@ class EarlyStopping(Callback):
 
 class LearningRateLogger(Callback):
     """Adds ``"lr"``: the optax schedule's value at the current step (or a constant
-    learning rate), to each epoch's logs."""
+    learning rate), to each epoch's logs.
+
+    Put it before the loggers that should write ``"lr"`` in ``callbacks=[...]``.
+
+    Args:
+      schedule: the optax schedule the optimizer uses (a callable of the step), or a
+        number.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> schedule = optax.linear_schedule(1.0, 0.0, transition_steps=4)
+      >>> net, opt = Dense(1), optax.sgd(schedule)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> data = [np.ones((4, 2), np.float32)] * 2  # two batches an epoch
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> _, history = funcnet.fit(ts, loss_fn, opt, data, epochs=2,
+      ...                          callbacks=[LearningRateLogger(schedule)], progress=False)
+      >>> [logs["lr"] for logs in history]  # at steps 2 and 4
+      [0.5, 0.0]
+    """
 
     log_keys = ("lr",)
 
@@ -321,6 +463,29 @@ class TensorBoardLogger(Callback):
     0 writes. The writer is ``tensorboardX``'s ``SummaryWriter`` (the ``tensorboard``
     extra: ``pip install tensorboardX``), which needs neither TensorFlow nor
     TensorBoard itself; view with ``tensorboard --logdir LOGDIR``.
+
+    Args:
+      logdir: the directory of the event files (created when ``fit`` starts).
+      every_steps: also write the step metrics every this many steps; None: per epoch
+        only.
+
+    Raises:
+      ImportError: tensorboardX is not installed.
+      funcnet.errors.ArgumentError: ``every_steps`` not a positive int or None.
+
+    Examples:
+      >>> import tempfile
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> data = [np.ones((4, 2), np.float32)] * 2  # two batches an epoch
+      >>> logdir = tempfile.mkdtemp()
+      >>> _ = funcnet.fit(ts, loss_fn, opt, data, callbacks=[TensorBoardLogger(logdir)],
+      ...                 progress=False)
+      >>> [name.split(".")[:3] for name in os.listdir(logdir)]
+      [['events', 'out', 'tfevents']]
     """
 
     log_keys = ()
@@ -372,6 +537,31 @@ class Profile(Callback):
     ``DeviceData``) the trace starts and stops between dispatches, so it holds the
     dispatches around the window, each marked with its first step. A window that ends
     past the run's last step is warned about at the start.
+
+    Args:
+      logdir: the directory the trace is written to.
+      steps: ``(start, stop)``, the global steps ``start < step <= stop`` traced.
+
+    Raises:
+      funcnet.errors.ArgumentError: ``steps`` not two ints with ``0 <= start < stop``.
+
+    Examples:
+      >>> import tempfile
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> data = [np.ones((4, 2), np.float32)] * 2  # two batches an epoch
+      >>> logdir = tempfile.mkdtemp()
+      >>> _ = funcnet.fit(ts, loss_fn, opt, data, callbacks=[Profile(logdir, steps=(0, 1))],
+      ...                 progress=False)
+      >>> any(name.endswith(".xplane.pb") for _, _, names in os.walk(logdir) for name in names)
+      True
+      >>> Profile(logdir, steps=(3, 3))
+      Traceback (most recent call last):
+      ...
+      funcnet.errors.ArgumentError: Profile: steps must be (start, stop) with 0 <= start < stop, ...
     """
 
     log_keys = ()

@@ -36,6 +36,25 @@ def serial(*layers, **named_layers) -> Layer:
 
     ``state=()`` is accepted when every layer is stateless (see the module docstring).
 
+    Args:
+      *layers: the layers, run in the order given; params and state are then tuples
+        with one entry per layer.
+      **named_layers: the layers by name (``encoder=f, decoder=g``), run in the order
+        written; params and state are then dicts keyed by those names.
+
+    Returns:
+      The composed :class:`~funcnet.core.Layer`. Its ``init`` returns the last layer's
+        output shape and params and state with one entry per layer: a tuple for positional
+        layers, a dict keyed by name for named ones. Its ``apply`` feeds each layer's output
+        to the next and returns the last output and the new state in the same structure
+        (``()`` when given ``state=()`` and every layer is stateless).
+
+    Raises:
+      TypeError: layers given both positionally and by name, or an argument that is not
+        a layer (an ``(init, apply)`` pair).
+      MismatchError: from ``apply``, params or state that do not fit (another network's,
+        or params and state swapped); the message gives the failing layer's path.
+
     Examples:
       >>> from funcnet.layers import Dense, Relu
       >>> init, apply = serial(Dense(4), Relu)
@@ -89,6 +108,23 @@ def parallel(*layers) -> Layer:
 
     ``state=()`` is accepted when every branch is stateless.
 
+    Args:
+      *layers: the branches; the i-th is applied to the i-th element of the input tuple.
+
+    Returns:
+      The composed :class:`~funcnet.core.Layer`. Its ``init`` takes a tuple of input
+        shapes (one per layer) and returns the tuple of output shapes; params and state
+        are tuples with one entry per layer. Its ``apply`` takes a tuple of inputs and
+        returns the tuple of outputs and the new state tuple (``()`` when given
+        ``state=()`` and every branch is stateless).
+
+    Raises:
+      TypeError: an argument that is not a layer, or (from ``init``/``apply``) an input
+        that is not a tuple of shapes/arrays.
+      ValueError: from ``init``/``apply``, a tuple whose length is not the number of layers.
+      MismatchError: from ``apply``, params or state that do not fit; the message gives
+        the failing branch's index.
+
     Examples:
       >>> from funcnet.layers import Dense
       >>> init, apply = parallel(Dense(4), Dense(2))
@@ -122,6 +158,17 @@ def parallel(*layers) -> Layer:
 
 def FanOut(num: int) -> Layer:
     """Copies its input ``num`` times into a tuple.
+
+    Args:
+      num: how many copies, a positive int.
+
+    Returns:
+      The new :class:`~funcnet.core.Layer`, without params or state (both ``()``),
+        whose output is the tuple of ``num`` copies of its input (and ``init``'s output
+        shape the tuple of ``num`` copies of the input shape).
+
+    Raises:
+      ArgumentError: ``num`` is not a positive int.
 
     Examples:
       >>> from funcnet.layers import Dense
@@ -167,6 +214,20 @@ FanInSum = _fan_in_sum()  # sums a tuple of same-shaped inputs
 
 def FanInConcat(axis: int = -1) -> Layer:
     """Concatenates a tuple of inputs along ``axis``.
+
+    Args:
+      axis: the axis to concatenate along, negative counting from the end.
+
+    Returns:
+      The new :class:`~funcnet.core.Layer`, without params or state (both ``()``),
+        whose input is a tuple of arrays and whose output is their concatenation along
+        ``axis`` (its size unknown, -1, in the output shape when any branch's is).
+
+    Raises:
+      ArgumentError: ``axis`` is not an int.
+      TypeError: from ``init``/``apply``, an input that is not a tuple of shapes/arrays.
+      ValueError: from ``init``, an ``axis`` out of range, or branch shapes that differ
+        on another axis or in rank.
 
     Examples:
       >>> init, apply = FanInConcat(axis=-1)
@@ -215,6 +276,17 @@ Identity = _identity()  # returns its input unchanged
 def Residual(layer) -> Layer:
     """``x + f(x)``; ``f`` must preserve the shape of its input.
 
+    Args:
+      layer: ``f``, a layer whose output shape is its input shape.
+
+    Returns:
+      The composed :class:`~funcnet.core.Layer` computing ``x + f(x)``, with ``f``'s
+        own params and state (not wrapped in a tuple).
+
+    Raises:
+      TypeError: ``layer`` is not a layer.
+      ValueError: from ``init``, ``layer`` changes the shape of its input.
+
     Examples:
       >>> from funcnet.layers import Dense
       >>> init, apply = Residual(Dense(3, W_init=jax.nn.initializers.zeros))
@@ -249,6 +321,20 @@ def Remat(layer, *, policy=None, prevent_cse: bool = True) -> Layer:
     ``jax.checkpoint_policies`` entry naming what may still be saved (e.g.
     ``dots_with_no_batch_dims_saveable``); ``prevent_cse`` as ``jax.checkpoint``.
     ``train`` is a Python bool and stays static; ``rng`` (or None) is passed through.
+
+    Args:
+      layer: the layer whose intermediates are recomputed.
+      policy: a ``jax.checkpoint_policies`` entry naming what may still be saved, or
+        None (``jax.checkpoint``'s default: every intermediate is recomputed).
+      prevent_cse: passed to ``jax.checkpoint``, as there.
+
+    Returns:
+      The composed :class:`~funcnet.core.Layer` with ``layer``'s ``init`` (the same params and
+        state, not wrapped) whose ``apply`` runs ``layer``'s under ``jax.checkpoint``.
+
+    Raises:
+      TypeError: ``layer`` is not a layer, or ``policy`` is neither None nor callable.
+      ArgumentError: ``prevent_cse`` is not a bool.
 
     Examples:
       >>> from funcnet.layers import Dense, Tanh
@@ -285,6 +371,24 @@ def Scan(layer, n: int, *, unroll: int = 1) -> Layer:
     ``state=()`` is accepted for stateless layers; each copy then gets ``()``.
     Wrap the layer in :func:`Remat` to keep only the carry of each copy for the
     backward pass.
+
+    Args:
+      layer: the layer copied; its output shape must be its input shape.
+      n: the number of copies, a positive int.
+      unroll: copies per loop iteration, passed to ``lax.scan``.
+
+    Returns:
+      The composed :class:`~funcnet.core.Layer` whose params (and state) are the ``n`` copies'
+        trees stacked on a new leading axis of size ``n`` (:func:`stack_params` of what
+        ``serial(*[layer] * n)`` has); ``apply`` returns the last copy's output and the
+        new state, stacked the same way.
+
+    Raises:
+      TypeError: ``layer`` is not a layer.
+      ArgumentError: ``n`` or ``unroll`` is not a positive int.
+      ValueError: from ``init``, ``layer`` changes the shape of its input.
+      MismatchError: from ``apply``, params or state whose leaves do not have ``n``
+        copies stacked on axis 0.
 
     Examples:
       >>> from funcnet.layers import Dense
@@ -338,6 +442,17 @@ def stack_params(trees) -> PyTree:
     ``Scan(layer, n)``: ``stack_params(serial_params)``. The inverse of
     :func:`unstack_params`.
 
+    Args:
+      trees: a non-empty sequence of pytrees of one structure (params or state, one per
+        copy).
+
+    Returns:
+      A pytree of that structure whose every leaf is the trees' leaves stacked on a new
+        axis 0 (of size ``len(trees)``).
+
+    Raises:
+      ValueError: ``trees`` is empty, or a tree's structure differs from the first's.
+
     Examples:
       >>> stacked = stack_params([{"W": jnp.zeros((3, 2))}, {"W": jnp.ones((3, 2))}])
       >>> stacked["W"].shape
@@ -361,6 +476,18 @@ def unstack_params(tree, n: int) -> tuple:
 
     Turns the params (or state) of ``Scan(layer, n)`` into those of
     ``serial(*[layer] * n)``. The inverse of :func:`stack_params`.
+
+    Args:
+      tree: a pytree whose every leaf holds ``n`` copies stacked on axis 0.
+      n: the number of copies, a positive int.
+
+    Returns:
+      A tuple of ``n`` pytrees of ``tree``'s structure, the i-th holding copy ``i`` of
+        every leaf.
+
+    Raises:
+      ArgumentError: ``n`` is not a positive int.
+      ValueError: a leaf that is a scalar or whose axis 0 is not of size ``n``.
 
     Examples:
       >>> trees = unstack_params({"W": jnp.zeros((4, 3, 2))}, 4)

@@ -44,6 +44,14 @@ ApplyFn = Callable[..., Tuple[Any, PyTree]]
 class Layer(NamedTuple):
     """A layer: ``(init, apply)``. Unpacks like stax: ``init, apply = Dense(10)``.
 
+    Attributes:
+      init: ``init(rng, input_shape) -> (output_shape, params, state)``: computes the
+        output shape from the input shape alone, draws the params from ``rng`` and builds
+        the initial state.
+      apply: runs the layer, ``apply(params, state, inputs, *, rng=None, train=False)``
+        returning ``(outputs, new_state)``; ``rng`` is read by layers that need
+        randomness, ``train`` switches training behaviour (dropout, batch statistics).
+
     Examples:
       >>> def init(rng, input_shape):
       ...     return input_shape, (), ()
@@ -70,6 +78,14 @@ class Layer(NamedTuple):
 
 class InitRecord(NamedTuple):
     """One row of a model summary: a layer's ``init`` call.
+
+    Attributes:
+      depth: how many named layers enclose this one (0 for the outermost).
+      name: the layer's name, as :func:`named` gave it.
+      input_shape: the shape its ``init`` got.
+      output_shape: the shape its ``init`` returned.
+      params: the params its ``init`` returned (a combinator's include its children's).
+      state: the state its ``init`` returned.
 
     Examples:
       >>> from funcnet.layers import Dense
@@ -100,7 +116,7 @@ def record_inits():
 
     Yields:
       The list the :class:`InitRecord` rows are appended to, parents before their
-      children, in the order ``init`` ran.
+        children, in the order ``init`` ran.
 
     Examples:
       >>> from funcnet.combinators import serial
@@ -130,7 +146,7 @@ def named(name: str, init: InitFn, apply: ApplyFn) -> Layer:
       apply: ``apply(params, state, inputs, *, rng=None, train=False) -> (outputs, state)``.
 
     Returns:
-      The :class:`Layer`; its ``init`` checks that ``rng`` is a PRNG key.
+      The layer, a :class:`Layer`; its ``init`` checks that ``rng`` is a PRNG key.
 
     Examples:
       >>> double = named("Double", lambda rng, s: (s, (), ()),
@@ -259,6 +275,9 @@ def check_known(layer: str, shape: Shape, axes: Sequence[int], what: str) -> Non
       axes: the axes whose sizes the params need.
       what: what those axes hold, for the error.
 
+    Returns:
+      None, when every one of ``axes`` has a known size.
+
     Raises:
       ValueError: one of ``axes`` is -1.
 
@@ -286,6 +305,9 @@ def check_input(layer: str, inputs, *, rank: int | None = None, min_rank: int | 
       axis: the axis whose size the params fix.
       size: the size the params were built for on ``axis``.
       what: what ``axis`` holds, for the error.
+
+    Returns:
+      None, when ``inputs`` is what the params expect.
 
     Raises:
       TypeError: ``inputs`` is not an array.
@@ -399,6 +421,9 @@ def need_state(layer: str, state, keys) -> None:
       layer: the layer's name, for the error.
       state: the state ``apply`` got.
       keys: the keys the layer's state holds.
+
+    Returns:
+      None, when ``state`` is a dict holding ``keys``.
 
     Raises:
       ValueError: ``state`` is not a dict holding ``keys``.

@@ -58,6 +58,19 @@ def epoch_order(n: int, rng, epoch: Optional[int] = None) -> np.ndarray:
 
     Returns:
       int64 indices, a permutation of ``range(n)``.
+
+    Raises:
+      TypeError: ``rng`` is not an int seed, a jax PRNG key or a numpy Generator
+        (a bool included), or ``epoch`` is given with a Generator.
+
+    Examples:
+      >>> order = epoch_order(5, 0, epoch=1)
+      >>> sorted(order.tolist())
+      [0, 1, 2, 3, 4]
+      >>> np.array_equal(order, epoch_order(5, 0, epoch=1))  # recomputed after a restart
+      True
+      >>> epoch_order(5, jax.random.key(0), epoch=1).shape
+      (5,)
     """
     if isinstance(rng, bool):
         raise TypeError("epoch_order: rng must be an int seed, a jax PRNG key or a "
@@ -78,7 +91,21 @@ def epoch_order(n: int, rng, epoch: Optional[int] = None) -> np.ndarray:
 
 
 def num_batches(n: int, batch_size: int, drop_remainder: bool = True) -> int:
-    """How many batches :func:`batches` yields for ``n`` examples."""
+    """How many batches :func:`batches` yields for ``n`` examples.
+
+    Args:
+      n: number of examples.
+      batch_size: examples per batch.
+      drop_remainder: as for :func:`batches`: count the last, smaller batch
+        only when ``False``.
+
+    Returns:
+      ``n // batch_size``, or ``ceil(n / batch_size)`` without ``drop_remainder``.
+
+    Examples:
+      >>> num_batches(10, 3), num_batches(10, 3, drop_remainder=False)
+      (3, 4)
+    """
     return n // batch_size if drop_remainder else -(-n // batch_size)
 
 
@@ -133,9 +160,29 @@ def batches(arrays, batch_size: int, *, shuffle: bool = False, rng=None,
         restart; the rest are exactly what the uninterrupted run would see.
 
     Returns:
-      A :class:`Batches`, an iterator over the batches that also carries these
+      The batches, a :class:`Batches`, an iterator over the batches that also carries these
       arguments. Arguments are checked when ``batches`` is called, not at the
       first ``next``.
+
+    Raises:
+      ValueError: the arrays are empty, scalars or of different leading sizes;
+        ``batch_size`` exceeds ``n`` with ``drop_remainder``; ``skip < 0``; or
+        ``shuffle`` without ``rng``.
+      TypeError: a bad ``rng`` (see :func:`epoch_order`).
+      ArgumentError: ``batch_size`` is not a positive int.
+
+    Examples:
+      >>> x, y = np.arange(10).reshape(5, 2), np.arange(5)
+      >>> [yb.tolist() for xb, yb in batches((x, y), 2)]
+      [[0, 1], [2, 3]]
+      >>> [b["y"].tolist() for b in batches({"x": x, "y": y}, 2, drop_remainder=False)]
+      [[0, 1], [2, 3], [4]]
+      >>> shuffled = [yb for _, yb in batches((x, y), 2, shuffle=True, rng=0, epoch=1)]
+      >>> np.array_equal(np.concatenate(shuffled), epoch_order(5, 0, epoch=1)[:4])
+      True
+      >>> resumed = batches((x, y), 2, shuffle=True, rng=0, epoch=1, skip=1)
+      >>> np.array_equal(next(resumed)[1], shuffled[1])  # the batch after the first
+      True
     """
     pack, values, n = _aligned("batches", arrays)
     batch_size = checks.positive_int("batches", "batch_size", batch_size)
@@ -176,6 +223,23 @@ class Batches:
     examples), as :class:`DeviceData` has them: ``fit`` reads them from the first
     epoch's iterable (``train_data(epoch)``) and records them in its checkpoints, so
     a resume over other data is refused instead of training some examples twice.
+
+    Args:
+      generator: the generator of the epoch's batches, which the iterator draws from.
+      n: the number of examples (kept as ``.n``, as are the arguments below).
+      batch_size: examples per batch.
+      shuffle: whether the examples are visited in a shuffled order.
+      rng: the seed of the shuffle (None without shuffle).
+      drop_remainder: whether the last, smaller batch is dropped.
+
+    Examples:
+      >>> it = batches(np.arange(10), 4)
+      >>> it
+      Batches(n=10, batch_size=4, shuffle=False, drop_remainder=True)
+      >>> [b.tolist() for b in it]
+      [[0, 1, 2, 3], [4, 5, 6, 7]]
+      >>> list(it)  # used up
+      []
     """
 
     def __init__(self, generator, *, n: int, batch_size: int, shuffle: bool, rng,
@@ -236,6 +300,24 @@ class DeviceData:
       device: where to keep the arrays: ``None`` (the default device), a
         ``jax.Device``, or a 1-D ``jax.sharding.Mesh``
         (:func:`funcnet.distributed.data_mesh`) to split them over.
+
+    Raises:
+      TypeError: an array of another dtype (complex, string, object), a bad
+        ``rng`` (see :func:`epoch_order`) or a bad ``device``.
+      ValueError: arrays that are empty, scalars or of different leading sizes;
+        ``batch_size`` larger than ``n`` with ``drop_remainder``; ``shuffle``
+        without ``rng``; a batch that does not split evenly over the mesh's
+        devices.
+
+    Examples:
+      >>> x, y = np.arange(10).reshape(5, 2), np.arange(5)
+      >>> data = DeviceData((x, y), 2, shuffle=True, rng=0)
+      >>> data, data.num_batches
+      (DeviceData(n=5, batch_size=2, shuffle=True, drop_remainder=True), 2)
+      >>> got = [yb for _, yb in data(epoch=1)]  # device arrays
+      >>> expected = [yb for _, yb in batches((x, y), 2, shuffle=True, rng=0, epoch=1)]
+      >>> all(np.array_equal(g, e) for g, e in zip(got, expected))
+      True
     """
 
     def __init__(self, arrays, batch_size: int, *, shuffle: bool = False, rng=None,
@@ -452,6 +534,20 @@ def prefetch_to_device(iterator: Iterable, size: int = 2, device=None,
         leading axis across them (the layout ``jax.pmap`` consumes).
       transform: applied on the host before the transfer, e.g. reshaping each
         leaf to ``(n_devices, per_device_batch, ...)`` for pmap.
+
+    Returns:
+      A generator of the transformed items as jax arrays on ``device``.
+
+    Raises:
+      ArgumentError: ``size`` is not a positive int.
+      ValueError: an item holds a 64-bit integer that int32 cannot hold with x64
+        off.
+      TypeError: ``device`` is none of the accepted kinds.
+
+    Examples:
+      >>> items = prefetch_to_device(batches(np.arange(6.0), 2), size=2)
+      >>> [(type(b).__name__, b.tolist()) for b in items]
+      [('ArrayImpl', [0.0, 1.0]), ('ArrayImpl', [2.0, 3.0]), ('ArrayImpl', [4.0, 5.0])]
     """
     size = checks.positive_int("prefetch_to_device", "size", size)
     target = _placement(device)
@@ -490,6 +586,15 @@ class Background:
     leaving the ``with`` block, or the iterator being garbage-collected) stops the
     thread and waits for it: the thread checks between items, so it finishes at most
     the item it is computing (a blocking ``next`` of the source finishes first).
+
+    Args:
+      iterable, size, transform: as for :func:`background`.
+
+    Examples:
+      >>> items = Background(range(3), size=2, transform=lambda i: i * i)
+      >>> list(items)
+      [0, 1, 4]
+      >>> items.close()  # already ended: a no-op
     """
 
     def __init__(self, iterable: Iterable, size: int, transform: Optional[Callable]):
@@ -600,6 +705,18 @@ def background(iterable: Iterable, size: int = 2,
         ends or is stopped.
       size: how many items may wait in the queue (>= 1).
       transform: applied in the thread to every item.
+
+    Returns:
+      The iterator, a :class:`Background`: an iterator over the (transformed) items and a
+      context manager that stops the thread on exit.
+
+    Raises:
+      ArgumentError: ``size`` is not a positive int.
+
+    Examples:
+      >>> with background(batches(np.arange(6), 2), transform=lambda b: b * 10) as items:
+      ...     [b.tolist() for b in items]
+      [[0, 10], [20, 30], [40, 50]]
     """
     size = checks.positive_int("background", "size", size)
     return Background(iterable, size, transform)

@@ -66,6 +66,10 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
       local_device_ids: the devices this process uses (None: all it sees).
       **kwargs: passed on to ``jax.distributed.initialize``.
 
+    Returns:
+      None. Once it returns, ``jax.process_count()``, ``jax.process_index()`` and
+        ``jax.devices()`` describe the whole job.
+
     Raises:
       ValueError: ``process_id`` is out of range, or a ``FUNCNET_*`` variable is malformed.
 

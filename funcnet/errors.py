@@ -47,6 +47,15 @@ class MismatchError(ValueError, TypeError):
     shows), and each enclosing combinator adds its key on the way out. A ValueError
     and a TypeError, as the KeyError/TypeError it replaces was mostly the latter.
 
+    Attributes:
+      where: the combinator that raised it (the outermost one, once placed).
+      what: ``"params"`` or ``"state"``: what does not fit.
+      layer: the name of the layer it does not fit.
+      expected: what that layer expects, as :func:`funcnet.core.describe_tree` shows a tree.
+      given: what it got, shown the same way.
+      hint: what to do about it.
+      path: the layer's key path in the network, outermost key first.
+
     Examples:
       >>> from funcnet.layers import Dense
       >>> net = funcnet.serial(Dense(4), Dense(2))
@@ -103,7 +112,12 @@ class StateDictMismatchError(MismatchError):
     funcnet path and the torch key of each mismatch. A :class:`MismatchError` (weights
     that do not fit the network), so ``except MismatchError`` catches it with the other
     misfits; a ValueError too. ``missing`` and ``unexpected`` list the torch keys, as
-    torch's ``load_state_dict(strict=True)`` names them."""
+    torch's ``load_state_dict(strict=True)`` names them.
+
+    Attributes:
+      missing: the torch keys the params need that the ``state_dict`` lacks, a list.
+      unexpected: the ``state_dict``'s keys that no parameter takes, a list.
+    """
 
     def __init__(self, message: str, missing=(), unexpected=()):
         self.missing, self.unexpected = list(missing), list(unexpected)

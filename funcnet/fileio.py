@@ -23,6 +23,10 @@ def fsync_dir(directory) -> None:
     Args:
       directory: the directory whose entries (a rename, a new file) to make durable.
 
+    Returns:
+      None. Errors are ignored: where a directory cannot be opened or fsync-ed (e.g. on
+        Windows) the rename is as durable as the platform makes it.
+
     Examples:
       >>> import tempfile
       >>> fsync_dir(tempfile.mkdtemp())  # returns None; errors are ignored

@@ -31,6 +31,14 @@ def count(tree) -> int:
 class Summary(NamedTuple):
     """What :func:`summary` found: one row per layer, the totals, and the printed table.
 
+    Attributes:
+      rows: one :class:`~funcnet.core.InitRecord` per named layer, a tuple, parents
+        before their children in the order ``init`` ran.
+      output_shape: the network's output shape, as its ``init`` returned it.
+      total_params: the number of scalars in the network's params (:func:`count`).
+      total_state: the number of scalars in the network's state.
+      table: the printed table, as text (also ``str()`` of the summary).
+
     Examples:
       >>> from funcnet.layers import Dense
       >>> s = summary(Dense(4), (-1, 3), print_fn=None)
@@ -63,7 +71,7 @@ def summary(layer, input_shape, *, rng=None, print_fn: Optional[Callable[[str], 
       print_fn: called with the table (default ``print``); None prints nothing.
 
     Returns:
-      A :class:`Summary`; ``str()`` of it is the table.
+      The summary, a :class:`Summary`; ``str()`` of it is the table.
 
     Raises:
       TypeError: ``layer`` is not a layer.

@@ -50,6 +50,36 @@ class FitContext:
 
     ``train_state`` is the current state on the host's default device (replicas
     are collapsed to one); reading it forces the pending steps to finish.
+
+    Attributes:
+      epoch: the epoch being trained (0-based); during ``on_epoch_end``, the next one,
+        where a checkpoint taken then resumes (the hook's ``epoch`` argument is the
+        epoch that ended).
+      batch_in_epoch: batches of the current epoch trained on so far.
+      step: global steps taken so far (counted on the host; ``host_step`` too).
+      history: the epoch logs so far.
+      stop_training: set it to True to end the run after the current epoch.
+      run_id: the id :class:`funcnet.callbacks.Checkpoint` saves under.
+      loss_was_nonfinite: True once fit has seen a NaN/inf loss.
+      planned_steps: the run's last global step, when known.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, x, rng):
+      ...     return jnp.mean(net.apply(params, state, x)[0] ** 2), funcnet.Aux(state=state)
+      >>> ts = TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> class StopAfterOne(Callback):
+      ...     log_keys = ()
+      ...     def on_epoch_end(self, ctx, epoch, logs):
+      ...         print(epoch, ctx.epoch, ctx.step, sorted(ctx.step_metrics))
+      ...         ctx.stop_training = True
+      >>> data = [np.ones((4, 2), np.float32)] * 3
+      >>> _, history = fit(ts, loss_fn, opt, data, epochs=5, callbacks=[StopAfterOne()],
+      ...                  progress=False)
+      0 1 3 ['grad_norm', 'loss']
+      >>> len(history)
+      1
     """
 
     def __init__(self, loop):
@@ -698,6 +728,36 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps),
     ``grad_norm`` (likewise), the step's other metrics, ``eval_*``, ``samples_per_s``, ``seconds``.
+
+    Returns:
+      ``(train_state, history)``: the trained :class:`funcnet.train.TrainState` (on the
+      host's default device, replicas collapsed to one; the best epoch's with
+      ``EarlyStopping(restore_best=True)``) and the list of epoch logs.
+
+    Raises:
+      ValueError: ``eval_data``, ``eval_fn`` and ``metric`` not given together; both
+        ``devices`` and ``mesh``; a pre-flight check failing (an ``eval_fn`` whose state
+        ``metric`` cannot compute, a key a callback monitors that fit will not log); an
+        epoch without batches.
+      funcnet.errors.ArgumentError: a bad ``epochs``, ``on_nonfinite`` or ``step_options``.
+      FloatingPointError: a NaN/inf loss with ``on_nonfinite="raise"``. Any exception
+        raised while training carries the state trained so far as its ``.train_state``.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(1), optax.sgd(0.1)
+      >>> def loss_fn(params, state, batch, rng):
+      ...     pred, state = net.apply(params, state, batch["x"])
+      ...     return jnp.mean((pred - batch["y"]) ** 2), funcnet.Aux(state=state)
+      >>> x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(8, 2)
+      >>> data = funcnet.data.DeviceData({"x": x, "y": x.sum(1, keepdims=True)}, 4,
+      ...                                shuffle=True, rng=0)
+      >>> ts = TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> ts, history = fit(ts, loss_fn, opt, data, epochs=2, progress=False)
+      >>> int(ts.step), sorted(history[0])
+      (4, ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds'])
+      >>> history[1]["loss"] < history[0]["loss"]
+      True
     """
     if (eval_data is None) != (eval_fn is None) or (eval_fn is not None and metric is None):
         raise ValueError("fit: evaluation needs eval_data, eval_fn and metric together.")

@@ -251,6 +251,24 @@ def nll_loss(inputs, labels, *, weight=None, ignore_index: int = -100, reduction
       ignore_index: targets with this value contribute neither loss nor weight.
       reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
       axis: the class axis of ``inputs``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``labels``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``inputs`` not floating, or ``labels`` not integer.
+      ValueError: a bad ``reduction``, ``axis`` or ``weight`` shape, ``labels`` not of
+        ``inputs``' shape without ``axis``, or concrete labels outside ``[0, C)`` that
+        are not ``ignore_index``.
+
+    Examples:
+      >>> log_probs = jnp.log(jnp.array([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]]))
+      >>> labels = jnp.array([0, -100])  # the second target is ignored
+      >>> print(jnp.round(nll_loss(log_probs, labels, reduction="none"), 4))
+      [0.6931 0.    ]
+      >>> round(float(nll_loss(log_probs, labels)), 4)  # mean over the one kept target
+      0.6931
     """
     fn = "funcnet.losses.nll_loss"
     inputs = _float_array(fn, inputs, "inputs")
@@ -297,6 +315,29 @@ def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
       reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
       label_smoothing: :math:`\varepsilon \in [0, 1]`.
       axis: the class axis of ``logits``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; with ``reduction="none"`` the
+      per-element loss, ``logits``' shape without ``axis``.
+
+    Raises:
+      TypeError: ``logits`` not floating, or ``labels`` neither integer nor floating.
+      ValueError: a bad ``reduction``, ``axis``, ``label_smoothing`` or ``weight`` shape;
+        labels of the wrong shape; concrete class ids outside ``[0, C)`` that are not
+        ``ignore_index``; a non-negative ``ignore_index`` with float labels.
+
+    Examples:
+      >>> logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+      >>> round(float(cross_entropy(logits, jnp.array([0, 2]))), 4)
+      0.6691
+      >>> # one-hot float targets give the same loss as the class ids
+      >>> round(float(cross_entropy(logits, jax.nn.one_hot(jnp.array([0, 2]), 3))), 4)
+      0.6691
+      >>> # torch's class-first layout, and an ignored target
+      >>> round(float(cross_entropy(logits.T, jnp.array([0, 2]), axis=0)), 4)
+      0.6691
+      >>> print(jnp.round(cross_entropy(logits, jnp.array([0, -100]), reduction="none"), 4))
+      [0.2395 0.    ]
     """
     fn = "funcnet.losses.cross_entropy"
     logits = _float_array(fn, logits, "logits")
@@ -349,6 +390,32 @@ def sigmoid_binary_cross_entropy(logits, labels, *, pos_weight=None, weight=None
     ``"mean"`` averages over all elements, ``"sum_mean"`` sums each example's elements
     and averages over the batch (axis 0): :math:`\frac1N\sum_n\sum_i l_{n,i}`, the
     Bernoulli reconstruction term of a VAE.
+
+    Args:
+      logits: float scores.
+      labels: targets of ``logits``' shape: 0/1 or probabilities, real or bool.
+      pos_weight: optional weight of the positive term, broadcast to ``logits``.
+      weight: optional per-element weight, broadcast to ``logits``.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``logits``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``logits`` not floating, or ``labels``, ``weight`` or ``pos_weight`` not
+        real.
+      ValueError: a bad ``reduction``, ``labels`` not of ``logits``' shape, or a
+        ``weight``/``pos_weight`` that does not broadcast to it.
+
+    Examples:
+      >>> logits, labels = jnp.array([0.0, 2.0]), jnp.array([1, 0])
+      >>> print(jnp.round(sigmoid_binary_cross_entropy(logits, labels, reduction="none"), 4))
+      [0.6931 2.1269]
+      >>> # pos_weight scales only the positive term
+      >>> print(jnp.round(sigmoid_binary_cross_entropy(logits, labels, pos_weight=jnp.array(2.0),
+      ...                                              reduction="none"), 4))
+      [1.3863 2.1269]
     """
     fn = "funcnet.losses.sigmoid_binary_cross_entropy"
     logits = _float_array(fn, logits, "logits")
@@ -405,6 +472,26 @@ def mse(predictions, targets, *, reduction: str = "mean"):
     Unlike torch, shapes must be equal (no silent broadcasting). ``reduction="sum_mean"``
     is tinynn's MSE, :math:`\frac1N\sum_n\sum_i (x_{n,i} - y_{n,i})^2` for a batch of
     ``N`` (axis 0).
+
+    Args:
+      predictions: float predictions.
+      targets: real targets of ``predictions``' shape.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``predictions``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``predictions`` not floating, or ``targets`` not real.
+      ValueError: a bad ``reduction``, or ``targets`` not of ``predictions``' shape.
+
+    Examples:
+      >>> x, y = jnp.array([[1.0, 2.0], [0.0, 0.0]]), jnp.array([[0.0, 0.0], [0.0, 1.0]])
+      >>> float(mse(x, y))  # (1 + 4 + 0 + 1) / 4 elements
+      1.5
+      >>> float(mse(x, y, reduction="sum_mean"))  # (1 + 4 + 0 + 1) / 2 examples
+      3.0
     """
     fn = "funcnet.losses.mse"
     predictions, targets = _regression_args(fn, predictions, targets, reduction)
@@ -412,7 +499,26 @@ def mse(predictions, targets, *, reduction: str = "mean"):
 
 
 def mae(predictions, targets, *, reduction: str = "mean"):
-    r"""Absolute error :math:`|x - y|`, matching ``torch.nn.functional.l1_loss``."""
+    r"""Absolute error :math:`|x - y|`, matching ``torch.nn.functional.l1_loss``.
+
+    Args:
+      predictions: float predictions.
+      targets: real targets of ``predictions``' shape.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``predictions``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``predictions`` not floating, or ``targets`` not real.
+      ValueError: a bad ``reduction``, or ``targets`` not of ``predictions``' shape.
+
+    Examples:
+      >>> x, y = jnp.array([[1.0, 2.0], [0.0, 0.0]]), jnp.array([[0.0, 0.0], [0.0, 1.0]])
+      >>> float(mae(x, y)), float(mae(x, y, reduction="sum"))
+      (1.0, 4.0)
+    """
     fn = "funcnet.losses.mae"
     predictions, targets = _regression_args(fn, predictions, targets, reduction)
     return _reduce(fn, jnp.abs(predictions - targets), reduction)
@@ -424,6 +530,24 @@ def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
     .. math::
         l = \begin{cases} \tfrac12 (x-y)^2 & |x-y| < \delta \\
                           \delta\,(|x-y| - \tfrac12\delta) & \text{otherwise} \end{cases}
+
+    Args:
+      predictions: float predictions.
+      targets: real targets of ``predictions``' shape.
+      delta: the threshold between the quadratic and linear parts, > 0.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``predictions``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``predictions`` not floating, or ``targets`` not real.
+      ValueError: a bad ``reduction`` or ``delta``, or ``targets`` not of ``predictions``' shape.
+
+    Examples:
+      >>> print(huber(jnp.array([0.5, 3.0]), jnp.array([0.0, 0.0]), reduction="none"))
+      [0.125 2.5  ]
     """
     fn = "funcnet.losses.huber"
     predictions, targets = _regression_args(fn, predictions, targets, reduction)
@@ -441,6 +565,22 @@ def smooth_l1(data, *, scalar: float = 1.0, reduction: str = "none"):
     With ``scalar=1`` this is :func:`huber` with ``delta=1`` applied to ``data``. The
     default ``reduction="none"`` is MXNet's (the elementwise values); the other
     reductions are the module's, e.g. ``"sum_mean"`` for a per-example sum.
+
+    Args:
+      data: float input, e.g. a difference of predictions and targets.
+      scalar: :math:`\sigma`, > 0.
+      reduction: ``"none"`` (default), ``"mean"``, ``"sum"`` or ``"sum_mean"``.
+
+    Returns:
+      ``data``'s shape with ``reduction="none"``, else a scalar; float32 or wider.
+
+    Raises:
+      TypeError: ``data`` not floating.
+      ValueError: a bad ``reduction`` or ``scalar``.
+
+    Examples:
+      >>> print(smooth_l1(jnp.array([-2.0, 0.5, 0.0])))  # |x| - 1/2, then x**2 / 2
+      [1.5   0.125 0.   ]
     """
     fn = "funcnet.losses.smooth_l1"
     data = _float_array(fn, data, "data")
@@ -462,6 +602,27 @@ def hinge(scores, labels, *, reduction: str = "mean"):
     ``{0, 1}``: any label ``> 0`` is the positive class (``y = +1``) and any label
     ``<= 0`` the negative one (``y = -1``). Concrete labels are checked: values other
     than -1, 0, 1, or a mix of -1 and 0, raise ``ValueError``.
+
+    Args:
+      scores: float scores.
+      labels: labels of ``scores``' shape, in ``{-1, 1}`` or in ``{0, 1}``.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``scores``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``scores`` not floating.
+      ValueError: a bad ``reduction``, ``labels`` not of ``scores``' shape, or concrete
+        labels outside both conventions.
+
+    Examples:
+      >>> scores = jnp.array([2.0, 0.5, -1.0])
+      >>> print(hinge(scores, jnp.array([1, 1, -1]), reduction="none"))
+      [0.  0.5 0. ]
+      >>> print(hinge(scores, jnp.array([1, 1, 0]), reduction="none"))  # {0, 1} labels
+      [0.  0.5 0. ]
     """
     fn = "funcnet.losses.hinge"
     scores = _float_array(fn, scores, "scores")
@@ -493,12 +654,36 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
     ``"mean"`` averages over samples (not weight-normalised, as torch). This sums over
     the wrong classes; ``optax.losses.multiclass_hinge_loss`` (Crammer–Singer) takes the
     max instead.
+
+    Args:
+      scores: float scores ``(..., C)``, classes on the last axis.
+      labels: integer class ids ``(...)``.
+      margin: the margin of every hinge term.
+      weight: optional per-class weights, shape ``(C,)``.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+      p: 1 or 2, the power of each hinge term.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``labels``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``scores`` not floating, or ``labels`` not integer.
+      ValueError: ``p`` not 1 or 2, a bad ``reduction`` or ``weight`` shape, ``labels``
+        not of ``scores``' shape without the class axis, or concrete class ids outside
+        ``[0, C)``.
+
+    Examples:
+      >>> # (max(0, 1 - 1 + 0) + max(0, 1 - 1 + 0.5)) / 3 classes
+      >>> round(float(multiclass_hinge(jnp.array([[1.0, 0.0, 0.5]]), jnp.array([0]))), 4)
+      0.1667
     """
     fn = "funcnet.losses.multiclass_hinge"
     if p not in (1, 2) or isinstance(p, bool):
         raise checks.ArgumentError(f"{fn}: p must be 1 or 2 (the power of each hinge term; "
                                    f"torch's multi_margin_loss supports only these), got "
                                    f"{checks.got(p)}.")
+    margin = _check_number(fn, "margin", margin)  # any real, as torch's
     scores = _float_array(fn, scores, "scores")
     labels = _int_labels(fn, labels, like=scores, like_what="scores")
     _check_reduction(fn, reduction)
@@ -603,6 +788,30 @@ def binary_cross_entropy(probs, labels, *, weight=None, reduction: str = "mean")
     Concrete ``probs`` outside ``[0, 1]`` raise ValueError (torch's "all elements of input
     should be between 0 and 1"); under jit such values give NaN (the log of a negative
     number).
+
+    Args:
+      probs: float probabilities in ``[0, 1]``.
+      labels: real targets of ``probs``' shape, 0/1 or probabilities.
+      weight: optional per-element weight, broadcast to ``probs``.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``probs``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``probs`` not floating, or ``labels`` or ``weight`` not real.
+      ValueError: a bad ``reduction``, ``labels`` not of ``probs``' shape, a ``weight``
+        that does not broadcast to it, or concrete ``probs`` outside ``[0, 1]``.
+
+    Examples:
+      >>> probs, labels = jnp.array([0.5, 0.0]), jnp.array([1.0, 1.0])
+      >>> print(jnp.round(binary_cross_entropy(probs, labels, reduction="none"), 4))
+      [  0.6931 100.    ]
+      >>> # torch's clamped gradient: finite even at p = 0
+      >>> g = jax.grad(lambda p: binary_cross_entropy(p, labels, reduction="sum"))(probs)
+      >>> round(float(g[0]), 4), bool(jnp.isfinite(g).all())
+      (-2.0, True)
     """
     fn = "funcnet.losses.binary_cross_entropy"
     probs = _float_array(fn, probs, "probs")
@@ -634,6 +843,32 @@ def kl_div(inputs, targets, *, reduction: str = "mean", log_target: bool = False
     mathematical KL divergence of a batch of distributions (torch recommends it);
     ``"mean"`` divides by the number of elements as torch's does; ``"sum"``, ``"none"``
     and ``"sum_mean"`` as the other losses. Shapes must be equal.
+
+    Args:
+      inputs: float log-probabilities.
+      targets: real probabilities of ``inputs``' shape (log-probabilities with
+        ``log_target=True``).
+      reduction: ``"mean"``, ``"batchmean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+      log_target: whether ``targets`` are log-probabilities.
+
+    Returns:
+      The reduced divergence, a float32 (or float64) scalar; ``inputs``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``inputs`` not floating, or ``targets`` not real.
+      ValueError: a bad ``reduction`` or ``log_target``, or ``targets`` not of
+        ``inputs``' shape.
+
+    Examples:
+      >>> log_q = jnp.log(jnp.array([[0.5, 0.5], [0.9, 0.1]]))
+      >>> p = jnp.array([[0.5, 0.5], [0.5, 0.5]])
+      >>> round(float(kl_div(log_q, p, reduction="batchmean")), 4)  # KL(p || q) per row
+      0.2554
+      >>> round(float(kl_div(log_q, p)), 4)  # torch's "mean": over the 4 elements
+      0.1277
+      >>> round(float(kl_div(log_q, jnp.log(p), reduction="batchmean", log_target=True)), 4)
+      0.2554
     """
     fn = "funcnet.losses.kl_div"
     inputs = _float_array(fn, inputs, "inputs")
@@ -674,6 +909,28 @@ def cosine_embedding_loss(x1, x2, labels, *, margin: float = 0.0, reduction: str
         l = \begin{cases} 1 - \cos & y = 1 \\ \max(0, \cos - \text{margin}) & y = -1 \end{cases}
 
     Concrete labels other than 1 and -1 raise ValueError (torch gives them a loss of 0).
+
+    Args:
+      x1: float rows ``(N, D)`` or ``(D,)``.
+      x2: float rows of ``x1``'s shape.
+      labels: 1 (similar) or -1 (dissimilar), shape ``(N,)`` or ``()``.
+      margin: the cosine below which a dissimilar pair costs nothing.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``labels``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``x1`` or ``x2`` not floating.
+      ValueError: a bad ``reduction`` or ``margin``, mismatched shapes, inputs not 1-D
+        or 2-D, or concrete labels other than 1 and -1.
+
+    Examples:
+      >>> x1, x2 = jnp.array([[1.0, 0.0], [1.0, 0.0]]), jnp.array([[1.0, 1.0], [1.0, 1.0]])
+      >>> # cos = 0.7071: 1 - cos for a similar pair, cos - margin for a dissimilar one
+      >>> print(jnp.round(cosine_embedding_loss(x1, x2, jnp.array([1, -1]), reduction="none"), 4))
+      [0.2929 0.7071]
     """
     fn = "funcnet.losses.cosine_embedding_loss"
     x1 = _float_array(fn, x1, "x1")
@@ -697,6 +954,28 @@ def margin_ranking_loss(x1, x2, labels, *, margin: float = 0.0, reduction: str =
     r"""Margin ranking loss, as ``torch.nn.functional.margin_ranking_loss``:
     :math:`l = \max(0, -y (x_1 - x_2) + \text{margin})`, ``y = 1`` when ``x1`` should
     rank higher and ``-1`` when ``x2`` should. The three arrays have one shape.
+
+    Args:
+      x1: float scores.
+      x2: float scores of ``x1``'s shape.
+      labels: 1 or -1 per pair, ``x1``'s shape.
+      margin: how far apart the scores must be to cost nothing.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``x1``'s shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``x1`` or ``x2`` not floating, or ``labels`` not real.
+      ValueError: a bad ``reduction`` or ``margin``, or mismatched shapes.
+
+    Examples:
+      >>> x1, x2, y = jnp.array([1.0, 2.0]), jnp.array([2.0, 1.0]), jnp.array([1.0, 1.0])
+      >>> print(margin_ranking_loss(x1, x2, y, reduction="none"))  # x1 should rank higher
+      [1. 0.]
+      >>> float(margin_ranking_loss(x1, x2, y))
+      0.5
     """
     fn = "funcnet.losses.margin_ranking_loss"
     x1 = _float_array(fn, x1, "x1")
@@ -732,6 +1011,30 @@ def triplet_margin_loss(anchor, positive, negative, *, margin: float = 1.0, p: f
     ``swap=True`` (the distance swap of Balntas et al. 2016) uses
     :math:`\min(d(a, n), d(p, n))` for the negative distance. ``margin`` must be > 0 and
     ``p`` > 0, as torch requires.
+
+    Args:
+      anchor: float rows ``(N, D)`` or ``(D,)``.
+      positive: float rows of ``anchor``'s shape, to be near it.
+      negative: float rows of ``anchor``'s shape, to be far from it.
+      margin: the required gap between the distances, > 0.
+      p: the norm degree, > 0.
+      eps: added to the differences, as torch's ``pairwise_distance`` does.
+      swap: use the distance swap.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``(N,)`` (or ``()``) with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: an input not floating.
+      ValueError: mismatched shapes, inputs not 1-D or 2-D, a bad ``reduction``,
+        ``margin``, ``p``, ``eps`` or ``swap``.
+
+    Examples:
+      >>> a, pos, neg = jnp.array([[0.0, 0.0]]), jnp.array([[1.0, 0.0]]), jnp.array([[0.0, 1.5]])
+      >>> round(float(triplet_margin_loss(a, pos, neg)), 4)  # 1 - 1.5 + margin 1
+      0.5
     """
     fn = "funcnet.losses.triplet_margin_loss"
     anchor = _float_array(fn, anchor, "anchor")
@@ -766,6 +1069,29 @@ def poisson_nll_loss(inputs, targets, *, log_input: bool = True, full: bool = Fa
     ``full=True`` adds Stirling's approximation of :math:`\log y!`,
     :math:`y \log y - y + \tfrac12 \log(2\pi y)`, for targets :math:`y > 1` (0 for the
     others), as torch does.
+
+    Args:
+      inputs: float log-rates (rates with ``log_input=False``).
+      targets: real counts of ``inputs``' shape.
+      log_input: whether ``inputs`` are log-rates.
+      full: add the Stirling term.
+      eps: keeps ``log(x + eps)`` finite with ``log_input=False``.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``inputs``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``inputs`` not floating, or ``targets`` not real.
+      ValueError: a bad ``reduction``, ``log_input``, ``full`` or ``eps``, or ``targets``
+        not of ``inputs``' shape.
+
+    Examples:
+      >>> # e**x - y*x: 1 - 0 and e - 2
+      >>> print(jnp.round(poisson_nll_loss(jnp.array([0.0, 1.0]), jnp.array([1.0, 2.0]),
+      ...                                  reduction="none"), 4))
+      [1.     0.7183]
     """
     fn = "funcnet.losses.poisson_nll_loss"
     inputs = _float_array(fn, inputs, "inputs")
@@ -800,6 +1126,30 @@ def gaussian_nll_loss(inputs, targets, var, *, full: bool = False, eps: float = 
     that shape with exactly one axis of size 1 where ``inputs`` has another size
     (homoscedastic), or is a number -- torch's rules. A negative concrete ``var`` raises
     ValueError, as in torch. ``targets`` have ``inputs``' shape.
+
+    Args:
+      inputs: float predicted means.
+      targets: real targets of ``inputs``' shape.
+      var: float predicted variances (shapes above), or a number.
+      full: add the constant :math:`\tfrac12 \log 2\pi`.
+      eps: the clamp of ``var``.
+      reduction: ``"mean"``, ``"sum"``, ``"sum_mean"`` or ``"none"``.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``inputs``' shape with
+      ``reduction="none"``.
+
+    Raises:
+      TypeError: ``inputs`` or ``var`` not floating, or ``targets`` not real.
+      ValueError: a bad ``reduction``, ``full`` or ``eps``, mismatched shapes, a ``var``
+        shape torch does not accept, or a negative concrete ``var``.
+
+    Examples:
+      >>> x, y = jnp.array([0.0, 1.0]), jnp.array([1.0, 1.0])
+      >>> print(gaussian_nll_loss(x, y, 1.0, reduction="none"))  # (log 1 + (x - y)**2) / 2
+      [0.5 0. ]
+      >>> round(float(gaussian_nll_loss(x, y, 1.0, full=True)), 4)  # + log(2 pi) / 2
+      1.1689
     """
     fn = "funcnet.losses.gaussian_nll_loss"
     inputs = _float_array(fn, inputs, "inputs")
@@ -854,6 +1204,35 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank: int = 
     normalises the input once more, which for log-probabilities changes the value by
     nothing and the gradient exactly as torch's formula does), so gradients through a
     ``log_softmax`` are those of torch.
+
+    Args:
+      log_probs: float per-frame log-probabilities ``(N, T, C)``.
+      targets: integer padded labels ``(N, S)``.
+      input_lengths: integer valid frames per sequence ``(N,)``, each in ``[0, T]``.
+      target_lengths: integer valid labels per sequence ``(N,)``, each in ``[0, S]``.
+      blank: the class id of the blank, in ``[0, C)``.
+      reduction: ``"mean"``, ``"sum"`` or ``"none"`` (torch's).
+      zero_infinity: make the infinite losses of impossible targets (and their
+        gradients) 0.
+
+    Returns:
+      The reduced loss, a float32 (or float64) scalar; ``(N,)`` with ``reduction="none"``.
+
+    Raises:
+      TypeError: ``log_probs`` not floating, or ``targets`` or a lengths array not integer.
+      ValueError: shapes other than those above, a ``blank`` outside ``[0, C)``, a bad
+        ``reduction``, or concrete lengths or targets (within ``target_lengths``) out of
+        range or equal to ``blank``.
+
+    Examples:
+      >>> log_probs = jnp.log(jnp.full((1, 2, 2), 0.5))  # 2 frames, classes {blank, 1}
+      >>> # "1" is read off 3 of the 4 paths: -log(0.75)
+      >>> round(float(ctc_loss(log_probs, jnp.array([[1]]), jnp.array([2]), jnp.array([1]))), 4)
+      0.2877
+      >>> # "1 1" needs a blank between the repeats, 3 frames: impossible in 2
+      >>> print(ctc_loss(log_probs, jnp.array([[1, 1]]), jnp.array([2]), jnp.array([2]),
+      ...                reduction="none"))
+      [inf]
     """
     fn = "funcnet.losses.ctc_loss"
     log_probs = _float_array(fn, log_probs, "log_probs")
@@ -915,7 +1294,24 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank: int = 
 # --------------------------------------------------------------------------- #
 
 def center_loss_init(num_classes: int, feature_dim: int, dtype=jnp.float32):
-    """Initial class centers: zeros of shape ``(num_classes, feature_dim)``."""
+    """Initial class centers: zeros of shape ``(num_classes, feature_dim)``.
+
+    Args:
+      num_classes: the number of classes, a positive int.
+      feature_dim: the size of each feature vector, a positive int.
+      dtype: the centers' dtype.
+
+    Returns:
+      The centers, zeros of shape ``(num_classes, feature_dim)``.
+
+    Raises:
+      ArgumentError: ``num_classes`` or ``feature_dim`` is not a positive int.
+
+    Examples:
+      >>> centers = center_loss_init(3, 2)
+      >>> centers.shape, centers.dtype
+      ((3, 2), dtype('float32'))
+    """
     for what, n in (("num_classes", num_classes), ("feature_dim", feature_dim)):
         checks.positive_int("center_loss_init", what, n)
     return jnp.zeros((int(num_classes), int(feature_dim)), dtype)
@@ -957,6 +1353,24 @@ def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None
       labels: ``(B,)`` integer class ids.
       alpha: center learning rate.
       axis_name: the ``pmap`` axis to reduce over, or None on one device.
+
+    Returns:
+      ``(loss, new_centers)``: the scalar loss (float32 or wider) and the updated centers,
+      ``centers``' shape and dtype, without gradient.
+
+    Raises:
+      TypeError: ``centers`` or ``features`` not floating, or ``labels`` not integer.
+      ValueError: shapes other than those above, a bad ``alpha``, or concrete labels
+        outside ``[0, num_classes)``.
+
+    Examples:
+      >>> centers = center_loss_init(2, 2)
+      >>> features, labels = jnp.array([[1.0, 0.0], [0.0, 2.0]]), jnp.array([0, 1])
+      >>> loss, new_centers = center_loss(centers, features, labels)
+      >>> float(loss)  # (1 + 4) / (2 * 2)
+      1.25
+      >>> new_centers.tolist()  # each center moves alpha * diff / (1 + n_j)
+      [[0.25, 0.0], [0.0, 0.5]]
     """
     fn = "funcnet.losses.center_loss"
     centers = _float_array(fn, centers, "centers", upcast=False)  # new_centers keep its dtype

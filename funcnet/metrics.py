@@ -50,6 +50,13 @@ __all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MS
 class Metric(NamedTuple):
     """A metric: ``(init, update, compute)``, each a pure function.
 
+    Attributes:
+      init: ``init() -> state``: a fresh state, a pytree of running sums and counts.
+      update: ``update(state, ...) -> state``: folds one batch in; pure and jit-able (the
+        arguments after ``state`` are the metric's: predictions and labels, values, ...).
+      compute: ``compute(state) -> value``: the metric's value (NaN while nothing has
+        been counted).
+
     Examples:
       >>> count = Metric(init=lambda: jnp.zeros((), jnp.int32),
       ...                update=lambda s, x: s + x.size, compute=lambda s: s)
@@ -191,7 +198,7 @@ def Accuracy() -> Metric:
     State: ``{"correct", "count"}`` int32.
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Examples:
       >>> acc = Accuracy()
@@ -231,7 +238,7 @@ def TopKAccuracy(k: int) -> Metric:
       k: how many of the highest scores count, >= 1.
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Raises:
       ArgumentError: ``k`` is not a positive int; (in ``update``) ``k`` exceeds the classes.
@@ -276,7 +283,7 @@ def ConfusionMatrix(num_classes: int) -> Metric:
       num_classes: the number of classes, >= 1.
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Raises:
       ArgumentError: ``num_classes`` is not a positive int.
@@ -383,7 +390,7 @@ def F1(average="binary", num_classes=None, *, threshold: float = 0.5,
       zero_division: the F1 of a class with a zero denominator (0.0, 1.0 or NaN).
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Raises:
       ArgumentError: an unknown ``average``, a missing or contradicting ``num_classes``,
@@ -547,7 +554,7 @@ def ROCAUC(capacity=None) -> Metric:
       capacity: the most examples one evaluation adds (required).
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Raises:
       ArgumentError: ``capacity`` is missing or not a positive int.
@@ -642,7 +649,7 @@ def Mean() -> Metric:
     State: ``{"total", "weight"}`` float32.
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Examples:
       >>> mean = Mean()
@@ -702,7 +709,7 @@ def MSE() -> Metric:
     ``update(state, predictions, labels, mask=None)``, equal shapes.
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Examples:
       >>> mse = MSE()
@@ -716,7 +723,7 @@ def MAE() -> Metric:
     """Mean absolute error over all (unmasked) elements.
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Examples:
       >>> mae = MAE()
@@ -730,7 +737,7 @@ def RMSE() -> Metric:
     """Root of the mean squared error over all elements (not a mean of per-batch roots).
 
     Returns:
-      A :class:`Metric`.
+      The metric, a :class:`Metric`.
 
     Examples:
       >>> rmse = RMSE()
@@ -758,7 +765,7 @@ def collection(**metrics: Metric) -> Metric:
       **metrics: the metrics, by name.
 
     Returns:
-      A :class:`Metric` whose state and ``compute`` are dicts by name.
+      The metric, a :class:`Metric` whose state and ``compute`` are dicts by name.
 
     Raises:
       ValueError: no metric given.

@@ -62,7 +62,17 @@ def _check_nonnegative(fn: str, name: str, value: Any) -> None:
 
 
 class TorchMomentumState(NamedTuple):
-    """State of :func:`torch_momentum`: the update count and the momentum buffer."""
+    """State of :func:`torch_momentum`: the update count and the momentum buffer.
+
+    Attributes:
+      count: int32 scalar, the updates made so far (0 before the first).
+      trace: the momentum buffer, a pytree like the params (zeros before the first update).
+
+    Examples:
+      >>> state = torch_momentum(0.5).init({"w": jnp.zeros(2)})
+      >>> int(state.count), state.trace["w"].tolist()
+      (0, [0.0, 0.0])
+    """
 
     count: jax.Array
     trace: Any
@@ -82,6 +92,27 @@ def torch_momentum(momentum: float, dampening: float = 0.0,
     give ``(1 - dampening) * g_1``) and has no dampening. When ``momentum`` is an
     array equal to 0 the update passes through unchanged, as in PyTorch, where a
     zero momentum means no buffer at all.
+
+    Args:
+      momentum: the buffer's decay (``torch.optim.SGD``'s ``momentum``).
+      dampening: the weight ``1 - dampening`` of each new update after the first.
+      nesterov: return ``g + momentum * b`` instead of ``b``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation` whose state is a
+      :class:`TorchMomentumState`. It scales nothing: chain it before
+      ``optax.scale_by_learning_rate`` (as :func:`sgd` does).
+
+    Examples:
+      >>> tx = torch_momentum(0.5)
+      >>> g = {"w": jnp.ones(2)}
+      >>> state = tx.init(g)
+      >>> out, state = tx.update(g, state)  # first update: the buffer is the gradient
+      >>> out["w"].tolist()
+      [1.0, 1.0]
+      >>> out, state = tx.update(g, state)  # then 0.5 * 1 + 1
+      >>> out["w"].tolist(), int(state.count)
+      ([1.5, 1.5], 2)
     """
     def init_fn(params):
         return TorchMomentumState(
@@ -129,10 +160,35 @@ def sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.0,
     freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
     ``requires_grad=False``; see :mod:`funcnet.params`).
 
+    Args:
+      learning_rate: a number or an optax schedule of the update count.
+      momentum: the momentum factor; 0 keeps no buffer.
+      dampening: dampening of the momentum (not applied on the first update).
+      nesterov: Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).
+      weight_decay: the L2 coefficient added to the gradient as ``weight_decay * p``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation` (an ``optax.chain``).
+
     Raises:
       ValueError: a negative ``learning_rate``/``momentum``/``weight_decay``, or
         ``nesterov=True`` without ``momentum > 0`` and ``dampening == 0``
         (PyTorch's rules).
+
+    Examples:
+      >>> opt = sgd(0.5, momentum=0.5)
+      >>> params = {"w": jnp.array([1.0, 2.0])}
+      >>> opt_state = opt.init(params)
+      >>> for _ in range(2):
+      ...     grads = {"w": jnp.ones(2)}
+      ...     updates, opt_state = opt.update(grads, opt_state, params)
+      ...     params = optax.apply_updates(params, updates)
+      >>> params["w"].tolist()  # 1 - 0.5 * 1, then - 0.5 * (0.5 * 1 + 1)
+      [-0.25, 0.75]
+      >>> sgd(0.1, nesterov=True)
+      Traceback (most recent call last):
+      ...
+      ValueError: sgd: Nesterov momentum requires momentum > 0 and dampening == 0 ...
     """
     checks.learning_rate("sgd", learning_rate)
     _check_nonnegative("sgd", "momentum", momentum)
@@ -174,9 +230,25 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
     freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
     ``requires_grad=False``; see :mod:`funcnet.params`).
 
+    Args:
+      learning_rate: a number or an optax schedule of the update count.
+      b1, b2: the decay rates of the first and second moment estimates.
+      eps: added to the bias-corrected ``sqrt(v)``.
+      weight_decay: the L2 coefficient added to the gradient as ``weight_decay * p``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation` (an ``optax.chain``).
+
     Raises:
       ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
         outside ``[0, 1)`` (PyTorch's checks).
+
+    Examples:
+      >>> opt = adam(0.1)
+      >>> params = {"w": jnp.array([1.0, 2.0])}
+      >>> updates, _ = opt.update({"w": jnp.array([0.5, -3.0])}, opt.init(params), params)
+      >>> np.round(optax.apply_updates(params, updates)["w"], 4)  # first step: lr * sign(g)
+      Array([0.9, 2.1], dtype=float32)
     """
     checks.learning_rate("adam", learning_rate)
     _check_nonnegative("adam", "eps", eps)
@@ -275,6 +347,21 @@ def scale_by_torch_adagrad(initial_accumulator_value: float = 0.0,
     ``optax.scale_by_rss`` computes ``g / sqrt(s + eps)`` (``eps`` inside the root,
     and 0 where ``s == 0``), so it cannot give torch's trajectory; the state is
     optax's own :class:`optax.ScaleByRssState`.
+
+    Args:
+      initial_accumulator_value: the starting value of the sum of squares ``s``.
+      eps: added to ``sqrt(s)``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation`; chain it with a learning rate
+      (:func:`adagrad` does).
+
+    Examples:
+      >>> tx = scale_by_torch_adagrad(initial_accumulator_value=3.0)
+      >>> g = {"w": jnp.array([1.0, -1.0])}
+      >>> out, state = tx.update(g, tx.init(g))  # g / sqrt(3 + 1)
+      >>> np.round(out["w"], 4), state.sum_of_squares["w"].tolist()
+      (Array([ 0.5, -0.5], dtype=float32), [4.0, 4.0])
     """
     def init_fn(params):
         return optax.ScaleByRssState(
@@ -326,6 +413,21 @@ def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999,
     digits when ``b**t`` is near 1 (``b2 = 0.999``, small ``t``); torch computes it
     in Python double. Here it is ``-expm1(t * log(b))``, accurate in float32 too.
     The state is optax's own :class:`optax.ScaleByAdamState`.
+
+    Args:
+      b1, b2: the decay rates of the first and second moment estimates.
+      eps: added to the bias-corrected ``sqrt(v)``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation`; chain it with a learning rate
+      (:func:`adam` and :func:`adamw` do).
+
+    Examples:
+      >>> tx = scale_by_torch_adam()
+      >>> g = {"w": jnp.array([0.5, -3.0])}
+      >>> out, state = tx.update(g, tx.init(g))  # first update: g / |g|
+      >>> np.round(out["w"], 4), int(state.count)
+      (Array([ 1., -1.], dtype=float32), 1)
     """
     def update_fn(updates, state, params=None):
         del params
@@ -363,6 +465,21 @@ def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
     step scalars (``1 - b**t``, ``rho_t``) are computed without cancellation (see
     :func:`_radam_rectification`), so float32 runs track torch's, which computes
     them in Python double. The state is optax's own :class:`optax.ScaleByAdamState`.
+
+    Args:
+      b1, b2: the decay rates of the first and second moment estimates.
+      eps: added to ``sqrt(v)`` before the bias correction.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation`; chain it with a learning rate
+      (:func:`radam` does).
+
+    Examples:
+      >>> tx = scale_by_torch_radam()
+      >>> g = {"w": jnp.array([0.5, -3.0])}
+      >>> out, state = tx.update(g, tx.init(g))  # rho_t <= 5: bias-corrected momentum, g
+      >>> np.round(out["w"], 4), int(state.count)
+      (Array([ 0.5, -3. ], dtype=float32), 1)
     """
     def update_fn(updates, state, params=None):
         del params
@@ -412,9 +529,27 @@ def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: flo
     freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
     ``requires_grad=False``; see :mod:`funcnet.params`).
 
+    Args:
+      learning_rate: a number or an optax schedule of the update count.
+      alpha: the decay of the running mean of squared gradients, in ``[0, 1]``.
+      eps: added to the root (outside it).
+      weight_decay: the L2 coefficient added to the gradient as ``weight_decay * p``.
+      momentum: the momentum factor; 0 keeps no buffer.
+      centered: divide by the root of the variance estimate ``v - gbar**2``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation` (an ``optax.chain``).
+
     Raises:
       ValueError: a negative ``learning_rate``/``alpha``/``eps``/``weight_decay``/
         ``momentum`` (PyTorch's checks).
+
+    Examples:
+      >>> opt = rmsprop(0.01)
+      >>> params = {"w": jnp.array([1.0, 2.0])}
+      >>> updates, _ = opt.update({"w": jnp.array([0.5, -3.0])}, opt.init(params), params)
+      >>> np.round(optax.apply_updates(params, updates)["w"], 4)  # g / sqrt(0.01 g**2) = 10 sign(g)
+      Array([0.9, 2.1], dtype=float32)
     """
     # alpha > 1 makes (1 - alpha) * g**2 negative and the square root NaN (torch only
     # checks alpha >= 0 and fails two steps later with a non-finite loss).
@@ -453,9 +588,26 @@ def adagrad(learning_rate: optax.ScalarOrSchedule, lr_decay: float = 0.0,
     freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
     ``requires_grad=False``; see :mod:`funcnet.params`).
 
+    Args:
+      learning_rate: a number or an optax schedule of the update count.
+      lr_decay: divides the learning rate by ``1 + (t - 1) * lr_decay``.
+      weight_decay: the L2 coefficient added to the gradient as ``weight_decay * p``.
+      initial_accumulator_value: the starting value of the sum of squares ``s``.
+      eps: added to ``sqrt(s)``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation` (an ``optax.chain``).
+
     Raises:
       ValueError: a negative ``learning_rate``/``lr_decay``/``weight_decay``/
         ``initial_accumulator_value``/``eps`` (PyTorch's checks).
+
+    Examples:
+      >>> opt = adagrad(0.1)
+      >>> params = {"w": jnp.array([1.0, 2.0])}
+      >>> updates, _ = opt.update({"w": jnp.array([0.5, -3.0])}, opt.init(params), params)
+      >>> np.round(optax.apply_updates(params, updates)["w"], 4)  # first step: lr * sign(g)
+      Array([0.9, 2.1], dtype=float32)
     """
     _check_recipe("adagrad", learning_rate, nonnegative=dict(
         lr_decay=lr_decay, weight_decay=weight_decay,
@@ -498,9 +650,28 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
     freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
     ``requires_grad=False``; see :mod:`funcnet.params`).
 
+    Args:
+      learning_rate: a number or an optax schedule of the update count.
+      b1, b2: the decay rates of the first and second moment estimates.
+      eps: added to the bias-corrected ``sqrt(v)``.
+      weight_decay: the decoupled decay: each step multiplies ``p`` by
+        ``1 - lr_t * weight_decay``.
+      mask: which leaves decay (a bool pytree or a function of the params); None: all.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation` (an ``optax.chain``).
+
     Raises:
       ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
         outside ``[0, 1)`` (PyTorch's checks).
+
+    Examples:
+      >>> opt = adamw(0.1, weight_decay=0.5)
+      >>> params = {"w": jnp.array([1.0, 2.0])}
+      >>> grads = {"w": jnp.zeros(2)}  # no gradient: only the decay, p * (1 - 0.1 * 0.5)
+      >>> updates, _ = opt.update(grads, opt.init(params), params)
+      >>> np.round(optax.apply_updates(params, updates)["w"], 4)
+      Array([0.95, 1.9 ], dtype=float32)
     """
     _check_recipe("adamw", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
                   below_one=dict(b1=b1, b2=b2))
@@ -529,9 +700,25 @@ def radam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
     freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
     ``requires_grad=False``; see :mod:`funcnet.params`).
 
+    Args:
+      learning_rate: a number or an optax schedule of the update count.
+      b1, b2: the decay rates of the first and second moment estimates.
+      eps: added to ``sqrt(v)`` before the bias correction.
+      weight_decay: the L2 coefficient added to the gradient as ``weight_decay * p``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation` (an ``optax.chain``).
+
     Raises:
       ValueError: negative ``learning_rate``/``eps``/``weight_decay`` or betas
         outside ``[0, 1)`` (PyTorch's checks).
+
+    Examples:
+      >>> opt = radam(0.1)
+      >>> params = {"w": jnp.array([1.0, 2.0])}
+      >>> updates, _ = opt.update({"w": jnp.array([0.5, -3.0])}, opt.init(params), params)
+      >>> np.round(optax.apply_updates(params, updates)["w"], 4)  # first steps: p - lr * g
+      Array([0.95, 2.3 ], dtype=float32)
     """
     _check_recipe("radam", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
                   below_one=dict(b1=b1, b2=b2))
@@ -564,9 +751,26 @@ def adadelta(learning_rate: optax.ScalarOrSchedule = 1.0, rho: float = 0.9, eps:
     freeze parameters, wrap the optimizer: ``funcnet.freeze(opt, mask)`` (PyTorch's
     ``requires_grad=False``; see :mod:`funcnet.params`).
 
+    Args:
+      learning_rate: a number or an optax schedule of the update count (torch's
+        default 1.0).
+      rho: the decay of both running means, in ``[0, 1]``.
+      eps: added inside both roots.
+      weight_decay: the L2 coefficient added to the gradient as ``weight_decay * p``.
+
+    Returns:
+      The transformation, an :class:`optax.GradientTransformation` (an ``optax.chain``).
+
     Raises:
       ValueError: a negative ``learning_rate``/``eps``/``weight_decay`` or
         ``rho`` outside ``[0, 1]`` (PyTorch's checks).
+
+    Examples:
+      >>> opt = adadelta()
+      >>> params = {"w": jnp.array([1.0, 2.0])}
+      >>> updates, _ = opt.update({"w": jnp.ones(2)}, opt.init(params), params)
+      >>> np.round(updates["w"], 4)  # -sqrt(eps) / sqrt(0.1 + eps): small first steps
+      Array([-0.0032, -0.0032], dtype=float32)
     """
     _check_recipe("adadelta", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
                   at_most_one=dict(rho=rho))

@@ -185,6 +185,27 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
     ``N*d1*...`` labels with rows; use ``multi_output`` or ``preserve_shape``).
     The ``out_grad`` option is not provided.
 
+    Args:
+      data: float scores, layouts above.
+      label: class ids (float or integer, truncated toward zero) or probabilities of
+        ``data``'s shape.
+      grad_scale: multiplies the gradient.
+      ignore_label: the label of positions to leave out (with ``use_ignore``).
+      use_ignore: give positions labelled ``ignore_label`` a zero gradient.
+      normalization: ``"null"``, ``"batch"`` or ``"valid"`` (table above).
+      multi_output: classes on axis 1, ``data (N, C, d1, ...)``.
+      preserve_shape: classes on the last axis of ``data (..., C)``.
+      smooth_alpha: label smoothing of the target distribution.
+
+    Returns:
+      The softmax probabilities, ``data``'s shape, float32 or wider.
+
+    Raises:
+      TypeError: ``data`` not floating, or ``label`` neither float nor integer.
+      ValueError: a scalar ``data``, a label shape the layout does not accept, a bad
+        ``normalization`` or scalar option, an unsupported option combination (above),
+        or concrete labels that are neither class ids nor ``ignore_label``.
+
     Examples:
       >>> softmax_output(jnp.zeros((1, 2)), jnp.array([0])).tolist()
       [[0.5, 0.5]]
@@ -357,6 +378,19 @@ def linear_regression_output(data, label, *, grad_scale: float = 1.0):
     reads it in data's memory order), e.g. ``(N,)`` for ``data (N, 1)``. ``label``
     gets a zero gradient; the incoming cotangent is ignored.
 
+    Args:
+      data: float predictions with a batch axis, ``(N, ...)``.
+      label: targets with ``data``'s batch size and element count.
+      grad_scale: multiplies the gradient.
+
+    Returns:
+      ``data`` unchanged, ``data``'s shape, float32 or wider.
+
+    Raises:
+      TypeError: ``data`` not floating, or ``label`` neither float nor integer.
+      ValueError: a scalar ``data``, a ``label`` of another batch size or element count,
+        or a bad ``grad_scale``.
+
     Examples:
       >>> f = lambda d: linear_regression_output(d, jnp.array([[1.0, 0.0]])).sum()
       >>> jax.grad(f)(jnp.array([[3.0, 2.0]])).tolist()  # (out - label) / num_output
@@ -372,6 +406,26 @@ def logistic_regression_output(data, label, *, grad_scale: float = 1.0):
     ``out = sigmoid(data)``;  ``grad = (out - label) * grad_scale / num_output`` with
     ``num_output = data.size / data.shape[0]``: the gradient of binary cross-entropy
     with respect to the logit. Label rules as :func:`linear_regression_output`.
+
+    Args:
+      data: float predictions with a batch axis, ``(N, ...)``.
+      label: targets with ``data``'s batch size and element count.
+      grad_scale: multiplies the gradient.
+
+    Returns:
+      ``sigmoid(data)``, ``data``'s shape, float32 or wider.
+
+    Raises:
+      TypeError: ``data`` not floating, or ``label`` neither float nor integer.
+      ValueError: a scalar ``data``, a ``label`` of another batch size or element count,
+        or a bad ``grad_scale``.
+
+    Examples:
+      >>> f = lambda d: logistic_regression_output(d, jnp.array([[1.0]]))
+      >>> f(jnp.zeros((1, 1))).tolist()
+      [[0.5]]
+      >>> jax.grad(lambda d: f(d).sum())(jnp.zeros((1, 1))).tolist()  # out - label
+      [[-0.5]]
     """
     return _regression("logistic_regression_output", jax.nn.sigmoid,
                        lambda out, lab: out - lab, data, label, grad_scale)
@@ -384,6 +438,24 @@ def mae_regression_output(data, label, *, grad_scale: float = 1.0):
     ``num_output = data.size / data.shape[0]`` and ``s = +1 if out - label > 0 else -1``
     (MXNet's ``minus_sign``: a tie gives -1, not 0). Label rules as
     :func:`linear_regression_output`.
+
+    Args:
+      data: float predictions with a batch axis, ``(N, ...)``.
+      label: targets with ``data``'s batch size and element count.
+      grad_scale: multiplies the gradient.
+
+    Returns:
+      ``data`` unchanged, ``data``'s shape, float32 or wider.
+
+    Raises:
+      TypeError: ``data`` not floating, or ``label`` neither float nor integer.
+      ValueError: a scalar ``data``, a ``label`` of another batch size or element count,
+        or a bad ``grad_scale``.
+
+    Examples:
+      >>> f = lambda d: mae_regression_output(d, jnp.array([1.0, 1.0])).sum()
+      >>> jax.grad(f)(jnp.array([[2.0], [1.0]])).tolist()  # the tie gets -1
+      [[1.0], [-1.0]]
     """
     def sign(out, lab):
         return jnp.where(out - lab > 0, jnp.ones_like(out), -jnp.ones_like(out))
@@ -416,6 +488,29 @@ def svm_output(data, label, *, margin: float = 1.0, regularization_coefficient: 
 
     Labels outside ``[0, C)`` make every score an "other class" score. ``label`` gets
     a zero gradient; the incoming cotangent is ignored.
+
+    Args:
+      data: float scores ``(..., C)``.
+      label: class ids of shape ``data.shape[:-1]`` (float or integer).
+      margin: ``m``.
+      regularization_coefficient: ``r``.
+      use_linear: the L1-SVM gradient instead of the L2-SVM one.
+
+    Returns:
+      ``data`` unchanged, float32 or wider.
+
+    Raises:
+      TypeError: ``data`` not floating, or ``label`` neither float nor integer.
+      ValueError: a scalar ``data``, a ``label`` of another shape, or a bad scalar option.
+
+    Examples:
+      >>> f = lambda d: svm_output(d, jnp.array([0])).sum()
+      >>> # label class: -2 (1 - 0.5); other class: 2 (1 + 0.25)
+      >>> jax.grad(f)(jnp.array([[0.5, 0.25]])).tolist()
+      [[-1.0, 2.5]]
+      >>> f1 = lambda d: svm_output(d, jnp.array([0]), use_linear=True).sum()
+      >>> jax.grad(f1)(jnp.array([[0.5, 0.25]])).tolist()
+      [[-1.0, 1.0]]
     """
     fn = "svm_output"
     data = _as_float_data(fn, data)
@@ -461,6 +556,19 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
 
     The incoming cotangent is ignored.
 
+    Args:
+      data: a float loss, any shape.
+      grad_scale: the gradient of every element before normalization.
+      normalization: ``"null"``, ``"batch"`` or ``"valid"``.
+      valid_thresh: the threshold of ``"valid"``.
+
+    Returns:
+      ``data`` unchanged, float32 or wider.
+
+    Raises:
+      TypeError: ``data`` not floating.
+      ValueError: a bad ``normalization``, ``grad_scale`` or ``valid_thresh``.
+
     Examples:
       >>> jax.grad(lambda x: make_loss(x ** 2).sum())(jnp.array([3.0])).tolist()
       [6.0]
@@ -487,6 +595,12 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
 
 def block_grad(x):
     """Identity forward, zero gradient (MXNet ``BlockGrad`` = ``jax.lax.stop_gradient``).
+
+    Args:
+      x: an array or a pytree of arrays.
+
+    Returns:
+      ``x``, with no gradient flowing back through it.
 
     Examples:
       >>> jax.grad(lambda x: (block_grad(x) * x).sum())(jnp.array([3.0])).tolist()
@@ -538,6 +652,26 @@ def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0,
 
     Returns ``(outputs, grads)``, or ``((outputs, aux), grads)`` with ``has_aux``;
     ``grads`` has the structure of ``args[argnums]``. Works under ``jax.jit``.
+
+    Args:
+      fun: the network, returning a pytree of outputs (and ``aux`` with ``has_aux``).
+      argnums: which positional argument(s) to differentiate.
+      has_aux: ``fun`` returns a pair ``(outputs, aux)``.
+
+    Returns:
+      A function of ``fun``'s arguments returning ``(outputs, grads)`` as above.
+
+    Raises:
+      TypeError: (when called) ``has_aux`` is set and ``fun`` does not return a pair.
+
+    Examples:
+      >>> heads = lambda d: {"cls": softmax_output(d, jnp.array([0])),
+      ...                    "reg": linear_regression_output(d, jnp.array([[1.0, 0.0]]))}
+      >>> outputs, g = value_and_grad(heads)(jnp.zeros((1, 2)))
+      >>> outputs["cls"].tolist(), outputs["reg"].tolist()
+      ([[0.5, 0.5]], [[0.0, 0.0]])
+      >>> g.tolist()  # softmax - one_hot, plus (out - label) / 2
+      [[-1.0, 0.5]]
     """
     inner = jax.value_and_grad(_seeded(fun, has_aux), argnums=argnums, has_aux=True)
 
@@ -555,6 +689,22 @@ def grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0,
 
     See :func:`value_and_grad` for the seeding rule. Returns ``grads``, or
     ``(grads, aux)`` with ``has_aux`` (the order :func:`jax.grad` uses).
+
+    Args:
+      fun: the network, returning a pytree of outputs (and ``aux`` with ``has_aux``).
+      argnums: which positional argument(s) to differentiate.
+      has_aux: ``fun`` returns a pair ``(outputs, aux)``.
+
+    Returns:
+      A function of ``fun``'s arguments returning ``grads`` (or ``(grads, aux)``).
+
+    Raises:
+      TypeError: (when called) ``has_aux`` is set and ``fun`` does not return a pair.
+
+    Examples:
+      >>> # an output op ignores the head gradient: scaling the head changes nothing
+      >>> grad(lambda d: 7.0 * softmax_output(d, jnp.array([0])))(jnp.zeros((1, 2))).tolist()
+      [[-0.5, 0.5]]
     """
     vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux)
 

@@ -48,7 +48,6 @@ has float32's exponent range and does not need loss scaling.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, NamedTuple
 
 import jax
@@ -229,6 +228,15 @@ class LossScale(NamedTuple):
       period: int32, finite steps after which a dynamic scale grows.
       factor: float32, the growth/shrink factor; ``1`` makes the scale static.
       min_scale: float32, the floor a dynamic scale never goes below.
+
+    Make one with :func:`static_loss_scale` or :func:`dynamic_loss_scale`.
+
+    Examples:
+      >>> ls = dynamic_loss_scale(2.0 ** 10, period=100)
+      >>> float(ls.scale), int(ls.good_steps), int(ls.period), float(ls.factor)
+      (1024.0, 0, 100, 2.0)
+      >>> jax.tree.map(jnp.shape, ls).scale  # every field an array: a pytree
+      ()
     """
 
     scale: jax.Array
@@ -346,6 +354,28 @@ def update_loss_scale(loss_scale: LossScale, grads_finite) -> LossScale:
     Non-finite: ``S <- max(S / factor, min_scale)``, ``good_steps <- 0``. Finite:
     ``good_steps + 1``; when that reaches ``period``, ``S <- S * factor`` (kept
     finite in float32) and ``good_steps <- 0``. With ``factor == 1`` ``S`` stays.
+
+    Args:
+      loss_scale: the current :class:`LossScale`.
+      grads_finite: a bool scalar (e.g. :func:`all_finite` of the unscaled gradients);
+        may be traced.
+
+    Returns:
+      The next :class:`LossScale`.
+
+    Raises:
+      TypeError: ``loss_scale`` is not a :class:`LossScale` (e.g. the arguments swapped).
+
+    Examples:
+      >>> ls = dynamic_loss_scale(2.0 ** 10, period=2)
+      >>> ls = update_loss_scale(ls, jnp.asarray(True))
+      >>> float(ls.scale), int(ls.good_steps)
+      (1024.0, 1)
+      >>> ls = update_loss_scale(ls, jnp.asarray(True))  # period finite steps: grows
+      >>> float(ls.scale), int(ls.good_steps)
+      (2048.0, 0)
+      >>> float(update_loss_scale(ls, jnp.asarray(False)).scale)  # non-finite: shrinks
+      1024.0
     """
     _check_scale("update_loss_scale", "grads_finite", loss_scale)
     ls = loss_scale
@@ -357,13 +387,3 @@ def update_loss_scale(loss_scale: LossScale, grads_finite) -> LossScale:
     return ls._replace(
         scale=jnp.where(grads_finite, grown, shrunk).astype(jnp.float32),
         good_steps=jnp.where(grads_finite & ~grow, good, 0).astype(jnp.int32))
-
-
-def __getattr__(name):
-    # make_scaled_train_step lived here until 0.2; loss scaling is now part of
-    # funcnet.train.make_train_step. The old name resolves (with a DeprecationWarning when
-    # called) for one release: looked up at run time so that this module, below the step,
-    # does not import it.
-    if name == "make_scaled_train_step":
-        return importlib.import_module("funcnet.train").make_scaled_train_step
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

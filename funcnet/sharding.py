@@ -430,6 +430,13 @@ def _match(node, params, specs):
 class Explained(NamedTuple):
     """What :func:`explain` found: one row per array leaf, and totals in bytes.
 
+    Attributes:
+      rows: one ``(path, shape, dtype, spec, bytes per device)`` tuple per array leaf, in
+        leaf order; ``spec`` is the ``PartitionSpec`` as text (``"host"`` for an array
+        not placed on a device) and the bytes are those of one shard.
+      bytes_total: the bytes of the whole tree, counted once (as one copy).
+      bytes_per_device: the most bytes any one device holds.
+
     Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
       >>> params = shard_params({"W": jnp.zeros((8, 4))}, mesh, [("W", P("data"))])
@@ -468,7 +475,7 @@ def explain(tree, *, print_fn: Optional[Callable[[str], None]] = print) -> Expla
       print_fn: called with the table (default ``print``); None prints nothing.
 
     Returns:
-      An :class:`Explained`; ``str()`` of it is the table.
+      The explanation, an :class:`Explained`; ``str()`` of it is the table.
 
     Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))

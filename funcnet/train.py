@@ -83,6 +83,15 @@ class TrainState(NamedTuple):
       loss_scale: a :class:`funcnet.precision.LossScale` when created with
         ``loss_scale=`` (float16 training: the step scales the loss, unscales the
         gradients, skips non-finite steps and updates the scale), ``()`` otherwise.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> ts = TrainState.create(Dense(2), optax.sgd(0.1), jax.random.key(0), (-1, 3))
+      >>> ts._fields
+      ('params', 'state', 'opt_state', 'step', 'rng', 'loss_state', 'ema', 'loss_scale')
+      >>> ts = ts._replace(step=ts.step + 1)  # a NamedTuple: replace fields, never mutate
+      >>> int(ts.step), [x.shape for x in jax.tree.leaves(ts.params)]
+      (1, [(3, 2), (2,)])
     """
 
     params: Any
@@ -113,6 +122,26 @@ class TrainState(NamedTuple):
         a dict ``{name: optimizer}`` (one state per model, ``opt_state[name]``;
         models left out are not trained). Each model is initialised with its own
         key, split from ``rng`` in sorted name order.
+
+        Args:
+          layer: a :class:`funcnet.Layer`, or a dict ``{name: (layer, input_shape)}``.
+          optimizer: an optax ``GradientTransformation``, or a dict ``{name: optimizer}``
+            for several models.
+          rng: a JAX PRNG key; split into the init key and the steps' key.
+          input_shape: the input shape for ``layer`` (``-1`` for the batch); left out
+            with a dict of models.
+          loss_state: the loss's initial state, ``()`` if none.
+          ema: keep an :class:`EMA` of the params.
+          loss_scale: a :class:`funcnet.precision.LossScale`, or None (no loss scaling).
+
+        Returns:
+          The train state, a :class:`TrainState` at step 0.
+
+        Raises:
+          TypeError: ``input_shape`` missing for a single layer, given with a dict of
+            models, or a dict entry that is not ``(layer, input_shape)``.
+          ValueError: a dict of optimizers naming models the dict of models lacks.
+          funcnet.errors.ArgumentError: a ``loss_scale`` that is not a ``LossScale``.
 
         Examples:
           >>> from funcnet.layers import Dense
@@ -159,6 +188,22 @@ class EMA(NamedTuple):
 
     Only params are averaged: layer state (BatchNorm statistics) is the live model's,
     as with ``AveragedModel(use_buffers=False)``, torch's default.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(2), optax.sgd(0.1)
+      >>> def loss_fn(params, state, batch, rng):
+      ...     return jnp.mean(net.apply(params, state, batch)[0] ** 2), Aux(state=state)
+      >>> ts = TrainState.create(net, opt, jax.random.key(0), (-1, 3), ema=True)
+      >>> step = jax.jit(make_train_step(loss_fn, opt, ema_decay=0.9))
+      >>> ts, _ = step(ts, jnp.ones((4, 3)))  # the first update copies the params
+      >>> bool(jnp.array_equal(ts.ema.params["W"], ts.params["W"]))
+      True
+      >>> before = ts.ema.params["W"]
+      >>> ts, _ = step(ts, jnp.ones((4, 3)))
+      >>> want = before + (1 - 0.9) * (ts.params["W"] - before)
+      >>> int(ts.ema.count), bool(jnp.allclose(ts.ema.params["W"], want))
+      (2, True)
     """
 
     params: Any
@@ -412,6 +457,33 @@ def make_scaled_train_step(loss_fn: Callable, optimizer, *,
     Returns the 0.1 form, ``step(train_state, loss_scale, batch) -> (train_state,
     loss_scale, metrics)``, computed by :func:`make_train_step` with ``loss_scale``
     put into the train state for the step (the ``train_state`` returned holds none).
+
+    Args:
+      loss_fn, optimizer, axis_name: as for :func:`make_train_step`.
+
+    Returns:
+      ``step(train_state, loss_scale, batch) -> (train_state, loss_scale, metrics)``,
+      pure and unjitted.
+
+    Raises:
+      funcnet.errors.ArgumentError: (from the step) its first two arguments are not
+        a :class:`TrainState` and a :class:`funcnet.precision.LossScale`, in that order.
+
+    Examples:
+      >>> import warnings
+      >>> from funcnet.layers import Dense
+      >>> net, opt = Dense(2), optax.sgd(0.1)
+      >>> def loss_fn(params, state, batch, rng):
+      ...     return jnp.mean(net.apply(params, state, batch)[0] ** 2), Aux(state=state)
+      >>> ts = TrainState.create(net, opt, jax.random.key(0), (-1, 3))
+      >>> with warnings.catch_warnings(record=True) as caught:
+      ...     warnings.simplefilter("always")
+      ...     step = make_scaled_train_step(loss_fn, opt)
+      >>> caught[0].category.__name__
+      'DeprecationWarning'
+      >>> ts, ls, metrics = step(ts, precision.static_loss_scale(1024.0), jnp.ones((4, 3)))
+      >>> int(ts.step), ts.loss_scale, float(ls.scale), sorted(metrics)
+      (1, (), 1024.0, ['grad_norm', 'grads_finite', 'loss', 'loss_scale'])
     """
     warnings.warn("make_scaled_train_step is deprecated and goes in funcnet 0.3: create the "
                   "state with TrainState.create(..., loss_scale=precision.dynamic_loss_scale()) "
@@ -717,6 +789,28 @@ def copy_params(train_state: TrainState, src: str, dst: str) -> TrainState:
     BatchNorm statistics, too). ``dst``'s optimizer state, if it has one, is left
     as it is. The copies are new arrays, so the result can be donated to a jitted
     step (one buffer may not be donated twice). Pure: jit it or call it eagerly.
+
+    Args:
+      train_state: a :class:`TrainState` of several models (created from a dict).
+      src: the model copied from (the online network).
+      dst: the model copied onto (the target network).
+
+    Returns:
+      The new :class:`TrainState`; ``train_state`` itself is unchanged.
+
+    Raises:
+      ValueError: ``src`` or ``dst`` is not a model of the state, or their params
+        differ in structure or shapes.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> models = {"online": (Dense(2), (-1, 3)), "target": (Dense(2), (-1, 3))}
+      >>> ts = TrainState.create(models, {"online": optax.sgd(0.1)}, jax.random.key(0))
+      >>> bool(jnp.array_equal(ts.params["online"]["W"], ts.params["target"]["W"]))
+      False
+      >>> ts = copy_params(ts, "online", "target")
+      >>> bool(jnp.array_equal(ts.params["online"]["W"], ts.params["target"]["W"]))
+      True
     """
     _check_pair("copy_params", train_state, src, dst)
     params = {**train_state.params, dst: jax.tree.map(jnp.copy, train_state.params[src])}
@@ -734,6 +828,33 @@ def polyak_update(train_state: TrainState, src: str, dst: str, tau) -> TrainStat
     ``optax.incremental_update``. ``tau=1`` copies, ``tau=0`` keeps ``dst``. Only
     params are averaged: ``dst``'s layer state (BatchNorm statistics) stays; copy
     it with :func:`copy_params` when it should follow. ``tau`` may be traced.
+
+    Args:
+      train_state: a :class:`TrainState` of several models (created from a dict).
+      src: the model mixed in (the online network).
+      dst: the model updated (the target network).
+      tau: the fraction of ``src`` mixed in, in ``[0, 1]`` (e.g. 0.005).
+
+    Returns:
+      The new :class:`TrainState`; ``train_state`` itself is unchanged.
+
+    Raises:
+      TypeError: ``tau`` is a string.
+      ValueError: a concrete ``tau`` outside ``[0, 1]``; ``src`` or ``dst`` is not a
+        model of the state, or their params differ in structure or shapes.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> models = {"online": (Dense(2), (-1, 3)), "target": (Dense(2), (-1, 3))}
+      >>> ts = TrainState.create(models, {"online": optax.sgd(0.1)}, jax.random.key(0))
+      >>> new = polyak_update(ts, "online", "target", tau=0.5)
+      >>> want = (ts.params["online"]["W"] + ts.params["target"]["W"]) / 2
+      >>> bool(jnp.allclose(new.params["target"]["W"], want))
+      True
+      >>> polyak_update(ts, "online", "target", tau=2.0)
+      Traceback (most recent call last):
+      ...
+      ValueError: polyak_update: tau must be in [0, 1] ...
     """
     _check_pair("polyak_update", train_state, src, dst)
     if isinstance(tau, (str, bytes)):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from funcnet import datasets
+from funcnet.datasets import idx
 from helpers.idx_files import idx_bytes, write_idx
 
 
@@ -55,3 +56,11 @@ def test_read_idx_md5_mismatch(tmp_path):
     with pytest.raises(datasets.CorruptFileError, match=f"expected {wrong}") as info:
         datasets.read_idx(path, md5=wrong)
     assert str(path) in str(info.value) and md5 in str(info.value)
+
+
+def test_read_idx_cached_takes_a_string_path(tmp_path):
+    arr = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    path = tmp_path / "x-idx2-ubyte"
+    write_idx(path, arr)
+    np.testing.assert_array_equal(idx.read_idx_cached(str(path)), arr)
+    assert idx.read_idx_cached(str(path)) is idx.read_idx_cached(path)  # one entry

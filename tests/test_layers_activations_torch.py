@@ -86,6 +86,11 @@ def _configs(rng):
                               (A.Hardsigmoid, nn.Hardsigmoid()), (A.Hardswish, nn.Hardswish()),
                               (A.Silu, nn.SiLU()), (A.Mish, nn.Mish())):
             out.append((layer, module, ()))
+    # approximate="tanh" in 20 configurations ("none" in 10): 10 more, last, so that the
+    # configurations above keep their random draws
+    out += [(A.Gelu(approximate="tanh"), nn.GELU(approximate="tanh"), ())] * (CONFIGS // 2)
+    tanh = sum(layer.name == "Gelu(approximate='tanh')" for layer, _, _ in out)
+    assert tanh >= CONFIGS, tanh
     return out
 
 
@@ -102,6 +107,15 @@ def test_activations_match_torch(dtype, rtol, atol):
             where = f"{layer.name} vs {module}"
             if isinstance(module, nn.CELU):
                 _check_celu(x, g, y, gx, yt, gxt, module.alpha, rtol, atol, where)
+                continue
+            if layer.name == "Gelu(approximate='tanh')" and dtype == np.float32:
+                # torch's float32 1 + tanh(.) cancels to 0 below about x = -4.5, where the
+                # value is about -2e-6 (funcnet's agrees with the float64 formula there)
+                x64 = x.astype(np.float64)
+                exact = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64**3)))
+                np.testing.assert_allclose(y, exact, rtol=1e-5, atol=1e-7, err_msg=where)
+                np.testing.assert_allclose(y, yt, rtol=rtol, atol=1e-5, err_msg=where)
+                np.testing.assert_allclose(gx, gxt, rtol=rtol, atol=1e-5, err_msg=where)
                 continue
             np.testing.assert_allclose(y, yt, rtol=rtol, atol=atol, err_msg=where)
             if layer is A.Hardsigmoid and dtype == np.float64:
@@ -142,8 +156,10 @@ def test_prelu_matches_torch(dtype, rtol, atol):
     rng = np.random.default_rng(1)
     N, L, C = SHAPE
     with jax.enable_x64(dtype == np.float64):
-        for i in range(CONFIGS):
+        kinds = [0, 0, 0]
+        for i in range(3 * CONFIGS):  # each of the three kinds in CONFIGS configurations
             kind = i % 3   # one shared slope; per channel, channels-last; channels-first
+            kinds[kind] += 1
             n, axis = [(1, -1), (C, -1), (L, 1)][kind]
             init = float(rng.uniform(-1, 1))
             layer = A.Prelu if i == 0 else A.Prelu(num_parameters=n, init=init, axis=axis)
@@ -166,6 +182,7 @@ def test_prelu_matches_torch(dtype, rtol, atol):
             np.testing.assert_allclose(gx, gxt, rtol=rtol, atol=atol, err_msg=where)
             np.testing.assert_allclose(gp["weight"], module.weight.grad.numpy(), rtol=rtol,
                                        atol=atol * SHAPE[0] * SHAPE[1], err_msg=where)
+        assert min(kinds) >= CONFIGS, kinds
 
 
 def test_gradients_at_kinks_are_torchs():

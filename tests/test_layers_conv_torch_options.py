@@ -102,7 +102,34 @@ def _run_all(cases, dtype, tol):
 # Conv padding_mode
 # --------------------------------------------------------------------------- #
 
-def _conv_config(rng, n, mode, dtype):
+# torch's refusals, and the words funcnet's error must use for the same reason
+CONV_REASONS = [("should be less than the corresponding input dimension",
+                 r"needs padding smaller than the input size"),
+                ("wrapping around more than once", r"needs padding at most the input size"),
+                ("Kernel size can't be greater than actual input size", r"empty|too small"),
+                ("Output size is too small", r"empty|too small|larger than the output"),
+                ("output padding must be smaller than either stride or dilation",
+                 r"output_padding.*smaller than")]
+
+
+def _refused_alike(refusal, build):
+    """funcnet refuses (at construction or init) what torch refused, for the same reason."""
+    [pattern] = [ours for theirs, ours in CONV_REASONS if theirs in refusal]
+    with pytest.raises(ValueError, match=pattern):  # ArgumentError is a ValueError
+        build()
+
+
+def _torch_refusal(fn):
+    try:
+        with torch.no_grad():
+            fn()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def _conv_config(rng, n, mode, dtype, refused):
+    """``refused`` collects torch's refusals met on the way (each checked refused here)."""
     """A random Conv{n}d with ``padding_mode=mode``: its funcnet layer, torch's function
     (``nn.Conv*d`` itself for symmetric and "same" padding; ``F.pad`` in the mode, then a
     convolution, for funcnet's asymmetric pads), inputs and weights."""
@@ -113,21 +140,36 @@ def _conv_config(rng, n, mode, dtype):
     dilation = tuple(int(v) for v in rng.integers(1, 3, n))
     kind = rng.choice(["int", "pairs", "same"])
     stride = (1,) * n if kind == "same" else tuple(int(v) for v in rng.integers(1, 3, n))
-    # reflect: pads below the size; circular: at most the size; replicate: any (torch's).
-    limit = {"reflect": -1, "circular": 0, "replicate": 2}[mode]
+    # torch decides: reflect wants pads below the size, circular at most the size, and
+    # every mode a padded input at least the (dilated) window; what it refuses, funcnet must
+    # refuse too (then a smaller window is drawn).
     while True:
         if kind == "int":
             p = int(rng.integers(0, 4))
+            if rng.random() < 0.15:  # at torch's limits: the smallest size, or one more
+                p = min(sizes) + int(rng.integers(0, 2))
             pads = [(p, p)] * n
         elif kind == "pairs":
             pads = [tuple(int(v) for v in rng.integers(0, 4, 2)) for _ in range(n)]
         else:
             totals = [d * (kk - 1) for d, kk in zip(dilation, k)]
             pads = [(t // 2, t - t // 2) for t in totals]
-        windows = [d * (kk - 1) + 1 for d, kk in zip(dilation, k)]
-        if all(max(lo, hi) <= s + limit and s + lo + hi >= w
-               for (lo, hi), s, w in zip(pads, sizes, windows)):
+        padding = {"int": pads[0][0], "pairs": pads, "same": "SAME"}[kind]
+        x1, w1 = torch.zeros(1, 1, *sizes), torch.zeros(1, 1, *k)
+        if kind == "pairs":
+            flat = [v for lo_hi in reversed(pads) for v in lo_hi]  # F.pad: last axis first
+            refusal = _torch_refusal(lambda: getattr(F, f"conv{n}d")(
+                F.pad(x1, flat, mode=mode), w1, stride=stride, dilation=dilation))
+        else:
+            refusal = _torch_refusal(lambda: getattr(torch.nn, f"Conv{n}d")(
+                1, 1, k, stride=stride, padding="same" if kind == "same" else padding,
+                dilation=dilation, padding_mode=mode, bias=False)(x1))
+        if refusal is None:
             break
+        _refused_alike(refusal, lambda: _init(
+            Conv(1, k, strides=stride, padding=padding, dilation=dilation, padding_mode=mode),
+            tuple(sizes) + (1,)))
+        refused.append(refusal)
         dilation = (1,) * n
         k = tuple(min(kk, 2) for kk in k)
     use_bias = bool(rng.integers(0, 4))  # mostly on
@@ -135,7 +177,6 @@ def _conv_config(rng, n, mode, dtype):
     impl = "xla"
     if not channels_first and groups == 1:
         impl = str(rng.choice(["xla", "chunked", "patches"]))
-    padding = {"int": pads[0][0], "pairs": pads, "same": "SAME"}[kind]
     layer = Conv(cout, k, strides=stride, padding=padding, dilation=dilation,
                  feature_group_count=groups, use_bias=use_bias, padding_mode=mode,
                  implementation=impl,
@@ -183,9 +224,12 @@ def _conv_config(rng, n, mode, dtype):
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_conv_padding_modes_match_torch(n, dtype, tol):
     rng = np.random.default_rng(100 * n + (dtype == np.float64))
+    refused = []
     with jax.enable_x64(dtype == np.float64):
-        cases = [_conv_config(rng, n, mode, dtype) for _ in range(CONFIGS) for mode in MODES]
+        cases = [_conv_config(rng, n, mode, dtype, refused) for _ in range(CONFIGS)
+                 for mode in MODES]
         _run_all(cases, dtype, tol)
+    assert len(refused) >= 1, refused
 
 
 def test_padding_modes_on_every_path_and_layout():
@@ -239,7 +283,7 @@ def test_padding_mode_limits_match_torch():
 # ConvTranspose groups
 # --------------------------------------------------------------------------- #
 
-def _transpose_config(rng, n, dtype):
+def _transpose_config(rng, n, dtype, refused):
     batch, *sizes = SIZES[n]
     groups = int(rng.integers(2, 4))
     cin, cout = groups * int(rng.integers(1, 3)), groups * int(rng.integers(1, 3))
@@ -255,11 +299,34 @@ def _transpose_config(rng, n, dtype):
         out_pad = (0,) * n
         padding = pads
     else:
-        p = int(rng.integers(0, 3))
-        while any(2 * p >= f for f in full):
-            p -= 1
-        padding = p
-        out_pad = tuple(int(rng.integers(0, max(s, d))) for s, d in zip(stride, dilation))
+        # torch decides: padding that empties the output, or output_padding not below the
+        # stride or the dilation, is refused by torch, then here, and drawn again.
+        while True:
+            padding = int(rng.integers(0, 3 + (rng.random() < 0.3)))
+            out_pad = tuple(max(s, d) if rng.random() < 0.1 else int(rng.integers(0, max(s, d)))
+                            for s, d in zip(stride, dilation))  # sometimes torch's limit
+            outs = [f - 2 * padding + o for f, o in zip(full, out_pad)]
+            if min(outs) < 1 and max(o >= max(s, d) for o, s, d
+                                     in zip(out_pad, stride, dilation)) == 0:
+                # An empty output: torch gives a 0-sized tensor in 1-D and fails inside
+                # oneDNN ("could not construct a memory descriptor") in 2-D and 3-D; funcnet
+                # refuses it on purpose, naming the padding and the output size.
+                with pytest.raises(ValueError, match=r"is larger than the output"):
+                    _init(ConvTranspose(groups, k, strides=stride, padding=padding,
+                                        dilation=dilation, output_padding=out_pad,
+                                        feature_group_count=groups), tuple(sizes) + (groups,))
+                refused.append("empty output")
+                continue
+            refusal = _torch_refusal(lambda: getattr(F, f"conv_transpose{n}d")(
+                torch.zeros(1, groups, *sizes), torch.zeros(groups, 1, *k), stride=stride,
+                padding=padding, output_padding=out_pad, dilation=dilation, groups=groups))
+            if refusal is None:
+                break
+            _refused_alike(refusal, lambda: _init(
+                ConvTranspose(groups, k, strides=stride, padding=padding, dilation=dilation,
+                              output_padding=out_pad, feature_group_count=groups),
+                tuple(sizes) + (groups,)))
+            refused.append(refusal)
     use_bias = bool(rng.integers(0, 4))
     channels_first = bool(rng.integers(0, 2))
     layout = TORCH_LAYOUT[n][0], TORCH_LAYOUT[n][1].replace("OI", "IO"), TORCH_LAYOUT[n][2]
@@ -298,9 +365,12 @@ def _transpose_config(rng, n, dtype):
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_grouped_conv_transpose_matches_torch(n, dtype, tol):
     rng = np.random.default_rng(200 * n + (dtype == np.float64))
+    refused = []
     with jax.enable_x64(dtype == np.float64):
-        cases = [_transpose_config(rng, n, dtype) for _ in range(CONFIGS if n < 3 else 8)]
+        cases = [_transpose_config(rng, n, dtype, refused)
+                 for _ in range(CONFIGS if n < 3 else 8)]
         _run_all(cases, dtype, tol)
+    assert len(refused) >= 1, refused
 
 
 def test_grouped_conv_transpose_weight_mapping():

@@ -20,14 +20,18 @@ def test_embedding_options_match_torch(dtype, tol):
     V, D = 7, 3   # one table shape: jax compiles each operation once per shape
     rng = np.random.default_rng(0)
     with jax.enable_x64(dtype == np.float64):
-        for i in range(24):
-            # each option alone, then together
+        padded = normed = by_freq_on = 0
+        for i in range(40):
+            # each option alone, then together: each on in at least 20 configurations
             padding_idx = int(rng.integers(-V, V)) if i % 4 in (0, 3) else None
             max_norm = float(rng.uniform(0.3, 2.0)) if i % 4 in (1, 3) else None
             norm_type = float(rng.choice([2.0, 1.0, 3.0, np.inf]))
             by_freq = i % 4 in (2, 3) or bool(rng.integers(2))
             cfg = dict(padding_idx=padding_idx, max_norm=max_norm, norm_type=norm_type,
                        scale_grad_by_freq=by_freq)
+            padded += padding_idx is not None
+            normed += max_norm is not None
+            by_freq_on += by_freq
             tm = torch.nn.Embedding(V, D, **cfg).to(_TORCH_DTYPE[dtype])
             layer = Embedding(V, D, **cfg)
             _, params, state = layer.init(jax.random.key(i), (2, 5))
@@ -61,6 +65,7 @@ def test_embedding_options_match_torch(dtype, tol):
                 # and the lookup of renormalised rows is a fixed point
                 y2, _ = layer.apply(renormed, state, jnp.asarray(ids))
                 np.testing.assert_allclose(y2, y, rtol=tol, atol=tol, err_msg=str(cfg))
+    assert min(padded, normed, by_freq_on) >= 20, (padded, normed, by_freq_on)
 
 
 def test_max_norm_training_follows_torch():

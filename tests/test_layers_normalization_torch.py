@@ -21,7 +21,10 @@ def _torch_module(kind, spatial, c, **kw):
     return cls(c, **kw)
 
 
-def _run_config(kind, rng, dtype, tol):
+_DRAW = object()
+
+
+def _run_config(kind, rng, dtype, tol, momentum_=_DRAW, track_=_DRAW):
     """One random configuration: a few train steps (outputs, gradients, running stats),
     then an eval step, compared with torch."""
     # a few fixed shapes: jax compiles each operation once per shape, and that is most of
@@ -33,6 +36,8 @@ def _run_config(kind, rng, dtype, tol):
     momentum = [0.1, 0.35, None if kind == "BatchNorm" else 1.0][rng.integers(3)]
     affine = bool(rng.integers(2))
     track = bool(rng.integers(2))
+    momentum = momentum if momentum_ is _DRAW else momentum_  # forced (drawn all the same)
+    track = track if track_ is _DRAW else track_
     eps = float([1e-5, 1e-3][rng.integers(2)])
     torch_kw = dict(eps=eps, momentum=momentum, affine=affine, track_running_stats=track)
     tm = _torch_module(kind, spatial, c, **torch_kw).to(_TORCH_DTYPE[dtype])
@@ -101,9 +106,17 @@ def test_batchnorm_options_match_torch(dtype, tol):
     """momentum (incl. None, the cumulative average), affine, track_running_stats, eps;
     the running variance is torch's unbiased one by default."""
     rng = np.random.default_rng(0)
+    cumulative = untracked = 0
     with jax.enable_x64(dtype == np.float64):
-        for _ in range(20):
-            _run_config("BatchNorm", rng, dtype, tol)
+        for i in range(30):
+            # momentum=None in 20 configurations, track_running_stats=False in 20 (both in
+            # 10); the other values in the rest
+            momentum = None if i % 3 != 2 else _DRAW
+            track = False if i % 3 != 1 else True
+            _run_config("BatchNorm", rng, dtype, tol, momentum_=momentum, track_=track)
+            cumulative += momentum is None
+            untracked += not track
+    assert min(cumulative, untracked) >= 20, (cumulative, untracked)
 
 
 @pytest.mark.parametrize("dtype,tol", DTYPES)

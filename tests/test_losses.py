@@ -587,3 +587,12 @@ def test_one_hot_labels_and_torch_layout_get_the_right_hint():
         loss(torch_logits, labels, axis=1)
     with pytest.raises(ValueError, match=r"multiclass_hinge.*axis 1.*jnp.moveaxis\(scores, 1, -1\)"):
         losses.multiclass_hinge(torch_logits, labels)
+
+
+def test_multiclass_hinge_checks_its_margin():
+    scores, labels = jnp.zeros((2, 3)), jnp.array([0, 2])
+    for bad in ("1", None, float("nan")):
+        with pytest.raises(ValueError, match="multiclass_hinge: margin"):
+            losses.multiclass_hinge(scores, labels, margin=bad)
+    # any real margin, as torch's multi_margin_loss (a negative one included)
+    np.testing.assert_allclose(losses.multiclass_hinge(scores, labels, margin=-0.5), 0.0)

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import funcnet
-from funcnet import datasets, initializers, losses, metrics, outputs, precision
+from funcnet import datasets, initializers, losses, metrics, outputs, precision, train
 from funcnet.layers import (GRU, LSTM, RNN, BatchNorm, Conv, ConvTranspose, Dense, Embedding,
                             LayerNorm, Relu)
 from funcnet.precision import Policy, apply_policy, parse_policy
@@ -374,7 +374,7 @@ def test_deprecated_make_scaled_train_step_warns_and_gives_the_same_step():
     opt = optax.adam(0.1)
     ls = precision.dynamic_loss_scale(2.0 ** 10, period=2)
     with pytest.warns(DeprecationWarning, match="TrainState.create\\(..., loss_scale="):
-        old = precision.make_scaled_train_step(_linear_loss, opt)
+        old = train.make_scaled_train_step(_linear_loss, opt)
     batch = jnp.asarray([1.0, 2.0, 3.0])
     new_old, ls_old, m_old = old(_linear_state(opt), ls, batch)
     new, m = make_train_step(_linear_loss, opt)(_linear_state(opt, ls), batch)

@@ -143,6 +143,21 @@ def test_no_function_local_funcnet_imports():
                          "import hides a cycle:\n" + "\n".join(local))
 
 
+def test_no_funcnet_module_is_imported_by_name_at_run_time():
+    # importlib.import_module("funcnet.x") is an import the graph above cannot see: the same
+    # cycle-hiding a function-local import is. Optional dependencies (importlib.util.
+    # find_spec("tensorboardX")) are not funcnet modules and stay allowed.
+    found = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
+                    ("import_module", "__import__")) and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and str(node.args[0].value).startswith("funcnet")):
+                found.append(f"{name}:{node.lineno} imports {node.args[0].value}")
+    assert found == [], "import funcnet modules at module level:\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_every_module_declares_all(name):
     module = importlib.import_module(name)

@@ -74,6 +74,19 @@ def read_idx(path, *, md5: Optional[str] = None) -> np.ndarray:
       FileNotFoundError: no such file.
       CorruptFileError: bad gzip stream, wrong magic number, a data size that
         disagrees with the header, or an md5 mismatch; the message names the file.
+
+    Examples:
+      >>> import gzip, pathlib, tempfile
+      >>> path = pathlib.Path(tempfile.mkdtemp()) / "tiny-idx2-ubyte.gz"
+      >>> header = bytes([0, 0, 0x08, 2]) + (2).to_bytes(4, "big") + (3).to_bytes(4, "big")
+      >>> _ = path.write_bytes(gzip.compress(header + bytes(range(6))))
+      >>> read_idx(path).tolist()  # uint8 (type 0x08), shape (2, 3)
+      [[0, 1, 2], [3, 4, 5]]
+      >>> _ = path.write_bytes(header + bytes(5))  # one byte short
+      >>> read_idx(path)
+      Traceback (most recent call last):
+      funcnet.errors.CorruptFileError: ...tiny-idx2-ubyte.gz: size mismatch: ...
+      >>> import shutil; shutil.rmtree(path.parent)
     """
     path = Path(path)
     data = _read_bytes(path)
@@ -90,7 +103,32 @@ _CACHE_SIZE = 8
 
 
 def read_idx_cached(path: Path, md5: Optional[str] = None) -> np.ndarray:
-    """:func:`read_idx`, cached in-process by path, size, mtime and md5; read-only."""
+    """:func:`read_idx`, cached in-process by path, size, mtime and md5; read-only.
+
+    The last 8 files read stay cached; a file rewritten since (another size or
+    modification time) is read again.
+
+    Args:
+      path: the file, a :class:`pathlib.Path` or a string.
+      md5: as for :func:`read_idx`.
+
+    Returns:
+      The array, read-only (one array shared by every caller).
+
+    Raises:
+      FileNotFoundError: no such file.
+      CorruptFileError: as for :func:`read_idx`.
+
+    Examples:
+      >>> import pathlib, tempfile
+      >>> path = pathlib.Path(tempfile.mkdtemp()) / "labels-idx1-ubyte"
+      >>> _ = path.write_bytes(bytes([0, 0, 0x08, 1]) + (3).to_bytes(4, "big") + bytes([7, 2, 1]))
+      >>> labels = read_idx_cached(path)
+      >>> labels.tolist(), labels.flags.writeable, read_idx_cached(path) is labels
+      ([7, 2, 1], False, True)
+      >>> import shutil; shutil.rmtree(path.parent)
+    """
+    path = Path(path)  # a str too, as read_idx takes
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns, md5)
     with _CACHE_LOCK:

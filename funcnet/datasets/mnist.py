@@ -128,6 +128,17 @@ def load(split: str = "train", data_dir=None, flatten: bool = False, *,
       MNISTNotFoundError: (a ``FileNotFoundError``) nothing found and the
         download failed or was disabled; lists every place searched.
       CorruptFileError: a file was found but is damaged (names the file).
+      ValueError: ``split`` is neither ``"train"`` nor ``"test"``.
+
+    Examples:
+      >>> images, labels = load("test", download=False)  # e.g. the repository's copy
+      >>> images.shape, images.dtype, labels.shape, labels.dtype
+      ((10000, 28, 28, 1), dtype('float32'), (10000,), dtype('int32'))
+      >>> float(images.min()), float(images.max()), labels[:5].tolist()
+      (0.0, 1.0, [7, 2, 1, 0, 4])
+      >>> load("valid")
+      Traceback (most recent call last):
+      ValueError: mnist.load: split must be one of ['test', 'train'], got 'valid'.
     """
     if split not in MNIST_FILES:
         raise ValueError(f"mnist.load: split must be one of {sorted(MNIST_FILES)}, got {split!r}.")

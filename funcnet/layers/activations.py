@@ -53,6 +53,19 @@ def elementwise(name: str, fn: Callable, axis: int | None = None) -> Layer:
     ``axis`` is for functions that work along one axis (softmax): it is checked
     against the input rank at ``init`` and at trace time.
 
+    Args:
+      name: the layer's name, shown in its repr and its error messages.
+      fn: the function, an array to an array of the same shape.
+      axis: the axis ``fn`` works along, or None for a function of each element.
+
+    Returns:
+      A parameter-free, stateless :class:`funcnet.Layer`: ``init(rng, input_shape)``
+      gives ``(input_shape, (), ())`` and ``apply`` gives ``(fn(inputs), state)``.
+
+    Raises:
+      ValueError: with ``axis``, an input (at ``init`` or at trace time) whose rank
+        has no such axis.
+
     Examples:
       >>> square = elementwise("Square", jnp.square)
       >>> square.name, square.apply((), (), jnp.arange(3.0))[0]
@@ -490,13 +503,50 @@ def _check_axis(layer: str, axis) -> int:
 
 
 def Softmax(axis: int = -1) -> Layer:
-    """``exp(x) / sum(exp(x), axis)``: ``torch.nn.Softmax(dim=axis)``."""
+    """``exp(x) / sum(exp(x), axis)``: ``torch.nn.Softmax(dim=axis)``.
+
+    Args:
+      axis: the axis the outputs sum to 1 along (torch's ``dim``), an int checked
+        against the input's rank at ``init`` and at trace time.
+
+    Returns:
+      A parameter-free, stateless :class:`funcnet.Layer`, named ``Softmax(axis=...)``;
+      the output has the input's shape.
+
+    Raises:
+      TypeError: ``axis`` is not an int.
+      ValueError: an input (at ``init`` or at trace time) whose rank has no such axis.
+
+    Examples:
+      >>> layer = Softmax()
+      >>> y, _ = layer.apply((), (), jnp.log(jnp.array([1.0, 3.0])))
+      >>> layer.name, np.round(np.asarray(y, np.float64), 3).tolist()
+      ('Softmax(axis=-1)', [0.25, 0.75])
+    """
     axis = _check_axis("Softmax", axis)
     return elementwise(f"Softmax(axis={axis})", lambda x: jax.nn.softmax(x, axis=axis), axis)
 
 
 def LogSoftmax(axis: int = -1) -> Layer:
-    """``x - logsumexp(x, axis)``: ``torch.nn.LogSoftmax(dim=axis)``."""
+    """``x - logsumexp(x, axis)``: ``torch.nn.LogSoftmax(dim=axis)``.
+
+    Args:
+      axis: the axis to normalise along (torch's ``dim``), an int checked against the
+        input's rank at ``init`` and at trace time.
+
+    Returns:
+      A parameter-free, stateless :class:`funcnet.Layer`, named
+      ``LogSoftmax(axis=...)``; the output has the input's shape.
+
+    Raises:
+      TypeError: ``axis`` is not an int.
+      ValueError: an input (at ``init`` or at trace time) whose rank has no such axis.
+
+    Examples:
+      >>> y, _ = LogSoftmax(axis=0).apply((), (), jnp.log(jnp.array([1.0, 3.0])))
+      >>> np.round(np.asarray(jnp.exp(y), np.float64), 3).tolist()
+      [0.25, 0.75]
+    """
     axis = _check_axis("LogSoftmax", axis)
     return elementwise(f"LogSoftmax(axis={axis})", lambda x: jax.nn.log_softmax(x, axis=axis), axis)
 

@@ -41,6 +41,18 @@ def causal_mask(q_len: int, k_len: Optional[int] = None, *, offset: int = 0) -> 
     ``nn.Transformer.generate_square_subsequent_mask(T)``. Broadcasts against
     ``(batch, heads, q_len, k_len)``.
 
+    Args:
+      q_len: the number of queries, a positive int.
+      k_len: the number of keys, a positive int; None for ``q_len``.
+      offset: the position of the first query among the keys, an int (0 when the
+        queries and keys line up).
+
+    Returns:
+      A boolean array of shape ``(q_len, k_len)``, True where the query may attend.
+
+    Raises:
+      ArgumentError: ``q_len`` or ``k_len`` not a positive int, or ``offset`` not an int.
+
     Examples:
       >>> causal_mask(3).astype(int).tolist()
       [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
@@ -56,6 +68,16 @@ def padding_mask(valid) -> jax.Array:
 
     torch's ``key_padding_mask`` is ``True`` at *padding*: pass ``padding_mask(~kpm)``.
     Combine with a causal mask by ``&``: ``padding_mask(v) & causal_mask(T)``.
+
+    Args:
+      valid: booleans of shape ``(batch, k_len)``, True at real tokens, False at padding.
+
+    Returns:
+      The mask, booleans of shape ``(batch, 1, 1, k_len)`` (True = may attend), which
+      broadcasts against ``(batch, heads, q_len, k_len)``.
+
+    Raises:
+      TypeError: ``valid`` is not boolean or not of rank 2.
 
     Examples:
       >>> padding_mask(jnp.array([[True, True, False]])).shape
@@ -116,6 +138,35 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
     which computes the softmax in the inputs' precision, at least float32. Both give
     a row whose keys are all masked the mean of the values (jax's convention; torch
     gives NaN there).
+
+    Args:
+      query: ``(B, T, H, D)``.
+      key, value: ``(B, S, H, D)``.
+      mask: booleans broadcastable to ``(B, H, T, S)``, True = may attend, or None.
+      bias: floats broadcastable to ``(B, H, T, S)``, added to the logits, or None.
+      causal: each query attends to the keys up to its own position (the last
+        query lined up with the last key when ``S > T``).
+      dropout, rng, train: dropout on the attention weights, applied only with
+        ``train=True`` and ``dropout > 0``.
+      implementation: None, ``"xla"``, ``"cudnn"`` or ``"reference"`` (above).
+      scale: the factor of the logits, default ``1/sqrt(D)``.
+
+    Returns:
+      ``(B, T, H, D)``: each head's weighted sum of the values.
+
+    Raises:
+      ValueError: an unknown ``implementation``; a mask or bias that does not
+        broadcast to ``(B, H, T, S)``; dropout with a forced jax implementation.
+      TypeError: a non-boolean ``mask`` or a boolean ``bias``.
+
+    Examples:
+      >>> q = jnp.ones((1, 3, 2, 4))  # (batch, time, heads, head_dim)
+      >>> dot_product_attention(q, q, q, causal=True).shape
+      (1, 3, 2, 4)
+      >>> v = jnp.arange(3.0).reshape(1, 3, 1, 1)
+      >>> qk = jnp.zeros((1, 3, 1, 1))  # equal logits: the mean of the visible values
+      >>> dot_product_attention(qk, qk, v, causal=True)[0, :, 0, 0].tolist()
+      [0.0, 0.5, 1.0]
     """
     if implementation not in _IMPLEMENTATIONS:
         raise ValueError(f"dot_product_attention: implementation must be one of "
@@ -231,6 +282,49 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
     so a decoding network shares the trained params. Going past ``L``: outside
     ``jit`` a ValueError; under ``jit`` the outputs are NaN (the write would
     otherwise land on the wrong slots silently).
+
+    Args:
+      num_heads: the number of heads ``H``, a positive int.
+      head_dim: the size ``D`` of each head, a positive int; None for ``E // num_heads``.
+      out_dim: the number of output features, a positive int; None for ``E``.
+      use_bias: False drops the bias ``b`` of every projection.
+      dropout: the probability of dropping each attention weight in train mode, in
+        ``[0, 1)``.
+      causal: True adds the causal mask: each query attends to its own position and the
+        ones before it.
+      rope: True rotates queries and keys by their positions (:func:`funcnet.layers.rope`)
+        before the scores; the head dim must then be even.
+      rope_base: the base of the rotary angles, > 0.
+      cache_length: the length ``L`` of the key/value cache for decoding (needs
+        ``causal=True``), or None for no cache.
+      W_init: the initializer of ``W_q``, ``W_k`` and ``W_v``; None for torch's
+        Glorot-uniform draws.
+      b_init: the initializer of every bias; None for zeros.
+      out_W_init: the initializer of ``W_out``; None for torch's Linear default.
+      implementation: None, ``"xla"``, ``"cudnn"`` or ``"reference"``, as
+        :func:`dot_product_attention`.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)``, with one shape
+      ``(B, T, E)`` or the shapes of ``(q, kv)`` or ``(q, k, v)``, gives
+      ``(output_shape, params, state)`` with output shape ``(B, T, out_dim)``; params
+      ``{"query", "key", "value", "out"}``, each ``{"W": (in, out), "b": (out,)}``
+      (float32; ``W`` is ``(E, H * D)`` for ``query``, ``(kdim, H * D)`` for ``key``,
+      ``(vdim, H * D)`` for ``value`` and ``(H * D, out_dim)`` for ``out``); and state
+      ``()``, or with ``cache_length`` the cache
+      ``{"key", "value": (B, L, H, D), "index": int32}``.
+
+    Raises:
+      ArgumentError: a bad ``num_heads``, ``head_dim``, ``out_dim``, ``dropout``,
+        ``rope_base`` or ``cache_length``, a flag that is not a bool, or an initializer
+        that is not one.
+      ValueError: an unknown ``implementation``; ``cache_length`` without
+        ``causal=True``; at ``init``, ``num_heads`` not dividing ``E`` (without
+        ``head_dim``), an odd head dim with ``rope``, keys and values of different
+        batch or length, or (decoding) an unknown batch size; at ``apply``, inputs that
+        do not fit the params, a mask or bias that does not broadcast, or (outside
+        ``jit``) decoding past the cache.
+      TypeError: at ``apply``, a non-boolean ``mask`` or a boolean ``bias``.
 
     Examples:
       >>> init, apply = MultiHeadAttention(num_heads=2, causal=True)
@@ -413,8 +507,22 @@ def _project_together(params, x, H, D):
 def cache_lengths(state) -> set:
     """The ``cache_length`` of every :func:`MultiHeadAttention` cache in a network's state.
 
-    Used by :func:`funcnet.generate.generate` to check, before tracing, that the prompt
+    Used by :func:`funcnet.decoding.generate` to check, before tracing, that the prompt
     and the new tokens fit.
+
+    Args:
+      state: a network's state (any nesting of dicts, tuples and lists).
+
+    Returns:
+      The set of cache lengths found; empty when the network has no cache.
+
+    Examples:
+      >>> from funcnet.combinators import serial
+      >>> net = serial(MultiHeadAttention(2, causal=True, cache_length=16),
+      ...              MultiHeadAttention(2, causal=True, cache_length=8))
+      >>> _, params, state = net.init(jax.random.key(0), (2, 1, 8))
+      >>> sorted(cache_lengths(state)), cache_lengths(())
+      ([8, 16], set())
     """
     found = set()
 

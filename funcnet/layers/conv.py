@@ -172,7 +172,7 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
     size) stay -1 in the output shape; the channel size must be known.
 
     Returns:
-      A :class:`funcnet.core.Layer` ``(init, apply)``.
+      The layer, a :class:`funcnet.core.Layer` ``(init, apply)``.
 
     Raises:
       ArgumentError: an unknown ``padding_mode``; ``"reflect"`` padding as large as
@@ -457,7 +457,7 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
         also PyTorch's.
 
     Returns:
-      A :class:`funcnet.core.Layer` ``(init, apply)``.
+      The layer, a :class:`funcnet.core.Layer` ``(init, apply)``.
 
     Raises:
       ArgumentError: a ``padding_mode`` other than ``"zeros"``; groups that do not

@@ -29,6 +29,14 @@ def linear(x, W, b=None):
     tensor-parallel split is kept) and the product's layout is stated
     (:func:`funcnet.sharding.matmul_sharding`).
 
+    Args:
+      x: the input, ``(..., in_dim)``, with any number of leading axes.
+      W: the kernel, ``(in_dim, out_dim)``.
+      b: the bias, ``(out_dim,)``, or None for none.
+
+    Returns:
+      ``x @ W + b``, of shape ``(..., out_dim)``: the leading axes of ``x`` kept.
+
     Examples:
       >>> linear(jnp.ones((2, 5, 3)), jnp.ones((3, 4))).shape
       (2, 5, 4)
@@ -49,6 +57,27 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
     Defaults are PyTorch's ``nn.Linear`` init: ``W_init=initializers.torch_default()``
     (``U(±1/sqrt(in_dim))``) and, when ``b_init`` is None,
     ``initializers.torch_default_bias(in_dim)``. Leading axes are batch axes.
+
+    Args:
+      out_dim: the number of output features, a positive int.
+      W_init: the kernel's initializer, ``init(key, shape, dtype)``; None for
+        ``initializers.torch_default()``.
+      b_init: the bias's initializer; None for ``initializers.torch_default_bias(in_dim)``.
+      use_bias: False drops the bias (params ``{"W"}`` only).
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` with
+      ``input_shape`` ``(..., in_dim)`` gives ``(output_shape, params, state)`` with
+      output shape ``(..., out_dim)``, params ``{"W": (in_dim, out_dim), "b": (out_dim,)}``
+      (float32) and state ``()``.
+
+    Raises:
+      ArgumentError: ``out_dim`` not a positive int, or ``W_init``/``b_init`` not an
+        initializer.
+      ValueError: at ``init``, an unknown (-1) feature size; at ``apply``, inputs whose
+        feature size is not the params' ``in_dim``.
+      MismatchError: at ``apply``, params with a ``"b"`` for ``use_bias=False``, or
+        without one for ``use_bias=True``.
 
     Examples:
       >>> init, apply = Dense(4)

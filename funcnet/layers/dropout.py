@@ -28,6 +28,15 @@ def Dropout(rate: float) -> Layer:
     Args:
       rate: drop probability, a real number in ``[0, 1)``.
 
+    Returns:
+      The layer, an ``(init, apply)`` pair without params or state:
+      ``init(rng, input_shape)`` gives ``(input_shape, (), ())``; the output has the
+      input's shape and dtype.
+
+    Raises:
+      ArgumentError: ``rate`` not a real number in ``[0, 1)``.
+      ValueError: at ``apply``, ``train=True`` with ``rate > 0`` and no ``rng``.
+
     Examples:
       >>> init, apply = Dropout(0.5)
       >>> x = jnp.ones((2, 4))
@@ -81,6 +90,16 @@ def SpatialDropout(rate: float) -> Layer:
 
     Args:
       rate: probability of dropping a channel, a real number in ``[0, 1)``.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair without params or state:
+      ``init(rng, input_shape)`` gives ``(input_shape, (), ())``; the output has the
+      input's shape and dtype.
+
+    Raises:
+      ArgumentError: ``rate`` not a real number in ``[0, 1)``.
+      ValueError: an input that is not of rank 3 to 5; at ``apply``, ``train=True``
+        with ``rate > 0`` and no ``rng``.
 
     Examples:
       >>> init, apply = SpatialDropout(0.5)

@@ -55,6 +55,25 @@ def embedding_renorm(params, ids, max_norm: float, norm_type: float = 2.0):
         loss, grads = jax.value_and_grad(loss_fn)(params, ids)
 
     Ids outside ``[0, vocab_size)`` are ignored here.
+
+    Args:
+      params: the :func:`Embedding`'s params, ``{"E": (vocab_size, dim)}``.
+      ids: integer token ids, any shape: the rows to renormalise.
+      max_norm: the largest norm a row may keep (> 0).
+      norm_type: the ``p`` of the p-norm (> 0, ``inf`` allowed).
+
+    Returns:
+      A copy of ``params`` with the renormalised table under ``"E"``.
+
+    Raises:
+      ArgumentError: ``max_norm`` or ``norm_type`` not a positive real number.
+      TypeError: ``ids`` that are not integers.
+
+    Examples:
+      >>> params = {"E": jnp.array([[3.0, 4.0], [0.3, 0.4], [6.0, 8.0]])}
+      >>> new = embedding_renorm(params, jnp.array([0, 1]), max_norm=1.0)
+      >>> np.round(np.asarray(new["E"], np.float64), 3).tolist()  # row 2 not in ids
+      [[0.6, 0.8], [0.3, 0.4], [6.0, 8.0]]
     """
     max_norm, norm_type = _check_max_norm("embedding_renorm", max_norm, norm_type)
     table = params["E"]
@@ -128,6 +147,43 @@ def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None, *,
 
     Ids split over Explicit mesh axes (``jax.make_mesh``) give rows split the same
     way (:func:`funcnet.distributed.gather`).
+
+    Args:
+      vocab_size: the number of rows of the table (ids lie in ``[0, vocab_size)``), a
+        positive int.
+      dim: the size of each embedding vector, a positive int.
+      E_init: the table's initializer, ``init(key, shape, dtype)``; None for
+        ``initializers.normal(1.0)``.
+      padding_idx: the row that starts as zeros and gets no gradient (negative counts
+        from the end), or None.
+      max_norm: the largest ``norm_type``-norm a looked-up row keeps (> 0), or None for
+        no renormalisation.
+      norm_type: the ``p`` of the p-norm for ``max_norm`` (> 0, ``inf`` allowed).
+      scale_grad_by_freq: True divides the gradient each id sends to its row by the
+        id's count in the batch.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` with
+      ``input_shape`` ``S`` gives ``(S + (dim,), params, state)`` with params
+      ``{"E": (vocab_size, dim)}`` (float32) and state ``()``.
+
+    Raises:
+      ArgumentError: ``vocab_size`` or ``dim`` not a positive int, a bad
+        ``max_norm``/``norm_type``/``scale_grad_by_freq``.
+      ValueError: ``padding_idx`` outside ``[-vocab_size, vocab_size)``; outside
+        ``jit``, an id outside ``[0, vocab_size)``.
+      TypeError: non-integer ids.
+
+    Examples:
+      >>> init, apply = Embedding(10, 3, padding_idx=0)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 4))
+      >>> out_shape, params["E"].shape, params["E"][0].tolist()  # the padding row: zeros
+      ((-1, 4, 3), (10, 3), [0.0, 0.0, 0.0])
+      >>> apply(params, state, jnp.array([[0, 1, 2, 9]]))[0].shape
+      (1, 4, 3)
+      >>> apply(params, state, jnp.array([10]))
+      Traceback (most recent call last):
+      ValueError: Embedding(10, 3): ids must be in [0, 10), found [10]. ...
     """
     vocab_size = checks.positive_int("Embedding", "vocab_size", vocab_size)
     dim = checks.positive_int("Embedding", "dim", dim)
@@ -209,6 +265,35 @@ def TiedEmbedding(vocab_size: int, dim: int, body=None, E_init=None) -> Layer:
     The same pattern ties any parameter: write a layer whose ``init`` creates the
     shared array once and whose ``apply`` reads it twice, around the child layers it
     runs with their own ``init``/``apply``.
+
+    Args:
+      vocab_size: the number of ids, and of output logits, a positive int.
+      dim: the size of each embedding vector, a positive int.
+      body: a layer mapping ``S + (dim,)`` to ``S + (dim,)``, run between the lookup and
+        the head; None for none (the identity).
+      E_init: the table's initializer; None for ``initializers.normal(1.0)``, as
+        :func:`Embedding`.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` with
+      ``input_shape`` ``S`` gives ``(S + (vocab_size,), params, state)`` (the logits'
+      shape) with params ``{"E": (vocab_size, dim)}``, plus ``"body"``, the body's
+      params, when there is a body, and state the body's state (``()`` without one).
+
+    Raises:
+      ArgumentError: ``vocab_size`` or ``dim`` not a positive int.
+      ValueError: a ``body`` that changes the shape (at init); out-of-range ids
+        outside ``jit``, as :func:`Embedding`.
+      TypeError: non-integer ids.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> init, apply = TiedEmbedding(10, 4, body=Dense(4))
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 6))
+      >>> out_shape, params["E"].shape, sorted(params)  # logits over the 10 ids
+      ((-1, 6, 10), (10, 4), ['E', 'body'])
+      >>> apply(params, state, jnp.zeros((2, 6), jnp.int32))[0].shape
+      (2, 6, 10)
     """
     vocab_size = checks.positive_int("TiedEmbedding", "vocab_size", vocab_size)
     dim = checks.positive_int("TiedEmbedding", "dim", dim)

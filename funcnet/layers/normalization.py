@@ -176,6 +176,50 @@ def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 
     :class:`funcnet.precision.Policy`). A state whose ``mean``/``var`` are in a
     dtype narrower than float32 (bfloat16, float16) is refused with a TypeError
     rather than silently drifting.
+
+    Args:
+      axis: the feature axis, an int: -1 for ``(N, C)`` and channels-last inputs, 1 for
+        channels-first ones.
+      momentum: the weight of the old running value, in ``[0, 1]`` (torch's
+        ``1 - momentum``); None for the cumulative average.
+      epsilon: added to the variance, >= 0.
+      center: False drops the bias.
+      scale: False drops the scale.
+      axis_name: the ``pmap``/``shard_map`` axis name whose devices' batch statistics
+        are averaged (synced BatchNorm), or None.
+      running_var: ``"unbiased"`` (torch's) or ``"biased"``: the batch variance the
+        running average accumulates.
+      track_running_stats: False keeps no running statistics (state ``()``) and uses the
+        batch statistics in eval mode too.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` gives
+      ``(input_shape, params, state)`` with params ``{"scale": (C,), "bias": (C,)}`` and
+      state ``{"mean": (C,), "var": (C,)}`` (float32, ``C`` the size of ``axis``; plus
+      ``"num_batches_tracked"``, an int32 scalar, for ``momentum=None``; ``()`` for
+      ``track_running_stats=False``). ``apply(..., train=True)`` returns the updated
+      state.
+
+    Raises:
+      ValueError: ``axis`` is not an int; in train mode (or without running
+        statistics), one value per feature in the batch.
+      ArgumentError: ``momentum`` outside ``[0, 1]``, a negative ``epsilon``, or an
+        unknown ``running_var``.
+      TypeError: running statistics in a dtype narrower than float32.
+
+    Examples:
+      >>> init, apply = BatchNorm()
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 3))
+      >>> out_shape, sorted(params), sorted(state)
+      ((-1, 3), ['bias', 'scale'], ['mean', 'var'])
+      >>> x = jnp.array([[0.0, 1.0, 2.0], [2.0, 3.0, 6.0]])
+      >>> y, new_state = apply(params, state, x, train=True)
+      >>> np.round(np.asarray(y, np.float64), 3).tolist()
+      [[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]]
+      >>> np.round(np.asarray(new_state["mean"], np.float64), 3).tolist()  # 0.1 * batch mean
+      [0.1, 0.2, 0.4]
+      >>> BatchNorm(axis=1).init(jax.random.key(0), (-1, 3, 8, 8))[2]["var"].shape  # NCHW
+      (3,)
     """
     if not checks.is_int(axis):
         raise ValueError(f"BatchNorm: axis must be an int (the feature axis), got {axis!r}.")
@@ -262,6 +306,40 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
     (running statistics that never move), which is ``momentum=1.0`` here. A single
     spatial position (variance 0) is refused in train
     mode or without running statistics, as torch refuses it.
+
+    Args:
+      axis: the channel axis, an int other than the batch axis: -1 (channels-last) or 1
+        (torch's ``(N, C, *spatial)``).
+      epsilon: added to the variance, >= 0.
+      momentum: the weight of the old running value, in ``[0, 1]`` (torch's
+        ``1 - momentum``), used with ``track_running_stats=True``; None is refused.
+      affine: True adds params ``{"scale", "bias"}``.
+      track_running_stats: True keeps running statistics, updated in train mode and used
+        in eval mode.
+      running_var: ``"unbiased"`` (torch's) or ``"biased"``, as :func:`BatchNorm`'s.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` gives
+      ``(input_shape, params, state)`` with params ``{"scale": (C,), "bias": (C,)}`` for
+      ``affine=True`` (else ``{}``) and state ``{"mean": (C,), "var": (C,)}`` (float32)
+      for ``track_running_stats=True`` (else ``()``), ``C`` the size of ``axis``.
+
+    Raises:
+      ArgumentError: ``axis`` is not an int, ``momentum=None`` or out of ``[0, 1]``,
+        a negative ``epsilon``, or an unknown ``running_var``.
+      ValueError: the channel axis is the batch axis (0); a single spatial
+        position in train mode or without running statistics; params built for
+        another number of channels.
+      TypeError: running statistics in a dtype narrower than float32.
+
+    Examples:
+      >>> init, apply = InstanceNorm(affine=True)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 4, 2))  # (N, L, C)
+      >>> out_shape, sorted(params), state
+      ((-1, 4, 2), ['bias', 'scale'], ())
+      >>> y, _ = apply(params, state, jnp.arange(16.0).reshape(2, 4, 2))
+      >>> np.round(np.asarray(y[0, :, 0], np.float64), 3).tolist()
+      [-1.342, -0.447, 0.447, 1.342]
     """
     if not checks.is_int(axis):
         raise checks.ArgumentError(f"InstanceNorm: axis must be an int (the channel axis), got "
@@ -369,6 +447,35 @@ def LayerNorm(axis=-1, epsilon: float = 1e-5, center: Optional[bool] = None, sca
     ``use_bias=False`` drops the bias: torch's ``nn.LayerNorm(bias=False)`` and nanoGPT's
     ``LayerNorm(ndim, bias=False)``. ``center`` is the same switch under Keras's name;
     give one of them (both, disagreeing, is an error).
+
+    Args:
+      axis: the axis or axes to normalise over, an int or a tuple of ints.
+      epsilon: added to the variance, >= 0.
+      center: Keras's name for ``use_bias``; None leaves the choice to ``use_bias``.
+      scale: False drops the scale.
+      use_bias: False drops the bias; None keeps it unless ``center=False``.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` gives
+      ``(input_shape, params, ())`` with params ``{"scale", "bias"}`` (float32), each of
+      the shape of the normalised axes: ``(C,)`` for ``axis=-1``.
+
+    Raises:
+      ValueError: ``center`` and ``use_bias`` disagree; a bad ``axis`` (not an int
+        or tuple of ints, or one axis twice); params built for other normalised
+        sizes.
+      ArgumentError: a negative ``epsilon``.
+
+    Examples:
+      >>> init, apply = LayerNorm()
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 4))
+      >>> out_shape, params["scale"].shape, params["bias"].shape, state
+      ((-1, 4), (4,), (4,), ())
+      >>> y, _ = apply(params, state, jnp.array([[1.0, 2.0, 3.0, 4.0]]))
+      >>> np.round(np.asarray(y, np.float64), 3).tolist()
+      [[-1.342, -0.447, 0.447, 1.342]]
+      >>> sorted(LayerNorm(use_bias=False).init(jax.random.key(0), (-1, 4))[1])
+      ['scale']
     """
     if center is not None and use_bias is not None and bool(center) != bool(use_bias):
         raise ValueError(f"LayerNorm: center={center!r} and use_bias={use_bias!r} are the same "
@@ -434,6 +541,31 @@ def RMSNorm(axis=-1, epsilon: Optional[float] = None, scale: bool = True) -> Lay
     normalised axes; ``scale=False`` drops it (torch's ``elementwise_affine=False``).
     ``axis`` as :func:`LayerNorm`. Statistics in at least float32; the output has the
     input's dtype. Stateless.
+
+    Args:
+      axis: the axis or axes to normalise over, an int or a tuple of ints.
+      epsilon: added to the mean square, >= 0; None for torch's default, the machine
+        epsilon of the statistics' dtype.
+      scale: False drops the scale (torch's ``elementwise_affine=False``).
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` gives
+      ``(input_shape, params, ())`` with params ``{"scale"}`` (float32) of the shape of
+      the normalised axes, or ``{}`` for ``scale=False``.
+
+    Raises:
+      ValueError: a bad ``axis`` (as :func:`LayerNorm`); params built for other
+        normalised sizes.
+      ArgumentError: a negative ``epsilon``, or ``scale`` not a bool.
+
+    Examples:
+      >>> init, apply = RMSNorm()
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 2))
+      >>> out_shape, params["scale"].shape, state
+      ((-1, 2), (2,), ())
+      >>> y, _ = apply(params, state, jnp.array([[3.0, 4.0]]))  # rms = sqrt(12.5)
+      >>> np.round(np.asarray(y, np.float64), 3).tolist()
+      [[0.849, 1.131]]
     """
     axes = _check_axes("RMSNorm", axis)
     if epsilon is not None:
@@ -486,6 +618,36 @@ def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bo
     together (LayerNorm over all but the batch), ``num_groups=C`` each alone
     (InstanceNorm). Statistics in at least float32; the output has the input's dtype.
     Stateless.
+
+    Args:
+      num_groups: the number of channel groups, a positive int dividing the channels.
+      axis: the channel axis, an int other than the batch axis: -1 (channels-last) or 1
+        (``NCHW``).
+      epsilon: added to the variance, >= 0.
+      center: False drops the bias.
+      scale: False drops the scale.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` gives
+      ``(input_shape, params, ())`` with params ``{"scale": (C,), "bias": (C,)}``
+      (float32), ``C`` the size of ``axis``.
+
+    Raises:
+      ArgumentError: ``num_groups`` not a positive int, ``axis`` not an int, a
+        negative ``epsilon``, or ``center``/``scale`` not bools.
+      ValueError: the channel axis is the batch axis (0); ``num_groups`` does not
+        divide the channels; params built for another number of channels.
+
+    Examples:
+      >>> init, apply = GroupNorm(2)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 4))  # (N, L, C)
+      >>> out_shape, params["scale"].shape, state
+      ((-1, 5, 4), (4,), ())
+      >>> apply(params, state, jax.random.normal(jax.random.key(1), (2, 5, 4)))[0].shape
+      (2, 5, 4)
+      >>> GroupNorm(3).init(jax.random.key(0), (-1, 4))
+      Traceback (most recent call last):
+      ValueError: GroupNorm(3): num_groups=3 does not divide the 4 channels on axis 1 ...
     """
     num_groups = checks.positive_int("GroupNorm", "num_groups", num_groups)
     axis = checks.integer("GroupNorm", "axis", axis)

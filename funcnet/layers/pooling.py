@@ -5,8 +5,11 @@ Inputs are channels-last, ``(N, *spatial, C)``, with ``len(window_shape)``
 spatial axes (1, 2 or 3). Padding is as in :func:`funcnet.layers.conv.Conv`:
 ``"VALID"``, ``"SAME"``, ``"SAME_LOWER"``, an int ``p`` (PyTorch's ``padding=p``)
 or per-axis ints or ``(low, high)`` pairs. Padding spelled as PyTorch spells it
-(ints) must be at most half the (dilated) window, PyTorch's rule; ``(low, high)``
-pairs must each be smaller than the window, so that every window overlaps the input.
+(ints) must be at most half the window, ``window // 2``, PyTorch's rule (its check
+ignores ``dilation``); ``(low, high)`` pairs must each be smaller than the (dilated)
+window. A max-pool window that dilation makes skip over the whole input (it would hold
+only padding) is refused, and so, as in PyTorch, is a 3-D ``AvgPool`` input smaller than
+the window on some axis when the padding is given as ints.
 Output sizes are ``(in + low + high - window) // stride + 1`` (PyTorch's
 ``ceil_mode=False``), or with ``ceil_mode=True`` PyTorch's rounding up, less a last
 window that would start in the right padding.
@@ -33,7 +36,8 @@ __all__ = ["MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool", "MaxUnpool",
 
 
 def _pool_args(name, window_shape, strides, padding, dilation=1):
-    """Checked window, strides, dilation, dilated window ("span") and padding."""
+    """Checked window, strides, dilation, dilated window ("span"), padding, and whether
+    the padding is spelled as PyTorch spells it (ints, or "VALID")."""
     window = window_tuple(name, window_shape, "window_shape")
     n = len(window)
     # PyTorch's default: non-overlapping windows.
@@ -47,18 +51,20 @@ def _pool_args(name, window_shape, strides, padding, dilation=1):
     padding = normalize_padding(name, padding, n)
     if not isinstance(padding, str):
         for ax, (pad, w, d, e) in enumerate(zip(padding, window, dilation, span)):
-            if torch_spelling and pad[0] > e // 2:
-                dilated = f" dilated by {d} spans {e}" if d > 1 else ""
+            # PyTorch checks the undilated window in every rank (its "effective kernel
+            # size" check also runs, but is looser): pad <= kernel_size // 2.
+            if torch_spelling and pad[0] > w // 2:
+                dilated = f" (dilation {d} does not count)" if d > 1 else ""
                 raise ArgumentError(
                     f"{name}: padding {pad[0]} on spatial axis {ax} is more than half the "
-                    f"window: window {w}{dilated}, so padding may be at most {e // 2} "
-                    f"(PyTorch's rule: pad should be at most half of effective kernel size). "
+                    f"window: window {w}{dilated}, so padding may be at most {w // 2} (PyTorch's "
+                    f"rule: pad should be smaller than or equal to half of kernel size). "
                     f"Use a smaller padding or a larger window.")
             if max(pad) >= e:
                 raise ArgumentError(
                     f"{name}: padding {padding} must be smaller than the window {span} "
                     f"(after dilation) on each axis, or some windows would only cover padding.")
-    return window, strides, dilation, span, padding
+    return window, strides, dilation, span, padding, torch_spelling or padding == "VALID"
 
 
 def _geometry(name, size, span, stride, padding, ceil_mode, axis):
@@ -83,11 +89,51 @@ def _geometry(name, size, span, stride, padding, ceil_mode, axis):
     return lo, hi, out, max((out - 1) * stride + span - (size + lo + hi), 0)
 
 
-def _make_pool(name, span, strides, padding, ceil_mode, reduce, two_outputs=False):
+def _check_min_input(name, size, window, axis):
+    """PyTorch's avg_pool3d refuses an input smaller than the kernel on any axis,
+    whatever the padding (its other pools only need one window)."""
+    if size < window:
+        raise ArgumentError(
+            f"{name}: input size {size} on axis {axis} is smaller than the window "
+            f"{window} (PyTorch's avg_pool3d rule: input image smaller than kernel size, "
+            f"padding does not count). Use an input of at least {window} on that axis or "
+            f"a smaller window, or spell the padding as (low, high) pairs or 'SAME', "
+            f"which only need one window.")
+
+
+def _check_reaches_input(name, size, geometry, stride, window, dilation, axis):
+    """Refuse a dilated window that skips over the whole input (only padding in it):
+    its max would be -inf, and PyTorch's index for it points outside the window (its
+    gradient lands on another element, even another channel's)."""
+    lo, _, out, _ = geometry
+    first = np.arange(out)[:, None] * stride - lo + np.arange(window)[None, :] * dilation
+    empty = ~np.any((first >= 0) & (first < size), axis=1)
+    if empty.any():
+        o = int(np.argmax(empty))
+        raise ValueError(
+            f"{name}: window {o} on axis {axis} covers only padding: input size {size}, "
+            f"window {window} with dilation {dilation} reads positions "
+            f"{first[o].tolist()} (padding {lo} before). Its max would be -inf, and "
+            f"PyTorch's index and gradient for such a window point at another element. "
+            f"Use a smaller dilation or less padding, or a larger input.")
+
+
+def _make_pool(name, span, strides, padding, ceil_mode, reduce, two_outputs=False, *,
+               window=None, dilation=None, min_input=False):
+    """``window``/``dilation`` given: refuse windows of only padding (MaxPool);
+    ``min_input``: refuse an input smaller than ``span`` (PyTorch's avg_pool3d)."""
     n = len(span)
 
+    def axis_geometry(ax, size, w, s, p):
+        if min_input:
+            _check_min_input(name, size, w, ax + 1)
+        g = _geometry(name, size, w, s, p, ceil_mode, ax + 1)
+        if dilation is not None and dilation[ax] > 1:
+            _check_reaches_input(name, size, g, s, window[ax], dilation[ax], ax + 1)
+        return g
+
     def geometry(shape):
-        return [None if d == -1 else _geometry(name, d, w, s, p, ceil_mode, ax + 1)
+        return [None if d == -1 else axis_geometry(ax, d, w, s, p)
                 for ax, (d, w, s, p) in enumerate(
                     zip(shape[1:-1], span, strides,
                         [padding] * n if isinstance(padding, str) else padding))]
@@ -177,8 +223,8 @@ def MaxPool(window_shape, strides=None, padding="VALID", *, dilation=1, ceil_mod
         ``(N, *spatial, C)`` with ``len(window_shape)`` spatial axes.
       strides: an int or one per axis; defaults to ``window_shape`` (PyTorch's).
       padding: ``"VALID"``, ``"SAME"``, ``"SAME_LOWER"``, an int or per-axis ints
-        (PyTorch's ``padding``: at most half the dilated window), or per-axis
-        ``(low, high)`` pairs.
+        (PyTorch's ``padding``: at most ``window // 2``, dilation aside, as PyTorch
+        checks it), or per-axis ``(low, high)`` pairs.
       dilation: an int or one per axis: the gap between window elements,
         PyTorch's ``dilation``; the window spans ``(window - 1) * dilation + 1``.
       ceil_mode: PyTorch's ``ceil_mode``: output sizes
@@ -197,8 +243,12 @@ def MaxPool(window_shape, strides=None, padding="VALID", *, dilation=1, ceil_mod
 
     Raises:
       ArgumentError: a bad window, stride, dilation or padding (an int padding
-        larger than half the dilated window, as in PyTorch).
-      ValueError: an input too small for one window.
+        larger than ``window // 2``, as in PyTorch, whatever the dilation).
+      ValueError: an input too small for one window; or a window that dilation
+        makes skip over the whole input, so that it holds only padding (e.g. input
+        size 1, window 2, dilation 2, padding 1). PyTorch gives such a window -inf,
+        an index outside it and its gradient to another element (even of another
+        channel); funcnet refuses it.
 
     Examples:
       >>> x = jnp.array([1., 3., 3., 2., 5.]).reshape(1, 5, 1)
@@ -207,8 +257,8 @@ def MaxPool(window_shape, strides=None, padding="VALID", *, dilation=1, ceil_mod
       ([3.0, 3.0, 5.0], [1, 2, 4])
     """
     name = f"MaxPool({window_shape!r})"
-    window, strides, dilation, span, padding = _pool_args(name, window_shape, strides, padding,
-                                                          dilation)
+    window, strides, dilation, span, padding, _ = _pool_args(name, window_shape, strides,
+                                                             padding, dilation)
     ceil_mode = checks.flag(name, "ceil_mode", ceil_mode)
     return_indices = checks.flag(name, "return_indices", return_indices)
     dims, steps = (1,) + window + (1,), (1,) + strides + (1,)
@@ -234,7 +284,8 @@ def MaxPool(window_shape, strides=None, padding="VALID", *, dilation=1, ceil_mod
         return lax.reduce_window(x, np.array(init, x.dtype), lax.max, dims, steps,
                                  ((0, 0),) + pads + ((0, 0),))
 
-    return _make_pool(name, span, strides, padding, ceil_mode, reduce, two_outputs=return_indices)
+    return _make_pool(name, span, strides, padding, ceil_mode, reduce, two_outputs=return_indices,
+                      window=window, dilation=dilation)
 
 
 def _tiled_max(x, window):
@@ -305,7 +356,9 @@ def AvgPool(window_shape, strides=None, padding="VALID", count_include_pad: bool
 
     Raises:
       ArgumentError: a bad window, stride or padding (an int padding larger than half
-        the window, as in PyTorch), or ``divisor_override`` 0 or not an int.
+        the window, as in PyTorch), ``divisor_override`` 0 or not an int, or in 3-D
+        with int padding an input smaller than the window on some axis (PyTorch's
+        avg_pool3d refuses it whatever the padding; its 1-D and 2-D pools do not).
       ValueError: an input too small for one window.
 
     Examples:
@@ -316,7 +369,8 @@ def AvgPool(window_shape, strides=None, padding="VALID", count_include_pad: bool
       [3.0, 7.0]
     """
     name = f"AvgPool({window_shape!r})"
-    window, strides, _, _, padding = _pool_args(name, window_shape, strides, padding)
+    window, strides, _, _, padding, torch_spelling = _pool_args(name, window_shape, strides,
+                                                                padding)
     count_include_pad = checks.flag(name, "count_include_pad", count_include_pad)
     ceil_mode = checks.flag(name, "ceil_mode", ceil_mode)
     if divisor_override is not None:
@@ -352,7 +406,10 @@ def AvgPool(window_shape, strides=None, padding="VALID", count_include_pad: bool
             return summed / jnp.asarray(math.prod(window), x.dtype)
         return summed / jnp.asarray(divisors(x.shape, geometry), x.dtype)
 
-    return _make_pool(name, window, strides, padding, ceil_mode, reduce)
+    # PyTorch's avg_pool3d (not its 1-D/2-D pools, nor max pools) wants the unpadded input
+    # at least the window on every axis; "SAME" and (low, high) pairs are not PyTorch's.
+    return _make_pool(name, window, strides, padding, ceil_mode, reduce,
+                      min_input=len(window) == 3 and torch_spelling)
 
 
 def _global_avg_init(rng, input_shape):

@@ -18,6 +18,19 @@ __all__ = ["sinusoidal_table", "rope", "LearnedPositions", "SinusoidalPositions"
 def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, dtype=jnp.float32):
     """``(length, dim)``: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(p / base^(2i/dim)).
 
+    Args:
+      length: the number of positions, a positive int.
+      dim: the number of features, a positive even int.
+      base: the base of the wavelengths.
+      dtype: the table's dtype.
+
+    Returns:
+      The table, an array of shape ``(length, dim)`` and dtype ``dtype``.
+
+    Raises:
+      ArgumentError: ``length`` or ``dim`` not a positive int.
+      ValueError: an odd ``dim``.
+
     Examples:
       >>> np.round(np.asarray(sinusoidal_table(2, 4), np.float64), 3).tolist()
       [[0.0, 1.0, 0.0, 1.0], [0.841, 0.54, 0.01, 1.0]]
@@ -48,6 +61,18 @@ def rope(x, positions=None, *, base: float = 10000.0):
     agree after permuting the features by ``[0, 2, 4, ..., 1, 3, 5, ...]`` (apply it to
     the columns of the query and key projections when loading such weights; tested).
     Angles in float32; the output has ``x``'s dtype. An odd ``D`` is a ValueError.
+
+    Args:
+      x: queries or keys, ``(..., T, H, D)`` with an even ``D``.
+      positions: each token's position, ints broadcastable to ``x.shape[:-2]``
+        (``(T,)`` or ``(B, T)``); None for ``arange(T)``.
+      base: the base of the angles.
+
+    Returns:
+      ``x`` rotated, an array of ``x``'s shape and dtype.
+
+    Raises:
+      ValueError: an odd ``D``.
 
     Examples:
       >>> rope(jnp.ones((1, 3, 2, 4))).shape  # (batch, time, heads, head_dim)
@@ -110,6 +135,23 @@ def LearnedPositions(max_length: int, dim=None, E_init=None, *, decode: bool = F
     under ``jit`` ``lax.dynamic_slice`` clamps the start, so keep decoding within the
     table (``generate`` checks the length before it runs).
 
+    Args:
+      max_length: the number of positions in the table, a positive int.
+      dim: the number of features; None for the input's last axis.
+      E_init: the table's initializer; None for ``N(0, 1)``, as ``nn.Embedding``.
+      decode: True for the decoding form, which keeps the next position in its state.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, (B, T, dim))`` gives
+      ``((B, T, dim), params, state)`` with params ``{"E": (max_length, dim)}``
+      (float32) and state ``()``, or ``{"index": int32}`` (0) with ``decode=True``.
+
+    Raises:
+      ArgumentError: ``max_length`` not a positive int, or ``E_init`` not an
+        initializer.
+      ValueError: an input not of rank 3; a sequence longer than ``max_length`` (with
+        ``decode=True``, outside ``jit``: decoding past it).
+
     Examples:
       >>> init, apply = LearnedPositions(16)
       >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 8))
@@ -130,6 +172,30 @@ def SinusoidalPositions(max_length: int, *, base: float = 10000.0, decode: bool 
     """``x + sinusoidal_table(max_length, dim)[0:T]``: fixed positions, no params.
 
     ``decode=True`` as :func:`LearnedPositions`.
+
+    Args:
+      max_length: the number of positions in the table, a positive int.
+      base: the base of the wavelengths, as :func:`sinusoidal_table`'s.
+      decode: True for the decoding form, as :func:`LearnedPositions`'s.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair without params: ``init(rng, (B, T, dim))``
+      gives ``((B, T, dim), (), state)`` with state ``()``, or ``{"index": int32}`` (0)
+      with ``decode=True``.
+
+    Raises:
+      ArgumentError: ``max_length`` not a positive int.
+      ValueError: an odd feature dimension; a sequence longer than ``max_length``
+        (with ``decode=True``, outside ``jit``: decoding past it).
+
+    Examples:
+      >>> init, apply = SinusoidalPositions(16)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 3, 4))
+      >>> out_shape, params, state
+      ((-1, 3, 4), (), ())
+      >>> y, _ = apply(params, state, jnp.zeros((1, 3, 4)))
+      >>> np.round(np.asarray(y[0], np.float64), 3).tolist()  # sinusoidal_table(16, 4)[:3]
+      [[0.0, 1.0, 0.0, 1.0], [0.841, 0.54, 0.01, 1.0], [0.909, -0.416, 0.02, 1.0]]
     """
     max_length = checks.positive_int("SinusoidalPositions", "max_length", max_length)
     return _positions_layer(f"SinusoidalPositions({max_length})", max_length,

@@ -234,6 +234,43 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
     (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
     ``bias=False`` (torch's) drops ``b_ih`` and ``b_hh`` everywhere: the equations
     above without their bias terms.
+
+    Args:
+      hidden_size: the number of hidden units ``H``, a positive int.
+      nonlinearity: ``"tanh"`` or ``"relu"``.
+      return_sequences: True outputs ``h`` at every step, ``(N, T, D * H)``; False only
+        the last, ``(N, D * H)`` (``D`` is 2 when bidirectional, else 1).
+      num_layers: the number of stacked layers, a positive int.
+      bidirectional: True adds a pass over the reversed sequence.
+      dropout: the probability of zeroing each output of every layer but the last in
+        train mode, in ``[0, 1)``.
+      return_state: True also outputs torch's final state ``h_n``.
+      bias: False drops ``b_ih`` and ``b_hh``.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, (N, T, F))`` gives
+      ``(output_shape, params, ())`` (stateless). The output shape is ``(N, T, D * H)``
+      or ``(N, D * H)``; with ``return_state``, paired with the final states' shapes,
+      ``h_n``: ``(num_layers * D, N, H)``.
+      Params ``{"W_ih": (F, H), "W_hh": (H, H), "b_ih": (H,), "b_hh": (H,)}``
+      (float32) for one layer and direction, else one such dict per layer and direction
+      under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ... (``W_ih`` ``(D * H, H)`` above
+      the first layer).
+
+    Raises:
+      ArgumentError: ``hidden_size`` or ``num_layers`` not a positive int, or
+        ``dropout`` outside ``[0, 1)``.
+      ValueError: a flag that is not a bool, or ``nonlinearity`` not ``"tanh"``/``"relu"``; ``lengths`` of the wrong
+        shape or dtype, or (outside ``jit``) outside ``[0, T]``; a badly shaped
+        ``initial_state``.
+
+    Examples:
+      >>> init, apply = RNN(4)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 3))  # (N, T, F)
+      >>> out_shape, {k: v.shape for k, v in sorted(params.items())}
+      ((-1, 5, 4), {'W_hh': (4, 4), 'W_ih': (3, 4), 'b_hh': (4,), 'b_ih': (4,)})
+      >>> apply(params, state, jnp.ones((2, 5, 3)))[0].shape
+      (2, 5, 4)
     """
     acts = {"tanh": jnp.tanh, "relu": jax.nn.relu}
     if nonlinearity not in acts:
@@ -279,6 +316,43 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
     (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
     ``bias=False`` (torch's) drops ``b_ih`` and ``b_hh`` everywhere: the equations
     above without their bias terms.
+
+    Args:
+      hidden_size: the number of hidden units ``H``, a positive int.
+      return_sequences: True outputs ``h`` at every step, ``(N, T, D * H)``; False only
+        the last, ``(N, D * H)`` (``D`` is 2 when bidirectional, else 1).
+      num_layers: the number of stacked layers, a positive int.
+      bidirectional: True adds a pass over the reversed sequence.
+      dropout: the probability of zeroing each output of every layer but the last in
+        train mode, in ``[0, 1)``.
+      return_state: True also outputs torch's final states ``(h_n, c_n)``.
+      bias: False drops ``b_ih`` and ``b_hh``.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, (N, T, F))`` gives
+      ``(output_shape, params, ())`` (stateless). The output shape is ``(N, T, D * H)``
+      or ``(N, D * H)``; with ``return_state``, paired with the final states' shapes,
+      ``(h_n, c_n)``: each ``(num_layers * D, N, H)``.
+      Params ``{"W_ih": (F, 4 * H), "W_hh": (H, 4 * H), "b_ih": (4 * H,), "b_hh": (4 * H,)}``
+      (float32) for one layer and direction, else one such dict per layer and direction
+      under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ... (``W_ih`` ``(D * H, 4 * H)`` above
+      the first layer).
+
+    Raises:
+      ArgumentError: ``hidden_size`` or ``num_layers`` not a positive int, or
+        ``dropout`` outside ``[0, 1)``.
+      ValueError: a flag that is not a bool; ``lengths`` of the wrong
+        shape or dtype, or (outside ``jit``) outside ``[0, T]``; a badly shaped
+        ``initial_state``.
+
+    Examples:
+      >>> init, apply = LSTM(4, return_sequences=False, return_state=True)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 3))
+      >>> params["W_ih"].shape, params["W_hh"].shape  # gates i, f, g, o side by side
+      ((3, 16), (4, 16))
+      >>> h, (h_n, c_n) = apply(params, state, jnp.ones((2, 5, 3)))[0]
+      >>> h.shape, h_n.shape, c_n.shape  # h_n: (num_layers * directions, N, H)
+      ((2, 4), (1, 2, 4), (1, 2, 4))
     """
 
     def step(params, carry, xp):
@@ -323,6 +397,43 @@ def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
     (torch's ``weight_ih_l1_reverse`` is ``params["l1_reverse"]["W_ih"].T``).
     ``bias=False`` (torch's) drops ``b_ih`` and ``b_hh`` everywhere: the equations
     above without their bias terms.
+
+    Args:
+      hidden_size: the number of hidden units ``H``, a positive int.
+      return_sequences: True outputs ``h`` at every step, ``(N, T, D * H)``; False only
+        the last, ``(N, D * H)`` (``D`` is 2 when bidirectional, else 1).
+      num_layers: the number of stacked layers, a positive int.
+      bidirectional: True adds a pass over the reversed sequence.
+      dropout: the probability of zeroing each output of every layer but the last in
+        train mode, in ``[0, 1)``.
+      return_state: True also outputs torch's final state ``h_n``.
+      bias: False drops ``b_ih`` and ``b_hh``.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, (N, T, F))`` gives
+      ``(output_shape, params, ())`` (stateless). The output shape is ``(N, T, D * H)``
+      or ``(N, D * H)``; with ``return_state``, paired with the final states' shapes,
+      ``h_n``: ``(num_layers * D, N, H)``.
+      Params ``{"W_ih": (F, 3 * H), "W_hh": (H, 3 * H), "b_ih": (3 * H,), "b_hh": (3 * H,)}``
+      (float32) for one layer and direction, else one such dict per layer and direction
+      under ``"l0"``, ``"l0_reverse"``, ``"l1"``, ... (``W_ih`` ``(D * H, 3 * H)`` above
+      the first layer).
+
+    Raises:
+      ArgumentError: ``hidden_size`` or ``num_layers`` not a positive int, or
+        ``dropout`` outside ``[0, 1)``.
+      ValueError: a flag that is not a bool; ``lengths`` of the wrong
+        shape or dtype, or (outside ``jit``) outside ``[0, T]``; a badly shaped
+        ``initial_state``.
+
+    Examples:
+      >>> init, apply = GRU(4, num_layers=2, bidirectional=True)
+      >>> out_shape, params, state = init(jax.random.key(0), (-1, 5, 3))
+      >>> out_shape, sorted(params)  # forward and reverse side by side: 2 * 4 features
+      ((-1, 5, 8), ['l0', 'l0_reverse', 'l1', 'l1_reverse'])
+      >>> y, _ = apply(params, state, jnp.ones((2, 5, 3)), lengths=jnp.array([5, 3]))
+      >>> y.shape, float(jnp.abs(y[1, 3:]).max())  # the padded steps output zeros
+      ((2, 5, 8), 0.0)
     """
 
     def step(params, carry, xp):

@@ -124,6 +124,26 @@ def Upsample(scale_factor=None, size=None, mode: str = "nearest",
     Output values match ``torch.nn.Upsample`` on the same (channels-first) data to
     float32 rounding; gradients are those of the gather and weighted sum.
 
+    Args:
+      scale_factor: the factor of the spatial sizes, a positive number or a tuple of
+        one per spatial axis; None when ``size`` is given.
+      size: the output spatial size, a positive int or a tuple of one per spatial axis;
+        None when ``scale_factor`` is given.
+      mode: ``"nearest"``, ``"linear"``, ``"bilinear"`` or ``"trilinear"``.
+      align_corners: for the linear modes, True lines up the centres of the corner
+        pixels; must be False with ``"nearest"``.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair without params or state:
+      ``init(rng, (N, *spatial, C))`` gives ``((N, *out_spatial, C), (), ())``.
+
+    Raises:
+      ArgumentError: both or neither of ``scale_factor`` and ``size``; an unknown
+        ``mode``; ``align_corners`` not a bool, or True with ``"nearest"``; a size or
+        scale factor that is not positive, or a tuple of the wrong length for the mode.
+      ValueError: an input of the wrong rank (not 1 to 3 spatial axes, or not the
+        mode's or the tuple's number); a scale factor that gives an empty output.
+
     Examples:
       >>> init, apply = Upsample(scale_factor=2)
       >>> init(jax.random.key(0), (-1, 4, 4, 3))[0]
@@ -278,6 +298,20 @@ def ZeroPad(padding) -> Layer:
     Note the order: torch's ``ZeroPad2d((left, right, top, bottom))`` is
     ``ZeroPad(((top, bottom), (left, right)))`` here (a flat 4-tuple is refused).
     Negative padding (torch crops) is not supported. Stateless, no parameters.
+
+    Args:
+      padding: an int, one entry per spatial axis (an int or a ``(before, after)``
+        pair), or for ``(N, L, C)`` inputs a ``(left, right)`` pair, as above.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair without params or state:
+      ``init(rng, (N, *spatial, C))`` gives ``(output_shape, (), ())``, each spatial
+      axis of ``output_shape`` longer by its ``before + after``.
+
+    Raises:
+      ArgumentError: ``padding`` of another form, a negative entry, or a flat 4-tuple.
+      ValueError: an input whose number of spatial axes does not fit ``padding`` (or is
+        not 1 to 3).
 
     Examples:
       >>> init, apply = ZeroPad(1)

@@ -35,6 +35,20 @@ def Reshape(shape) -> Layer:
     ``shape`` excludes the batch axis; at most one entry may be -1, inferred from
     the input size. The non-batch input sizes must be known at ``init``.
 
+    Args:
+      shape: the output shape without the batch axis, an int or a tuple of ints, each
+        positive but at most one -1 (inferred).
+
+    Returns:
+      The layer, an ``(init, apply)`` pair without params or state:
+      ``init(rng, (N, ...))`` gives ``((N, *shape), (), ())``, with the -1 resolved.
+
+    Raises:
+      TypeError: ``shape`` is not an int or a tuple of ints.
+      ValueError: an entry neither positive nor -1, or two -1 entries; at ``init``,
+        unknown (-1) non-batch sizes; an input whose size per example does not fit
+        ``shape``.
+
     Examples:
       >>> init, apply = Reshape((4, 2))
       >>> init(jax.random.key(0), (-1, 8))[0]

@@ -42,6 +42,44 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
     ``causal``, ``rope``, ``cache_length`` (decoding) and ``implementation`` go to
     :func:`MultiHeadAttention`.
 
+    Args:
+      num_heads: the number of attention heads, a positive int dividing ``E``.
+      mlp_ratio: the MLP's hidden width over ``E``, > 0 (the width is
+        ``round(mlp_ratio * E)``).
+      dropout: the probability of dropping attention weights and the outputs of both
+        residual branches in train mode, in ``[0, 1)``.
+      use_bias: False drops the bias of every projection and of the default norms.
+      causal: True lets each token attend only to itself and the ones before it.
+      norm: a layer constructor called with no arguments, once per norm; None for
+        ``LayerNorm(use_bias=use_bias)``.
+      activation: the MLP's activation layer; None for the exact ``Gelu``.
+      W_init: the initializer of every projection but the two that write into the
+        residual stream; None for each layer's default.
+      out_W_init: the initializer of the attention's output projection and ``mlp/proj``;
+        None for each layer's default.
+      b_init: the initializer of every bias; None for each layer's default.
+      rope: True applies rotary positions in the attention.
+      cache_length: the key/value cache length for decoding, or None (as
+        :func:`MultiHeadAttention`'s).
+      implementation: the attention's implementation, as :func:`MultiHeadAttention`'s.
+
+    Returns:
+      The layer, an ``(init, apply)`` pair: ``init(rng, (B, T, E))`` gives
+      ``((B, T, E), params, state)`` with params
+      ``{"attn": {"norm", "attn", "drop"}, "mlp": {"norm", "fc", "act", "proj", "drop"}}``
+      (``attn/attn`` as :func:`MultiHeadAttention`'s, ``mlp/fc`` and ``mlp/proj`` as
+      :func:`Dense`'s, ``mlp/act`` and the dropouts ``()``) and state of the same
+      structure, every entry ``()`` but ``attn/attn``, the cache with
+      ``cache_length``.
+
+    Raises:
+      ArgumentError: a bad ``num_heads``, ``mlp_ratio``, ``use_bias`` or initializer;
+        at ``init``, a bad ``dropout``, ``cache_length`` or flag (checked by the layers
+        built there).
+      TypeError: a ``norm`` that is not callable.
+      ValueError: at ``init``, an input not of rank 3, an unknown ``E``, or one that
+        ``num_heads`` does not divide.
+
     Examples:
       >>> block = TransformerBlock(num_heads=2)
       >>> out_shape, params, state = block.init(jax.random.key(0), (-1, 8, 16))
