@@ -34,7 +34,14 @@ class EpochSums:
     the sum is sequential, in step order, in float64 (Python floats): the resumed run
     continues the very additions the uninterrupted one makes. (A pairwise float32 mean,
     NumPy's, would depend on where the epoch was cut.)
+
+    In a checkpoint the sums have one fixed shape, whatever the metrics are called: up
+    to ``MAX_METRICS`` names of up to ``MAX_NAME`` UTF-8 bytes each, as rows of a uint8
+    array. So resuming needs no knowledge of the step's metrics before it runs.
     """
+
+    MAX_METRICS = 64
+    MAX_NAME = 64
 
     def __init__(self, keys: Sequence[str], sums: Sequence[float], count: int):
         self.keys, self.sums, self.count = tuple(keys), tuple(sums), int(count)
@@ -42,6 +49,12 @@ class EpochSums:
     @classmethod
     def zeros(cls, keys: Sequence[str]) -> "EpochSums":
         return cls(keys, [0.0] * len(keys), 0)
+
+    @classmethod
+    def of(cls, host: list) -> "EpochSums":
+        """Zero sums over the metrics of fetched steps ``host``, ``loss`` first."""
+        keys = () if not host else ("loss",) + tuple(k for k in host[0] if k != "loss")
+        return cls.zeros(keys)
 
     def plus(self, host: list) -> "EpochSums":
         """These sums with the fetched step metrics ``host`` (dicts, in step order) added;
@@ -56,16 +69,34 @@ class EpochSums:
         return {k: s / self.count for k, s in zip(self.keys, self.sums)} if self.count else {}
 
     def tree(self) -> dict:
-        """The checkpoint entry: NumPy scalars, which both backends store as they are."""
-        return {"count": np.int64(self.count),
-                "sums": {k: np.float64(s) for k, s in zip(self.keys, self.sums)}}
+        """The checkpoint entry: NumPy arrays of fixed shapes, which both backends store
+        as they are. ``count`` -1: these metrics do not fit it (too many, or a name too
+        long), so the resumed epoch's means will cover its resumed steps only."""
+        keys = np.zeros((self.MAX_METRICS, self.MAX_NAME), np.uint8)
+        sums = np.zeros(self.MAX_METRICS, np.float64)
+        names = [k.encode() for k in self.keys]
+        if len(names) > self.MAX_METRICS or any(len(n) > self.MAX_NAME for n in names):
+            return {"count": np.int64(-1), "keys": keys, "sums": sums}
+        for i, (name, value) in enumerate(zip(names, self.sums)):
+            keys[i, :len(name)] = np.frombuffer(name, np.uint8)
+            sums[i] = value
+        return {"count": np.int64(self.count), "keys": keys, "sums": sums}
 
     @classmethod
-    def from_tree(cls, tree) -> "EpochSums":
-        keys = tuple(tree["sums"])
-        # the stored order is the checkpoint's (sorted); "loss" first, as fit logs it
-        keys = ("loss",) + tuple(k for k in keys if k != "loss") if "loss" in keys else keys
-        return cls(keys, [float(tree["sums"][k]) for k in keys], int(tree["count"]))
+    def empty_tree(cls) -> dict:
+        """A target of :meth:`tree`'s shapes, for a restore."""
+        return cls((), (), 0).tree()
+
+    @classmethod
+    def from_tree(cls, tree) -> Optional["EpochSums"]:
+        """The sums a checkpoint holds, or None when it could not hold them."""
+        count = int(tree["count"])
+        if count < 0:
+            return None
+        rows = np.asarray(tree["keys"], np.uint8)
+        keys = [bytes(row).rstrip(b"\0").decode() for row in rows]
+        n = sum(1 for k in keys if k)
+        return cls(keys[:n], [float(v) for v in np.asarray(tree["sums"])[:n]], count)
 
 
 def data_layout(train_data) -> dict:
@@ -93,8 +124,8 @@ def data_layout(train_data) -> dict:
 
 
 _LAYOUT_FIX = {
-    "batch_size": "the batch size", "n": "the number of examples",
-    "drop_remainder": "drop_remainder", "shuffle": "shuffle", "seed": "the shuffle seed (rng=)"}
+    "batch_size": "batch size", "n": "number of examples",
+    "drop_remainder": "drop_remainder", "shuffle": "shuffle", "seed": "shuffle seed (rng=)"}
 
 
 def check_layout(resumed, layout, where="train_data") -> None:
@@ -123,14 +154,13 @@ def stateful(callbacks, train_state):
 def checkpoint_extras(callbacks, layout, train_state,
                       epoch_sums: Optional[EpochSums] = None) -> dict:
     """The checkpoint's entries beside the train state and position: the data layout,
-    the callbacks' states and (when ``fit`` knows the step's metric keys) the sums of
-    the current epoch's metrics so far."""
-    extras = {"data": dict(layout),
-              "callbacks": {key: cb.checkpoint_state(train_state)
-                            for key, cb in stateful(callbacks, train_state)}}
-    if epoch_sums is not None:
-        extras["epoch_metrics"] = epoch_sums.tree()
-    return extras
+    the callbacks' states and the sums of the current epoch's metrics so far (none yet:
+    ``epoch_sums`` None)."""
+    return {"data": dict(layout),
+            "callbacks": {key: cb.checkpoint_state(train_state)
+                          for key, cb in stateful(callbacks, train_state)},
+            "epoch_metrics": (EpochSums.empty_tree() if epoch_sums is None
+                              else epoch_sums.tree())}
 
 
 def resume(resume_from, missing_ok, train_state, extras):
@@ -180,15 +210,13 @@ def resume(resume_from, missing_ok, train_state, extras):
 
 def _restore_extras(checkpointer, step, base, extras) -> dict:
     """The checkpoint with its extras; one saved without the epoch's metric sums (an
-    earlier funcnet, or a step fit could not trace) restores with ``epoch_metrics``
-    None: the resumed epoch's logged means then cover the resumed steps only."""
+    earlier funcnet) restores with ``epoch_metrics`` None: the resumed epoch's logged
+    means then cover the resumed steps only."""
     try:
         return checkpointer.restore({**base, **extras}, step=step)
     except ckpt.CheckpointMismatchError:
-        if "epoch_metrics" not in extras:
-            raise
-    without = {k: v for k, v in extras.items() if k != "epoch_metrics"}
-    return {**checkpointer.restore({**base, **without}, step=step), "epoch_metrics": None}
+        without = {k: v for k, v in extras.items() if k != "epoch_metrics"}
+        return {**checkpointer.restore({**base, **without}, step=step), "epoch_metrics": None}
 
 
 def _shown(resume_from) -> str:

@@ -36,7 +36,7 @@ from funcnet import distributed
 from funcnet import precision
 from funcnet import sharding
 from funcnet.callbacks import Callback, Checkpoint
-from funcnet._loop_checks import LogKeys, check_before_training, step_metric_keys
+from funcnet._loop_checks import LogKeys, check_before_training
 from funcnet._loop_position import LoopPosition
 from funcnet._loop_resume import (EpochSums, check_layout, checkpoint_extras, data_layout,
                                   resume, stateful)
@@ -98,15 +98,18 @@ class FitContext:
         self.checkpoint_extras: Optional[Callable] = None
         self._data_layout: dict = {}  # what the position counts in (_loop_resume.data_layout)
         self._resumed = None  # what resume_from's checkpoint holds beside the state, if any
-        self._layout_seen = False  # the host pipeline's layout was read (its first epoch)
         # fit sets it: () -> whether the loss computes in float16, asked only once a loss
         # is non-finite (a trace, no device work); _batch_spec: the shapes it traces with.
         self._float16: Callable[[], bool] = lambda: False
         self._batch_spec = None
         # The epoch's metric sums a checkpoint carries (see EpochSums): the resumed run's
-        # part of the current epoch, and the epoch runner's fetch of the steps it ran.
-        self._epoch_sums: Optional[EpochSums] = None
-        self._epoch_host: Callable[[], list] = list
+        # part of the current epoch (None in other epochs); the epoch runner's fetch of
+        # its steps' metrics from an entry on, ``fetch(start) -> (host dicts, end)``; and
+        # how far checkpoints have folded them in, ``(entries, steps, sums)``, so each
+        # save fetches only the steps since the last one.
+        self._carried: Optional[EpochSums] = None
+        self._epoch_fetch: Callable = lambda start: ([], 0)
+        self._epoch_folded: tuple = (0, 0, None)
 
     def wait(self) -> None:
         """Blocks until every step dispatched so far has finished on the device."""
@@ -344,17 +347,19 @@ def _batch_size(batch) -> int:
     return int(jax.tree.leaves(batch)[0].shape[0])
 
 
-def _check_host_layout(ctx, batches, size: int) -> None:
+def _check_host_layout(ctx, batches, size: int, resumed_inside: bool) -> None:
     """Records what a checkpoint's loop position counts in for a host pipeline, from
-    the first epoch's iterable (all of it for a ``data.Batches``) and first batch
-    (``size``), and refuses it when it differs from the resumed run's."""
+    this epoch's iterable (all of it for a ``data.Batches``) and first batch
+    (``size``). In the epoch a run resumes inside, refuses it when it differs from what
+    the checkpoint recorded for that epoch: the batches to skip must be the saved ones.
+    (Each epoch may have its own shuffle seed, so only that epoch is compared.)"""
     now = data_layout(batches)
     if int(now["batch_size"]) == -1:
         now["batch_size"] = np.int64(size)
-    check_layout(ctx._resumed, now)
-    # What this iterable cannot tell stays as the resumed run recorded it.
+    if resumed_inside:
+        check_layout(ctx._resumed, now)
+    # What this iterable cannot tell stays as recorded before.
     ctx._data_layout = {k: v if int(v) != -1 else ctx._data_layout[k] for k, v in now.items()}
-    ctx._layout_seen = True
 
 
 def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_every,
@@ -371,13 +376,13 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)
     starters = _step_begin_callbacks(callbacks)  # usually none: no call per step then
     source = train_data(epoch) if callable(train_data) else train_data
-    ctx._epoch_host = lambda: jax.device_get(step_metrics)  # read only by a checkpoint
+    ctx._epoch_fetch = lambda start: (jax.device_get(step_metrics[start:]), len(step_metrics))
     # The with block stops the background thread however the epoch ends (early stop,
     # an exception, KeyboardInterrupt).
     with loop.host_batches(source) as batches:
         for i, batch in enumerate(batches):
-            if i == 0 and not ctx._layout_seen:
-                _check_host_layout(ctx, source, _batch_size(batch))
+            if i == 0:
+                _check_host_layout(ctx, source, _batch_size(batch), skip > 0)
                 ctx._batch_spec = _spec(batch)
             if i < skip:
                 continue
@@ -447,7 +452,7 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
     next_log = (ctx.host_step // log_every + 1) * log_every
     in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)  # see _train_epoch
     starters = _step_begin_callbacks(callbacks)
-    ctx._epoch_host = lambda: _chunk_rows(chunks)  # read only by a checkpoint
+    ctx._epoch_fetch = lambda start: (_chunk_rows(chunks[start:]), len(chunks))
     while i < len(full):
         n = min(k - ctx.host_step % k, len(full) - i)
         at = (np.int32(i),) if k == 1 else (np.int32(i), np.int32(n))
@@ -559,25 +564,46 @@ def _has_float16(jaxpr) -> bool:
 
 
 def _mean_metrics(ctx, host) -> dict:
-    """Per-epoch means of the (fetched) step metrics, ``loss`` first: the mean over the
-    steps of each step's mean (over devices under pmap), the steps of a resumed epoch
-    before the checkpoint included (:class:`funcnet._loop_resume.EpochSums`)."""
-    sums = ctx._epoch_sums
+    """Per-epoch means of the epoch's (fetched) step metrics ``host``, ``loss`` first: the
+    mean over the steps of each step's mean (over devices under pmap), with the steps a
+    resumed epoch ran before its checkpoint (:class:`funcnet._loop_resume.EpochSums`).
+    The sums continue those checkpoints folded in, in step order, so they are the same
+    float64 additions whether or not (and wherever) checkpoints were taken."""
+    _, steps, sums = ctx._epoch_folded
     if sums is None:
-        if not host:
-            return {}
-        sums = EpochSums.zeros(["loss"] + [k for k in host[0] if k != "loss"])
-    return sums.plus(host).means()
+        sums = _epoch_base(ctx, host)
+    return sums.plus(host[steps:]).means()
+
+
+def _epoch_base(ctx, host) -> EpochSums:
+    """What an epoch's sums start from: the checkpoint's part of a resumed epoch, when it
+    has the same metrics as this run's steps, else zeros."""
+    fresh = EpochSums.of(host)
+    carried = ctx._carried
+    if carried is None:
+        return fresh
+    if host and set(carried.keys) != set(fresh.keys):
+        warnings.warn(f"fit: the checkpoint resumed from logged the metrics {list(carried.keys)}"
+                      f" in this epoch, this run's step gives {list(fresh.keys)}: the epoch's "
+                      f"logged means cover its resumed steps only.", RuntimeWarning,
+                      stacklevel=4)
+        return fresh
+    return carried
 
 
 def _epoch_sums_now(ctx) -> Optional[EpochSums]:
-    """What a checkpoint taken now stores of the epoch's metrics: none at an epoch's end
-    (the position is the next epoch's start), else the sums of the steps so far."""
-    if ctx._epoch_sums is None:
-        return None
+    """What a checkpoint taken now stores of the epoch's metrics: nothing at an epoch's
+    end (the position is the next epoch's start), else the sums of the steps so far,
+    fetching only those since the previous checkpoint."""
     if ctx.batch_in_epoch == 0:
-        return EpochSums.zeros(ctx._epoch_sums.keys)
-    return ctx._epoch_sums.plus(ctx._epoch_host())
+        return None
+    start, steps, sums = ctx._epoch_folded
+    host, end = ctx._epoch_fetch(start)
+    if sums is None:
+        sums = _epoch_base(ctx, host)
+    sums = sums.plus(host)
+    ctx._epoch_folded = (end, steps + len(host), sums)
+    return sums
 
 
 def _per_step(host, key) -> np.ndarray:
@@ -764,14 +790,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     on_nonfinite = checks.one_of("fit", "on_nonfinite", on_nonfinite, ("raise", "warn", "ignore"))
     callbacks = list(callbacks)
     layout = data_layout(train_data)
-    sums_keys = None
-    if resume_from is not None:
-        sums_keys = step_metric_keys(train_state, loss_fn, optimizer, train_data,
-                                     _step_options(step_options))
     train_state, position, run_id, resumed = resume(
-        resume_from, missing_ok, train_state, checkpoint_extras(
-            callbacks, layout, train_state,
-            None if sums_keys is None else EpochSums.zeros(sums_keys)))
+        resume_from, missing_ok, train_state, checkpoint_extras(callbacks, layout, train_state))
     check_layout(resumed, layout)
     check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
                            metric, callbacks, epochs)
@@ -797,13 +817,6 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     ctx = FitContext(loop)
     ctx.run_id = run_id
     ctx._data_layout = layout
-    # The epoch's metric sums go into checkpoints when their keys are known before the
-    # first step (a trace of the step), so a resumed epoch logs the uninterrupted mean.
-    # A run that neither saves nor resumes checkpoints needs no trace.
-    keys = sums_keys
-    if keys is None and any(isinstance(cb, Checkpoint) for cb in callbacks):
-        keys = step_metric_keys(train_state, loss_fn, optimizer, train_data,
-                                _step_options(step_options))
     ctx.checkpoint_extras = lambda ts: checkpoint_extras(
         callbacks, ctx._data_layout, ts, _epoch_sums_now(ctx))
     if isinstance(train_data, data_lib.DeviceData):
@@ -814,7 +827,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     ctx._float16 = lambda: _computes_in_float16(start_state, loss_fn, ctx._batch_spec)
     ctx._resumed = resumed
     resumed_sums = None
-    if resumed is not None and resumed.get("epoch_metrics") is not None and keys is not None:
+    if resumed is not None and resumed.get("epoch_metrics") is not None:
         resumed_sums = EpochSums.from_tree(resumed["epoch_metrics"])
     if resumed is not None:
         ctx._data_layout = {k: v if int(v) != -1 else resumed["data"][k]
@@ -837,9 +850,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
             t0 = time.perf_counter()
             bar = bar_factory(epoch, epochs)
             skip = position.batch_in_epoch if epoch == position.epoch else 0
-            ctx._epoch_sums = None if keys is None else (
-                resumed_sums if epoch == position.epoch and resumed_sums is not None
-                else EpochSums.zeros(keys))
+            ctx._carried = resumed_sums if epoch == position.epoch and skip else None
+            ctx._epoch_folded = (0, 0, None)
             run_epoch = _train_epoch_device if steps.on_device is not None else _train_epoch
             step_metrics, seen = run_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip,
                                            bar, log_every, on_nonfinite)

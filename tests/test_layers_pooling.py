@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from funcnet.layers.pooling import AvgPool, GlobalAvgPool, MaxPool
+from funcnet.layers.pooling import (AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, GlobalAvgPool,
+                                    MaxPool, MaxUnpool)
 from funcnet.testing import check_layer
 
 RNG = np.random.default_rng(0)
@@ -234,3 +235,18 @@ def test_global_max_pool_contract_and_errors():
         GlobalMaxPool.init(jax.random.key(0), (-1, 3))
     with pytest.raises(ValueError, match=r"GlobalMaxPool.*rank >= 3"):
         GlobalMaxPool.apply((), (), jnp.ones((2, 3)))
+
+
+def test_new_pools_trace_with_a_symbolic_batch():
+    # jax.export's symbolic batch (funcnet.inference.export): no NumPy work on the batch size
+    b = jax.export.symbolic_shape("b")[0]
+    x = jax.ShapeDtypeStruct((b, 4, 4, 3), jnp.float32)
+    for layer in (MaxPool((2, 2), return_indices=True), MaxPool((2, 2), dilation=2),
+                  AvgPool((3, 3), 2, 1, ceil_mode=True), AdaptiveAvgPool((3, 3)),
+                  AdaptiveMaxPool((3, 2), return_indices=True)):
+        jax.export.export(jax.jit(lambda v, layer=layer: layer.apply((), (), v)[0]))(x)
+    v = jax.ShapeDtypeStruct((b, 2, 2, 3), jnp.float32)
+    i = jax.ShapeDtypeStruct((b, 2, 2, 3), jnp.int32)
+    unpool = MaxUnpool((2, 2))
+    exported = jax.export.export(jax.jit(lambda v, i: unpool.apply((), (), (v, i))[0]))(v, i)
+    assert str(exported.out_avals[0]) == "float32[b,4,4,3]"

@@ -12,6 +12,7 @@ import pytest
 
 from funcnet import callbacks, checkpoint, data, distributed, optim, sharding
 from funcnet import loop as loop_module
+from funcnet._loop_resume import checkpoint_extras
 from funcnet import serial
 from funcnet.inference import make_predict_fn
 from funcnet.layers import Dense, Embedding, Relu
@@ -216,14 +217,19 @@ def test_resume_after_any_step_is_bit_identical_callbacks_included(tmp_path, pip
 
 def test_a_checkpoint_without_epoch_sums_keeps_its_layout_and_callback_states(tmp_path,
                                                                             monkeypatch):
-    # What an earlier funcnet (or a step fit cannot trace) writes: no epoch_metrics entry.
+    # What an earlier funcnet writes: no epoch_metrics entry.
     # Its data layout and callback states must still be read, not dropped as "older".
     ts, loss_fn, opt, _, kw = fit_setup(dropout=0.3)
     train_data = _pipelines()["device"]
     full, _ = fit(ts, loss_fn, opt, train_data, epochs=2, callbacks=[_early()], **kw)
     saver = callbacks.Checkpoint(tmp_path, every_steps=1, every_epochs=None, keep=1)
+    def without_sums(*args, **kwargs):
+        extras = checkpoint_extras(*args, **kwargs)
+        del extras["epoch_metrics"]
+        return extras
+
     with monkeypatch.context() as m:
-        m.setattr(loop_module, "step_metric_keys", lambda *args, **kwargs: None)
+        m.setattr(loop_module, "checkpoint_extras", without_sums)
         with pytest.raises(Crash):
             fit(ts, loss_fn, opt, train_data, epochs=2, callbacks=[saver, _early(), CrashAt(4)],
                 **kw)
@@ -239,6 +245,43 @@ def test_a_checkpoint_without_epoch_sums_keeps_its_layout_and_callback_states(tm
                          callbacks=[callbacks.Checkpoint(tmp_path), _early()], **kw)
     assert int(resumed.step) == 3  # EarlyStopping's restored best state came back too
     params_equal((resumed.params, resumed.opt_state), (full.params, full.opt_state))
+
+
+def test_a_seed_per_epoch_resumes_and_only_the_resumed_epoch_is_compared(tmp_path):
+    # lambda epoch: batches(..., rng=100 + epoch): each epoch has its own shuffle seed, so a
+    # checkpoint's layout is compared with the epoch it was taken in, not the run's first.
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.3)
+    x, y = X[:24], Y[:24]
+    per_epoch = lambda epoch: data.batches((x, y), 8, shuffle=True, rng=100 + epoch, epoch=epoch)
+    full, full_history = fit(ts, loss_fn, opt, per_epoch, epochs=3, **kw)
+    for crash in (4, 6):  # inside epoch 1, and after its last step
+        where = tmp_path / str(crash)
+        with pytest.raises(Crash):
+            fit(ts, loss_fn, opt, per_epoch, epochs=3, callbacks=[
+                callbacks.Checkpoint(where, every_steps=1, every_epochs=None), CrashAt(crash)],
+                **kw)
+        resumed, history = fit(ts, loss_fn, opt, per_epoch, epochs=3, resume_from=where,
+                               callbacks=[callbacks.Checkpoint(where, every_steps=1,
+                                                               every_epochs=None)], **kw)
+        params_equal((resumed.params, resumed.opt_state), (full.params, full.opt_state))
+        assert _untimed(history) == _untimed(full_history[1:]), crash
+    # inside the epoch, another seed for it is still refused, naming both
+    wrong = lambda epoch: data.batches((x, y), 8, shuffle=True, rng=7, epoch=epoch)
+    # (the directory's latest checkpoint is the resumed run's last step, inside epoch 2)
+    with pytest.raises(ValueError, match=r"seed=102, but this fit's train_data has seed=7"):
+        fit(ts, loss_fn, opt, wrong, epochs=3, resume_from=tmp_path / "4", **kw)
+
+
+def test_a_one_pass_iterator_resumes_from_a_checkpoint_with_epoch_sums(tmp_path):
+    # fit cannot trace a step ahead of an iterator it may read only once; the checkpoint's
+    # epoch sums have one shape whatever the metrics, so they restore all the same.
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
+    x, y = X[:24], Y[:24]
+    fit(ts, loss_fn, opt, lambda e: data.batches((x, y), 8, epoch=e), epochs=1,
+        callbacks=[callbacks.Checkpoint(tmp_path, every_epochs=1)], **kw)
+    resumed, history = fit(ts, loss_fn, opt, data.batches((x, y), 8, epoch=1), epochs=2,
+                           resume_from=tmp_path, **kw)
+    assert int(resumed.step) == 6 and [h["epoch"] for h in history] == [1]
 
 
 _TIMING = ("seconds", "samples_per_s")

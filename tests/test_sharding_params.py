@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import funcnet
 from funcnet import callbacks, checkpoint, data, distributed, losses, sharding
+from funcnet._loop_resume import EpochSums
 from funcnet.layers import Dense, LayerNorm, Relu
 from funcnet.models import GPT
 from funcnet.train import Aux, TrainState, make_train_step
@@ -263,11 +264,11 @@ def test_fit_resumes_a_sharded_state_from_orbax_in_its_shardings(tmp_path):
     ck = callbacks.Checkpoint(tmp_path, every_epochs=1, backend="orbax")
     funcnet.fit(placed, loss_fn, OPT, train, epochs=1, mesh=mesh, callbacks=[ck])
     # What fit's Checkpoint writes: the state, the loop position, the data layout it
-    # checks on resume, and the (here no) callback states.
+    # checks on resume, the (here no) callback states and the epoch's metric sums.
     layout = dict.fromkeys(("batch_size", "n", "drop_remainder", "shuffle", "seed"), np.int64(0))
     restored = ck.checkpointer.restore({"train_state": placed, "epoch": np.int64(0),
                                         "batch_in_epoch": np.int64(0), "data": layout,
-                                        "callbacks": {}})
+                                        "callbacks": {}, "epoch_metrics": EpochSums.empty_tree()})
     _assert_same_layout(restored["train_state"], placed)
     resumed, _ = funcnet.fit(placed, loss_fn, OPT, train, epochs=2, mesh=mesh,
                              resume_from=ck.checkpointer)

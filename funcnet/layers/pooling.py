@@ -464,8 +464,9 @@ def _scatter_planes(size, v, idx, add):
     n, _, c = v.shape
     # A negative index would wrap around; moved out of range, it is dropped as the rest.
     idx = jnp.where(idx < 0, size, idx)
-    target = jnp.zeros((n, size, c), v.dtype).at[np.arange(n)[:, None, None], idx,
-                                                  np.arange(c)[None, None, :]]
+    # jnp.arange: n is symbolic under jax.export's symbolic batch
+    target = jnp.zeros((n, size, c), v.dtype).at[jnp.arange(n)[:, None, None], idx,
+                                                  jnp.arange(c)[None, None, :]]
     return target.add(v, mode="drop") if add else target.set(v, mode="drop")
 
 
