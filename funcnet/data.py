@@ -220,9 +220,9 @@ class Batches:
 
     ``n``, ``batch_size``, ``shuffle``, ``rng`` (None without shuffle) and
     ``drop_remainder`` are :func:`batches`'s arguments (``n`` the number of
-    examples), as :class:`DeviceData` has them: ``fit`` reads them from the first
-    epoch's iterable (``train_data(epoch)``) and records them in its checkpoints, so
-    a resume over other data is refused instead of training some examples twice.
+    examples), as :class:`DeviceData` has them: ``fit`` reads them from each epoch's
+    iterable (``train_data(epoch)``) and records them in its checkpoints, so a resume
+    over other data is refused instead of training some examples twice.
 
     Args:
       generator: the generator of the epoch's batches, which the iterator draws from.
