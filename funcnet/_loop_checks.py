@@ -16,7 +16,7 @@ from funcnet.callbacks import Callback
 from funcnet.errors import MetricStateError
 from funcnet.train import make_train_step
 
-__all__ = ["LogKeys", "check_before_training", "step_metric_keys"]
+__all__ = ["LogKeys", "check_before_training", "first_batch"]
 
 
 class LogKeys:
@@ -91,8 +91,7 @@ def check_before_training(train_state, loss_fn, optimizer, train_data, eval_data
 
     def step_keys():
         if not step_cache:
-            keys = step_metric_keys(train_state, loss_fn, optimizer, train_data)
-            step_cache.append(None if keys is None else frozenset(keys))
+            step_cache.append(_step_metric_keys(train_state, loss_fn, optimizer, train_data))
         return step_cache[0]
 
     certain = {"epoch", "loss", "grad_norm", "samples_per_s", "seconds"} | (eval_keys or set())
@@ -108,7 +107,7 @@ def check_before_training(train_state, loss_fn, optimizer, train_data, eval_data
             open_ended = True  # a callback of its own may add any key
 
 
-def _first_batch(data):
+def first_batch(data):
     """A batch with the shapes of the data's batches, or None when taking one would use
     up data that can be read only once (an iterator)."""
     if isinstance(data, data_lib.DeviceData):
@@ -124,7 +123,7 @@ def _first_batch(data):
 def _eval_keys(train_state, eval_fn, metric, eval_data):
     """The ``eval_*`` log keys, after checking that ``metric`` computes what eval_fn
     returns; None when eval_fn cannot be traced ahead of time."""
-    batch = _first_batch(eval_data)
+    batch = first_batch(eval_data)
     if batch is None:
         return None
     try:
@@ -143,16 +142,13 @@ def _eval_keys(train_state, eval_fn, metric, eval_data):
                                            else {"metric": None}))
 
 
-def step_metric_keys(train_state, loss_fn, optimizer, train_data, step_options=None):
-    """The keys of the step's metrics (``loss``, ``grad_norm`` and ``Aux.metrics``),
-    ``loss`` first, from a trace of the step (``jax.eval_shape``: nothing runs); None when
-    the step cannot be traced ahead (data read once, a collective that needs pmap)."""
-    batch = _first_batch(train_data)
+def _step_metric_keys(train_state, loss_fn, optimizer, train_data):
+    """The keys of the step's metrics (``loss`` and ``Aux.metrics``), or None."""
+    batch = first_batch(train_data)
     if batch is None:
         return None
     try:
-        metrics = jax.eval_shape(make_train_step(loss_fn, optimizer, **(step_options or {})),
-                                 train_state, batch)[1]
+        metrics = jax.eval_shape(make_train_step(loss_fn, optimizer), train_state, batch)[1]
     except Exception:
         return None
-    return ("loss",) + tuple(k for k in metrics if k != "loss")
+    return frozenset(metrics)

@@ -36,7 +36,7 @@ from funcnet import distributed
 from funcnet import precision
 from funcnet import sharding
 from funcnet.callbacks import Callback, Checkpoint
-from funcnet._loop_checks import LogKeys, check_before_training
+from funcnet._loop_checks import LogKeys, check_before_training, first_batch
 from funcnet._loop_position import LoopPosition
 from funcnet._loop_resume import (EpochSums, check_layout, checkpoint_extras, data_layout,
                                   resume, stateful)
@@ -814,32 +814,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, take, steps_per_dispatch,
                      sharding.state_shardings(loop.state) if mesh is not None else None,
                      _step_options(step_options), checks.flag("fit", "eval_on_ema", eval_on_ema))
-    ctx = FitContext(loop)
-    ctx.run_id = run_id
-    ctx._data_layout = layout
-    ctx.checkpoint_extras = lambda ts: checkpoint_extras(
-        callbacks, ctx._data_layout, ts, _epoch_sums_now(ctx))
-    if isinstance(train_data, data_lib.DeviceData):
-        ctx._batch_spec = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct((train_data.batch_size,) + a.shape[1:], a.dtype),
-            train_data.arrays)
-    start_state = train_state
-    ctx._float16 = lambda: _computes_in_float16(start_state, loss_fn, ctx._batch_spec)
-    ctx._resumed = resumed
-    resumed_sums = None
-    if resumed is not None and resumed.get("epoch_metrics") is not None:
-        resumed_sums = EpochSums.from_tree(resumed["epoch_metrics"])
-    if resumed is not None:
-        ctx._data_layout = {k: v if int(v) != -1 else resumed["data"][k]
-                            for k, v in layout.items()}
-        for key, cb in stateful(callbacks, train_state):
-            cb.restore_checkpoint_state(resumed["callbacks"][key])
-    ctx.host_step = int(jax.device_get(train_state.step))
-    if isinstance(train_data, data_lib.DeviceData):
-        full, tail = train_data.order(0)
-        per_epoch = len(full) + (tail is not None)
-        ctx.planned_steps = ctx.host_step + per_epoch * (epochs - position.epoch) \
-            - position.batch_in_epoch
+    ctx, resumed_sums = _context(loop, train_state, loss_fn, train_data, callbacks, layout,
+                                 run_id, resumed, position, epochs)
     bar_factory = _progress_factory(progress)
     for cb in callbacks:
         cb.on_train_begin(ctx)
@@ -874,6 +850,36 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         _attach_train_state(e, loop)
         raise
     return loop.host_state(), ctx.history
+
+
+def _context(loop, train_state, loss_fn, train_data, callbacks, layout, run_id, resumed,
+             position, epochs):
+    """The run's :class:`FitContext`, with what a resumed checkpoint holds restored (data
+    layout, callback states); also the resumed epoch's metric sums, if any."""
+    ctx = FitContext(loop)
+    ctx.run_id = run_id
+    ctx._data_layout = layout
+    ctx.checkpoint_extras = lambda ts: checkpoint_extras(
+        callbacks, ctx._data_layout, ts, _epoch_sums_now(ctx))
+    if isinstance(train_data, data_lib.DeviceData):
+        ctx._batch_spec = first_batch(train_data)  # a host pipeline's: its first batch's
+    ctx._float16 = lambda: _computes_in_float16(train_state, loss_fn, ctx._batch_spec)
+    ctx._resumed = resumed
+    resumed_sums = None
+    if resumed is not None:
+        if resumed.get("epoch_metrics") is not None:
+            resumed_sums = EpochSums.from_tree(resumed["epoch_metrics"])
+        ctx._data_layout = {k: v if int(v) != -1 else resumed["data"][k]
+                            for k, v in layout.items()}
+        for key, cb in stateful(callbacks, train_state):
+            cb.restore_checkpoint_state(resumed["callbacks"][key])
+    ctx.host_step = int(jax.device_get(train_state.step))
+    if isinstance(train_data, data_lib.DeviceData):
+        full, tail = train_data.order(0)
+        per_epoch = len(full) + (tail is not None)
+        ctx.planned_steps = ctx.host_step + per_epoch * (epochs - position.epoch) \
+            - position.batch_in_epoch
+    return ctx, resumed_sums
 
 
 def _attach_train_state(error: BaseException, loop) -> None:

@@ -255,29 +255,41 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         if padding_mode != "zeros" and padding != "VALID":
             # torch's order: pad the whole input in the mode, then convolve unpadded. Done
             # before any chunking, so every path below sees the same padded input.
-            widths = [(0, 0)] * x.ndim
-            for i, c in enumerate(spatial):
-                widths[lhs_spec.index(c)] = pads_at(i, x.shape[lhs_spec.index(c)])
-            x = jnp.pad(x, widths, mode=_PADDING_MODES[padding_mode])
+            x = _pad_in_mode(x, padding_mode, lhs_spec, spatial, pads_at)
             conv_padding = ((0, 0),) * n
         path = _conv_path(implementation, patches_ok, x, c_axis, n_axis, n)
-        if path == "patches":
-            pads = (lax.padtype_to_pads(x.shape[1:-1], window, strides, conv_padding)
-                    if isinstance(conv_padding, str) else conv_padding)
-            out = patch_conv(x, W, strides, dilation, pads)
-        else:
-            def conv(x):
-                return lax.conv_general_dilated(
-                    x, W, strides, conv_padding, rhs_dilation=dilation,
-                    dimension_numbers=(lhs_spec, rhs_spec, out_spec), feature_group_count=groups)
-            out = (_batch_chunked(conv, x, n_axis, out_spec.index("N"))
-                   if path == "chunked" else conv(x))
+        out = _convolve(path, x, W, strides, conv_padding, dilation, window, groups,
+                        (lhs_spec, rhs_spec, out_spec))
         return _add_bias(out, params, out_spec), state
 
     return named(name, init, apply)
 
 
 # PyTorch's padding modes and the jnp.pad mode that fills the padding the same way.
+def _pad_in_mode(x, mode: str, lhs_spec: str, spatial: str, pads_at):
+    """``x`` padded as torch's ``padding_mode`` pads: each spatial axis (``spatial``, the
+    kernel-spec order) by ``pads_at(i, size)``, in ``jnp.pad``'s name for the mode."""
+    widths = [(0, 0)] * x.ndim
+    for i, c in enumerate(spatial):
+        widths[lhs_spec.index(c)] = pads_at(i, x.shape[lhs_spec.index(c)])
+    return jnp.pad(x, widths, mode=_PADDING_MODES[mode])
+
+
+def _convolve(path: str, x, W, strides, padding, dilation, window, groups: int, specs):
+    """``Conv``'s convolution on the path :func:`_conv_path` chose (same values on all)."""
+    lhs_spec, _, out_spec = specs
+    if path == "patches":
+        pads = (lax.padtype_to_pads(x.shape[1:-1], window, strides, padding)
+                if isinstance(padding, str) else padding)
+        return patch_conv(x, W, strides, dilation, pads)
+
+    def conv(x):
+        return lax.conv_general_dilated(x, W, strides, padding, rhs_dilation=dilation,
+                                        dimension_numbers=specs, feature_group_count=groups)
+    return (_batch_chunked(conv, x, lhs_spec.index("N"), out_spec.index("N"))
+            if path == "chunked" else conv(x))
+
+
 _PADDING_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge",
                   "circular": "wrap"}
 

@@ -484,6 +484,32 @@ def _unpool_planes_jvp(size, primals, tangents):
     return _unpool_planes(size, v, idx), _scatter_planes(size, tangents[0], idx, add=True)
 
 
+def _unpool_shape(name: str, shape, window, strides, padding, output_size):
+    """``MaxUnpool``'s output shape for values of ``shape`` (channels-last): torch's
+    ``(in - 1) * stride - low - high + window`` per spatial axis, or ``output_size``
+    where given, which must lie within a stride of it, as torch requires."""
+    spatial = []
+    for ax, (size, w, s, (lo, hi)) in enumerate(zip(shape[1:-1], window, strides, padding)):
+        want = None if output_size is None else output_size[ax]
+        if size == -1:
+            spatial.append(-1 if want is None else want)
+            continue
+        default = (size - 1) * s - lo - hi + w
+        if want is None:
+            if default < 1:
+                raise ValueError(f"{name}: input size {size} on axis {ax + 1} with padding "
+                                 f"{(lo, hi)} gives an empty output. Use less padding.")
+            want = default
+        elif not default - s < want < default + s:
+            raise ArgumentError(
+                f"{name}: output_size {output_size} is invalid: on spatial axis {ax} it "
+                f"must be between {default - s} and {default + s}, exclusive, for an input "
+                f"of size {size} (PyTorch's rule: (in - 1) * stride - 2 * padding + "
+                f"window = {default}, give or take less than a stride).")
+        spatial.append(want)
+    return (shape[0],) + tuple(spatial) + (shape[-1],)
+
+
 def MaxUnpool(window_shape, strides=None, padding=0, output_size=None) -> Layer:
     """The inverse of :func:`MaxPool` with ``return_indices``, as ``torch.nn.MaxUnpool{1,2,3}d``.
 
@@ -535,26 +561,7 @@ def MaxUnpool(window_shape, strides=None, padding=0, output_size=None) -> Layer:
         output_size = tuple(int(v) for v in output_size)
 
     def out_shape(shape):
-        spatial = []
-        for ax, (size, w, s, (lo, hi)) in enumerate(zip(shape[1:-1], window, strides, padding)):
-            want = None if output_size is None else output_size[ax]
-            if size == -1:
-                spatial.append(-1 if want is None else want)
-                continue
-            default = (size - 1) * s - lo - hi + w
-            if want is None:
-                if default < 1:
-                    raise ValueError(f"{name}: input size {size} on axis {ax + 1} with padding "
-                                     f"{(lo, hi)} gives an empty output. Use less padding.")
-                want = default
-            elif not default - s < want < default + s:
-                raise ArgumentError(
-                    f"{name}: output_size {output_size} is invalid: on spatial axis {ax} it "
-                    f"must be between {default - s} and {default + s}, exclusive, for an input "
-                    f"of size {size} (PyTorch's rule: (in - 1) * stride - 2 * padding + "
-                    f"window = {default}, give or take less than a stride).")
-            spatial.append(want)
-        return (shape[0],) + tuple(spatial) + (shape[-1],)
+        return _unpool_shape(name, shape, window, strides, padding, output_size)
 
     def split(where, pair):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
