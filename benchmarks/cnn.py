@@ -319,15 +319,20 @@ def _jax_peer(peer, cfg, case):
     import optax
 
     w = cnn_weights()
-    channels_first = False
+    channels_first, jit = False, None
     if peer.startswith("funcnet"):
+        from funcnet import xla
+
         conv_impl = {"funcnet-xlaconv": ("xla", "xla"),
                      "funcnet-unchunked": ("auto", "xla")}.get(peer, ("auto", "auto"))
         params, forward = _funcnet_model(w, im2col="im2col" in peer, conv_impl=conv_impl)
+        # "funcnet" is compiled as fit compiles its steps; the other funcnet peers are the
+        # plain jax.jit policy and its alternatives
+        jit = xla.jit if peer == "funcnet" else None
     else:
         wts, forward, channels_first = JAX_VARIANTS[peer](w)
         params = {k: jnp.asarray(v) for k, v in wts.items()}
-    carry, step = common.jax_step(params, forward, optax.adam(case["lr"]))
+    carry, step = common.jax_step(params, forward, optax.adam(case["lr"]), jit)
 
     xs, ys = common.mnist_like_batches(case["batch"], 8, seed=1, image=True)
     if channels_first:

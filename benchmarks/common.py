@@ -121,8 +121,10 @@ def package_versions() -> Dict[str, str]:
     return out
 
 
-def jax_step(params, forward, tx):
-    """The JAX peers' shared step: mean softmax CE, ``value_and_grad``, optax update, one jit.
+def jax_step(params, forward, tx, jit=None):
+    """The JAX peers' shared step: mean softmax CE, ``value_and_grad``, optax update, one
+    ``jit`` (default ``jax.jit``; the funcnet peers pass ``funcnet.xla.jit``, which ``fit``
+    compiles with and its docs tell a hand-written loop to use).
 
     Returns ``(carry, step)`` with ``step(carry, x, y) -> (carry, loss)``; no donation.
     """
@@ -132,14 +134,13 @@ def jax_step(params, forward, tx):
     def loss_fn(params, x, y):
         return optax.softmax_cross_entropy_with_integer_labels(forward(params, x), y).mean()
 
-    @jax.jit
     def step(carry, x, y):
         params, opt_state = carry
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), loss
 
-    return (params, tx.init(params)), step
+    return (params, tx.init(params)), (jit or jax.jit)(step)
 
 
 def torch_step(model, opt):

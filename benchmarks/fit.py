@@ -6,14 +6,17 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
 * ``fit``: ``funcnet.fit`` with everything it does for a user: shuffling and
   batching from host numpy arrays (``funcnet.data.batches``), the host-to-device copy,
   the jitted ``make_train_step`` step, per-epoch metric collection, and a tqdm progress
-  bar (forced on, written to a null stream).
+  bar (forced on, written to a null stream). By default fit reads each dispatch's 50
+  batches at once (``Batches.stacked``: one gather, one copy) and runs them as 50 steps
+  on the device while it gathers the next 50; ``fit-k1`` is one batch per dispatch.
 * ``fit-device`` / ``fit-device-k1``: ``funcnet.fit`` over a ``funcnet.data.DeviceData``:
   the 60000 examples put on the device once, each shuffled batch gathered inside the
   jitted step (same seed, same batches as ``fit``), with fit's default
   ``steps_per_dispatch`` (``log_every`` = 50 steps per dispatch, a loop on the device)
   or one step per dispatch; progress bar and metrics as in ``fit``.
-* ``fit-thread``: ``fit`` as above with ``prefetch=2``: the batches assembled by a
-  background thread (``funcnet.data.background``; not fit's default on CPU).
+* ``fit-thread``: ``fit`` as above with ``prefetch=2``: each dispatch's batches
+  assembled by a background thread (``funcnet.data.background``; not fit's default on
+  CPU).
 * ``train-step``: a Python loop over ``jax.jit(make_train_step(...))`` on pre-built,
   already on-device batches: funcnet's step without the loop around it.
 * ``jax``: the same step written by hand with jax + optax (workload 1's ``jax`` peer) on
@@ -114,13 +117,12 @@ def run(peer, cfg, case):
         # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
         # user's run does; the first epoch (with the compilation) is reported apart.
         prefetch = None  # fit's default: no background thread on CPU
-        if peer in ("fit", "fit-thread"):
-            train_data, per_dispatch = (
-                lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)), 1
+        per_dispatch = int(peer.rpartition("-k")[2]) if "-k" in peer else None
+        if not peer.startswith("fit-device"):
+            train_data = lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)
             prefetch = 2 if peer == "fit-thread" else None
         else:
             train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
-            per_dispatch = int(peer.rpartition("-k")[2]) if "-k" in peer else None
         with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
             fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=True,
                 log_every=10 if cfg["quick"] else 50, callbacks=[clock],

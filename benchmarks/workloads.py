@@ -78,13 +78,15 @@ WORKLOADS: List[Workload] = [
     Workload(
         "cnn", "3. LeNet-style CNN: conv5x5x32-maxpool2-conv5x5x64-maxpool2-dense128-dense10, "
                "batch 128, Adam(1e-3)", "s/step",
-        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC); MaxPool takes its reshape+argmax path; Conv's CPU default: the one-channel conv1 as patches @ kernel, conv2 on 4 chunks of 32 examples"),
+        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC), jitted by funcnet.xla.jit as fit compiles its steps (on CPU: convolutions on XLA's multi-threaded kernels, not YNNPACK's, and Conv's auto path is one XLA convolution); MaxPool takes its reshape+argmax path"),
+               Peer("funcnet-plainjit", "benchmarks.cnn:run",
+                    note="the same under a plain jax.jit: XLA's default kernels; Conv's auto path then runs the one-channel conv1's gradients through patches and conv2 on 4 chunks of 32 examples"),
                Peer("funcnet-unchunked", "benchmarks.cnn:run",
-                    note="the same with conv2 as Conv(implementation='xla'): one convolution over the batch"),
+                    note="funcnet-plainjit with conv2 as Conv(implementation='xla'): one convolution over the batch"),
                Peer("funcnet-xlaconv", "benchmarks.cnn:run",
-                    note="the same with both convs as Conv(implementation='xla'): one lax.conv_general_dilated each"),
+                    note="funcnet-plainjit with both convs as Conv(implementation='xla'): one lax.conv_general_dilated each"),
                Peer("funcnet-im2col", "benchmarks.cnn:run",
-                    note="funcnet serial with a benchmark-local im2col Conv layer"),
+                    note="funcnet serial with a benchmark-local im2col Conv layer, plain jax.jit"),
                Peer("jax-nhwc", "benchmarks.cnn:run",
                     note="lax.conv_general_dilated NHWC/HWIO, reduce_window max pool"),
                Peer("jax-nhwc-reshapepool", "benchmarks.cnn:run",
@@ -143,10 +145,15 @@ WORKLOADS: List[Workload] = [
                Peer("fit-device-k1", "benchmarks.fit:run",
                     note="the same with steps_per_dispatch=1 (one dispatch per step)"),
                Peer("fit", "benchmarks.fit:run",
-                    note="fit() on the host pipeline: numpy shuffling/batching, host-to-device "
-                         "copies, tqdm bar, metrics"),
+                    note="fit() on the host pipeline (data.batches): numpy shuffling, 50 "
+                         "batches gathered and copied to the device per dispatch of 50 steps "
+                         "(the default), tqdm bar, metrics"),
+               Peer("fit-k1", "benchmarks.fit:run",
+                    note="the same with steps_per_dispatch=1: one batch gathered, copied and "
+                         "stepped per dispatch"),
                Peer("fit-thread", "benchmarks.fit:run",
-                    note="the same with prefetch=2: batches assembled in a background thread"),
+                    note="fit with prefetch=2: each dispatch's batches assembled in a "
+                         "background thread"),
                Peer("train-step", "benchmarks.fit:run",
                     note="loop over jit(make_train_step) on pre-built device batches"),
                Peer("jax", "benchmarks.fit:run",

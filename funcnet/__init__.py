@@ -8,7 +8,7 @@ function that ``jax.jit`` and ``jax.pmap`` accept. The API reference's index
 from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
                      decoding, distributed, errors, inference, initializers, interop, introspect,
                      layers, loop, losses, metrics, models, optim, outputs, params, precision,
-                     sharding, testing, train)
+                     sharding, testing, train, xla)
 from funcnet.combinators import (FanInConcat, FanInSum, FanOut, Identity, Remat, Residual, Scan,
                                  parallel, serial, stack_params, unstack_params)
 from funcnet.core import Layer, named
@@ -31,4 +31,4 @@ __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInC
            "callbacks", "checkpoint", "checkpoint_orbax", "combinators", "core", "data",
            "datasets", "decoding", "distributed", "errors", "inference", "initializers",
            "interop", "introspect", "layers", "loop", "losses", "metrics", "models", "optim",
-           "outputs", "params", "precision", "sharding", "testing", "train"]
+           "outputs", "params", "precision", "sharding", "testing", "train", "xla"]

@@ -47,7 +47,7 @@ class LogKeys:
       ...         print(logs.has("loss"), logs.has("eval_accuracy"), logs.evaluates)
       >>> _ = funcnet.fit(ts, loss_fn, opt, [np.ones((4, 2), np.float32)], callbacks=[Show()],
       ...                 progress=False)
-      LogKeys ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds']
+      LogKeys ['epoch', 'loss', 'samples_per_s', 'seconds']
       True False False
     """
 
@@ -77,7 +77,7 @@ class LogKeys:
 
 
 def check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
-                           metric, callbacks, epochs) -> None:
+                           metric, callbacks, epochs, step_options=None) -> None:
     """An eval_fn whose state ``metric`` cannot compute, and keys callbacks monitor that
     fit will never log, fail here, before the first step (``jax.eval_shape``: traced,
     never run). What cannot be known ahead (data that can only be read once, a step
@@ -91,10 +91,14 @@ def check_before_training(train_state, loss_fn, optimizer, train_data, eval_data
 
     def step_keys():
         if not step_cache:
-            step_cache.append(_step_metric_keys(train_state, loss_fn, optimizer, train_data))
+            step_cache.append(_step_metric_keys(train_state, loss_fn, optimizer, train_data,
+                                                options))
         return step_cache[0]
 
-    certain = {"epoch", "loss", "grad_norm", "samples_per_s", "seconds"} | (eval_keys or set())
+    options = step_options or {}
+    certain = {"epoch", "loss", "samples_per_s", "seconds"} | (eval_keys or set())
+    if _reports_grad_norm(options):
+        certain.add("grad_norm")
     open_ended = False
     for i, cb in enumerate(callbacks):
         cb_check = getattr(cb, "check_log_keys", None)
@@ -142,13 +146,22 @@ def _eval_keys(train_state, eval_fn, metric, eval_data):
                                            else {"metric": None}))
 
 
-def _step_metric_keys(train_state, loss_fn, optimizer, train_data):
-    """The keys of the step's metrics (``loss`` and ``Aux.metrics``), or None."""
+def _reports_grad_norm(step_options) -> bool:
+    """Whether the step built with these ``make_train_step`` options reports ``grad_norm``
+    (its documented default: only when ``clip_grad_norm`` computes it anyway)."""
+    asked = step_options.get("grad_norm")
+    return step_options.get("clip_grad_norm") is not None if asked is None else bool(asked)
+
+
+def _step_metric_keys(train_state, loss_fn, optimizer, train_data, step_options):
+    """The keys of the step's metrics (``loss``, ``grad_norm`` if reported, and
+    ``Aux.metrics``), or None."""
     batch = first_batch(train_data)
     if batch is None:
         return None
     try:
-        metrics = jax.eval_shape(make_train_step(loss_fn, optimizer), train_state, batch)[1]
+        step = make_train_step(loss_fn, optimizer, **step_options)
+        metrics = jax.eval_shape(step, train_state, batch)[1]
     except Exception:
         return None
     return frozenset(metrics)

@@ -54,8 +54,8 @@ class Callback:
       ...         print(epoch, ctx.step, sorted(logs))
       >>> _ = funcnet.fit(ts, loss_fn, opt, data, epochs=2, callbacks=[PrintEpoch()],
       ...                 progress=False)
-      0 2 ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds']
-      1 4 ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds']
+      0 2 ['epoch', 'loss', 'samples_per_s', 'seconds']
+      1 4 ['epoch', 'loss', 'samples_per_s', 'seconds']
     """
 
     log_keys = None
@@ -234,7 +234,7 @@ class CSVLogger(_FileLogger):
       ...                 progress=False)
       >>> lines = open(path).read().splitlines()
       >>> lines[0], len(lines)  # a header and one row per epoch
-      ('epoch,loss,grad_norm,samples_per_s,seconds', 3)
+      ('epoch,loss,samples_per_s,seconds', 3)
     """
 
     def check_log_keys(self, logs):
@@ -293,8 +293,8 @@ class JSONLLogger(_FileLogger):
       >>> _ = funcnet.fit(ts, loss_fn, opt, data, epochs=2, callbacks=[JSONLLogger(path)],
       ...                 progress=False)
       >>> [(logs["epoch"], sorted(logs)) for logs in map(json.loads, open(path))]
-      [(0, ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds']),
-       (1, ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds'])]
+      [(0, ['epoch', 'loss', 'samples_per_s', 'seconds']),
+       (1, ['epoch', 'loss', 'samples_per_s', 'seconds'])]
     """
 
     def on_epoch_end(self, ctx, epoch, logs):
@@ -455,7 +455,7 @@ class LearningRateLogger(Callback):
 class TensorBoardLogger(Callback):
     """Writes scalars to TensorBoard event files in ``logdir``.
 
-    Every epoch, each numeric entry of the epoch logs (``loss``, ``grad_norm``,
+    Every epoch, each numeric entry of the epoch logs (``loss``, ``grad_norm`` if logged,
     ``eval_*``, ``samples_per_s``, ...) as ``epoch/<key>`` at step ``epoch`` (Keras's
     TensorBoard callback does the same per epoch); with ``every_steps=N``, the latest
     step's metrics (:attr:`funcnet.loop.FitContext.step_metrics`) as ``step/<key>``

@@ -200,18 +200,36 @@ def batches(arrays, batch_size: int, *, shuffle: bool = False, rng=None,
     else:
         order = None
     total = num_batches(n, batch_size, drop_remainder)
+    rows = _Rows(values, pack, order, batch_size)
 
     def generate():
         for i in range(skip, total):
-            if order is None:
-                sl = slice(i * batch_size, (i + 1) * batch_size)
-                yield pack([v[sl] for v in values])
-            else:
-                idx = order[i * batch_size:(i + 1) * batch_size]
-                yield pack([v[idx] for v in values])
+            yield rows.take(i * batch_size, min((i + 1) * batch_size, n))
 
     return Batches(generate(), n=n, batch_size=batch_size, shuffle=bool(shuffle),
-                   rng=rng if shuffle else None, drop_remainder=bool(drop_remainder))
+                   rng=rng if shuffle else None, drop_remainder=bool(drop_remainder),
+                   skip=skip, rows=rows)
+
+
+class _Rows:
+    """The examples of one epoch in visiting order: ``take(start, stop)`` gathers
+    positions ``start .. stop - 1`` of that order (a view without shuffle, when it can)."""
+
+    def __init__(self, values, pack, order, batch_size):
+        self.values, self.pack, self.order, self.batch_size = values, pack, order, batch_size
+
+    def take(self, start: int, stop: int, pad_to: Optional[int] = None):
+        """Rows ``start .. stop - 1``; with ``pad_to``, the last ``batch_size`` of them
+        repeated until there are ``pad_to`` rows (one gather, nothing copied twice)."""
+        if pad_to is None or pad_to == stop - start:
+            if self.order is None:
+                return self.pack([v[start:stop] for v in self.values])
+            idx = self.order[start:stop]
+        else:
+            idx = np.arange(start, stop) if self.order is None else self.order[start:stop]
+            idx = np.concatenate([idx] + [idx[-self.batch_size:]] *
+                                 ((pad_to - (stop - start)) // self.batch_size))
+        return self.pack([v[idx] for v in self.values])
 
 
 class Batches:
@@ -224,6 +242,11 @@ class Batches:
     iterable (``train_data(epoch)``) and records them in its checkpoints, so a resume
     over other data is refused instead of training some examples twice.
 
+    :meth:`stacked` reads several of the epoch's batches at once, as one array per
+    leaf with a leading batch axis, without using the iterator up: ``fit`` runs
+    several steps per dispatch on them (see its ``steps_per_dispatch``), with one
+    gather and one host-to-device copy per dispatch instead of one per step.
+
     Args:
       generator: the generator of the epoch's batches, which the iterator draws from.
       n: the number of examples (kept as ``.n``, as are the arguments below).
@@ -231,6 +254,9 @@ class Batches:
       shuffle: whether the examples are visited in a shuffled order.
       rng: the seed of the shuffle (None without shuffle).
       drop_remainder: whether the last, smaller batch is dropped.
+      skip: how many leading batches the iteration skips (:func:`batches`'s ``skip``).
+      rows: where :meth:`stacked` reads the batches from (``batches`` passes it; None:
+        an iterator without random access).
 
     Examples:
       >>> it = batches(np.arange(10), 4)
@@ -243,10 +269,98 @@ class Batches:
     """
 
     def __init__(self, generator, *, n: int, batch_size: int, shuffle: bool, rng,
-                 drop_remainder: bool):
+                 drop_remainder: bool, skip: int = 0, rows: Optional[_Rows] = None):
         self._generator = generator
         self.n, self.batch_size, self.shuffle = n, batch_size, shuffle
-        self.rng, self.drop_remainder = rng, drop_remainder
+        self.rng, self.drop_remainder, self.skip = rng, drop_remainder, skip
+        self._rows = rows
+
+    @property
+    def num_batches(self) -> int:
+        """The epoch's batches, those ``skip`` leaves out included."""
+        return num_batches(self.n, self.batch_size, self.drop_remainder)
+
+    @property
+    def stackable(self) -> bool:
+        """Whether :meth:`stacked` and :meth:`batch` can read this epoch's batches (an
+        iterator made by :func:`batches`)."""
+        return self._rows is not None
+
+    @property
+    def full_batches(self) -> int:
+        """The epoch's batches of ``batch_size`` examples (all but a smaller last one)."""
+        return self.n // self.batch_size
+
+    def batch(self, i: int):
+        """Batch ``i`` of the epoch (numbered from 0, ``skip`` not applied), the same
+        values iteration yields, without advancing the iterator.
+
+        Args:
+          i: the batch's number, ``0 <= i < num_batches``.
+
+        Returns:
+          The batch, in the arrays' container.
+
+        Raises:
+          ValueError: ``i`` is out of range, or the iterator was not made by :func:`batches`.
+
+        Examples:
+          >>> it = batches(np.arange(10), 4, drop_remainder=False)
+          >>> it.batch(2).tolist(), it.num_batches
+          ([8, 9], 3)
+        """
+        self._check_readable("batch")
+        if not 0 <= i < self.num_batches:
+            raise ValueError(f"Batches.batch: batch {i} is not among the epoch's "
+                             f"{self.num_batches} batches.")
+        b = self.batch_size
+        return self._rows.take(i * b, min((i + 1) * b, self.n))
+
+    def _check_readable(self, method: str) -> None:
+        if self._rows is None:
+            raise ValueError(f"Batches.{method}: this iterator has no random access (it was "
+                             f"not made by funcnet.data.batches).")
+
+    def stacked(self, start: int, count: int, size: Optional[int] = None):
+        """Batches ``start .. start + count - 1`` of the epoch (numbered from 0, ``skip``
+        not applied) as one batch of arrays of shape ``(size, batch_size, ...)``:
+        element ``j`` is batch ``start + j``, the same values iteration yields, and
+        elements past ``count`` repeat the last one (padding, so that one compiled
+        program can serve every ``count``). Only full batches (``full_batches``) stack;
+        the iterator is not advanced.
+
+        Args:
+          start: the first batch's number in the epoch.
+          count: how many batches.
+          size: the leading axis's length, ``>= count`` (default ``count``).
+
+        Returns:
+          The batches' container (tuple, dict or array) with stacked arrays.
+
+        Raises:
+          ValueError: the batches are not all full batches of the epoch; ``size <
+            count``; or the iterator was not made by :func:`batches`.
+
+        Examples:
+          >>> it = batches(np.arange(10), 3, shuffle=True, rng=0)
+          >>> chunk = it.stacked(1, 2, size=3)
+          >>> chunk.shape
+          (3, 3)
+          >>> [b.tolist() for b in it][1:3] == chunk[:2].tolist()
+          True
+          >>> chunk[2].tolist() == chunk[1].tolist()  # the padding repeats the last batch
+          True
+        """
+        size = count if size is None else size
+        self._check_readable("stacked")
+        if not (0 <= start and 1 <= count <= size and start + count <= self.full_batches):
+            raise ValueError(f"Batches.stacked: batches {start}..{start + count - 1} padded to "
+                             f"{size} are not among the epoch's {self.full_batches} full "
+                             f"batches of {self.batch_size} (need 0 <= start, 1 <= count <= "
+                             f"size, start + count <= {self.full_batches}).")
+        b = self.batch_size
+        flat = self._rows.take(start * b, (start + count) * b, pad_to=size * b)
+        return jax.tree.map(lambda a: a.reshape((size, b) + a.shape[1:]), flat)
 
     def __iter__(self) -> "Batches":
         return self

@@ -35,6 +35,7 @@ from funcnet import data as data_lib
 from funcnet import distributed
 from funcnet import precision
 from funcnet import sharding
+from funcnet import xla
 from funcnet.callbacks import Callback, Checkpoint
 from funcnet._loop_checks import LogKeys, check_before_training, first_batch
 from funcnet._loop_position import LoopPosition
@@ -77,7 +78,7 @@ class FitContext:
       >>> data = [np.ones((4, 2), np.float32)] * 3
       >>> _, history = fit(ts, loss_fn, opt, data, epochs=5, callbacks=[StopAfterOne()],
       ...                  progress=False)
-      0 1 3 ['grad_norm', 'loss']
+      0 1 3 ['loss']
       >>> len(history)
       1
     """
@@ -250,11 +251,13 @@ class _Steps(NamedTuple):
     on_device: Optional[Callable] = None      # up to k steps over a DeviceData, one dispatch
     on_device_one: Optional[Callable] = None  # one step over given rows (the last, smaller batch)
     steps_per_dispatch: int = 1
+    on_stacked: Optional[Callable] = None     # up to k steps over k stacked host batches
+    several_asked: bool = False               # steps_per_dispatch > 1 given explicitly
 
 
 def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, take=None,
              steps_per_dispatch=1, state_shardings=None, step_options=None,
-             eval_on_ema=False) -> _Steps:
+             eval_on_ema=False, several_asked=False) -> _Steps:
     """The jitted (one device, or a mesh) or pmapped (``n_dev`` devices) train and eval steps.
 
     On a mesh the steps are the one-device steps: their inputs' shardings make XLA
@@ -275,23 +278,39 @@ def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, take=None,
             state = jax.lax.with_sharding_constraint(state, state_shardings)
         return state, metrics
 
+    # xla.jit: funcnet's choice of XLA kernels on this backend (CPU convolutions)
     train = (jax.pmap(raw_step, axis_name=axis, donate_argnums=0) if n_dev
-             else jax.jit(raw_step, donate_argnums=0))
+             else xla.jit(raw_step, donate_argnums=0))
     evaluate = None
     if eval_fn is not None:
         raw_eval = make_eval_step(eval_fn, axis_name=axis, ema=eval_on_ema)
-        evaluate = jax.pmap(raw_eval, axis_name=axis) if n_dev else jax.jit(raw_eval)
+        evaluate = (jax.pmap(raw_eval, axis_name=axis) if n_dev else xla.jit(raw_eval))
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
-    on_device = on_device_one = None
+    on_device = on_device_one = on_stacked = None
     if take is not None and not n_dev:
         on_device, on_device_one = _device_steps(raw_step, take, steps_per_dispatch)
+    elif _stacks_host_batches(n_dev, mesh) and steps_per_dispatch > 1:
+        on_stacked = _device_steps(raw_step, _take_stacked, steps_per_dispatch)[0]
     if mesh is not None:
         train, evaluate, add, on_device, on_device_one = (
             None if f is None else _on_mesh(mesh, f)
             for f in (train, evaluate, add, on_device, on_device_one))
     multi = bool(n_dev) or (mesh is not None and mesh.size > 1)
     throttle = multi and jax.local_devices()[0].platform == "cpu"
-    return _Steps(train, evaluate, add, throttle, on_device, on_device_one, steps_per_dispatch)
+    return _Steps(train, evaluate, add, throttle, on_device, on_device_one, steps_per_dispatch,
+                  on_stacked, several_asked)
+
+
+def _stacks_host_batches(n_dev, mesh) -> bool:
+    """Whether a host pipeline may run several steps per dispatch: on one device, over
+    batches :meth:`funcnet.data.Batches.stacked` reads (pmap and mesh placements split
+    each batch on the host)."""
+    return not n_dev and mesh is None
+
+
+def _take_stacked(arrays, j):
+    """Batch ``j`` of stacked batches (``Batches.stacked``), inside the jitted loop."""
+    return jax.tree.map(lambda a: a[j], arrays)
 
 
 def _device_steps(raw_step, take, k: int):
@@ -323,8 +342,8 @@ def _device_steps(raw_step, take, k: int):
 
         return jax.lax.fori_loop(0, n, body, (state, rows))
 
-    return (jax.jit(single if k == 1 else several, donate_argnums=0),
-            jax.jit(one, donate_argnums=0))
+    return (xla.jit(single if k == 1 else several, donate_argnums=0),
+            xla.jit(one, donate_argnums=0))
 
 
 def _on_mesh(mesh, fn):
@@ -374,8 +393,18 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     # At most two multi-device steps in flight on CPU, where many queued executions
     # can stall XLA:CPU's collectives (distributed.InFlight says what happens).
     in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)
-    starters = _step_begin_callbacks(callbacks)  # usually none: no call per step then
     source = train_data(epoch) if callable(train_data) else train_data
+    if steps.on_stacked is not None and callable(train_data) and (
+            isinstance(source, data_lib.Batches) and source.stackable):
+        return _train_epoch_stacked(loop, steps, ctx, callbacks, source, epoch, skip, bar,
+                                    log_every, on_nonfinite)
+    if steps.several_asked:
+        raise ValueError(f"fit: steps_per_dispatch={steps.steps_per_dispatch} needs batches it "
+                         f"can read several at a time: train_data=funcnet.data.DeviceData(...), "
+                         f"or a callable returning funcnet.data.batches(...) (got "
+                         f"{type(source).__name__} from train_data). Other iterables run one "
+                         f"step per dispatch: leave steps_per_dispatch unset.")
+    starters = _step_begin_callbacks(callbacks)  # usually none: no call per step then
     ctx._epoch_fetch = lambda start: (jax.device_get(step_metrics[start:]), len(step_metrics))
     # The with block stops the background thread however the epoch ends (early stop,
     # an exception, KeyboardInterrupt).
@@ -403,12 +432,16 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
                 bar.set_postfix(loss=f"{float(last['loss']):.4f}",
                                 samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
     if not step_metrics and not skip:
-        raise ValueError(f"fit: train_data gave no batches in epoch {epoch}. A generator or "
-                         f"iterator is used up after one epoch: pass a callable "
-                         f"epoch -> iterable (e.g. lambda epoch: data.batches(...)).")
+        _no_batches(epoch)
     if loop.n is None and loop.mesh is None:
         step_metrics = _fetch_stacked(step_metrics)
     return step_metrics, seen
+
+
+def _no_batches(epoch: int):
+    raise ValueError(f"fit: train_data gave no batches in epoch {epoch}. A generator or "
+                     f"iterator is used up after one epoch: pass a callable "
+                     f"epoch -> iterable (e.g. lambda epoch: data.batches(...)).")
 
 
 _FETCH_GROUP = 64
@@ -436,33 +469,110 @@ def _fetch_stacked(step_metrics: list) -> list:
 def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log_every,
                         on_nonfinite):
     """:func:`_train_epoch` over a :class:`funcnet.data.DeviceData`: batches are gathered
-    inside the step, up to ``steps.steps_per_dispatch`` (``k``) steps per dispatch.
-
-    Dispatches end on multiples of ``k`` global steps (and at the epoch's end), so
-    ``Checkpoint(every_steps=...)`` sees the steps it saves at; callbacks'
-    ``on_step_end`` runs once per dispatch, with the step count after it. The only
-    host work per dispatch is the dispatch; the progress bar reads the metrics of the
-    dispatch before the last one, which the device has finished, so it never waits.
-    """
-    t0 = time.perf_counter()
+    inside the step, up to ``steps.steps_per_dispatch`` steps per dispatch
+    (:func:`_dispatch_epoch`). The only host work per dispatch is the dispatch."""
     k = steps.steps_per_dispatch
     full, tail = data.order(epoch)
     order = loop.put_order(full)
-    chunks, seen, i = [], 0, skip  # chunks: (metric rows, steps in them, global step after)
+
+    def run(state, i, n):
+        at = (np.int32(i),) if k == 1 else (np.int32(i), np.int32(n))
+        return steps.on_device(state, data.arrays, order, *at)
+
+    def last(state):
+        return steps.on_device_one(state, data.arrays, loop.put_order(tail)), len(tail)
+
+    plan = _dispatch_plan(ctx.host_step, k, skip, len(full))
+    return _dispatch_epoch(loop, steps, ctx, callbacks, plan, len(full), data.batch_size, run,
+                           None if tail is None else last, epoch, skip, bar, log_every,
+                           on_nonfinite)
+
+
+def _train_epoch_stacked(loop, steps, ctx, callbacks, source, epoch, skip, bar, log_every,
+                         on_nonfinite):
+    """:func:`_train_epoch` over a host pipeline of :func:`funcnet.data.batches`: each
+    dispatch's batches are read at once (:meth:`funcnet.data.Batches.stacked`, one gather
+    and one copy to the device) and run as up to ``steps.steps_per_dispatch`` steps on
+    the device. The next dispatch's batches are gathered while the device runs the last
+    one (dispatch is asynchronous), or ``prefetch`` ahead in a background thread."""
+    k, size = steps.steps_per_dispatch, source.batch_size
+    full = source.full_batches - source.skip   # counted as the iteration counts them
+    _check_host_layout(ctx, source, size, skip > 0)
+    if source.num_batches > source.skip:
+        ctx._batch_spec = _spec(source.batch(source.skip))
+    local = jax.device_put(np.arange(k, dtype=np.int32))
+    plan = _dispatch_plan(ctx.host_step, k, skip, full)
+
+    def stacked():  # what each dispatch runs on, in the plan's order
+        for i, n in plan:
+            try:
+                chunk = _checked_device_put(source.stacked(source.skip + i, n, size=k))
+            except Exception as e:
+                e.add_note(f"fit: reading batches {i}..{i + n - 1} of epoch {epoch} "
+                           f"(Batches.stacked) for one dispatch of {n} steps")
+                raise
+            yield chunk
+
+    with loop.host_batches(stacked()) as chunks:
+        def run(state, i, n):
+            return steps.on_stacked(state, next(chunks), local, np.int32(0), np.int32(n))
+
+        def last(state):
+            batch = source.batch(source.num_batches - 1)
+            return steps.train(state, loop.put_batch(batch)), _batch_size(batch)
+
+        tail = source.num_batches > source.full_batches
+        # At most 2 dispatches in flight: the host gathers the next one's batches while
+        # the device runs, without queueing (and holding) a whole epoch's copies.
+        out = _dispatch_epoch(loop, steps, ctx, callbacks, plan, full, size, run,
+                              last if tail else None, epoch, skip, bar, log_every,
+                              on_nonfinite, max_in_flight=2)
+    source.close()  # used up, as iterating it would leave it
+    if not out[0] and not skip:
+        _no_batches(epoch)
+    return out
+
+
+def _dispatch_plan(host_step: int, k: int, start: int, stop: int) -> list:
+    """``(first batch, steps)`` of each dispatch over batches ``start .. stop - 1``: a
+    dispatch never crosses a multiple of ``k`` global steps."""
+    plan, i = [], start
+    while i < stop:
+        n = min(k - (host_step + i - start) % k, stop - i)
+        plan.append((i, n))
+        i += n
+    return plan
+
+
+def _dispatch_epoch(loop, steps, ctx, callbacks, plan, full, batch_size, run, last, epoch,
+                    skip, bar, log_every, on_nonfinite, max_in_flight=None):
+    """Runs the ``(i, n)`` dispatches of ``plan`` (:func:`_dispatch_plan`, over batches
+    ``skip .. full - 1``), each ``n`` steps from batch ``i`` (``run(state, i, n) ->
+    (state, metric rows)``), then the last, smaller batch if
+    there is one (``last(state) -> ((state, metrics), examples)``); returns ``(per-step
+    metrics, examples seen)``.
+
+    Dispatches end on multiples of ``k`` global steps (and at the epoch's end), so
+    ``Checkpoint(every_steps=...)`` sees the steps it saves at; callbacks'
+    ``on_step_end`` runs once per dispatch, with the step count after it. The progress
+    bar reads the metrics of the dispatch before the last one, which the device has
+    finished, so it never waits.
+    """
+    t0 = time.perf_counter()
+    chunks, seen = [], 0  # chunks: (metric rows, steps in them, global step after)
     next_log = (ctx.host_step // log_every + 1) * log_every
-    in_flight = distributed.InFlight(2 if steps.throttle else None, cpu_only=False)  # see _train_epoch
+    if steps.throttle:  # see _train_epoch
+        max_in_flight = 2
+    in_flight = distributed.InFlight(max_in_flight, cpu_only=False)
     starters = _step_begin_callbacks(callbacks)
     ctx._epoch_fetch = lambda start: (_chunk_rows(chunks[start:]), len(chunks))
-    while i < len(full):
-        n = min(k - ctx.host_step % k, len(full) - i)
-        at = (np.int32(i),) if k == 1 else (np.int32(i), np.int32(n))
+    for i, n in plan:
         for cb in starters:
             cb.on_step_begin(ctx, ctx.host_step + 1)   # the dispatch's first step
-        loop.state, rows = steps.on_device(loop.state, data.arrays, order, *at)
+        loop.state, rows = run(loop.state, i, n)
         in_flight.add(rows)
-        i += n
-        seen += n * data.batch_size
-        ctx.batch_in_epoch = i
+        seen += n * batch_size
+        ctx.batch_in_epoch = i + n
         ctx.host_step += n
         chunks.append((rows, n, ctx.host_step))
         ctx._last = (rows, n - 1)
@@ -470,13 +580,13 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
             cb.on_step_end(ctx, ctx.host_step)
         if bar is not None and ctx.host_step >= next_log:
             next_log = (ctx.host_step // log_every + 1) * log_every
-            _refresh_bar_lagged(bar, ctx, chunks, i - skip, seen, t0, epoch, on_nonfinite)
-    if tail is not None and skip <= len(full):
+            _refresh_bar_lagged(bar, ctx, chunks, i + n - skip, seen, t0, epoch, on_nonfinite)
+    if last is not None and skip <= full:
         for cb in starters:
             cb.on_step_begin(ctx, ctx.host_step + 1)
-        loop.state, metrics = steps.on_device_one(loop.state, data.arrays, loop.put_order(tail))
-        seen += len(tail)
-        ctx.batch_in_epoch = len(full) + 1
+        (loop.state, metrics), examples = last(loop.state)
+        seen += examples
+        ctx.batch_in_epoch = full + 1
         ctx.host_step += 1
         chunks.append((jax.tree.map(lambda m: m[None], metrics), 1, ctx.host_step))
         ctx._last = (metrics, None)
@@ -724,25 +834,32 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         and step, before the epoch's end-of-epoch callbacks; ``"warn"`` warns once
         and trains on; ``"ignore"`` trains on. Either way later checkpoints are
         marked non-finite, and ``Checkpoint(keep=N)`` keeps the last finite one.
-      steps_per_dispatch: with a ``DeviceData`` on one device or a mesh, run up to
-        this many steps per dispatch (a loop on the device), so the host's
-        per-dispatch cost is paid once per ``k`` steps; the results are those of
-        ``k=1``, bit for bit, and a dispatch never crosses a multiple of ``k``
-        global steps or an epoch's end. Default (None): ``log_every`` steps, reduced
-        to divide every ``Checkpoint``'s ``every_steps``; 1 when a callback has its
-        own ``on_step_end`` (it then sees every step), and for the host pipeline and
-        pmap (which always run one). An explicit ``k > 1`` needs
-        ``Checkpoint(every_steps=N)`` with ``N`` a multiple of ``k``, and calls other
-        callbacks' ``on_step_end`` once per dispatch. ``BENCHMARKS.md`` (workload 6)
-        has the measured effect.
+      steps_per_dispatch: run up to this many steps per dispatch (a loop on the
+        device), so the host's per-dispatch cost is paid once per ``k`` steps; the
+        results are those of ``k=1``, bit for bit, and a dispatch never crosses a
+        multiple of ``k`` global steps or an epoch's end. With a ``DeviceData`` (one
+        device or a mesh) the steps gather their batches on the device; with a host
+        pipeline on one device, ``train_data(epoch)`` returning
+        :func:`funcnet.data.batches`, each dispatch's ``k`` batches are read at once
+        (:meth:`funcnet.data.Batches.stacked`: one gather and one copy to the device)
+        while the device runs the previous dispatch; other iterables, pmap and a host
+        pipeline on a mesh run one step per dispatch. Default (None): ``log_every``
+        steps, reduced to divide every ``Checkpoint``'s ``every_steps``; 1 when a
+        callback has its own ``on_step_end`` (it then sees every step) or the data
+        cannot be read several batches at a time. An explicit ``k > 1`` needs such
+        data, ``Checkpoint(every_steps=N)`` with ``N`` a multiple of ``k``, and calls
+        other callbacks' ``on_step_end`` once per dispatch. ``BENCHMARKS.md``
+        (workload 6) has the measured effect.
       print_fn: if given (e.g. ``print``), receives one summary line per epoch.
       step_options: keyword arguments for :func:`funcnet.train.make_train_step`:
-        ``clip_grad_norm``, ``microbatches``, ``ema_decay``, ``update``, e.g.
-        ``{"clip_grad_norm": 1.0, "microbatches": 4}``.
+        ``clip_grad_norm``, ``microbatches``, ``ema_decay``, ``update``, ``grad_norm``,
+        e.g. ``{"clip_grad_norm": 1.0, "microbatches": 4}`` or ``{"grad_norm": True}``
+        to log the gradients' global norm.
       eval_on_ema: evaluate the params' moving average (``ema_decay`` in
         ``step_options``, a TrainState created with ``ema=True``) instead of the params.
       prefetch: for a host pipeline (``train_data`` not a ``DeviceData``), how many
-        batches a background thread assembles ahead (:func:`funcnet.data.background`;
+        batches (or, with several steps per dispatch, dispatches' worth of batches)
+        a background thread assembles ahead (:func:`funcnet.data.background`;
         on one accelerator it also starts their copies to the device), so the host's
         data work overlaps with the steps; the batches and the results are the same,
         bit for bit, and an exception from ``train_data`` is raised with the batch
@@ -752,8 +869,9 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         with NumPy batching (it helps a pipeline whose work releases the GIL: file
         reads, decoding, large NumPy operations).
 
-    History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps),
-    ``grad_norm`` (likewise), the step's other metrics, ``eval_*``, ``samples_per_s``, ``seconds``.
+    History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps), the
+    step's other metrics likewise (``grad_norm`` with ``step_options={"grad_norm": True}``
+    or clipping), ``eval_*``, ``samples_per_s``, ``seconds``.
 
     Returns:
       ``(train_state, history)``: the trained :class:`funcnet.train.TrainState` (on the
@@ -781,7 +899,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
       >>> ts = TrainState.create(net, opt, jax.random.key(0), (-1, 2))
       >>> ts, history = fit(ts, loss_fn, opt, data, epochs=2, progress=False)
       >>> int(ts.step), sorted(history[0])
-      (4, ['epoch', 'grad_norm', 'loss', 'samples_per_s', 'seconds'])
+      (4, ['epoch', 'loss', 'samples_per_s', 'seconds'])
       >>> history[1]["loss"] < history[0]["loss"]
       True
     """
@@ -793,8 +911,9 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     train_state, position, run_id, resumed = resume(
         resume_from, missing_ok, train_state, checkpoint_extras(callbacks, layout, train_state))
     check_layout(resumed, layout)
+    step_options = _step_options(step_options)
     check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
-                           metric, callbacks, epochs)
+                           metric, callbacks, epochs, step_options)
 
     if mesh is not None and devices is not None:
         raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a "
@@ -803,8 +922,10 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     train_data, eval_data = _place_device_data(train_data, mesh), _place_device_data(eval_data, mesh)
     take = train_data.take if isinstance(train_data, data_lib.DeviceData) and not n_dev else None
     log_every = checks.positive_int("fit", "log_every", log_every)
-    steps_per_dispatch = _check_dispatch(steps_per_dispatch, take is not None, callbacks,
-                                         log_every)
+    several_asked = steps_per_dispatch not in (None, 1)
+    steps_per_dispatch = _check_dispatch(
+        steps_per_dispatch, take is not None or _stacks_host_batches(n_dev, mesh), callbacks,
+        log_every)
     if prefetch is None:
         # Measured (BENCHMARKS.md, workload 6): on CPU the thread only adds GIL hand-offs
         # to NumPy gathers that hold the GIL; on an accelerator it overlaps the copies.
@@ -813,7 +934,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     loop = _Loop(train_state, n_dev, mesh, prefetch)
     steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, take, steps_per_dispatch,
                      sharding.state_shardings(loop.state) if mesh is not None else None,
-                     _step_options(step_options), checks.flag("fit", "eval_on_ema", eval_on_ema))
+                     step_options, checks.flag("fit", "eval_on_ema", eval_on_ema),
+                     several_asked)
     ctx, resumed_sums = _context(loop, train_state, loss_fn, train_data, callbacks, layout,
                                  run_id, resumed, position, epochs)
     bar_factory = _progress_factory(progress)
@@ -895,7 +1017,7 @@ def _attach_train_state(error: BaseException, loop) -> None:
         error.add_note("fit: the state trained so far is on this exception as .train_state.")
 
 
-_STEP_OPTIONS = ("clip_grad_norm", "microbatches", "ema_decay", "update")
+_STEP_OPTIONS = ("clip_grad_norm", "microbatches", "ema_decay", "update", "grad_norm")
 
 
 def _step_options(options) -> dict:
@@ -918,20 +1040,23 @@ def _place_device_data(data, mesh):
     return data.placed(mesh) if isinstance(data, data_lib.DeviceData) else data
 
 
-def _check_dispatch(k, on_device: bool, callbacks, log_every: int) -> int:
-    """The steps per dispatch: ``k`` checked, or the default (see ``fit``)."""
+def _check_dispatch(k, several_ok: bool, callbacks, log_every: int) -> int:
+    """The steps per dispatch: ``k`` checked, or the default (see ``fit``).
+    ``several_ok``: the placement can run several (a ``DeviceData`` on one device or a
+    mesh, or a host pipeline on one device)."""
     everies = [e for e in (getattr(cb, "every_steps", None) for cb in callbacks) if e]
     if k is None:
-        if not on_device or _per_step_callbacks(callbacks):
+        if not several_ok or _per_step_callbacks(callbacks):
             return 1
         return math.gcd(log_every, *everies)
     k = checks.positive_int("fit", "steps_per_dispatch", k)
     if k == 1:
         return k
-    if not on_device:
+    if not several_ok:
         raise ValueError(f"fit: steps_per_dispatch={k} needs train_data=funcnet.data.DeviceData"
-                         f"(...) on one device or a mesh (not devices=N); the host pipeline "
-                         f"and pmap run one step per dispatch.")
+                         f"(...) on one device or a mesh, or a host pipeline of "
+                         f"funcnet.data.batches on one device; pmap (devices=N) and a host "
+                         f"pipeline on a mesh run one step per dispatch.")
     for cb in callbacks:
         every = getattr(cb, "every_steps", None)
         if every and every % k:

@@ -275,7 +275,8 @@ def _as_aux(aux, where) -> Aux:
 def make_train_step(loss_fn: Callable, optimizer, *, update=None,
                     axis_name: Optional[str] = None, clip_grad_norm: Optional[float] = None,
                     microbatches: Optional[int] = None,
-                    ema_decay: Optional[float] = None) -> Callable:
+                    ema_decay: Optional[float] = None,
+                    grad_norm: Optional[bool] = None) -> Callable:
     """Builds ``step(train_state, batch) -> (train_state, metrics)``, pure and unjitted.
 
     Per step: split ``train_state.rng``; compute ``value_and_grad`` of ``loss_fn``;
@@ -285,8 +286,8 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     device count instead), ``lax.pmean`` the
     metrics and the floating layer state, and give each device its own dropout key
     (``fold_in`` of the device index); apply the optax update. ``metrics`` is
-    ``{"loss": loss, "grad_norm": ..., **aux.metrics}``, ``grad_norm`` being the global
-    2-norm of the gradients the update sees (before clipping). When the loss_fn
+    ``{"loss": loss, **aux.metrics}``, plus ``"grad_norm"`` (see the option) when it is
+    asked for or clipping computes it anyway. When the loss_fn
     returns ``Aux(outputs=...)`` with any array in it, the step returns
     ``(train_state, metrics, outputs)``.
 
@@ -309,6 +310,14 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         every step: see :class:`EMA` for the formula, PyTorch's
         ``get_ema_multi_avg_fn(decay)``. ``make_eval_step(..., ema=True)`` evaluates
         with it.
+      grad_norm: report ``metrics["grad_norm"]``, the global 2-norm of the gradients the
+        update sees (after the cross-device mean and loss unscaling, before clipping).
+        ``None`` (default): only with ``clip_grad_norm``, which computes it anyway;
+        ``True``: always; ``False``: never. It is off by default because it costs a
+        pass of its own over every gradient: on XLA:CPU the square is not fused into
+        the sum, and on the MNIST MLP (784-400-100-10, Adam, batch 128) it took 13 %
+        of the step (BENCHMARKS.md, workload 6); neither PyTorch nor a hand-written
+        optax loop computes it unasked.
 
     Loss scaling (float16 compute; bfloat16 needs none): for a ``train_state`` created
     with ``loss_scale=`` (a :class:`funcnet.precision.LossScale`), the step
@@ -360,6 +369,8 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
                                        f"(the largest global gradient norm let through), or "
                                        f"None for no clipping.")
     k = 1 if microbatches is None else checks.positive_int(where, "microbatches", microbatches)
+    report_norm = (clip_grad_norm is not None if grad_norm is None
+                   else checks.flag(where, "grad_norm", grad_norm))
     if ema_decay is not None:
         ema_decay = checks.real(where, "ema_decay", ema_decay)
         if not 0.0 < ema_decay < 1.0:
@@ -420,9 +431,11 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         if scaling:
             grads = precision.unscale_grads(loss_scale, grads)
             finite = precision.all_finite(grads)
-        norm = _global_norm(grads)
-        metrics = {"loss": metrics["loss"], "grad_norm": norm,
-                   **{n: v for n, v in metrics.items() if n != "loss"}}
+        if report_norm or clip_grad_norm is not None:
+            norm = _global_norm(grads)
+        if report_norm:
+            metrics = {"loss": metrics["loss"], "grad_norm": norm,
+                       **{n: v for n, v in metrics.items() if n != "loss"}}
         if clip_grad_norm is not None:
             scale = jnp.minimum(1.0, clip_grad_norm / (norm + 1e-6))
             grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
@@ -489,7 +502,7 @@ def make_scaled_train_step(loss_fn: Callable, optimizer, *,
                   "state with TrainState.create(..., loss_scale=precision.dynamic_loss_scale()) "
                   "and use make_train_step, which then scales the loss.", DeprecationWarning,
                   stacklevel=2)
-    inner = make_train_step(loss_fn, optimizer, axis_name=axis_name)
+    inner = make_train_step(loss_fn, optimizer, axis_name=axis_name, grad_norm=True)
 
     def step(train_state: TrainState, loss_scale, batch):
         if not isinstance(train_state, TrainState) or not isinstance(loss_scale,

@@ -69,7 +69,7 @@ def test_tensorboard_scalars_are_the_jsonl_logs_and_the_step_metrics(tmp_path):
 
     funcnet.fit(ts, loss_fn, opt, data.DeviceData(arrays, 16, shuffle=True, rng=0), epochs=3,
                 eval_data=lambda e: data.batches(arrays, 32), eval_fn=eval_fn, metric=acc,
-                callbacks=[Steps(), tb, jl])
+                callbacks=[Steps(), tb, jl], step_options={"grad_norm": True})
     got = _events(tmp_path / "tb")
     rows = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
     assert len(rows) == 3
@@ -123,11 +123,18 @@ def test_profile_marks_each_dispatch_of_its_window_with_a_step_annotation(tmp_pa
         def on_step_begin(self, ctx, step):
             started.append(step)
 
-    # the host pipeline: one step per dispatch, each step of the window marked
+    # one step per dispatch: each step of the window marked
     funcnet.fit(ts, loss_fn, opt, lambda e: data.batches(arrays, 16), epochs=3,
+                steps_per_dispatch=1,
                 callbacks=[Begin(), callbacks.Profile(tmp_path / "host", steps=(4, 8))])
     assert started == list(range(1, 13))
     assert _step_marks(tmp_path / "host") == [5, 6, 7, 8]
+    # the host pipeline in dispatches of 4 stacked batches: marked by its first step
+    started.clear()
+    funcnet.fit(ts, loss_fn, opt, lambda e: data.batches(arrays, 16), epochs=3, log_every=4,
+                callbacks=[Begin(), callbacks.Profile(tmp_path / "stacked", steps=(4, 8))])
+    assert started == [1, 5, 9]
+    assert _step_marks(tmp_path / "stacked") == [5]
     # a DeviceData in dispatches of 4 steps: the dispatch inside the window, by its first step
     started.clear()
     funcnet.fit(ts, loss_fn, opt, data.DeviceData(arrays, 16), epochs=4, steps_per_dispatch=4,

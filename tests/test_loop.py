@@ -193,13 +193,93 @@ def test_device_data_resume_mid_epoch_is_bit_identical(tmp_path):
     assert history[0]["epoch"] == 1
 
 
+def _host_data(x=X[:100], y=Y[:100]):  # 3 full batches of 32 and a last one of 4
+    return lambda e: data.batches((x, y), 32, shuffle=True, rng=3, epoch=e,
+                                  drop_remainder=False)
+
+
+class _EveryStep(callbacks.Callback):
+    """A callback that needs dispatches to end on its every_steps, not every step."""
+    every_steps = 2
+
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, ctx, step):
+        self.seen.append(step)
+
+
+def test_host_pipeline_runs_several_steps_per_dispatch_bit_identically(capsys):
+    """A callable giving funcnet.data.batches runs k steps per dispatch on stacked batches
+    (one gather and one copy each): the same params, metrics and eval logs as one step
+    per dispatch, and as DeviceData; the last, smaller batch runs on its own."""
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.3)
+    one, h_one = fit(ts, loss_fn, opt, _host_data(), epochs=3, steps_per_dispatch=1, **kw)
+    dev, _ = fit(ts, loss_fn, opt, data.DeviceData((X[:100], Y[:100]), 32, shuffle=True, rng=3,
+                                                   drop_remainder=False), epochs=3, **kw)
+    params_equal(dev.params, one.params)
+    every = _EveryStep()
+    for k, extra in [(None, dict(log_every=3)), (2, dict(callbacks=[every]))]:
+        several, h = fit(ts, loss_fn, opt, _host_data(), epochs=3, steps_per_dispatch=k,
+                         **dict(kw, **extra))
+        params_equal((several.params, several.opt_state, jax.random.key_data(several.rng)),
+                     (one.params, one.opt_state, jax.random.key_data(one.rng)))
+        assert _without_times(h) == _without_times(h_one)
+    assert every.seen == [2, 3, 4, 6, 7, 8, 10, 11, 12]  # dispatch ends, then the last batch
+    fit(ts, loss_fn, opt, fit_setup()[3], **dict(kw, progress=True), log_every=2)  # k = 2
+    err = capsys.readouterr().err  # the bar shows a loss read without waiting for the device
+    assert "loss=" in err and "samples_s=" in err
+
+
+def test_host_pipeline_resume_mid_epoch_with_several_steps_per_dispatch(tmp_path):
+    ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.3)
+    full, h_full = fit(ts, loss_fn, opt, train_data, epochs=3, steps_per_dispatch=1, **kw)
+    saver, crash = callbacks.Checkpoint(tmp_path, every_steps=4, every_epochs=None), _Steps(13)
+    with pytest.raises(_Crash):
+        fit(ts, loss_fn, opt, train_data, epochs=3, callbacks=[saver, crash],
+            steps_per_dispatch=2, **kw)
+    assert crash.seen == [2, 4, 6, 8, 10, 12, 14]
+    assert saver.checkpointer.latest_step() == 12  # mid-epoch 1 (8 batches an epoch)
+    resumed, history = fit(ts, loss_fn, opt, train_data, epochs=3, resume_from=tmp_path,
+                           steps_per_dispatch=4, **kw)
+    params_equal((resumed.params, resumed.opt_state, jax.random.key_data(resumed.rng)),
+                 (full.params, full.opt_state, jax.random.key_data(full.rng)))
+    assert _without_times(history) == _without_times(h_full[1:])
+
+
+def test_several_steps_per_dispatch_need_batches_read_several_at_a_time():
+    ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.0)
+    batch_list = list(train_data(0))
+    for other in (batch_list, lambda e: iter(batch_list),
+                  data.batches((X, Y), 32, shuffle=True, rng=7)):   # one pass, not callable
+        with pytest.raises(ValueError, match="steps_per_dispatch=2 needs batches it can read"):
+            fit(ts, loss_fn, opt, other, steps_per_dispatch=2, **kw)
+    # left unset, they run one step per dispatch, as before
+    out, _ = fit(ts, loss_fn, opt, batch_list, epochs=2, **kw)
+    assert int(out.step) == 16
+    with pytest.raises(ValueError, match="gave no batches in epoch 1"):
+        fit(ts, loss_fn, opt, data.batches((X, Y), 32), epochs=2, **kw)
+
+
+def test_stacked_host_batches_errors_name_the_batches():
+    ts, loss_fn, opt, _, kw = fit_setup(dropout=0.0)
+    y_big = Y.astype(np.int64)
+    y_big[40] = 2 ** 40   # int32 cannot hold it (x64 off)
+    for prefetch in (0, 2):  # read on this thread, or in the background one
+        with pytest.raises(ValueError, match="int32 cannot hold") as info:
+            fit(ts, loss_fn, opt, lambda e: data.batches((X, y_big), 32), prefetch=prefetch,
+                **kw)
+        assert any("reading batches 0..7 of epoch 0" in n for n in info.value.__notes__)
+    assert _background_threads() == []
+
+
 def test_steps_per_dispatch_default_and_checks():
     from funcnet.loop import _check_dispatch
     ckpt4 = callbacks.Checkpoint("unused", every_steps=4, every_epochs=None)
     assert _check_dispatch(None, True, [], 50) == 50             # log_every
     assert _check_dispatch(None, True, [ckpt4, callbacks.EarlyStopping()], 50) == 2
     assert _check_dispatch(None, True, [_Steps()], 50) == 1      # sees every step
-    assert _check_dispatch(None, False, [], 50) == 1             # host pipeline, pmap
+    assert _check_dispatch(None, False, [], 50) == 1             # pmap, host data on a mesh
     assert _check_dispatch(4, True, [ckpt4, _Steps()], 50) == 4   # asked for: once per dispatch
     with pytest.raises(ValueError, match=r"Checkpoint\(every_steps=4\) would fall inside"):
         _check_dispatch(8, True, [ckpt4], 50)

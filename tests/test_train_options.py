@@ -74,6 +74,42 @@ def test_clip_grad_norm_is_torchs_and_grad_norm_is_reported(max_norm):
         assert float(optax.tree.norm(grads)) == pytest.approx(max_norm, rel=1e-4)
 
 
+def test_grad_norm_is_reported_when_asked_or_clipping():
+    """grad_norm=None (default) reports it only with clipping; True always (torch's total
+    norm, as clip_grad_norm_ returns it); False never, while clipping still clips."""
+    net = _mlp()
+    ts = TrainState.create(net, optax.sgd(1.0), jax.random.key(0), (-1, 8))
+    x, y = _batch()
+    m = _torch_mlp(ts.params)
+    torch.nn.functional.mse_loss(m(torch.tensor(x)), torch.tensor(y)).backward()
+    total = float(torch.nn.utils.clip_grad_norm_(m.parameters(), float("inf")))
+
+    def run(**options):
+        return jax.jit(make_train_step(_mse(net), optax.sgd(1.0), **options))(ts, (x, y))
+
+    assert set(run()[1]) == {"loss"}
+    np.testing.assert_allclose(float(run(grad_norm=True)[1]["grad_norm"]), total, rtol=1e-6)
+    np.testing.assert_allclose(float(run(clip_grad_norm=0.05)[1]["grad_norm"]), total, rtol=1e-6)
+    quiet, metrics = run(clip_grad_norm=0.05, grad_norm=False)
+    assert set(metrics) == {"loss"}
+    _close(quiet.params, run(clip_grad_norm=0.05)[0].params, 0.0)   # clipped all the same
+    with pytest.raises(funcnet.errors.ArgumentError, match="grad_norm must be True or False"):
+        make_train_step(_mse(net), optax.sgd(1.0), grad_norm=1)
+
+
+def test_fit_checks_a_monitored_grad_norm_against_the_step_options():
+    net = _mlp()
+    ts = TrainState.create(net, optax.sgd(0.1), jax.random.key(0), (-1, 8))
+    train = data.DeviceData(_batch(0, 32), 16)
+    with pytest.raises(ValueError, match="monitor='grad_norm' is not a key fit will log"):
+        funcnet.fit(ts, _mse(net), optax.sgd(0.1), train, progress=False,
+                    callbacks=[callbacks.EarlyStopping("grad_norm", mode="min")])
+    _, history = funcnet.fit(ts, _mse(net), optax.sgd(0.1), train, progress=False,
+                             callbacks=[callbacks.EarlyStopping("grad_norm", mode="min")],
+                             step_options={"grad_norm": True})
+    assert history[0]["grad_norm"] > 0
+
+
 def test_clip_grad_norm_and_ema_decay_refuse_bad_values():
     with pytest.raises(ValueError, match="clip_grad_norm=0.0 must be > 0"):
         make_train_step(_mse(_mlp()), optax.sgd(0.1), clip_grad_norm=0.0)
@@ -218,7 +254,10 @@ def test_fit_passes_step_options_to_the_step():
                             step_options={"ema_decay": 0.5, "microbatches": 4})
     _close(micro.params, plain.params, 1e-6)
     _close(micro.ema.params, plain.ema.params, 1e-6)
-    assert "grad_norm" in h1[0] and h1[0]["grad_norm"] > 0
+    assert "grad_norm" not in h1[0]   # not asked for, no clipping
+    _, h3 = funcnet.fit(ts, _mse(net), opt, train, epochs=1,
+                        step_options={"ema_decay": 0.5, "grad_norm": True})
+    assert h3[0]["grad_norm"] > 0
     with pytest.raises(ValueError, match=r"unknown: \['clip'\]"):
         funcnet.fit(ts, _mse(net), opt, train, step_options={"clip": 1.0})
 

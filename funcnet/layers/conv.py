@@ -35,6 +35,7 @@ from jax import lax
 from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet import initializers
+from funcnet import xla
 from funcnet.errors import ArgumentError
 from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
 from funcnet.layers._patches import patch_conv
@@ -142,14 +143,20 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         groups``. Together these match ``nn.ConvNd.reset_parameters``.
       use_bias: whether to add the bias ``b``.
       implementation: ``"xla"`` (one ``lax.conv_general_dilated``), ``"patches"``
-        (the input's patches times the kernel, with a hand-written gradient; the
-        default layout and ``feature_group_count=1`` only), ``"chunked"`` (XLA's
-        convolution on 32 examples at a time, the outputs concatenated; at most 16
-        pieces, so larger batches get larger ones), or ``"auto"`` (default). On CPU,
+        (XLA's forward convolution with a hand-written gradient through the input's
+        patches: the filter gradient one matrix product, the input gradient the
+        patch extraction's transpose; the default layout and
+        ``feature_group_count=1`` only; workload 3's step 0.76-0.89x of building the
+        patches in the forward too, 2026-11-25, ``benchmarks/CONV_NOTES.md``),
+        ``"chunked"`` (XLA's convolution on 32 examples at a time, the outputs
+        concatenated; at most 16 pieces, so larger batches get larger ones), or
+        ``"auto"`` (default). On CPU under a plain ``jax.jit``,
         ``"auto"`` takes patches for a one-channel input, and chunks for a 2-D
         convolution of a batch over 32 on an input of at most 16x16 positions, where
         XLA:CPU's own kernels measured slower (the documentation's performance page,
-        "Conv on CPU", has the rule's figures); elsewhere xla. Chunks need the batch
+        "Conv on CPU", has the rule's figures); elsewhere, and in a function compiled
+        by :func:`funcnet.xla.jit` (``fit``'s steps are), whose options put
+        convolutions on XLA's multi-threaded kernels, xla. Chunks need the batch
         axis on this device: on a global mesh (``jax.set_mesh`` with Auto or Explicit
         axes, or an input split over Explicit axes) ``"chunked"`` and ``"auto"`` use
         one convolution; inside ``pmap``/``shard_map`` they chunk the local batch. All
@@ -323,7 +330,8 @@ _CHUNK_MAX_POSITIONS = 16 * 16
 def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: int,
                n_spatial: int) -> str:
     """What ``Conv`` computes ``x`` with: "patches", "chunked" or "xla" (see its docstring)."""
-    if implementation == "auto" and jax.default_backend() == "cpu":
+    if implementation == "auto" and jax.default_backend() == "cpu" and (
+            not xla.traced_with_options()):
         if patches_ok and x.shape[c_axis] == 1:
             return "patches"
         positions = math.prod(d for i, d in enumerate(x.shape) if i not in (c_axis, n_axis))

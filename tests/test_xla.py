@@ -1,0 +1,102 @@
+"""funcnet.xla: the compiler options funcnet compiles its steps with, the jit that applies
+them, and what layers choose under it (Conv: one XLA convolution on CPU)."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import funcnet
+from funcnet import data, xla
+from funcnet.layers import Conv, Dense, Flatten
+from funcnet.train import Aux, TrainState
+
+CPU = jax.default_backend() == "cpu"
+needs_cpu = pytest.mark.skipif(not CPU, reason="the options are CPU options")
+
+
+@needs_cpu
+def test_cpu_options_keep_convolutions_off_ynnpack_and_yield_to_xla_flags(monkeypatch):
+    opts = xla.compiler_options()
+    assert opts == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+    opts["changed"] = 1
+    assert "changed" not in xla.compiler_options()      # a new dict each time
+    assert xla.compiler_options("gpu") == {} and xla.compiler_options("tpu") == {}
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "VALID",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    args = (jnp.ones((8, 12, 12, 32)), jnp.ones((5, 5, 32, 64)))
+    plain = jax.jit(conv).lower(*args).compile().as_text()
+    tuned = jax.jit(conv, compiler_options=xla.compiler_options()).lower(
+        *args).compile().as_text()
+    # jaxlib 0.10 sends this convolution to YNNPACK (one thread); the options keep it XLA's
+    assert "__ynn_fusion" in plain and "__ynn_fusion" not in tuned
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=")
+    assert xla.compiler_options() == {}   # the user's own flag wins
+
+
+def _convolutions(compiled_text: str) -> int:
+    return len(re.findall(r"= \S+ convolution\(", compiled_text))
+
+
+@needs_cpu
+def test_conv_auto_takes_one_xla_convolution_under_xla_jit_and_agrees():
+    """LeNet's conv2 (batch 128, 12x12x32): under jax.jit "auto" runs it in 4 pieces of 32
+    examples, under xla.jit as one convolution; values and gradients agree."""
+    init, apply = Conv(64, (5, 5))
+    _, params, state = init(jax.random.key(0), (-1, 12, 12, 32))
+    x = jax.random.normal(jax.random.key(1), (128, 12, 12, 32))
+
+    def loss(p, x):
+        return jnp.sum(apply(p, state, x)[0] ** 2)
+
+    grad = jax.value_and_grad(loss, argnums=(0, 1))
+    plain, tuned = jax.jit(grad), xla.jit(grad)
+    assert _convolutions(jax.jit(lambda p, x: apply(p, state, x)[0]).lower(
+        params, x).compile().as_text()) == 4
+    assert _convolutions(xla.jit(lambda p, x: apply(p, state, x)[0]).lower(
+        params, x).compile().as_text()) == 1
+    (v1, g1), (v2, g2) = plain(params, x), tuned(params, x)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-3 * float(jnp.abs(b).max()))
+
+
+def test_traced_with_options_only_inside_xla_jit():
+    seen = []
+
+    def f(x):
+        seen.append(xla.traced_with_options())
+        return x + 1
+
+    assert float(xla.jit(f)(1.0)) == 2.0 and float(jax.jit(f)(1.0)) == 2.0
+    f(1.0)
+    assert seen == [CPU, False, False] and not xla.traced_with_options()
+    with pytest.raises(ZeroDivisionError):   # reset however the trace ends
+        xla.jit(lambda x: 1 // 0)(1.0)
+    assert not xla.traced_with_options()
+    donated = xla.jit(lambda x: x * 2, donate_argnums=0)   # jax.jit's arguments pass through
+    assert donated(jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_fit_compiles_its_steps_with_xla_jit_but_not_under_pmap():
+    net = funcnet.serial(Conv(2, (3, 3)), Flatten, Dense(2))
+    opt = optax.sgd(0.1)
+    ts = TrainState.create(net, opt, jax.random.key(0), (-1, 6, 6, 1))
+    seen = []
+
+    def loss_fn(params, state, batch, rng):
+        seen.append(xla.traced_with_options())
+        out, state = net.apply(params, state, batch)
+        return jnp.mean(out ** 2), Aux(state=state)
+
+    x = np.ones((16, 6, 6, 1), np.float32)
+    funcnet.fit(ts, loss_fn, opt, data.DeviceData(x, 8), progress=False)
+    assert seen and all(s == CPU for s in seen)
+    seen.clear()
+    funcnet.fit(ts, loss_fn, opt, lambda e: data.batches(x, 8), progress=False, devices=2)
+    assert seen and not any(seen)
