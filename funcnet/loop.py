@@ -556,7 +556,9 @@ def _dispatch_epoch(loop, steps, ctx, callbacks, plan, full, batch_size, run, la
     ``Checkpoint(every_steps=...)`` sees the steps it saves at; callbacks'
     ``on_step_end`` runs once per dispatch, with the step count after it. The progress
     bar reads the metrics of the dispatch before the last one, which the device has
-    finished, so it never waits.
+    finished, so it never waits. ``max_in_flight`` bounds the dispatches queued and
+    unfinished (:class:`funcnet.distributed.InFlight`; None: no bound, except the 2 of
+    multi-device steps on CPU).
     """
     t0 = time.perf_counter()
     chunks, seen = [], 0  # chunks: (metric rows, steps in them, global step after)
