@@ -60,9 +60,13 @@ class EpochSums:
         """These sums with the fetched step metrics ``host`` (dicts, in step order) added;
         a step's value is its mean over devices (pmap) and elements."""
         sums = list(self.sums)
-        for step in host:
+        if host:
             for i, key in enumerate(self.keys):
-                sums[i] += float(np.asarray(step[key]).mean())
+                values = np.fromiter((_step_mean(step[key]) for step in host), np.float64,
+                                     len(host))
+                # cumsum adds in order, one float64 addition at a time: the same sums as a
+                # Python loop (np.sum would add pairwise, and differ with where epochs split)
+                sums[i] = float(np.cumsum(np.concatenate(([sums[i]], values)))[-1])
         return EpochSums(self.keys, sums, self.count + len(host))
 
     def means(self) -> dict:
@@ -97,6 +101,12 @@ class EpochSums:
         keys = [bytes(row).rstrip(b"\0").decode() for row in rows]
         n = sum(1 for k in keys if k)
         return cls(keys[:n], [float(v) for v in np.asarray(tree["sums"])[:n]], count)
+
+
+def _step_mean(value) -> float:
+    """One step's value of a metric: itself for a scalar, else its mean (pmap devices,
+    elements)."""
+    return float(value) if np.ndim(value) == 0 else float(np.asarray(value).mean())
 
 
 def data_layout(train_data) -> dict:
