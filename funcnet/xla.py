@@ -7,6 +7,10 @@ it; use it for a hand-written loop to get the same programs::
 
     step = funcnet.xla.jit(make_train_step(loss_fn, optimizer), donate_argnums=0)
 
+(:func:`funcnet.make_predict_fn` and :func:`funcnet.generate` compile with plain
+``jax.jit``: for a convolutional network on CPU, ``funcnet.xla.jit(lambda x:
+net.apply(params, state, x)[0])`` is the faster predictor.)
+
 Why (CPU only; elsewhere the dict is empty): from jaxlib 0.10 XLA:CPU hands float32
 convolutions to YNNPACK, whose convolutions run on one thread, while its own (Eigen)
 convolutions use every core. Keeping YNNPACK for the matrix products only
