@@ -838,8 +838,10 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         marked non-finite, and ``Checkpoint(keep=N)`` keeps the last finite one.
       steps_per_dispatch: run up to this many steps per dispatch (a loop on the
         device), so the host's per-dispatch cost is paid once per ``k`` steps; the
-        results are those of ``k=1``, bit for bit, and a dispatch never crosses a
-        multiple of ``k`` global steps or an epoch's end. With a ``DeviceData`` (one
+        results are those of ``k=1``, bit for bit (except for convolutions on CPU, which
+        XLA compiles differently inside the device loop: float rounding, which training
+        amplifies; keep ``k``, i.e. ``log_every``, when comparing or resuming a CNN), and a
+        dispatch never crosses a multiple of ``k`` global steps or an epoch's end. With a ``DeviceData`` (one
         device or a mesh) the steps gather their batches on the device; with a host
         pipeline on one device, ``train_data(epoch)`` returning
         :func:`funcnet.data.batches`, each dispatch's ``k`` batches are read at once

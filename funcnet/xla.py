@@ -97,7 +97,10 @@ def jit(fun: Callable, **jit_kwargs) -> Callable:
         a ``compiler_options`` given here is added to funcnet's (yours win).
 
     Returns:
-      The jitted function (plain ``jax.jit`` where there are no options: off CPU).
+      The jitted function (plain ``jax.jit`` where there are no options: off CPU). Its
+      ``lower``, ``trace`` and ``eval_shape`` are the jitted function's. Called inside
+      another trace (an outer ``jax.jit``, ``grad``, ``lax.scan``) it is the plain
+      ``jax.jit(fun)``: compiler options belong to the outermost jit.
 
     Examples:
       >>> from funcnet.layers import Conv
@@ -119,7 +122,22 @@ def jit(fun: Callable, **jit_kwargs) -> Callable:
         finally:
             _TRACING.reset(token)
 
-    return jax.jit(traced, compiler_options=options, **jit_kwargs)
+    top = jax.jit(traced, compiler_options=options, **jit_kwargs)
+    # Compiler options belong to the outermost jit: called inside another trace (an
+    # outer jit, grad, scan), the function is an ordinary jitted function of it.
+    nested = jax.jit(fun, **jit_kwargs)
+
+    @functools.wraps(fun)
+    def call(*args, **kwargs):
+        try:
+            return top(*args, **kwargs)
+        except ValueError as e:
+            if "top-level" not in str(e):
+                raise
+        return nested(*args, **kwargs)
+
+    call.lower, call.trace, call.eval_shape = top.lower, top.trace, top.eval_shape
+    return call
 
 
 def traced_with_options() -> bool:
@@ -128,7 +146,10 @@ def traced_with_options() -> bool:
     kernels reads it (``Conv`` takes XLA's convolution then).
 
     Returns:
-      True inside such a trace, False elsewhere (plain ``jax.jit``, eager calls).
+      True inside such a trace, False elsewhere (plain ``jax.jit``, eager calls). A
+      ``jax.jit``-ed helper called inside is traced once and cached by JAX for its
+      argument shapes, whatever the flag: reused later under a plain ``jax.jit`` it keeps
+      the kernels chosen the first time (the values are the same up to float rounding).
 
     Examples:
       >>> traced_with_options()

@@ -83,6 +83,20 @@ def test_traced_with_options_only_inside_xla_jit():
     assert donated(jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
 
 
+def test_an_xla_jit_function_works_inside_other_traces():
+    """Compiler options are for the outermost jit only; inside jit, grad, scan and vmap
+    the function is an ordinary jitted one."""
+    f = xla.jit(lambda x: x * 2)
+    x = jnp.arange(3.0)
+    assert jax.jit(f)(x).tolist() == [0.0, 2.0, 4.0]
+    assert jax.grad(lambda v: f(v).sum())(x).tolist() == [2.0, 2.0, 2.0]
+    assert jax.lax.scan(lambda c, _: (f(c), None), x, None, length=2)[0].tolist() == [0, 4, 8]
+    assert jax.vmap(f)(x[:, None]).ravel().tolist() == [0.0, 2.0, 4.0]
+    assert jax.eval_shape(f, x).shape == (3,) and f.lower(x).compile() is not None
+    with pytest.raises(ValueError, match="not top-level at all"):   # its own errors pass
+        xla.jit(lambda v: (_ for _ in ()).throw(ValueError("not top-level at all")))(x)
+
+
 def test_fit_compiles_its_steps_with_xla_jit_but_not_under_pmap():
     net = funcnet.serial(Conv(2, (3, 3)), Flatten, Dense(2))
     opt = optax.sgd(0.1)
