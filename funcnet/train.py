@@ -361,21 +361,8 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     """
     takes_loss_state = _takes_loss_state(loss_fn)
     updater = _updater(optimizer, update)
-    where = "make_train_step"
-    if clip_grad_norm is not None:
-        clip_grad_norm = checks.real(where, "clip_grad_norm", clip_grad_norm)
-        if not clip_grad_norm > 0:
-            raise checks.ArgumentError(f"{where}: clip_grad_norm={clip_grad_norm!r} must be > 0 "
-                                       f"(the largest global gradient norm let through), or "
-                                       f"None for no clipping.")
-    k = 1 if microbatches is None else checks.positive_int(where, "microbatches", microbatches)
-    report_norm = (clip_grad_norm is not None if grad_norm is None
-                   else checks.flag(where, "grad_norm", grad_norm))
-    if ema_decay is not None:
-        ema_decay = checks.real(where, "ema_decay", ema_decay)
-        if not 0.0 < ema_decay < 1.0:
-            raise checks.ArgumentError(f"{where}: ema_decay={ema_decay!r} must be in (0, 1), "
-                                       f"e.g. 0.999 (the weight of the old average).")
+    clip_grad_norm, k, ema_decay, report_norm = _checked_options(
+        clip_grad_norm, microbatches, ema_decay, grad_norm)
 
     def step(train_state: TrainState, batch):
         rng, key = jax.random.split(train_state.rng)
@@ -547,6 +534,28 @@ def _split_rows(where, x, k):
                          f"{size} (a batch of {size} cannot be cut into {k} equal micro-batches). "
                          f"Use a batch size that is a multiple of {k}, or another microbatches.")
     return _mesh.split_leading(x, k)
+
+
+def _checked_options(clip_grad_norm, microbatches, ema_decay, grad_norm):
+    """``make_train_step``'s options checked: ``(clip_grad_norm, k, ema_decay,
+    report_norm)``, ``k`` the micro-batch count and ``report_norm`` whether the metrics
+    hold ``grad_norm``."""
+    where = "make_train_step"
+    if clip_grad_norm is not None:
+        clip_grad_norm = checks.real(where, "clip_grad_norm", clip_grad_norm)
+        if not clip_grad_norm > 0:
+            raise checks.ArgumentError(f"{where}: clip_grad_norm={clip_grad_norm!r} must be > 0 "
+                                       f"(the largest global gradient norm let through), or "
+                                       f"None for no clipping.")
+    k = 1 if microbatches is None else checks.positive_int(where, "microbatches", microbatches)
+    report_norm = (clip_grad_norm is not None if grad_norm is None
+                   else checks.flag(where, "grad_norm", grad_norm))
+    if ema_decay is not None:
+        ema_decay = checks.real(where, "ema_decay", ema_decay)
+        if not 0.0 < ema_decay < 1.0:
+            raise checks.ArgumentError(f"{where}: ema_decay={ema_decay!r} must be in (0, 1), "
+                                       f"e.g. 0.999 (the weight of the old average).")
+    return clip_grad_norm, k, ema_decay, report_norm
 
 
 def _global_norm(grads):
