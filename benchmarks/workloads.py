@@ -216,6 +216,13 @@ WORKLOADS: List[Workload] = [
                Peer("funcnet-2dev", "benchmarks.gpt:run_funcnet",
                     xla_flags="--xla_force_host_platform_device_count=2",
                     note="the same, the batch split over 2 CPU devices (one per core), params replicated"),
+               Peer("funcnet-loop", "benchmarks.gpt:run_funcnet",
+                    note="one device, 10 steps per dispatch (lax.scan), as "
+                         "examples/shakespeare_char.py --devices=1"),
+               Peer("funcnet-2dev-loop", "benchmarks.gpt:run_funcnet",
+                    xla_flags="--xla_force_host_platform_device_count=2",
+                    note="examples/shakespeare_char.py's loop: 2 CPU devices under shard_map (one "
+                         "gradient all-reduce), 10 steps per dispatch (lax.scan)"),
                Peer("funcnet-scan", "benchmarks.gpt:run_funcnet",
                     note="the blocks as Scan(block, n_layer): one compiled block"),
                Peer("funcnet-bf16", "benchmarks.gpt:run_funcnet",

@@ -18,10 +18,22 @@ README's CPU run is::
 It prints nanoGPT's ``step N: train loss X, val loss Y`` lines, then a sample of
 generated text (nanoGPT's sample.py: temperature 0.8, top_k 200).
 
-Where this differs from nanoGPT, and why: batches are drawn on the device from
-``jax.random`` (not torch's generator), so the numbers are not torch's run bit for bit;
-clipping is optax's ``clip_by_global_norm`` (torch's ``clip_grad_norm_`` adds 1e-6 to
-the norm); the step is jitted (nanoGPT's ``compile=False`` on CPU is eager torch).
+Random numbers: with ``--rng=torch`` (the default) the run draws nanoGPT's own. Its
+``torch.manual_seed(seed)`` generator is reproduced in numpy (examples/_torch_rng.py; torch
+is not needed), and the draws are taken in nanoGPT's order: the model's init (so the
+initial weights are nanoGPT's to float32 rounding), then train.py's batches and its
+evaluation batches. The run then follows nanoGPT's own run for that seed, and its printed
+losses can be compared with nanoGPT's line by line. ``--rng=jax`` draws the init (funcnet's
+GPT init, the same distributions) and the windows from ``jax.random`` instead, as funcnet
+code would; its losses are another sample of the same run. Dropout's masks always come
+from ``jax.random``.
+
+Where this differs from nanoGPT, and why: clipping is optax's ``clip_by_global_norm``
+(torch's ``clip_grad_norm_`` adds 1e-6 to the norm); the step is jitted (nanoGPT's
+``compile=False`` on CPU is eager torch); each batch is split over the CPU cores as
+devices (``--devices``; under ``shard_map``, one all-reduce of the gradients per step), and
+one dispatch runs the steps up to the next log line or evaluation (at most 50, a
+``lax.scan``).
 
 The text: tinyshakespeare's ``input.txt`` (karpathy/char-rnn, 1,115,394 bytes), read from
 ``--data``, else ``data/shakespeare_char/input.txt``, else
@@ -36,6 +48,7 @@ import math
 import os
 import sys
 import time
+from typing import NamedTuple
 
 if __name__ == "__main__" and "jax" not in sys.modules:
     # One CPU device per core, set before jax starts: with --devices (default: all of them)
@@ -50,12 +63,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from funcnet import distributed, losses, optim
 from funcnet.decoding import generate
 from funcnet.models import GPT
 from funcnet.train import Aux, TrainState, make_train_step
+
+from _torch_rng import TorchCPUGenerator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_CANDIDATES = (os.path.join(ROOT, "data", "shakespeare_char", "input.txt"),
@@ -76,6 +91,9 @@ def parse_args(argv=None):
                           ("grad-clip", 1.0)):
         p.add_argument(f"--{flag}", type=float, default=default)
     p.add_argument("--bias", action="store_true", help="biases in Linear and LayerNorm")
+    p.add_argument("--rng", choices=("torch", "jax"), default="torch",
+                   help="torch: nanoGPT's own random numbers for --seed (its init and batches, "
+                   "from torch's CPU generator reproduced in numpy); jax: jax.random")
     p.add_argument("--devices", type=int, default=0, help="split each batch over this many "
                    "devices (data parallel, the same updates); 0: as many as divide the batch")
     p.add_argument("--data", default=None, help="tinyshakespeare input.txt")
@@ -102,11 +120,86 @@ def encode_splits(text):
     return chars, jnp.asarray(ids[:n]), jnp.asarray(ids[n:])
 
 
-def get_batch(data, key, batch_size, block_size):
-    """Random windows: x = data[i:i+block], y = data[i+1:i+1+block] (train.py's get_batch)."""
-    starts = jax.random.randint(key, (batch_size,), 0, data.shape[0] - block_size)
+def get_batch(data, starts, block_size):
+    """The windows at ``starts``: x = data[i:i+block], y = data[i+1:i+1+block] (train.py's
+    get_batch, whose starts are uniform in [0, len(data) - block))."""
     window = jax.vmap(lambda i: jax.lax.dynamic_slice_in_dim(data, i, block_size + 1))(starts)
     return window[:, :-1], window[:, 1:]
+
+
+class Draws(NamedTuple):
+    """Every window start of a run: ``train[it]`` for update ``it``; ``evals[e]`` for the
+    e-th evaluation, ``(2, eval_iters, batch)`` (train split, then val)."""
+    train: np.ndarray
+    evals: np.ndarray
+
+
+def nanogpt_draws(gen, args, n_train, n_val):
+    """The window starts nanoGPT's train.py draws, in its order, from ``gen``
+    (:class:`TorchCPUGenerator`, after the model's init): the first batch before the loop;
+    then each iteration evaluates (eval_iters batches of train, then of val) when due and
+    fetches the next training batch while the current one trains."""
+    batch = lambda n: gen.randint(n - args.block_size, args.batch_size)
+    train, evals = [batch(n_train)], []
+    for it in range(args.max_iters + 1):
+        if it % args.eval_interval == 0:
+            evals.append([[batch(n) for _ in range(args.eval_iters)] for n in (n_train, n_val)])
+        train.append(batch(n_train))
+    return Draws(np.asarray(train[:args.max_iters], np.int32), np.asarray(evals, np.int32))
+
+
+def jax_draws(data_key, eval_key, args, n_train, n_val):
+    """The same plan from ``jax.random`` (``--rng=jax``): update ``it`` draws from
+    ``fold_in(data_key, it)``; the evaluation at ``it`` from ``fold_in(eval_key, it)``, split
+    in two (train, val) and each half into eval_iters keys."""
+    def starts(key, n):
+        return jax.random.randint(key, (args.batch_size,), 0, n - args.block_size)
+
+    def evaluation(it):
+        k_tr, k_va = jax.random.split(jax.random.fold_in(eval_key, it))
+        return jnp.stack([jax.vmap(starts, (0, None))(jax.random.split(k, args.eval_iters), n)
+                          for k, n in ((k_tr, n_train), (k_va, n_val))])
+
+    train = jax.vmap(lambda it: starts(jax.random.fold_in(data_key, it), n_train))(
+        jnp.arange(args.max_iters))
+    evals = jax.vmap(evaluation)(jnp.arange(0, args.max_iters + 1, args.eval_interval))
+    return Draws(np.asarray(train, np.int32), np.asarray(evals, np.int32))
+
+
+def nanogpt_params(gen, args, vocab_size):
+    """The GPT params nanoGPT's ``GPT(config)`` holds after ``torch.manual_seed`` (``gen``):
+    its modules draw in construction order (nn.Embedding's own N(0, 1), nn.Linear's own
+    kaiming-uniform weight and bias), then ``apply(_init_weights)`` redraws every weight
+    N(0, 0.02) children first (the tied table last, as lm_head), then the two ``c_proj``
+    weights of each block N(0, 0.02 / sqrt(2 n_layer)). funcnet's Dense holds torch's
+    weight transposed; c_attn's rows are query, key, value."""
+    V, T, E, L = vocab_size, args.block_size, args.n_embd, args.n_layer
+    linears = ((3 * E, E), (E, E), (4 * E, E), (E, 4 * E))  # c_attn, attn c_proj, c_fc, c_proj
+    gen.normal((V, E), 1.0), gen.normal((T, E), 1.0)
+    for _ in range(L):
+        for out, inp in linears:
+            gen.skip_uniform(out * inp + (out if args.bias else 0))
+    gen.skip_uniform(V * E)                                   # lm_head
+    gen.normal((V, E), 0.02)                                  # wte, replaced by lm_head's
+    wpe = gen.normal((T, E), 0.02)
+    weights = [[gen.normal(shape, 0.02) for shape in linears] for _ in range(L)]
+    wte = gen.normal((V, E), 0.02)
+    for w in weights:
+        w[1], w[3] = (gen.normal(linears[1], 0.02 / math.sqrt(2 * L)),
+                      gen.normal(linears[3], 0.02 / math.sqrt(2 * L)))
+    dense = lambda w: {"W": jnp.asarray(w.T), **({"b": jnp.zeros(w.shape[0])} if args.bias else {})}
+    norm = lambda: {"scale": jnp.ones(E), **({"bias": jnp.zeros(E)} if args.bias else {})}
+    blocks = tuple(
+        {"attn": {"norm": norm(), "drop": (),
+                  "attn": {**{name: dense(c_attn[i * E:(i + 1) * E])
+                              for i, name in enumerate(("query", "key", "value"))},
+                           "out": dense(attn_proj)}},
+         "mlp": {"norm": norm(), "fc": dense(c_fc), "act": (), "proj": dense(mlp_proj),
+                 "drop": ()}}
+        for c_attn, attn_proj, c_fc, mlp_proj in weights)
+    return {"E": jnp.asarray(wte),
+            "body": {"pos": {"E": jnp.asarray(wpe)}, "drop": (), "blocks": blocks,
+                     "ln_f": norm()}}
 
 
 def lr_schedule(args):
@@ -133,6 +226,14 @@ def build(args, vocab_size):
     return net, optimizer
 
 
+def steps_per_dispatch(args, most=50):
+    """How many updates one dispatch runs: the largest k <= ``most`` that divides the eval
+    and log intervals and max_iters, so that every evaluation and log line falls between
+    dispatches. Dispatching each step alone left the CPU cores idle between steps."""
+    g = math.gcd(args.eval_interval, args.log_interval, args.max_iters)
+    return max(d for d in range(1, most + 1) if g % d == 0)
+
+
 def make_mesh(args):
     """A data mesh over as many devices as divide the batch (``--devices``), or None for one."""
     n = args.devices or jax.device_count()
@@ -140,18 +241,34 @@ def make_mesh(args):
     return distributed.data_mesh(n) if n > 1 else None
 
 
+def start(args, net, optimizer, vocab_size, n_train, n_val):
+    """The initial TrainState, every window start of the run, and the sampling key, from
+    ``--seed`` and ``--rng``."""
+    init_key, data_key, eval_key, sample_key = jax.random.split(jax.random.key(args.seed), 4)
+    ts = TrainState.create(net, optimizer, init_key, (-1, args.block_size))
+    if args.rng == "jax":
+        return ts, jax_draws(data_key, eval_key, args, n_train, n_val), sample_key
+    gen = TorchCPUGenerator(args.seed)  # nanoGPT's init, then its batches, in its order
+    params = nanogpt_params(gen, args, vocab_size)
+    if jax.tree.structure(params) != jax.tree.structure(ts.params):
+        raise RuntimeError("nanogpt_params no longer matches funcnet.models.GPT's params: "
+                           f"{jax.tree.structure(params)} vs {jax.tree.structure(ts.params)}")
+    ts = ts._replace(params=params, opt_state=optimizer.init(params))
+    return ts, nanogpt_draws(gen, args, n_train, n_val), sample_key
+
+
 def main(argv=None):
     args = parse_args(argv)
     chars, train_ids, val_ids = encode_splits(load_text(args.data))
     net, optimizer = build(args, len(chars))
-    key = jax.random.key(args.seed)
-    init_key, data_key, eval_key, sample_key = jax.random.split(key, 4)
-    ts = TrainState.create(net, optimizer, init_key, (-1, args.block_size))
+    ts, draws, sample_key = start(args, net, optimizer, len(chars), len(train_ids), len(val_ids))
     mesh = make_mesh(args)
+    draws = Draws(*map(jnp.asarray, draws))
     if mesh is not None:  # the state and the text on every device, each batch split
-        ts, train_ids, val_ids = distributed.replicate_on(mesh, (ts, train_ids, val_ids))
+        ts, train_ids, val_ids, draws = distributed.replicate_on(
+            mesh, (ts, train_ids, val_ids, draws))
     split = (lambda b: b) if mesh is None else (
-        lambda b: jax.sharding.reshard(b, NamedSharding(mesh, PartitionSpec("data"))))
+        lambda b: jax.sharding.reshard(b, NamedSharding(mesh, P("data"))))
     n_params = sum(x.size for x in jax.tree.leaves(ts.params)) - ts.params["body"]["pos"]["E"].size
     print(f"number of parameters: {n_params / 1e6:.2f}M")
 
@@ -161,38 +278,52 @@ def main(argv=None):
         return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)), \
             Aux(state=state)
 
-    step = make_train_step(loss_fn, optimizer)
+    if mesh is None:
+        step = make_train_step(loss_fn, optimizer)
+        one_step = lambda ts, starts: step(ts, get_batch(train_ids, starts, args.block_size))
+    else:  # data parallel: each device its part of the batch, one gradient all-reduce
+        local_step = make_train_step(loss_fn, optimizer, axis_name="data")
+        one_step = lambda ts, starts: jax.shard_map(
+            lambda ts, data, starts: local_step(ts, get_batch(data, starts, args.block_size)),
+            mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P()))(
+                ts, train_ids, split(starts))
+    k = steps_per_dispatch(args)
 
     @jax.jit
-    def train_step(ts, key):
-        return step(ts, split(get_batch(train_ids, key, args.batch_size, args.block_size)))
+    def train_steps(ts, it):
+        """Updates it .. it + k - 1 in one dispatch (a lax.scan); their losses."""
+        def body(ts, i):
+            ts, metrics = one_step(ts, draws.train[it + i])
+            return ts, metrics["loss"]
+        return jax.lax.scan(body, ts, jnp.arange(k))
 
     @jax.jit
-    def estimate_loss(params, key):
+    def estimate_loss(params, e):
         """Mean loss over eval_iters batches of each split, without dropout."""
-        def split_loss(data, key):
-            def one(key):
-                x, y = split(get_batch(data, key, args.batch_size, args.block_size))
+        def split_loss(data, starts):
+            def one(starts):
+                x, y = split(get_batch(data, starts, args.block_size))
                 logits, _ = net.apply(params, (), x)
                 return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            return jnp.mean(jax.lax.map(one, jax.random.split(key, args.eval_iters)))
-        k1, k2 = jax.random.split(key)
-        return split_loss(train_ids, k1), split_loss(val_ids, k2)
+            return jnp.mean(jax.lax.map(one, starts))
+        return split_loss(train_ids, draws.evals[e, 0]), split_loss(val_ids, draws.evals[e, 1])
 
-    history = []
+    history, in_flight = [], distributed.InFlight()
     t_start = t0 = time.perf_counter()
-    for it in range(args.max_iters + 1):  # train.py evaluates at max_iters, then stops
+    for it in range(0, args.max_iters + 1, k):  # train.py evaluates at max_iters, then stops
         if it % args.eval_interval == 0:
-            tr, va = estimate_loss(ts.params, jax.random.fold_in(eval_key, it))
+            tr, va = estimate_loss(ts.params, it // args.eval_interval)
             history.append((it, float(tr), float(va)))
             print(f"step {it}: train loss {tr:.4f}, val loss {va:.4f}", flush=True)
         if it == args.max_iters:
             break
-        ts, metrics = train_step(ts, jax.random.fold_in(data_key, it))
+        ts, step_losses = in_flight.add(train_steps(ts, it))
         if it % args.log_interval == 0:
-            loss = float(metrics["loss"])  # waits for the step: the time below is honest
+            loss = float(step_losses[0])  # waits for the steps: the time below is honest
             now = time.perf_counter()
-            print(f"iter {it}: loss {loss:.4f}, time {(now - t0) * 1000:.2f}ms", flush=True)
+            done = min(args.log_interval, it + k)  # the updates since the last line
+            print(f"iter {it}: loss {loss:.4f}, time {(now - t0) * 1000 / done:.2f}ms",
+                  flush=True)
             t0 = now
     print(f"training took {time.perf_counter() - t_start:.1f} s")
 
@@ -201,8 +332,8 @@ def main(argv=None):
         prompt = jnp.zeros((1, 1), jnp.int32)  # sample.py starts from "\n", id 0
         tokens = jax.jit(generate, static_argnames=("net", "max_new_tokens", "temperature",
                                                      "top_k", "window"))(
-            net, jax.device_get(ts.params), (), prompt, args.sample_tokens, rng=sample_key, temperature=0.8,
-            top_k=200, window=args.block_size)
+            net, jax.device_get(ts.params), (), prompt, args.sample_tokens, rng=sample_key,
+            temperature=0.8, top_k=200, window=args.block_size)
         sample = "".join(chars[i] for i in np.asarray(tokens[0]))
         print(sample)
     return history, sample, ts

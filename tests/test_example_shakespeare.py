@@ -1,9 +1,12 @@
 """examples/shakespeare_char.py (nanoGPT's character-level recipe), run briefly in-process on a
-small text the test writes, split over the suite's four CPU devices."""
+small text the test writes, split over the suite's four CPU devices; its nanoGPT random
+numbers (examples/_torch_rng.py: torch's generator, nanoGPT's init and draw order) against
+torch itself, and a whole run against nanoGPT's loop restated in torch."""
 import importlib
 import math
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -35,7 +38,7 @@ def test_trains_evaluates_and_samples(shakespeare, tmp_path, capsys):
         f"--data={path}", "--block-size=16", "--batch-size=8", "--n-layer=1", "--n-head=2",
         "--n-embd=16", "--max-iters=80", "--lr-decay-iters=80", "--warmup-iters=10",
         "--eval-interval=40", "--eval-iters=2", "--log-interval=40", "--dropout=0.1",
-        "--learning-rate=1e-2", "--sample-tokens=40"])
+        "--learning-rate=1e-2", "--sample-tokens=40", "--rng=jax"])
     out = capsys.readouterr().out
     vocab = len(set(text))
     assert [h[0] for h in history] == [0, 40, 80]
@@ -128,3 +131,218 @@ def test_the_recipe_follows_nanogpt_step_for_step(shakespeare):
         np.testing.assert_allclose(float(metrics["loss"]), loss.item(), rtol=2e-5,
                                    err_msg=f"step {it}")
     np.testing.assert_allclose(ts.params["E"], tm.wte.weight.detach().numpy(), atol=2e-5)
+
+
+def _nanogpt_torch(V, T, E, L, bias):
+    """A torch module tree registered in the order nanoGPT's model.py registers its GPT
+    (transformer: wte, wpe, drop, h[blocks: ln_1, attn(c_attn, c_proj), ln_2, mlp(c_fc,
+    c_proj)], ln_f; then lm_head, tied to wte), initialised as its GPT.__init__ does."""
+    import torch
+
+    lin = lambda i, o: torch.nn.Linear(i, o, bias=bias)
+
+    def block():
+        b = torch.nn.Module()
+        b.ln_1 = torch.nn.LayerNorm(E, bias=bias)
+        b.attn = torch.nn.Module()
+        b.attn.c_attn, b.attn.c_proj = lin(E, 3 * E), lin(E, E)
+        b.ln_2 = torch.nn.LayerNorm(E, bias=bias)
+        b.mlp = torch.nn.Module()
+        b.mlp.c_fc, b.mlp.c_proj = lin(E, 4 * E), lin(4 * E, E)
+        return b
+
+    gpt = torch.nn.Module()
+    gpt.transformer = torch.nn.ModuleDict(dict(
+        wte=torch.nn.Embedding(V, E), wpe=torch.nn.Embedding(T, E), drop=torch.nn.Dropout(0.0),
+        h=torch.nn.ModuleList([block() for _ in range(L)]),
+        ln_f=torch.nn.LayerNorm(E, bias=bias)))
+    gpt.lm_head = torch.nn.Linear(E, V, bias=False)
+    gpt.transformer.wte.weight = gpt.lm_head.weight
+
+    def init(m):
+        if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, torch.nn.Linear) and m.bias is not None:
+            torch.nn.init.zeros_(m.bias)
+
+    gpt.apply(init)
+    for name, p in gpt.named_parameters():
+        if name.endswith("c_proj.weight"):
+            torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * L))
+    return gpt
+
+
+def test_torch_cpu_generator_gives_torchs_numbers(shakespeare):
+    """examples/_torch_rng.py against torch itself: randint exactly; normal_ to float32
+    rounding, sizes with and without a tail of fewer than 16; uniform_'s word count."""
+    import torch
+
+    from _torch_rng import TorchCPUGenerator
+
+    torch.manual_seed(1234)
+    t_int = torch.randint(1_003_790, (37,)).numpy()
+    t_normals = [torch.empty(n).normal_(0.5, 0.02).numpy() for n in (16, 160, 37, 1001)]
+    torch.empty(3, 100).uniform_(-1, 1)
+    t_after = torch.randint(7, (5,)).numpy()
+
+    gen = TorchCPUGenerator(1234)
+    np.testing.assert_array_equal(gen.randint(1_003_790, 37), t_int)
+    for t in t_normals:
+        np.testing.assert_allclose(gen.normal(t.shape, 0.02, mean=0.5), t, rtol=0, atol=1e-7)
+    gen.skip_uniform(300)
+    np.testing.assert_array_equal(gen.randint(7, 5), t_after)
+    with pytest.raises(ValueError, match="fewer than 16"):
+        gen.normal((3, 5), 1.0)
+    with pytest.raises(ValueError, match=r"outside \[0, 2\*\*32\)"):
+        TorchCPUGenerator(-1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_torch_rng_starts_from_nanogpts_init(shakespeare, bias):
+    """--rng=torch: the params are those nanoGPT's GPT holds after torch.manual_seed(seed),
+    and the generator is left where nanoGPT's is (its next draw, the first batch, agrees).
+    V * E = 156 is not a multiple of 16: torch's redrawn tail is exercised."""
+    import torch
+
+    from _torch_rng import TorchCPUGenerator
+
+    V, T, E, L = 13, 8, 12, 2
+    torch.manual_seed(99)
+    tm = _nanogpt_torch(V, T, E, L, bias)
+    t_first_batch = torch.randint(500 - T, (4,)).numpy()
+    args = shakespeare.parse_args([f"--block-size={T}", f"--n-embd={E}", f"--n-layer={L}",
+                                   "--n-head=2", "--batch-size=4"] + (["--bias"] if bias else []))
+    gen = TorchCPUGenerator(99)
+    params = shakespeare.nanogpt_params(gen, args, V)
+    net, _ = shakespeare.build(args, V)
+    _, init_params, _ = net.init(jax.random.key(0), (-1, T))
+    assert jax.tree.structure(params) == jax.tree.structure(init_params)
+    sd = {k: v.detach().numpy() for k, v in tm.state_dict().items()}
+    close = lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=0, atol=1e-7)
+    close(params["E"], sd["transformer.wte.weight"])
+    close(params["body"]["pos"]["E"], sd["transformer.wpe.weight"])
+    for i, b in enumerate(params["body"]["blocks"]):
+        c_attn = sd[f"transformer.h.{i}.attn.c_attn.weight"]
+        for j, name in enumerate(("query", "key", "value")):
+            close(b["attn"]["attn"][name]["W"], c_attn[j * E:(j + 1) * E].T)
+        close(b["attn"]["attn"]["out"]["W"], sd[f"transformer.h.{i}.attn.c_proj.weight"].T)
+        close(b["mlp"]["fc"]["W"], sd[f"transformer.h.{i}.mlp.c_fc.weight"].T)
+        close(b["mlp"]["proj"]["W"], sd[f"transformer.h.{i}.mlp.c_proj.weight"].T)
+    np.testing.assert_array_equal(gen.randint(500 - T, 4), t_first_batch)
+
+
+def test_torch_rng_draws_batches_in_train_pys_order(shakespeare):
+    """nanoGPT's train.py loop, restated with torch's own generator: the first batch before
+    the loop; at each iteration the evaluation when due (eval_iters train windows, then val),
+    then the next training batch. The example's plan holds the same starts."""
+    import torch
+
+    from _torch_rng import TorchCPUGenerator
+
+    args = shakespeare.parse_args(["--block-size=8", "--batch-size=3", "--max-iters=7",
+                                   "--eval-interval=3", "--eval-iters=2"])
+    n_train, n_val = 900, 100
+    torch.manual_seed(5)
+    get = lambda n: torch.randint(n - 8, (3,)).numpy()
+    train, evals = [get(n_train)], []
+    for it in range(8):
+        if it % 3 == 0:
+            evals.append([[get(n_train) for _ in range(2)], [get(n_val) for _ in range(2)]])
+        train.append(get(n_train))
+    draws = shakespeare.nanogpt_draws(TorchCPUGenerator(5), args, n_train, n_val)
+    np.testing.assert_array_equal(draws.train, np.asarray(train[:7]))
+    np.testing.assert_array_equal(draws.evals, np.asarray(evals))
+    assert draws.evals.shape == (3, 2, 2, 3)  # evaluations at 0, 3, 6
+
+
+def test_jax_rng_plan(shakespeare):
+    """--rng=jax (test_trains_evaluates_and_samples runs it): windows from jax.random, in
+    range, the same plan shape as torch's."""
+    args = shakespeare.parse_args(["--block-size=16", "--batch-size=4", "--max-iters=10",
+                                   "--eval-interval=5", "--eval-iters=2"])
+    draws = shakespeare.jax_draws(jax.random.key(1), jax.random.key(2), args, 2000, 300)
+    assert draws.train.shape == (10, 4) and draws.evals.shape == (3, 2, 2, 4)
+    assert draws.train.min() >= 0 and draws.train.max() < 2000 - 16
+    assert draws.evals[:, 1].max() < 300 - 16 and len(np.unique(draws.train)) > 20
+
+
+def test_steps_per_dispatch_stop_at_every_log_line_and_evaluation(shakespeare):
+    k = lambda flags: shakespeare.steps_per_dispatch(shakespeare.parse_args(flags))
+    assert k([]) == 10                                            # log every 10
+    assert k(["--log-interval=100", "--max-iters=2000"]) == 50    # nanoGPT's CPU run
+    assert k(["--log-interval=40", "--eval-interval=40", "--max-iters=80"]) == 40
+    assert k(["--log-interval=100", "--max-iters=2001"]) == 1
+
+
+def _torch_logits(gpt, idx, n_head):
+    """nanoGPT's GPT.forward on the module tree of _nanogpt_torch."""
+    import torch
+    import torch.nn.functional as F
+
+    tr = gpt.transformer
+    B, T = idx.shape
+    x = tr.wte(idx) + tr.wpe(torch.arange(T))
+    for b in tr.h:
+        q, k, v = b.attn.c_attn(b.ln_1(x)).split(x.shape[-1], dim=2)
+        heads = lambda t: t.view(B, T, n_head, -1).transpose(1, 2)
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        x = x + b.attn.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+        x = x + b.mlp.c_proj(F.gelu(b.mlp.c_fc(b.ln_2(x))))
+    return gpt.lm_head(tr.ln_f(x))
+
+
+def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path):
+    """The whole example with --rng=torch against nanoGPT's train.py loop restated in torch
+    (seeded the same: its init, get_batch's draws in its order, estimate_loss, AdamW with its
+    two groups, get_lr, clip_grad_norm_): the same train and val losses at every evaluation."""
+    import torch
+    import torch.nn.functional as F
+
+    path = tmp_path / "input.txt"
+    text = _text(4000)
+    path.write_text(text)
+    flags = ["--block-size=16", "--batch-size=4", "--n-layer=2", "--n-head=2", "--n-embd=16",
+             "--max-iters=30", "--lr-decay-iters=30", "--warmup-iters=5", "--eval-interval=10",
+             "--eval-iters=3", "--log-interval=10", "--dropout=0.0", "--learning-rate=1e-2",
+             "--min-lr=1e-3", "--seed=7"]
+    history, _, _ = shakespeare.main([f"--data={path}", "--sample-tokens=0"] + flags)
+
+    args = shakespeare.parse_args(flags)
+    chars, train_ids, val_ids = shakespeare.encode_splits(text)
+    splits = {"train": torch.tensor(np.asarray(train_ids), dtype=torch.long),
+              "val": torch.tensor(np.asarray(val_ids), dtype=torch.long)}
+    torch.manual_seed(7)
+    gpt = _nanogpt_torch(len(chars), 16, 16, 2, bias=False)
+    params = dict(gpt.named_parameters())
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": 0.1},
+         {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0}],
+        lr=1e-2, betas=(0.9, 0.99))
+    lr = shakespeare.lr_schedule(args)
+
+    def get_batch(split):
+        data = splits[split]
+        ix = torch.randint(len(data) - 16, (4,))
+        return (torch.stack([data[i:i + 16] for i in ix]),
+                torch.stack([data[i + 1:i + 17] for i in ix]))
+
+    def loss_of(x, y):
+        return F.cross_entropy(_torch_logits(gpt, x, 2).view(-1, len(chars)), y.view(-1))
+
+    expected, (x, y) = [], get_batch("train")
+    for it in range(31):
+        if it % 10 == 0:
+            with torch.no_grad():
+                expected.append((it, *(np.mean([loss_of(*get_batch(s)).item() for _ in range(3)])
+                                       for s in ("train", "val"))))
+        if it == 30:
+            break
+        for group in opt.param_groups:
+            group["lr"] = float(lr(it))
+        loss = loss_of(x, y)
+        x, y = get_batch("train")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    np.testing.assert_allclose(np.asarray(history), np.asarray(expected), rtol=2e-5)
