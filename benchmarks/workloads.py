@@ -221,8 +221,8 @@ WORKLOADS: List[Workload] = [
                          "examples/shakespeare_char.py --devices=1"),
                Peer("funcnet-2dev-loop", "benchmarks.gpt:run_funcnet",
                     xla_flags="--xla_force_host_platform_device_count=2",
-                    note="examples/shakespeare_char.py's loop: 2 CPU devices under shard_map (one "
-                         "gradient all-reduce), 10 steps per dispatch (lax.scan)"),
+                    note="examples/shakespeare_char.py's loop: the batch split over 2 CPU devices, 10 "
+                         "steps per dispatch (lax.scan)"),
                Peer("funcnet-scan", "benchmarks.gpt:run_funcnet",
                     note="the blocks as Scan(block, n_layer): one compiled block"),
                Peer("funcnet-bf16", "benchmarks.gpt:run_funcnet",

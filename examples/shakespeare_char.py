@@ -26,14 +26,17 @@ evaluation batches. The run then follows nanoGPT's own run for that seed, and it
 losses can be compared with nanoGPT's line by line. ``--rng=jax`` draws the init (funcnet's
 GPT init, the same distributions) and the windows from ``jax.random`` instead, as funcnet
 code would; its losses are another sample of the same run. Dropout's masks always come
-from ``jax.random``.
+from ``jax.random``. So with dropout (the defaults' 0.2) ``--rng=torch`` gives nanoGPT's
+init and first batches only: nanoGPT's dropout draws from the same torch generator between
+its batches, which is not reproduced, so its later batches are other windows; the example
+says so when it starts.
 
 Where this differs from nanoGPT, and why: clipping is optax's ``clip_by_global_norm``
 (torch's ``clip_grad_norm_`` adds 1e-6 to the norm); the step is jitted (nanoGPT's
 ``compile=False`` on CPU is eager torch); each batch is split over the CPU cores as
-devices (``--devices``; under ``shard_map``, one all-reduce of the gradients per step), and
-one dispatch runs the steps up to the next log line or evaluation (at most 50, a
-``lax.scan``).
+devices (``--devices``; the same updates on any number of devices, up to float rounding:
+the dropout masks are drawn for the whole batch), and one dispatch runs up to 50 steps (a
+``lax.scan``; see ``steps_per_dispatch``).
 
 The text: tinyshakespeare's ``input.txt`` (karpathy/char-rnn, 1,115,394 bytes), read from
 ``--data``, else ``data/shakespeare_char/input.txt``, else
@@ -52,8 +55,9 @@ from typing import NamedTuple
 
 if __name__ == "__main__" and "jax" not in sys.modules:
     # One CPU device per core, set before jax starts: with --devices (default: all of them)
-    # each step splits its batch over them, data-parallel. XLA:CPU leaves the second core
-    # mostly idle on one device's small kernels; two devices keep both busy.
+    # each step splits its batch over them, data-parallel, with the same updates. With one
+    # step per dispatch this kept the second core busy; with several steps per dispatch one
+    # device trains about as fast (BENCHMARKS.md, workload 9).
     _flag = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
@@ -63,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec
 
 from funcnet import distributed, losses, optim
 from funcnet.decoding import generate
@@ -145,7 +149,8 @@ def nanogpt_draws(gen, args, n_train, n_val):
         if it % args.eval_interval == 0:
             evals.append([[batch(n) for _ in range(args.eval_iters)] for n in (n_train, n_val)])
         train.append(batch(n_train))
-    return Draws(np.asarray(train[:args.max_iters], np.int32), np.asarray(evals, np.int32))
+    evals = np.asarray(evals, np.int32).reshape(len(evals), 2, args.eval_iters, args.batch_size)
+    return Draws(np.asarray(train[:args.max_iters], np.int32), evals)
 
 
 def jax_draws(data_key, eval_key, args, n_train, n_val):
@@ -179,8 +184,8 @@ def nanogpt_params(gen, args, vocab_size):
     for _ in range(L):
         for out, inp in linears:
             gen.skip_uniform(out * inp + (out if args.bias else 0))
-    gen.skip_uniform(V * E)                                   # lm_head
-    gen.normal((V, E), 0.02)                                  # wte, replaced by lm_head's
+    gen.skip_uniform(V * E)                                   # lm_head's own init
+    gen.normal((V, E), 0.02)     # wte's, overwritten: the table is lm_head's, drawn last
     wpe = gen.normal((T, E), 0.02)
     weights = [[gen.normal(shape, 0.02) for shape in linears] for _ in range(L)]
     wte = gen.normal((V, E), 0.02)
@@ -229,7 +234,8 @@ def build(args, vocab_size):
 def steps_per_dispatch(args, most=50):
     """How many updates one dispatch runs: the largest k <= ``most`` that divides the eval
     and log intervals and max_iters, so that every evaluation and log line falls between
-    dispatches. Dispatching each step alone left the CPU cores idle between steps."""
+    dispatches (k = 50 for nanoGPT's CPU run, 10 with the defaults, 1 when the three share
+    no larger divisor). One step per dispatch left the CPU cores idle between steps."""
     g = math.gcd(args.eval_interval, args.log_interval, args.max_iters)
     return max(d for d in range(1, most + 1) if g % d == 0)
 
@@ -262,13 +268,17 @@ def main(argv=None):
     chars, train_ids, val_ids = encode_splits(load_text(args.data))
     net, optimizer = build(args, len(chars))
     ts, draws, sample_key = start(args, net, optimizer, len(chars), len(train_ids), len(val_ids))
+    if args.rng == "torch" and args.dropout > 0:
+        print(f"note: --rng=torch with --dropout={args.dropout}: nanoGPT's init and first "
+              "batches; its dropout draws from the torch generator between batches and that "
+              "is not reproduced, so the later batches are not nanoGPT's", file=sys.stderr)
     mesh = make_mesh(args)
     draws = Draws(*map(jnp.asarray, draws))
     if mesh is not None:  # the state and the text on every device, each batch split
         ts, train_ids, val_ids, draws = distributed.replicate_on(
             mesh, (ts, train_ids, val_ids, draws))
     split = (lambda b: b) if mesh is None else (
-        lambda b: jax.sharding.reshard(b, NamedSharding(mesh, P("data"))))
+        lambda b: jax.sharding.reshard(b, NamedSharding(mesh, PartitionSpec("data"))))
     n_params = sum(x.size for x in jax.tree.leaves(ts.params)) - ts.params["body"]["pos"]["E"].size
     print(f"number of parameters: {n_params / 1e6:.2f}M")
 
@@ -278,22 +288,15 @@ def main(argv=None):
         return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)), \
             Aux(state=state)
 
-    if mesh is None:
-        step = make_train_step(loss_fn, optimizer)
-        one_step = lambda ts, starts: step(ts, get_batch(train_ids, starts, args.block_size))
-    else:  # data parallel: each device its part of the batch, one gradient all-reduce
-        local_step = make_train_step(loss_fn, optimizer, axis_name="data")
-        one_step = lambda ts, starts: jax.shard_map(
-            lambda ts, data, starts: local_step(ts, get_batch(data, starts, args.block_size)),
-            mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P()))(
-                ts, train_ids, split(starts))
+    step = make_train_step(loss_fn, optimizer)
     k = steps_per_dispatch(args)
 
     @jax.jit
     def train_steps(ts, it):
         """Updates it .. it + k - 1 in one dispatch (a lax.scan); their losses."""
         def body(ts, i):
-            ts, metrics = one_step(ts, draws.train[it + i])
+            batch = split(get_batch(train_ids, draws.train[it + i], args.block_size))
+            ts, metrics = step(ts, batch)
             return ts, metrics["loss"]
         return jax.lax.scan(body, ts, jnp.arange(k))
 
@@ -310,7 +313,9 @@ def main(argv=None):
 
     history, in_flight = [], distributed.InFlight()
     t_start = t0 = time.perf_counter()
-    for it in range(0, args.max_iters + 1, k):  # train.py evaluates at max_iters, then stops
+    # train.py also evaluates at max_iters (then makes one more update, which changes nothing
+    # it prints but its last iter line)
+    for it in range(0, args.max_iters + 1, k):
         if it % args.eval_interval == 0:
             tr, va = estimate_loss(ts.params, it // args.eval_interval)
             history.append((it, float(tr), float(va)))
@@ -321,10 +326,11 @@ def main(argv=None):
         if it % args.log_interval == 0:
             loss = float(step_losses[0])  # waits for the steps: the time below is honest
             now = time.perf_counter()
-            done = min(args.log_interval, it + k)  # the updates since the last line
+            done = min(args.log_interval, it + k)  # the first line comes after k updates
             print(f"iter {it}: loss {loss:.4f}, time {(now - t0) * 1000 / done:.2f}ms",
                   flush=True)
             t0 = now
+    in_flight.wait()
     print(f"training took {time.perf_counter() - t_start:.1f} s")
 
     sample = ""

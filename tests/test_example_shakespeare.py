@@ -34,11 +34,12 @@ def test_trains_evaluates_and_samples(shakespeare, tmp_path, capsys):
     path = tmp_path / "input.txt"
     text = _text()
     path.write_text(text)
-    history, sample, ts = shakespeare.main([
+    flags = [
         f"--data={path}", "--block-size=16", "--batch-size=8", "--n-layer=1", "--n-head=2",
         "--n-embd=16", "--max-iters=80", "--lr-decay-iters=80", "--warmup-iters=10",
         "--eval-interval=40", "--eval-iters=2", "--log-interval=40", "--dropout=0.1",
-        "--learning-rate=1e-2", "--sample-tokens=40", "--rng=jax"])
+        "--learning-rate=1e-2", "--rng=jax"]
+    history, sample, ts = shakespeare.main(flags + ["--sample-tokens=40"])
     out = capsys.readouterr().out
     vocab = len(set(text))
     assert [h[0] for h in history] == [0, 40, 80]
@@ -48,6 +49,9 @@ def test_trains_evaluates_and_samples(shakespeare, tmp_path, capsys):
     assert len(sample) == 41 and set(sample) <= set(text)
     # the batch was split over the suite's CPU devices; the state stayed replicated
     assert ts.params["E"].sharding.is_fully_replicated and len(ts.params["E"].devices()) > 1
+    # the same updates on one device, dropout included (its masks are drawn for the batch)
+    one, _, _ = shakespeare.main(flags + ["--devices=1", "--sample-tokens=0"])
+    np.testing.assert_allclose(np.asarray(one), np.asarray(history), rtol=1e-5)
 
 
 def test_data_split_and_lr_schedule_follow_nanogpt(shakespeare):
@@ -234,7 +238,9 @@ def test_torch_rng_starts_from_nanogpts_init(shakespeare, bias):
 def test_torch_rng_draws_batches_in_train_pys_order(shakespeare):
     """nanoGPT's train.py loop, restated with torch's own generator: the first batch before
     the loop; at each iteration the evaluation when due (eval_iters train windows, then val),
-    then the next training batch. The example's plan holds the same starts."""
+    then the next training batch. The example's plan holds the same starts. (The order is
+    restated from train.py here; test_torch_rng_run_prints_nanogpts_losses and the CPU run's
+    log beside nanoGPT's, docs/guides/transformers.md, check it end to end.)"""
     import torch
 
     from _torch_rng import TorchCPUGenerator
@@ -253,6 +259,10 @@ def test_torch_rng_draws_batches_in_train_pys_order(shakespeare):
     np.testing.assert_array_equal(draws.train, np.asarray(train[:7]))
     np.testing.assert_array_equal(draws.evals, np.asarray(evals))
     assert draws.evals.shape == (3, 2, 2, 3)  # evaluations at 0, 3, 6
+    none = shakespeare.parse_args(["--batch-size=3", "--max-iters=7", "--eval-interval=3",
+                                   "--eval-iters=0"])
+    assert shakespeare.nanogpt_draws(TorchCPUGenerator(5), none, 900, 100).evals.shape == (
+        3, 2, 0, 3)
 
 
 def test_jax_rng_plan(shakespeare):
@@ -291,10 +301,13 @@ def _torch_logits(gpt, idx, n_head):
     return gpt.lm_head(tr.ln_f(x))
 
 
-def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path):
-    """The whole example with --rng=torch against nanoGPT's train.py loop restated in torch
-    (seeded the same: its init, get_batch's draws in its order, estimate_loss, AdamW with its
-    two groups, get_lr, clip_grad_norm_): the same train and val losses at every evaluation."""
+@pytest.mark.parametrize("devices", [1, 0])
+def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path, devices):
+    """The whole example with --rng=torch, on one device and split over the suite's four,
+    against nanoGPT's train.py loop restated in torch (seeded the same: its init, get_batch's
+    draws in its order, estimate_loss, AdamW with its two groups, clip_grad_norm_, the
+    learning rate of the example's schedule, which test_data_split_and_lr_schedule_follow_
+    nanogpt checks against get_lr): the same train and val losses at every evaluation."""
     import torch
     import torch.nn.functional as F
 
@@ -305,7 +318,8 @@ def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path):
              "--max-iters=30", "--lr-decay-iters=30", "--warmup-iters=5", "--eval-interval=10",
              "--eval-iters=3", "--log-interval=10", "--dropout=0.0", "--learning-rate=1e-2",
              "--min-lr=1e-3", "--seed=7"]
-    history, _, _ = shakespeare.main([f"--data={path}", "--sample-tokens=0"] + flags)
+    history, _, _ = shakespeare.main([f"--data={path}", "--sample-tokens=0",
+                                      f"--devices={devices}"] + flags)
 
     args = shakespeare.parse_args(flags)
     chars, train_ids, val_ids = shakespeare.encode_splits(text)
