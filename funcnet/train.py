@@ -369,14 +369,7 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         if axis_name is not None:
             key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
         has_loss_state = not _is_empty(train_state.loss_state)
-        if has_loss_state and not takes_loss_state:
-            raise TypeError(f"make_train_step: the TrainState holds loss state, but "
-                            f"{_fn_name(loss_fn)} has no loss_state parameter, so it could "
-                            f"neither read nor return it. Define it as loss_fn(params, state, "
-                            f"batch, rng, loss_state) and return Aux(..., loss_state=new).")
-        if ema_decay is not None and not isinstance(train_state.ema, EMA):
-            raise ValueError("make_train_step: ema_decay is set but the TrainState keeps no "
-                             "EMA; create it with TrainState.create(..., ema=True).")
+        _check_state_fits(train_state, has_loss_state, takes_loss_state, loss_fn, ema_decay)
 
         loss_scale = train_state.loss_scale
         scaling = isinstance(loss_scale, precision.LossScale)
@@ -418,14 +411,7 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         if scaling:
             grads = precision.unscale_grads(loss_scale, grads)
             finite = precision.all_finite(grads)
-        if report_norm or clip_grad_norm is not None:
-            norm = _global_norm(grads)
-        if report_norm:
-            metrics = {"loss": metrics["loss"], "grad_norm": norm,
-                       **{n: v for n, v in metrics.items() if n != "loss"}}
-        if clip_grad_norm is not None:
-            scale = jnp.minimum(1.0, clip_grad_norm / (norm + 1e-6))
-            grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
+        grads, metrics = _clip_and_report_norm(grads, metrics, clip_grad_norm, report_norm)
         params, opt_state = updater.apply(grads, train_state, metrics["loss"])
         average = train_state.ema
         if ema_decay is not None:
@@ -556,6 +542,34 @@ def _checked_options(clip_grad_norm, microbatches, ema_decay, grad_norm):
             raise checks.ArgumentError(f"{where}: ema_decay={ema_decay!r} must be in (0, 1), "
                                        f"e.g. 0.999 (the weight of the old average).")
     return clip_grad_norm, k, ema_decay, report_norm
+
+
+def _check_state_fits(train_state, has_loss_state, takes_loss_state, loss_fn, ema_decay):
+    """The step's options against what the TrainState holds (at trace time)."""
+    if has_loss_state and not takes_loss_state:
+        raise TypeError(f"make_train_step: the TrainState holds loss state, but "
+                        f"{_fn_name(loss_fn)} has no loss_state parameter, so it could "
+                        f"neither read nor return it. Define it as loss_fn(params, state, "
+                        f"batch, rng, loss_state) and return Aux(..., loss_state=new).")
+    if ema_decay is not None and not isinstance(train_state.ema, EMA):
+        raise ValueError("make_train_step: ema_decay is set but the TrainState keeps no "
+                         "EMA; create it with TrainState.create(..., ema=True).")
+
+
+def _clip_and_report_norm(grads, metrics, clip_grad_norm, report_norm):
+    """torch's ``clip_grad_norm_`` rule, ``g * min(1, max_norm / (n + 1e-6))``, and
+    ``metrics["grad_norm"] = n`` (right after ``"loss"``) when reported. The norm is
+    computed only when one of them needs it: on XLA:CPU it is a pass of its own."""
+    if not report_norm and clip_grad_norm is None:
+        return grads, metrics
+    norm = _global_norm(grads)
+    if report_norm:
+        metrics = {"loss": metrics["loss"], "grad_norm": norm,
+                   **{n: v for n, v in metrics.items() if n != "loss"}}
+    if clip_grad_norm is not None:
+        scale = jnp.minimum(1.0, clip_grad_norm / (norm + 1e-6))
+        grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
+    return grads, metrics
 
 
 def _global_norm(grads):
