@@ -21,6 +21,13 @@ Max-pool formulations (2x2, stride 2): :func:`maxpool_reduce_window` (funcnet's 
 its gradient is XLA's slow select-and-scatter), :func:`maxpool_reshape` and
 :func:`maxpool_reshape_first` (reshape + max / argmax; elementwise gradients).
 See ``benchmarks/CONV_NOTES.md`` for the findings.
+
+On a GPU (``cfg["device"] == "gpu"``) the torch peers move the model and the batches to
+``cuda`` once (NCHW, torch's default layout; cuDNN picks its kernels, ``cudnn.benchmark``
+left off as in a default run) and synchronise before every clock read. The GPU tier's
+``funcnet-bf16`` is funcnet's network under ``precision.apply_policy`` (float32 params,
+bfloat16 compute, float32 logits); ``torch-bf16`` is the torch step under
+``torch.autocast(bfloat16)``.
 """
 
 from __future__ import annotations
@@ -272,9 +279,10 @@ def Im2colConv(out_chan, filter_shape):
     return named(f"Im2colConv({out_chan}, {filter_shape!r})", init, apply)
 
 
-def _funcnet_model(weights, im2col=False, conv_impl=("auto", "auto")):
+def _funcnet_model(weights, im2col=False, conv_impl=("auto", "auto"), bf16=False):
     import jax
     import jax.numpy as jnp
+    from funcnet import precision
     from funcnet.combinators import serial
     from funcnet.layers.activations import Relu
     from funcnet.layers.conv import Conv
@@ -285,8 +293,10 @@ def _funcnet_model(weights, im2col=False, conv_impl=("auto", "auto")):
     C1, C2 = ((Im2colConv,) * 2 if im2col else
               [functools.partial(Conv, implementation=impl) for impl in conv_impl])
     P = lambda: MaxPool((2, 2))  # window == stride: funcnet's reshape + argmax path
-    init, apply = serial(C1(32, (K, K)), Relu, P(), C2(64, (K, K)), Relu, P(),
-                         Flatten, Dense(128), Relu, Dense(10))
+    net = serial(C1(32, (K, K)), Relu, P(), C2(64, (K, K)), Relu, P(),
+                 Flatten, Dense(128), Relu, Dense(10))
+    init, apply = (precision.apply_policy(net, "params=float32,compute=bfloat16,output=float32")
+                   if bf16 else net)
     # Only the tree structure is needed (the shared weights replace the drawn ones), so
     # init is traced abstractly rather than run op by op.
     params, state = jax.eval_shape(lambda k: init(k, (-1, 28, 28, 1))[1:], jax.random.PRNGKey(0))
@@ -325,10 +335,11 @@ def _jax_peer(peer, cfg, case):
 
         conv_impl = {"funcnet-xlaconv": ("xla", "xla"),
                      "funcnet-unchunked": ("auto", "xla")}.get(peer, ("auto", "auto"))
-        params, forward = _funcnet_model(w, im2col="im2col" in peer, conv_impl=conv_impl)
-        # "funcnet" is compiled as fit compiles its steps; the other funcnet peers are the
-        # plain jax.jit policy and its alternatives
-        jit = xla.jit if peer == "funcnet" else None
+        params, forward = _funcnet_model(w, im2col="im2col" in peer, conv_impl=conv_impl,
+                                         bf16=peer == "funcnet-bf16")
+        # "funcnet" (and its bf16 form) is compiled as fit compiles its steps; the other
+        # funcnet peers are the plain jax.jit policy and its alternatives
+        jit = xla.jit if peer in ("funcnet", "funcnet-bf16") else None
     else:
         wts, forward, channels_first = JAX_VARIANTS[peer](w)
         params = {k: jnp.asarray(v) for k, v in wts.items()}
@@ -343,7 +354,7 @@ def _jax_peer(peer, cfg, case):
                             jax.block_until_ready, float)
 
 
-def _torch_peer(cfg, case):
+def _torch_peer(peer, cfg, case):
     import torch
     from torch import nn
 
@@ -357,13 +368,17 @@ def _torch_peer(cfg, case):
             W = w[wn] if layer.weight.ndim == 4 else w[wn].T
             layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(W)))
             layer.bias.copy_(torch.from_numpy(w[bn]))
+    device = common.torch_device(cfg)
+    model = model.to(device)  # before the optimizer takes its parameters
     opt = torch.optim.Adam(model.parameters(), lr=case["lr"])
-    step = common.torch_step(model, opt)
+    step = common.torch_step(model, opt, common.torch_autocast(peer, device))
     xs, ys = common.mnist_like_batches(case["batch"], 8, seed=1, image=True)
-    batches = [(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()), torch.from_numpy(y).long())
-               for x, y in zip(xs, ys)]
+    batches = [(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device),
+                torch.from_numpy(y).long().to(device)) for x, y in zip(xs, ys)]
+    common.torch_sync(device)
 
-    return _steps_benchmark(cfg, case, None, step, batches, lambda x: x, lambda t: float(t.item()))
+    return _steps_benchmark(cfg, case, None, step, batches, lambda x: common.torch_sync(device),
+                            lambda t: float(t.item()))
 
 
 def _steps_benchmark(cfg, case, carry, step, batches, sync, to_float):
@@ -394,6 +409,6 @@ def _steps_benchmark(cfg, case, carry, step, batches, sync, to_float):
 
 
 def run(peer, cfg, case):
-    if peer == "torch":
-        return _torch_peer(cfg, case)
+    if peer.startswith("torch"):
+        return _torch_peer(peer, cfg, case)
     return _jax_peer(peer, cfg, case)

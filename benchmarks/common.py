@@ -1,4 +1,5 @@
-"""Shared pieces of the harness: timing, synthetic data, shared initial weights, machine info.
+"""Shared pieces of the harness: timing, synthetic data, shared initial weights, machine and
+device info.
 
 Nothing here imports jax or torch at module level: the orchestrator (``benchmarks.run``)
 imports this module, and it must not start an XLA or a PyTorch thread pool of its own.
@@ -6,12 +7,16 @@ imports this module, and it must not start an XLA or a PyTorch thread pool of it
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -45,6 +50,28 @@ def block(tree):
     """``jax.block_until_ready`` on a pytree (imported lazily: children only)."""
     import jax
     return jax.block_until_ready(tree)
+
+
+def torch_device(cfg) -> str:
+    """The torch device of a peer: ``"cuda"`` in a ``--platform gpu`` run, else ``"cpu"``."""
+    return "cuda" if cfg.get("device") == "gpu" else "cpu"
+
+
+def torch_sync(device: str) -> None:
+    """Waits for the work queued on ``device``: CUDA kernels run asynchronously, so a clock
+    read without this would time the launches, not the work."""
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+
+
+def torch_autocast(peer: str, device: str):
+    """A context factory: bfloat16 autocast on ``device`` for the ``*-bf16`` torch peers,
+    else nothing (float32)."""
+    if not peer.endswith("-bf16"):
+        return contextlib.nullcontext
+    import torch
+    return lambda: torch.autocast(device, dtype=torch.bfloat16)
 
 
 # --------------------------------------------------------------------------- #
@@ -109,6 +136,11 @@ def cpu_info() -> Dict[str, object]:
             "isa": isa, "platform": platform.platform()}
 
 
+# Listed only where installed: the CUDA builds of jax and the libraries the GPU peers load.
+GPU_PACKAGES = ("jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt",
+                "nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cublas-cu12", "triton")
+
+
 def package_versions() -> Dict[str, str]:
     """Versions from package metadata: no package is imported."""
     from importlib import metadata
@@ -118,7 +150,152 @@ def package_versions() -> Dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
+    for name in GPU_PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
     return out
+
+
+# --------------------------------------------------------------------------- #
+# Device probes: what jax and torch see, each in a child process of its own (the
+# orchestrator imports neither, and jax and torch never share a process here).
+# --------------------------------------------------------------------------- #
+
+PROBE_TAG = "BENCHMARK_PROBE_JSON:"
+
+
+def _cuda_version(v) -> str:
+    """CUDA's integer versions (12080) as "12.8"."""
+    return f"{v // 1000}.{v % 1000 // 10}" if isinstance(v, int) and v > 0 else str(v)
+
+
+def _cudnn_version(v) -> str:
+    """cuDNN's integer versions (90300: 9.3.0; 8 and older: 8902 = 8.9.2) as a string."""
+    if not isinstance(v, int) or v <= 0:
+        return str(v)
+    if v >= 10000:
+        return f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+    return f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
+
+
+def probe_jax() -> Dict[str, object]:
+    """What jax runs on: backend, devices, float32 matmul precision, CUDA/cuDNN versions."""
+    import jax
+    import jaxlib
+    from jax._src import lib as jax_lib
+
+    devices = jax.devices()
+    out = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
+           "device_count": len(devices), "device_kind": devices[0].device_kind,
+           "platform": devices[0].platform,
+           # None: XLA's default, which on NVIDIA GPUs from Ampere on is TF32 for float32 dots
+           "jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+    if getattr(devices[0], "compute_capability", None):  # GPU devices only
+        out["compute_capability"] = str(devices[0].compute_capability)
+    versions = getattr(jax_lib, "cuda_versions", None)
+    if versions is not None:
+        for name in ("cuda_runtime", "cuda_driver", "cudnn", "cublas"):
+            fn = getattr(versions, f"{name}_get_version", None)
+            with contextlib.suppress(Exception):
+                out[f"{name}_version"] = (_cudnn_version if name == "cudnn" else _cuda_version)(fn())
+    with contextlib.suppress(Exception):
+        out["environment_info"] = jax.print_environment_info(return_string=True)
+    return out
+
+
+def probe_torch() -> Dict[str, object]:
+    """What torch sees: version, CUDA and cuDNN builds, the GPU, its TF32 defaults."""
+    import torch
+    out = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
+           "cuda_build": torch.version.cuda, "cudnn_version": None}
+    with contextlib.suppress(Exception):
+        v = torch.backends.cudnn.version()  # None on a CPU build
+        out["cudnn_version"] = _cudnn_version(v) if v else None
+    if out["cuda_available"]:
+        out["device_name"] = torch.cuda.get_device_name(0)
+        out["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+        out["device_count"] = torch.cuda.device_count()
+    out.update(torch_f32_settings())
+    return out
+
+
+def torch_f32_settings() -> Dict[str, object]:
+    """torch's float32 matmul/conv settings: TF32 or full float32 on NVIDIA GPUs. Each read
+    on its own: newer torch deprecates the ``allow_tf32`` flags for ``fp32_precision`` and
+    may refuse a read that mixes the two APIs, which is then recorded, not raised."""
+    import torch
+    reads = {"float32_matmul_precision": lambda: torch.get_float32_matmul_precision(),
+             "matmul.allow_tf32": lambda: bool(torch.backends.cuda.matmul.allow_tf32),
+             "cudnn.allow_tf32": lambda: bool(torch.backends.cudnn.allow_tf32),
+             "matmul.fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision}
+    out = {}
+    for key, read in reads.items():
+        try:
+            out[key] = read()
+        except AttributeError:  # an older torch without the newer API
+            continue
+        except Exception as e:  # noqa: BLE001
+            out[key] = f"unreadable ({type(e).__name__}: {e})"[:200]
+    return out
+
+
+def _probe_main(kind: str) -> None:
+    """Child side of :func:`device_probe`: one probe's dict on a tagged line."""
+    try:
+        out = {"jax": probe_jax, "torch": probe_torch}[kind]()
+    except Exception as e:  # noqa: BLE001 - a missing torch or a failed backend is the answer
+        out = {"error": f"{type(e).__name__}: {e}"}
+    print(PROBE_TAG + json.dumps(out, default=str), flush=True)
+
+
+def device_probe(platform_name: str, timeout: float = 120,
+                 env: Optional[Dict[str, str]] = None) -> Dict[str, Dict]:
+    """``{"jax": {...}, "torch": {...}}``: each probe run in a fresh child process with
+    ``JAX_PLATFORMS`` for ``platform_name`` ("cuda" for "gpu"); a failure is its ``error``."""
+    env = dict(os.environ if env is None else env)
+    env["JAX_PLATFORMS"] = "cuda" if platform_name == "gpu" else "cpu"
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = {}
+    for kind in ("jax", "torch"):
+        cmd = [sys.executable, "-c", f"from benchmarks import common; common._probe_main({kind!r})"]
+        try:
+            proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out[kind] = {"error": f"timed out after {timeout:.0f} s"}
+            continue
+        line = next((l for l in proc.stdout.splitlines() if l.startswith(PROBE_TAG)), None)
+        out[kind] = (json.loads(line[len(PROBE_TAG):]) if line else
+                     {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][-300:]})
+    return out
+
+
+def device_summary(probe: Dict[str, Dict]) -> Dict[str, str]:
+    """Short strings for a report: the device as jax and torch name it, and CUDA/cuDNN."""
+    j, t = probe.get("jax", {}), probe.get("torch", {})
+    if "error" in j:
+        jax_dev = f"jax: unavailable ({j['error']})"
+    else:
+        jax_dev = (f"jax: {j.get('device_kind')} x{j.get('device_count')} "
+                   f"(backend {j.get('backend')}"
+                   + (f", compute capability {j['compute_capability']}" if "compute_capability" in j else "")
+                   + ")")
+    if "error" in t:
+        torch_dev = f"torch: unavailable ({t['error']})"
+    elif t.get("cuda_available"):
+        torch_dev = f"torch: {t.get('device_name')} (compute capability {t.get('compute_capability')})"
+    else:
+        torch_dev = "torch: no CUDA device (CPU)"
+    cuda = []
+    if "cuda_runtime_version" in j or "cudnn_version" in j:
+        cuda.append(f"jax: CUDA runtime {j.get('cuda_runtime_version', '?')}, driver "
+                    f"{j.get('cuda_driver_version', '?')}, cuDNN {j.get('cudnn_version', '?')}")
+    if t.get("cuda_build") or t.get("cudnn_version"):
+        cuda.append(f"torch: CUDA {t.get('cuda_build') or 'none (CPU build)'}, "
+                    f"cuDNN {t.get('cudnn_version')}")
+    return {"device": "; ".join((jax_dev, torch_dev)),
+            "cuda": "; ".join(cuda) or "n/a (no CUDA build found)"}
 
 
 def jax_step(params, forward, tx, jit=None):
@@ -143,14 +320,16 @@ def jax_step(params, forward, tx, jit=None):
     return (params, tx.init(params)), (jit or jax.jit)(step)
 
 
-def torch_step(model, opt):
-    """The PyTorch peers' shared eager step: zero grads, CE forward, backward, optimizer step."""
+def torch_step(model, opt, autocast=contextlib.nullcontext):
+    """The PyTorch peers' shared eager step: zero grads, CE forward (under ``autocast()``),
+    backward, optimizer step."""
     from torch import nn
     loss_fn = nn.CrossEntropyLoss()
 
     def step(carry, x, y):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with autocast():
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return carry, loss.detach()

@@ -11,6 +11,13 @@ under ``Scan``; bfloat16 compute), a hand-written JAX GPT as an expert would wri
 running nanoGPT's architecture (eager, ``torch.compile``, bf16 autocast). The PyTorch model
 is written here from nanoGPT's ``model.py`` design (MIT): fused ``c_attn``,
 ``F.scaled_dot_product_attention(is_causal=True)``, tied ``wte``/``lm_head``.
+
+Every peer draws each step's windows on the host and copies them to its device (64 KB at
+nanoGPT's GPU size), as nanoGPT's ``get_batch`` does. On a GPU (``cfg["device"] ==
+"gpu"``) the torch peers keep the model on ``cuda`` (copies pinned and non-blocking, as
+nanoGPT's), autocast to bfloat16 on ``cuda``, and synchronise before the clock is read;
+the JAX peers' timings end on a loss read back from the device, which waits for the
+whole step (one XLA program).
 """
 
 from __future__ import annotations
@@ -274,7 +281,7 @@ def _torch_model(case):
             self.wte.weight = self.lm_head.weight
 
         def forward(self, idx, targets):
-            x = self.wte(idx) + self.wpe(torch.arange(T))
+            x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
             for b in self.blocks:
                 x = b(x)
             logits = self.lm_head(self.ln_f(x))
@@ -292,32 +299,35 @@ def _torch_model(case):
 
 
 def run_torch(peer, cfg, case):
-    import contextlib
-
     import torch
 
-    model = _torch_model(case)
+    device = common.torch_device(cfg)
+    model = _torch_model(case).to(device)  # before the optimizer takes its parameters
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}], lr=1e-3,
                             betas=(0.9, 0.99))
     forward = torch.compile(model) if peer == "torch-compile" else model
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if peer == "torch-bf16" \
-        else contextlib.nullcontext
+    autocast = common.torch_autocast(peer, device)
     data = _data(case)
     holder = {"i": 0}
+
+    def put(a):
+        t = torch.from_numpy(a).long()
+        return t.pin_memory().to(device, non_blocking=True) if device == "cuda" else t
 
     def run_steps(n):
         for _ in range(n):
             x, y = _windows(data, case, holder["i"])
             with autocast():
-                loss = forward(torch.from_numpy(x).long(), torch.from_numpy(y).long())
+                loss = forward(put(x), put(y))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
             holder["i"] += 1
-        return float(loss)
+        common.torch_sync(device)
+        return float(loss.detach())
 
     return _time(run_steps, 1, case, cfg)

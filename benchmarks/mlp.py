@@ -13,6 +13,11 @@ Every peer
 
 Each JAX peer uses its framework's idiomatic jit: ``jax.jit`` for funcnet, hand-written
 JAX, stax, Flax Linen and Haiku; ``eqx.filter_jit`` for Equinox; ``nnx.jit`` for Flax NNX.
+
+On a GPU (``cfg["device"] == "gpu"``) the torch peers move the model and the batch pool to
+``cuda`` once and synchronise before every clock read. The GPU tier's ``funcnet-bf16``
+wraps funcnet's MLP in ``precision.apply_policy`` (float32 params, bfloat16 compute,
+float32 logits), ``torch-bf16`` runs the torch step under ``torch.autocast(bfloat16)``.
 """
 
 from __future__ import annotations
@@ -26,9 +31,13 @@ from benchmarks import common
 # Models: each builder returns (params, forward(params, x) -> logits) for a JAX peer.
 # --------------------------------------------------------------------------- #
 
-def _funcnet(weights):
+BF16_POLICY = "params=float32,compute=bfloat16,output=float32"  # workload 8's bf16 peer's
+
+
+def _funcnet(weights, bf16=False):
     import jax
     import jax.numpy as jnp
+    from funcnet import precision
     from funcnet.combinators import serial
     from funcnet.layers.dense import Dense
     from funcnet.layers.activations import Relu
@@ -38,7 +47,8 @@ def _funcnet(weights):
         layers.append(Dense(W.shape[1]))
         if i < len(weights) - 1:
             layers.append(Relu)
-    init, apply = serial(*layers)
+    net = serial(*layers)
+    init, apply = precision.apply_policy(net, BF16_POLICY) if bf16 else net
     # Only the tree structure is needed (the shared weights replace the drawn ones), so
     # init is traced abstractly rather than run op by op.
     params, state = jax.eval_shape(lambda k: init(k, (-1, weights[0][0].shape[0]))[1:],
@@ -224,7 +234,8 @@ def _nnx_step(weights, tx):
     return (model, optimizer), step
 
 
-JAX_BUILDERS = {"funcnet": _funcnet, "jax": _hand, "stax": _stax, "flax-linen": _linen, "haiku": _haiku}
+JAX_BUILDERS = {"funcnet": _funcnet, "funcnet-bf16": lambda w: _funcnet(w, bf16=True), "jax": _hand,
+                "stax": _stax, "flax-linen": _linen, "haiku": _haiku}
 
 
 def _jax_peer(peer, cfg, case):
@@ -252,7 +263,7 @@ def _jax_peer(peer, cfg, case):
     return _epoch_benchmark(cfg, case, carry, step, batches, sync, float)
 
 
-def _torch_peer(cfg, case):
+def _torch_peer(peer, cfg, case):
     import torch
     from torch import nn
 
@@ -266,16 +277,20 @@ def _torch_peer(cfg, case):
         mods.append(lin)
         if i < len(weights) - 1:
             mods.append(nn.ReLU())
-    model = nn.Sequential(*mods)
+    device = common.torch_device(cfg)
+    model = nn.Sequential(*mods).to(device)  # before the optimizer takes its parameters
     if case["opt"] == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=case["lr"])
     else:
         opt = torch.optim.SGD(model.parameters(), lr=case["lr"])
-    step = common.torch_step(model, opt)
+    step = common.torch_step(model, opt, common.torch_autocast(peer, device))
     xs, ys = _data(cfg, case)
-    batches = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in zip(xs, ys)]
+    batches = [(torch.from_numpy(x).to(device), torch.from_numpy(y).long().to(device))
+               for x, y in zip(xs, ys)]
+    common.torch_sync(device)
 
-    return _epoch_benchmark(cfg, case, None, step, batches, lambda x: x, lambda t: float(t.item()))
+    return _epoch_benchmark(cfg, case, None, step, batches, lambda x: common.torch_sync(device),
+                            lambda t: float(t.item()))
 
 
 def _data(cfg, case):
@@ -324,6 +339,6 @@ def _epoch_benchmark(cfg, case, carry, step, batches, sync, to_float):
 
 
 def run(peer, cfg, case):
-    if peer == "torch":
-        return _torch_peer(cfg, case)
+    if peer.startswith("torch"):
+        return _torch_peer(peer, cfg, case)
     return _jax_peer(peer, cfg, case)

@@ -1,6 +1,7 @@
 """Runs the benchmark workloads and writes a markdown report.
 
     python -m benchmarks.run [--quick] [--only NAME[:PEER] ...] [--threads N] [--rounds R] [--out BENCHMARKS.md]
+    python -m benchmarks.run --platform gpu [--rounds 1 --reps 2] [--only ...]   # on a GPU
 
 Every (workload, case, peer) runs in its own child process (``python -m benchmarks.run
 --child ...``), one after the other, so no two frameworks share a process or run at the
@@ -17,6 +18,18 @@ median time / this peer's median time (> 1: the reference, usually funcnet, is s
 ``--quick`` shrinks step counts and repetitions for a smoke check; its numbers are not
 benchmarks.
 
+``--platform gpu`` runs the GPU tier on the machine's GPU: JAX children with
+``JAX_PLATFORMS=cuda`` and ``XLA_PYTHON_CLIENT_PREALLOCATE=false``, PyTorch peers on
+``cuda`` (model and batches moved there once, ``torch.cuda.synchronize()`` before every clock
+read); no CPU affinity is set (XLA:GPU compiles on host threads, the kernels run on the
+GPU), the OMP/MKL thread counts stay as on CPU (they bound torch's few host-side ops). The
+tier (:mod:`benchmarks.workloads`: ``Peer.platforms``) leaves out the peers that mean
+nothing on one GPU and adds bfloat16 peers. Float32 matmuls: XLA's default precision on
+NVIDIA GPUs is TF32, torch's is full float32; ``--f32-matmul tf32`` (the default) sets
+torch to TF32 as well (``torch.set_float32_matmul_precision("high")``), ``highest`` sets
+both to full float32; every result records its peer's setting. ``--tier gpu`` with
+``--platform cpu`` rehearses the GPU tier on the CPU (its numbers mean nothing).
+
 Workloads and peers are listed in :mod:`benchmarks.workloads`; ``--list`` prints them.
 """
 
@@ -29,56 +42,103 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
 
 from benchmarks import common
-from benchmarks.workloads import WORKLOADS, Workload, by_name
+from benchmarks.workloads import WORKLOADS, Workload, by_name, cases_on, peers_on, title_on
 
 RESULT_TAG = "BENCHMARK_RESULT_JSON:"
 # Variables that change the numbers; the report records those that are set.
 ENV_RECORDED = ("XLA_FLAGS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
-                "LD_PRELOAD", "OMP_NUM_THREADS", "JAX_ENABLE_X64")
+                "LD_PRELOAD", "OMP_NUM_THREADS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",
+                "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUDA_VISIBLE_DEVICES")
 CHILD_TIMEOUT_S = 1800
+# --f32-matmul -> torch.set_float32_matmul_precision: "high" is TF32 for float32 matmuls,
+# what XLA does by default on NVIDIA GPUs; "highest" is full float32.
+TORCH_F32 = {"tf32": "high", "highest": "highest"}
 
 
 # --------------------------------------------------------------------------- #
 # Child side
 # --------------------------------------------------------------------------- #
 
-def _child(spec: Dict) -> None:
-    cpus = spec["cpus"]
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cpus)  # before jax/torch create their thread pools
-    workload = by_name()[spec["workload"]]
+def _child_case(workload: Workload, spec: Dict) -> Dict:
+    """The case a child runs: ``--quick``'s ``quick_*`` values, then ``--reps`` as a cap."""
     case = dict(workload.cases[spec["case"]])
     if spec["quick"]:
         case.update({k[len("quick_"):]: v for k, v in case.items() if k.startswith("quick_")})
+    if spec.get("reps"):
+        for key in ("reps", "quick_reps"):
+            if key in case:
+                case[key] = min(case[key], spec["reps"])
+    return case
+
+
+def _child(spec: Dict) -> None:
+    cpus = spec["cpus"]
+    device = spec.get("platform", "cpu")
+    if device == "cpu" and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)  # before jax/torch create their thread pools
+    workload = by_name()[spec["workload"]]
+    case = _child_case(workload, spec)
     peer = next(p for p in workload.peers if p.name == spec["peer"])
-    cfg = {"quick": spec["quick"], "threads": len(cpus)}
-    if "torch" in peer.name:
+    cfg = {"quick": spec["quick"], "threads": len(cpus), "device": device}
+    is_torch = peer.name.startswith("torch")
+    if is_torch:
         import torch
         torch.set_num_threads(len(cpus))
+        if device == "gpu":
+            torch.set_float32_matmul_precision(TORCH_F32[spec.get("f32_matmul", "tf32")])
     module, fn = peer.target.split(":")
     result = getattr(importlib.import_module(module), fn)(peer.name, cfg, case)
-    if "torch" not in peer.name and "torch" in sys.modules:
+    if not is_torch and "torch" in sys.modules:
         result.setdefault("extra", {})["warning"] = "torch was imported by a JAX peer"
+    if device == "gpu":  # TF32 or not: the GPU tables show it per row
+        result["f32_matmul"] = _f32_matmul_setting(is_torch)
     print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+def _f32_matmul_setting(is_torch: bool) -> str:
+    """This process's float32 matmul setting, as the report prints it (child side)."""
+    if is_torch:
+        from benchmarks.common import torch_f32_settings
+        t = torch_f32_settings()
+        return (f"torch {t.get('float32_matmul_precision')} (matmul.allow_tf32="
+                f"{t.get('matmul.allow_tf32')}, cudnn.allow_tf32={t.get('cudnn.allow_tf32')})")
+    import jax
+    value = jax.config.jax_default_matmul_precision
+    return f"jax {value or 'default'}"
 
 
 # --------------------------------------------------------------------------- #
 # Parent side
 # --------------------------------------------------------------------------- #
 
-def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int]) -> Dict:
-    spec = {"workload": workload.name, "case": case_index, "peer": peer.name,
-            "quick": args.quick, "cpus": cpus}
+def _child_env(args, cpus: List[int]) -> Dict[str, str]:
+    """The environment of every child: thread counts, the platform, the matmul precision."""
     env = dict(os.environ)
     n = str(len(cpus))
     env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
-               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    if args.platform == "gpu":
+        # One child at a time has the GPU: it takes memory as it needs it, as the tests do.
+        env.update(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+        if args.f32_matmul == "highest":
+            env["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
+    else:
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int]) -> Dict:
+    spec = {"workload": workload.name, "case": case_index, "peer": peer.name,
+            "quick": args.quick, "cpus": cpus, "platform": args.platform, "reps": args.reps,
+            "f32_matmul": args.f32_matmul}
+    env = _child_env(args, cpus)
     flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), args.xla_flags, peer.xla_flags) if f)
     if flags:
         env["XLA_FLAGS"] = flags
@@ -87,21 +147,38 @@ def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int])
     cmd = [sys.executable, "-m", "benchmarks.run", "--child", json.dumps(spec)]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        stdout, stderr = _communicate(cmd, env, args.child_timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {CHILD_TIMEOUT_S} s"}
+        return {"error": f"timed out after {args.child_timeout:.0f} s"}
     wall = time.perf_counter() - t0
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith(RESULT_TAG):
             result = json.loads(line[len(RESULT_TAG):])
             result["process_wall_s"] = wall
             if flags:
                 result["xla_flags"] = flags
             return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()
+    tail = (stderr or stdout).strip().splitlines()
     last = next((l for l in reversed(tail) if l.strip()), "no output")
     return {"error": last[-300:], "stderr_tail": "\n".join(tail[-25:])}
+
+
+def _communicate(cmd: List[str], env: Dict[str, str], timeout: float):
+    """``(stdout, stderr)`` of ``cmd`` run in a session of its own. On a timeout or a
+    Ctrl-C the whole session is killed: a peer's own children (torch.compile's compile
+    workers) would otherwise outlive it, hold its pipes and, on a GPU, the device."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            start_new_session=True)
+    try:
+        return proc.communicate(timeout=timeout)
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
 
 
 def _merge(previous: Optional[Dict], new: Dict) -> Dict:
@@ -131,7 +208,8 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} µs"
 
 
-def _table(workload: Workload, case: Dict, results: Dict[str, Dict]) -> List[str]:
+def _table(workload: Workload, case: Dict, results: Dict[str, Dict], matmul: bool = False) -> List[str]:
+    """The case's markdown table; ``matmul`` adds each peer's float32 matmul setting (GPU)."""
     ref = results.get(workload.reference, {})
     ref_med = common.summary(ref["values"])["median"] if "values" in ref else None
     head = ["peer", f"median {workload.unit}", "min", "max"]
@@ -139,6 +217,8 @@ def _table(workload: Workload, case: Dict, results: Dict[str, Dict]) -> List[str
         head.append(workload.throughput)
     head.append(f"{workload.reference} ÷ peer (time)")
     head += [c[1] for c in workload.columns]
+    if matmul:
+        head.append("float32 matmuls")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for peer in workload.peers:
         r = results.get(peer.name)
@@ -156,6 +236,8 @@ def _table(workload: Workload, case: Dict, results: Dict[str, Dict]) -> List[str
         for key, _, fmt in workload.columns:
             v = extra.get(key)
             cells.append(fmt.format(v) if isinstance(v, (int, float)) else ("" if v is None else str(v)))
+        if matmul:
+            cells.append(r.get("f32_matmul", ""))
         rows.append("| " + " | ".join(cells) + " |")
     check = _check(workload, results)
     if check:
@@ -180,8 +262,10 @@ def _check(workload: Workload, results: Dict[str, Dict]) -> Optional[str]:
             f"relative spread {spread:.1e} (tolerance {workload.check_rtol:.0e}).")
 
 
-def _selected(only: List[str]):
-    wanted: Dict[str, Optional[set]] = {}
+def _selected(only: List[str], tier: str = "cpu"):
+    """``(workload, peers, case indices)`` to run. The tier's peers and cases, narrowed by
+    ``--only``; a peer named there (``NAME:PEER``) runs whatever its tier."""
+    wanted: Dict[str, Optional[List[str]]] = {}
     for item in only:
         name, _, peer = item.partition(":")
         if name not in by_name():
@@ -190,37 +274,77 @@ def _selected(only: List[str]):
             known = {p.name for p in by_name()[name].peers}
             if peer not in known:
                 raise SystemExit(f"--only: workload {name!r} has no peer {peer!r}; peers: {', '.join(known)}.")
-            if wanted.get(name, set()) is not None:
-                wanted.setdefault(name, set()).add(peer)
+            if wanted.get(name, []) is not None and peer not in wanted.get(name, []):
+                wanted.setdefault(name, []).append(peer)
         else:
             wanted[name] = None
     for w in WORKLOADS:
-        if not only or w.name in wanted:
-            peers = [p for p in w.peers if not only or wanted[w.name] is None or p.name in wanted[w.name]]
-            yield w, peers
+        if only and w.name not in wanted:
+            continue
+        named = wanted.get(w.name)
+        # named peers run in the order given (a slow one last, say); the tables keep the registry's
+        peers = [next(p for p in w.peers if p.name == n) for n in named] if named else peers_on(w, tier)
+        cases = cases_on(w, tier)
+        if peers and cases:
+            yield w, peers, cases
+        elif only:
+            print(f"{w.name}: nothing to run in the {tier} tier", flush=True)
 
 
-def _header(args, cpus, command: str) -> List[str]:
-    cpu = common.cpu_info()
-    versions = common.package_versions()
-    lines = ["# funcnet benchmarks", ""]
-    if args.quick:
+def _header_info(args, cpus, command: str) -> Dict:
+    """What the report header and the JSON record about this run (the machine, versions,
+    settings; on the GPU tier the device as jax and torch see it, from child probes)."""
+    info = {"command": command, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "platform": args.platform, "tier": args.tier, "quick": args.quick,
+            "rounds": args.rounds, "reps_cap": args.reps, "machine": common.cpu_info(),
+            "versions": common.package_versions(), "cpus": cpus, "xla_flags": args.xla_flags,
+            "environment": {k: os.environ[k] for k in ENV_RECORDED if k in os.environ}}
+    if "gpu" in (args.platform, args.tier):
+        info["f32_matmul"] = args.f32_matmul
+        if args.probe_from:  # benchmarks.gpu probed once for all its runs
+            with open(args.probe_from) as f:
+                info["probe"] = json.load(f)
+        else:
+            info["probe"] = common.device_probe(args.platform, env=_child_env(args, cpus))
+        info["device"] = common.device_summary(info["probe"])
+    return info
+
+
+def _header(info: Dict) -> List[str]:
+    cpu, cpus = info["machine"], info["cpus"]
+    lines = ["# funcnet benchmarks" + (" (GPU tier)" if info["tier"] == "gpu" else ""), ""]
+    if info["quick"]:
         lines += ["**QUICK MODE** (`--quick`): few steps and repetitions, a smoke check of the harness, "
                   "not a benchmark.", ""]
+    if info["tier"] != info["platform"]:
+        lines += [f"**REHEARSAL**: the {info['tier']} tier's peers run on the {info['platform']}; "
+                  "the numbers say nothing about either.", ""]
     lines += [
-        f"Command: `{command}`  ",
-        f"Date: {datetime.datetime.now().isoformat(timespec='seconds')}  ",
+        f"Command: `{info['command']}`  ",
+        f"Date: {info['date']}  ",
         f"Machine: {cpu['model']}, {cpu['logical_cpus']} logical CPUs "
         f"({cpu['usable_cpus']} usable), ISA: {', '.join(cpu['isa']) or 'n/a'}; {cpu['platform']}  ",
-        f"Threads: every peer process pinned to CPUs {cpus} ({len(cpus)} threads): CPU affinity "
-        f"(sizes XLA's thread pool), OMP/MKL_NUM_THREADS and torch.set_num_threads({len(cpus)}).  ",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + "  ",
-        f"Extra XLA_FLAGS: `{args.xla_flags}`  " if args.xla_flags else "Extra XLA_FLAGS: none  ",
-        "Environment: " + (", ".join(f"`{k}={os.environ[k]}`" for k in ENV_RECORDED if k in os.environ)
+    ]
+    if info["platform"] == "gpu":
+        lines.append(f"Threads: no CPU affinity set; OMP/MKL_NUM_THREADS and torch.set_num_threads"
+                     f"({len(cpus)}) bound the host-side thread pools. JAX_PLATFORMS=cuda, "
+                     "XLA_PYTHON_CLIENT_PREALLOCATE=false.  ")
+    else:
+        lines.append(f"Threads: every peer process pinned to CPUs {cpus} ({len(cpus)} threads): CPU affinity "
+                     f"(sizes XLA's thread pool), OMP/MKL_NUM_THREADS and torch.set_num_threads({len(cpus)}).  ")
+    if "device" in info:
+        lines += [f"Device: {info['device']['device']}  ", f"CUDA: {info['device']['cuda']}  ",
+                  "Float32 matmuls: " + _f32_words(info) + "  "]
+    lines += [
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + "  ",
+        f"Extra XLA_FLAGS: `{info['xla_flags']}`  " if info["xla_flags"] else "Extra XLA_FLAGS: none  ",
+        "Environment: " + (", ".join(f"`{k}={v}`" for k, v in info["environment"].items())
                            or "no allocator/XLA variables set") + "  ",
         "",
-        f"Each (workload, case, peer) runs in a fresh process, one at a time, {args.rounds} "
-        f"time(s), in alternating peer order. Times are medians over all repetitions after a "
+        f"Each (workload, case, peer) runs in a fresh process, one at a time, {info['rounds']} "
+        f"time(s), in alternating peer order"
+        + (f", at most {info['reps_cap']} repetitions each" if info["reps_cap"] else "")
+        + ". Times are medians over all repetitions after a "
         f"warm-up that includes compilation; min and max are shown. "
         "Ratio = reference median time ÷ peer median time (> 1: the reference is slower). "
         "Synthetic MNIST-shaped data, already on the device: no data loading is timed.",
@@ -229,11 +353,26 @@ def _header(args, cpus, command: str) -> List[str]:
     return lines
 
 
+def _f32_words(info: Dict) -> str:
+    """The header's sentence on float32 matmul precision (TF32 or not, for jax and torch)."""
+    if info["platform"] != "gpu":
+        return "full float32 (CPU defaults; TF32 and --f32-matmul concern GPUs only)."
+    if info["f32_matmul"] == "highest":
+        return ("full float32 for both: JAX_DEFAULT_MATMUL_PRECISION=highest, "
+                "torch.set_float32_matmul_precision('highest').")
+    return ("TF32 for both: jax at XLA's default precision (jax_default_matmul_precision unset: "
+            "TF32 on NVIDIA GPUs from Ampere on), torch set to match with "
+            "torch.set_float32_matmul_precision('high') (matmul.allow_tf32; cuDNN's convolutions "
+            "allow TF32 by default). Each row's setting is in its 'float32 matmuls' column.")
+
+
 def _epilog() -> str:
     names = "\n".join(f"  {w.name:15s} {w.title}" for w in WORKLOADS)
     return (f"workloads (NAME for --only; --list also shows their peers):\n{names}\n\n"
             "examples:\n"
             "  python -m benchmarks.run --only fit                  # one workload, every peer\n"
+            "  python -m benchmarks.run --platform gpu --rounds 1 --reps 2 --only mlp gpt\n"
+            "  python -m benchmarks.run --platform cpu --tier gpu --quick --only mlp  # rehearsal\n"
             "  python -m benchmarks.run --only mlp dispatch cnn fit precision --out /tmp/part.md\n"
             "  python -m benchmarks.run --only cnn:funcnet cnn:torch --rounds 3\n\n"
             "--out writes a report of the selected workloads only (with the header: machine,\n"
@@ -254,9 +393,22 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2,
                         help="run every peer this many times, alternating the order (default 2); "
                              "repetitions are pooled")
+    parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu",
+                        help="where the peers run (default cpu; gpu: JAX on CUDA, torch on cuda)")
+    parser.add_argument("--tier", choices=("cpu", "gpu"), default=None,
+                        help="which peers and cases (workloads.py's platforms; default: --platform's)")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="at most this many timed repetitions per peer and round")
+    parser.add_argument("--f32-matmul", choices=tuple(TORCH_F32), default="tf32",
+                        help="on a GPU: float32 matmuls as TF32 for jax and torch (default: XLA's "
+                             "default, torch set to match) or full float32 (highest)")
+    parser.add_argument("--child-timeout", type=float, default=CHILD_TIMEOUT_S,
+                        help=f"seconds before a peer's process is stopped (default {CHILD_TIMEOUT_S})")
     parser.add_argument("--list", action="store_true", help="list workloads and peers, then exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--probe-from", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.tier = args.tier or args.platform
 
     if args.child:
         _child(json.loads(args.child))
@@ -265,7 +417,8 @@ def main(argv=None) -> int:
         for w in WORKLOADS:
             print(f"{w.name}: {w.title}")
             for p in w.peers:
-                print(f"    {p.name:22s} {p.note}{' [XLA_FLAGS ' + p.xla_flags + ']' if p.xla_flags else ''}")
+                tiers = "" if len(p.platforms) > 1 else f" [{p.platforms[0]} tier only]"
+                print(f"    {p.name:22s} {p.note}{' [XLA_FLAGS ' + p.xla_flags + ']' if p.xla_flags else ''}{tiers}")
         return 0
 
     usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
@@ -274,15 +427,40 @@ def main(argv=None) -> int:
         raise SystemExit(f"--threads must be between 1 and {len(usable)}, got {threads}.")
     cpus = usable[:threads]
     command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    lines = _header(args, cpus, command.strip())
-    raw = []
-    for workload, peers in _selected(args.only):
-        print(f"\n== {workload.title}", flush=True)
-        lines += [f"## {workload.title}", ""]
-        if workload.notes:
-            lines += [workload.notes, ""]
-        for ci, case in enumerate(workload.cases):
-            results: Dict[str, Dict] = {}
+    info = _header_info(args, cpus, command.strip())
+    lines = _header(info)
+    if "device" in info:
+        print(f"device: {info['device']['device']}\nCUDA: {info['device']['cuda']}", flush=True)
+    raw: List[Dict] = []
+    interrupted = False
+    for workload, peers, case_indices in _selected(args.only, args.tier):
+        section, interrupted = _run_workload(workload, peers, case_indices, args, cpus, info, raw)
+        lines += section
+        if interrupted:
+            break
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines).rstrip() + "\n")
+        print(f"\nwrote {args.out}")
+    if args.json:
+        _write_json(args.json, info, raw)
+    return 130 if interrupted else 0
+
+
+def _run_workload(workload: Workload, peers, case_indices: List[int], args, cpus: List[int],
+                  info: Dict, raw: List[Dict]):
+    """The workload's report section and whether a Ctrl-C (or benchmarks.gpu's stage
+    timeout, a SIGINT) stopped it; ``raw`` gets every child's result as it comes."""
+    title = title_on(workload, args.tier)
+    print(f"\n== {title}", flush=True)
+    lines = [f"## {title}", ""]
+    if workload.notes:
+        lines += [workload.notes, ""]
+    interrupted = False
+    for ci in case_indices:
+        case = workload.cases[ci]
+        results: Dict[str, Dict] = {}
+        try:
             for rnd in range(args.rounds):
                 # Odd rounds run the peers in reverse order, so no peer always goes first
                 # (between processes, this machine's timings drift by 10-20 %).
@@ -292,22 +470,35 @@ def main(argv=None) -> int:
                                 "round": rnd, **r})
                     results[peer.name] = _merge(results.get(peer.name), r)
                     _print_result(case, peer, r, workload)
-            table = [f"### {case['name']}", ""] + _table(workload, case, results) + [""]
-            print("\n".join(table), flush=True)
-            lines += table
-        notes = [f"- `{p.name}`: {p.note}" + (f" (XLA_FLAGS `{p.xla_flags}`)" if p.xla_flags else "")
-                 for p in peers if p.note or p.xla_flags]
-        if notes:
-            lines += ["Peers:", ""] + notes + [""]
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines).rstrip() + "\n")
-        print(f"\nwrote {args.out}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(raw, f, indent=1)
-    return 0
+                    if args.json:  # after every peer: a run stopped midway keeps what it measured
+                        _write_json(args.json, info, raw)
+        except KeyboardInterrupt:
+            interrupted = True
+        table = [f"### {case['name']}", ""]
+        if interrupted:
+            table += ["**Interrupted**: the run was stopped here; peers missing below did not run.", ""]
+        table += _table(workload, case, results, matmul=args.platform == "gpu") + [""]
+        print("\n".join(table), flush=True)
+        lines += table
+        if interrupted:
+            break
+    notes = [f"- `{p.name}`: {p.note}" + (f" (XLA_FLAGS `{p.xla_flags}`)" if p.xla_flags else "")
+             for p in peers if p.note or p.xla_flags]
+    if notes:
+        lines += ["Peers:", ""] + notes + [""]
+    return lines, interrupted
+
+
+def _write_json(path: str, info: Dict, raw: List[Dict]) -> None:
+    """``{"header": ..., "results": [...]}``, replaced whole (written aside, then renamed)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"header": info, "results": raw}, f, indent=1, default=str)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
+    # SIGTERM as Ctrl-C: the running peer's session is killed and the report written
+    # (benchmarks.gpu stops an overrunning stage with SIGINT, then SIGTERM).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sys.exit(main())

@@ -2,7 +2,13 @@
 
 This module is data only (no jax/torch import): the orchestrator reads it, and each
 (workload, case, peer) runs in a child process that imports ``Peer.target`` and calls
-``fn(peer_name, cfg, case) -> {"values": [seconds, ...], "extra": {...}}``.
+``fn(peer_name, cfg, case) -> {"values": [seconds, ...], "extra": {...}}``; ``cfg["device"]``
+is ``"cpu"`` or ``"gpu"`` (``benchmarks.run --platform``).
+
+Tiers. ``Peer.platforms`` and a case's ``"platforms"`` key (default: both) say in which
+tier a peer or a case runs: the CPU tier is the historical run (BENCHMARKS.md's tables),
+the GPU tier leaves out what means nothing on one GPU (simulated CPU devices, peers that
+compile to the same program there) and adds bfloat16 peers and nanoGPT's GPU-sized GPT.
 
 Adding a workload is one function plus one entry in ``WORKLOADS``.
 """
@@ -19,6 +25,7 @@ class Peer:
     target: str  # "module:function", called as function(name, cfg, case)
     xla_flags: str = ""  # appended to XLA_FLAGS for this peer's process only
     note: str = ""
+    platforms: Tuple[str, ...] = ("cpu", "gpu")  # the tiers this peer belongs to
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,27 @@ class Workload:
     check: Optional[str] = None  # extra key that must agree across peers (same init, same data)
     check_rtol: float = 1e-4
     notes: str = ""
+    gpu_title: Optional[str] = None  # the title in the GPU tier's report, when it differs
+
+
+CPU_ONLY = ("cpu",)
+GPU_ONLY = ("gpu",)
+BF16_NOTE = "precision.apply_policy: float32 params, bfloat16 compute, float32 output (GPU tier)"
+TORCH_BF16_NOTE = "the torch peer under torch.autocast(bfloat16) (GPU tier)"
+
+
+def peers_on(workload: Workload, tier: str) -> List[Peer]:
+    """The workload's peers in ``tier`` ("cpu" or "gpu"), in registry order."""
+    return [p for p in workload.peers if tier in p.platforms]
+
+
+def cases_on(workload: Workload, tier: str) -> List[int]:
+    """Indices of the workload's cases in ``tier``."""
+    return [i for i, c in enumerate(workload.cases) if tier in c.get("platforms", ("cpu", "gpu"))]
+
+
+def title_on(workload: Workload, tier: str) -> str:
+    return workload.gpu_title if tier == "gpu" and workload.gpu_title else workload.title
 
 
 MLP_COLUMNS = (("first_step_s", "compile + 1st step (s)", "{:.2f}"),
@@ -49,7 +77,9 @@ def _mlp_peers(target: str) -> List[Peer]:
             Peer("flax-nnx", target, note="flax.nnx.Linear + nnx.Optimizer, nnx.jit"),
             Peer("haiku", target, note="hk.nets.MLP, jax.jit"),
             Peer("equinox", target, note="eqx.nn.Linear + vmap, eqx.filter_jit"),
-            Peer("torch", target, note="torch.nn eager, torch.optim")]
+            Peer("torch", target, note="torch.nn eager, torch.optim"),
+            Peer("funcnet-bf16", target, note=BF16_NOTE, platforms=GPU_ONLY),
+            Peer("torch-bf16", target, note=TORCH_BF16_NOTE, platforms=GPU_ONLY)]
 
 
 MLP_CASE = dict(sizes=(784, 400, 100, 10), batch=128, opt="adam", lr=1e-3,
@@ -79,12 +109,14 @@ WORKLOADS: List[Workload] = [
         "cnn", "3. LeNet-style CNN: conv5x5x32-maxpool2-conv5x5x64-maxpool2-dense128-dense10, "
                "batch 128, Adam(1e-3)", "s/step",
         peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC), jitted by funcnet.xla.jit as fit compiles its steps (on CPU: convolutions on XLA's multi-threaded kernels, not YNNPACK's, and Conv's auto path is one XLA convolution); MaxPool takes its reshape+argmax path"),
+               # CPU only: on a GPU funcnet.xla.jit adds no option and Conv's auto path is
+               # XLA's convolution, so the next three compile to funcnet's own program there.
                Peer("funcnet-plainjit", "benchmarks.cnn:run",
-                    note="the same under a plain jax.jit: XLA's default kernels; Conv's auto path then runs the one-channel conv1's gradients through patches and conv2 on 4 chunks of 32 examples"),
+                    note="the same under a plain jax.jit: XLA's default kernels; Conv's auto path then runs the one-channel conv1's gradients through patches and conv2 on 4 chunks of 32 examples", platforms=CPU_ONLY),
                Peer("funcnet-unchunked", "benchmarks.cnn:run",
-                    note="funcnet-plainjit with conv2 as Conv(implementation='xla'): one convolution over the batch"),
+                    note="funcnet-plainjit with conv2 as Conv(implementation='xla'): one convolution over the batch", platforms=CPU_ONLY),
                Peer("funcnet-xlaconv", "benchmarks.cnn:run",
-                    note="funcnet-plainjit with both convs as Conv(implementation='xla'): one lax.conv_general_dilated each"),
+                    note="funcnet-plainjit with both convs as Conv(implementation='xla'): one lax.conv_general_dilated each", platforms=CPU_ONLY),
                Peer("funcnet-im2col", "benchmarks.cnn:run",
                     note="funcnet serial with a benchmark-local im2col Conv layer, plain jax.jit"),
                Peer("jax-nhwc", "benchmarks.cnn:run",
@@ -99,7 +131,9 @@ WORKLOADS: List[Workload] = [
                     note="im2col conv (shifted slices + dot, autodiff), reduce_window max pool"),
                Peer("jax-im2col-vjp", "benchmarks.cnn:run",
                     note="im2col conv with a custom_vjp (dW = patchesᵀ·dy, dx = col2im), reduce_window pool"),
-               Peer("torch", "benchmarks.cnn:run", note="torch.nn.Conv2d NCHW eager")],
+               Peer("torch", "benchmarks.cnn:run", note="torch.nn.Conv2d NCHW eager"),
+               Peer("funcnet-bf16", "benchmarks.cnn:run", note=BF16_NOTE, platforms=GPU_ONLY),
+               Peer("torch-bf16", "benchmarks.cnn:run", note=TORCH_BF16_NOTE, platforms=GPU_ONLY)],
         cases=[dict(CNN_CASE, name="28x28x1, VALID convs")],
         throughput="steps/s", check="loss_first", check_rtol=1e-3,
         columns=(("first_step_s", "compile + 1st step (s)", "{:.2f}"),
@@ -177,12 +211,14 @@ WORKLOADS: List[Workload] = [
     Workload(
         "pmap", "7. pmap, and jit on a mesh, over 4 simulated CPU devices vs jit on 1 device "
                 "(MLP 784-400-100-10, global batch 512, Adam)", "s/step",
+        # CPU only: the 4 devices are simulated CPU devices.
         peers=[Peer("pmap-4", "benchmarks.pmap:run",
-                    xla_flags="--xla_force_host_platform_device_count=4"),
+                    xla_flags="--xla_force_host_platform_device_count=4", platforms=CPU_ONLY),
                Peer("jit-mesh-4", "benchmarks.pmap:run",
                     xla_flags="--xla_force_host_platform_device_count=4",
-                    note="jit(step) on a 4-device data mesh (NamedSharding), no axis_name"),
-               Peer("jit-1", "benchmarks.pmap:run")],
+                    note="jit(step) on a 4-device data mesh (NamedSharding), no axis_name",
+                    platforms=CPU_ONLY),
+               Peer("jit-1", "benchmarks.pmap:run", platforms=CPU_ONLY)],
         cases=[dict(name="global batch 512", sizes=(784, 400, 100, 10), batch=512,
                     steps=30, reps=5, quick_steps=3, quick_reps=2)],
         reference="pmap-4", throughput="steps/s", check="loss_first", check_rtol=1e-4,
@@ -215,14 +251,15 @@ WORKLOADS: List[Workload] = [
                     note="funcnet.models.GPT (TiedEmbedding, TransformerBlock), jit(make_train_step)"),
                Peer("funcnet-2dev", "benchmarks.gpt:run_funcnet",
                     xla_flags="--xla_force_host_platform_device_count=2",
-                    note="the same, the batch split over 2 CPU devices (one per core), params replicated"),
+                    note="the same, the batch split over 2 CPU devices (one per core), params replicated",
+                    platforms=CPU_ONLY),
                Peer("funcnet-loop", "benchmarks.gpt:run_funcnet",
                     note="one device, 10 steps per dispatch (lax.scan), as "
                          "examples/shakespeare_char.py --devices=1"),
                Peer("funcnet-2dev-loop", "benchmarks.gpt:run_funcnet",
                     xla_flags="--xla_force_host_platform_device_count=2",
                     note="examples/shakespeare_char.py's loop: the batch split over 2 CPU devices, 10 "
-                         "steps per dispatch (lax.scan)"),
+                         "steps per dispatch (lax.scan)", platforms=CPU_ONLY),
                Peer("funcnet-scan", "benchmarks.gpt:run_funcnet",
                     note="the blocks as Scan(block, n_layer): one compiled block"),
                Peer("funcnet-bf16", "benchmarks.gpt:run_funcnet",
@@ -233,17 +270,26 @@ WORKLOADS: List[Workload] = [
                     note="nanoGPT's architecture in torch.nn, eager (nanoGPT's compile=False on CPU)"),
                Peer("torch-compile", "benchmarks.gpt:run_torch", note="the same under torch.compile"),
                Peer("torch-bf16", "benchmarks.gpt:run_torch",
-                    note="eager under torch.autocast('cpu', bfloat16)")],
+                    note="eager under torch.autocast(bfloat16) on the peer's device")],
         cases=[dict(name="4 x 128, block 64, batch 12", n_layer=4, n_head=4, n_embd=128,
-                    block=64, batch=12, steps=50, reps=5, quick_steps=2, quick_reps=2),
+                    block=64, batch=12, steps=50, reps=5, quick_steps=2, quick_reps=2,
+                    platforms=CPU_ONLY),
                dict(name="12 x 128 (compile time of a deep stack)", n_layer=12, n_head=4,
                     n_embd=128, block=64, batch=12, steps=20, reps=3, quick_steps=1,
-                    quick_reps=1)],
+                    quick_reps=1, platforms=CPU_ONLY),
+               # nanoGPT's config/train_shakespeare_char.py (its GPU run); --quick shrinks it
+               # to a smoke check (the GPU tier's rehearsal on CPU runs it so).
+               dict(name="6 x 384, block 256, batch 64 (nanoGPT's GPU configuration)",
+                    n_layer=6, n_head=6, n_embd=384, block=256, batch=64, steps=20, reps=5,
+                    quick_n_layer=1, quick_n_head=2, quick_n_embd=32, quick_block=16,
+                    quick_batch=4, quick_steps=1, quick_reps=1, platforms=GPU_ONLY)],
         throughput="steps/s", check="loss_first", check_rtol=2e-2,
         columns=(("first_step_s", "compile + 1st step (s)", "{:.2f}"),
                  ("loss_first", "loss, step 1", "{:.5f}")),
         notes="Same initial weights and batches for every peer (bf16 peers agree to ~1e-2). "
-              "'compile + 1st step' is where Scan pays: one block compiled instead of n_layer."),
+              "'compile + 1st step' is where Scan pays: one block compiled instead of n_layer.",
+        gpu_title="9. nanoGPT's character GPT, one AdamW step (its GPU configuration: 6 layers, "
+                  "6 heads, 384 wide, block 256, batch 64)"),
 ]
 
 

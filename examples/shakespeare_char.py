@@ -15,8 +15,45 @@ README's CPU run is::
         --block-size=64 --batch-size=12 --n-layer=4 --n-head=4 --n-embd=128 \\
         --max-iters=2000 --lr-decay-iters=2000 --dropout=0.0
 
-It prints nanoGPT's ``step N: train loss X, val loss Y`` lines, then a sample of
-generated text (nanoGPT's sample.py: temperature 0.8, top_k 200).
+It prints nanoGPT's ``step N: train loss X, val loss Y`` and ``iter N: loss X, time Yms,
+mfu Z%`` lines, then a sample of generated text (nanoGPT's sample.py: temperature 0.8,
+top_k 200). ``mfu`` is nanoGPT's ``estimate_mfu`` (:func:`estimate_mfu`) against
+``--peak-tflops`` (312, an A100's bfloat16 peak, as nanoGPT), smoothed as train.py does
+(-100.00% until 5 iterations have run); on a CPU it is near 0 by construction. The train
+dispatch is compiled ahead of time (``compile: X s``, printed once, so the first ``time``
+is a step's; it still includes the evaluation at step 0, as train.py's) and donates its
+TrainState, so that XLA can write the new state over the old one.
+
+Precision, ``--dtype`` (train.py's): ``float32``, ``bfloat16`` or ``float16``; by default
+bfloat16 on an NVIDIA GPU of compute capability 8.0 or more, float16 on an older one and
+float32 on a CPU (train.py's ``nullcontext`` there; :func:`default_dtype`). The low
+dtypes follow train.py's ``torch.autocast`` context through ``GPT(policy=...)``
+(:func:`mixed_precision`, funcnet.precision): in ``dtype`` run the matrix products --
+the q/k/v and output projections, the attention scores and weighted sum, the MLP's two
+products and the GELU between them (torch runs it on their ``dtype`` output), and the
+tied head, whose logits are ``dtype`` as autocast's ``lm_head``'s; float32 are the
+master weights (the params AdamW updates and their gradients), the embedding lookups,
+the LayerNorms, the softmax, the loss and the residual stream, to which each branch's
+``dtype`` output is added in float32 (torch: float32 + bfloat16 is float32). float16
+scales the loss dynamically, as train.py's ``GradScaler`` (2**16 to start; a step with
+inf/NaN gradients is skipped and the scale halved). One difference there: a skipped
+step leaves optax's step count, and so the learning rate, where it was; train.py's
+``get_lr(iter_num)`` moves on.
+
+Attention: cuDNN's fused kernel (``jax.nn.dot_product_attention(implementation=
+"cudnn")``, flash attention, as torch's ``scaled_dot_product_attention`` gives nanoGPT on
+a GPU) where it applies: an NVIDIA GPU, bfloat16 or float16, a head dim that is a
+multiple of 8 (at most 128) and ``--dropout=0`` (:func:`attention_path`). jax's fused
+attention has no dropout on the attention weights, where nanoGPT's dropout applies too.
+So nanoGPT's GPU config, with its dropout of 0.2, trains with funcnet's written-out
+attention (and evaluates, without dropout, with jax.nn.dot_product_attention's XLA path);
+only a ``--dropout=0`` run uses cuDNN's. On a CPU it is funcnet's written-out attention,
+the faster one there. The run prints which path it takes.
+
+None of the GPU paths (bfloat16/float16 on a GPU, cuDNN's attention, donation there,
+``--steps-per-dispatch`` for a GPU) has been run on a GPU yet: their speed and mfu are
+not measured. On a CPU the float32 default runs the program it ran before they existed,
+with the same losses.
 
 Random numbers: with ``--rng=torch`` (the default) the run draws nanoGPT's own. Its
 ``torch.manual_seed(seed)`` generator is reproduced in numpy (examples/_torch_rng.py; torch
@@ -35,8 +72,8 @@ Where this differs from nanoGPT, and why: clipping is optax's ``clip_by_global_n
 (torch's ``clip_grad_norm_`` adds 1e-6 to the norm); the step is jitted (nanoGPT's
 ``compile=False`` on CPU is eager torch); each batch is split over the CPU cores as
 devices (``--devices``; the same updates on any number of devices, up to float rounding:
-the dropout masks are drawn for the whole batch), and one dispatch runs up to 50 steps (a
-``lax.scan``; see ``steps_per_dispatch``).
+the dropout masks are drawn for the whole batch), and one dispatch runs up to
+``--steps-per-dispatch`` (50) steps (a ``lax.scan``; see ``steps_per_dispatch``).
 
 The text: tinyshakespeare's ``input.txt`` (karpathy/char-rnn, 1,115,394 bytes), read from
 ``--data``, else ``data/shakespeare_char/input.txt``, else
@@ -69,13 +106,14 @@ import optax
 
 from jax.sharding import NamedSharding, PartitionSpec
 
-from funcnet import distributed, losses, optim
+from funcnet import distributed, losses, optim, precision
 from funcnet.decoding import generate
 from funcnet.models import GPT
 from funcnet.train import Aux, TrainState, make_train_step
 
 from _torch_rng import TorchCPUGenerator
 
+DTYPES = ("float32", "bfloat16", "float16")  # train.py's --dtype
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_CANDIDATES = (os.path.join(ROOT, "data", "shakespeare_char", "input.txt"),
                    os.path.join(ROOT, "..", "shared", "data", "shakespeare_char", "input.txt"))
@@ -101,7 +139,72 @@ def parse_args(argv=None):
     p.add_argument("--devices", type=int, default=0, help="split each batch over this many "
                    "devices (data parallel, the same updates); 0: as many as divide the batch")
     p.add_argument("--data", default=None, help="tinyshakespeare input.txt")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="the matrix products' dtype (train.py's --dtype; float32 master weights); "
+                   "default: bfloat16 on a GPU that supports it, else float16; float32 on CPU")
+    p.add_argument("--steps-per-dispatch", type=int, default=50,
+                   help="at most this many updates per dispatch (see steps_per_dispatch)")
+    p.add_argument("--peak-tflops", type=float, default=312.0,
+                   help="the peak of the mfu figure, in TFLOPS (nanoGPT's: an A100's bfloat16 312)")
     return p.parse_args(argv)
+
+
+def device_platform():
+    """``(platform, capability)`` of the first device: ``"cuda"`` and its compute capability
+    (a float, e.g. 8.0) for an NVIDIA GPU, which reports one; else jax's backend name
+    (``"cpu"``, ``"tpu"``, ``"gpu"`` for another GPU) and None."""
+    backend = jax.default_backend()
+    try:
+        capability = float(getattr(jax.devices()[0], "compute_capability", None))
+    except (TypeError, ValueError):
+        capability = None
+    if backend == "gpu" and capability is not None:
+        return "cuda", capability
+    return backend, None
+
+
+def default_dtype(platform, capability=None):
+    """train.py's default ``dtype``: ``'bfloat16' if torch.cuda.is_available() and
+    torch.cuda.is_bf16_supported() else 'float16'``, which is float32 on CPU (its
+    ``nullcontext()`` there: no autocast). bfloat16 needs compute capability 8.0
+    (Ampere); a GPU that reports none (ROCm, where torch supports bfloat16) and a TPU get
+    bfloat16."""
+    if platform == "cuda":
+        return "bfloat16" if capability is not None and capability >= 8.0 else "float16"
+    return "bfloat16" if platform in ("gpu", "tpu") else "float32"
+
+
+def mixed_precision(dtype):
+    """``(policy, loss_scale)`` for ``--dtype``: float32 is neither (the program is the one
+    without them); bfloat16 and float16 run the matrix products in that dtype on float32
+    master weights (``GPT(policy=...)``: what torch.autocast does), and float16 scales the
+    loss dynamically as train.py's ``GradScaler`` (its defaults: 2**16 to start, halved on
+    a step with inf/NaN gradients, which is skipped, doubled after 2000 finite ones)."""
+    if dtype == "float32":
+        return None, None
+    policy = precision.Policy.make("float32", dtype, dtype)
+    scale = precision.dynamic_loss_scale(2.0 ** 16, period=2000) if dtype == "float16" else None
+    return policy, scale
+
+
+def attention_path(platform, dtype, head_dim, dropout):
+    """``(implementation, what)``: ``"cudnn"`` (jax.nn.dot_product_attention's cuDNN fused
+    kernel, flash attention) where it applies -- an NVIDIA GPU, bfloat16 or float16, a head
+    dim that is a multiple of 8 and at most 128 (cuDNN's limit before Hopper), and no
+    dropout, since jax's fused attention has no dropout on the attention weights -- else
+    None (funcnet's default), and a line saying which path that is."""
+    if platform == "cuda" and dtype != "float32" and head_dim % 8 == 0 and head_dim <= 128 \
+            and dropout == 0:
+        return "cudnn", "cuDNN's fused kernel (jax.nn.dot_product_attention, 'cudnn')"
+    if platform == "cpu":
+        return None, "funcnet's written-out attention (the faster one on CPU)"
+    why = ("dropout on the attention weights" if dropout else
+           "float32" if dtype == "float32" else
+           f"head dim {head_dim}" if platform == "cuda" else f"no cuDNN on {platform}")
+    if dropout:
+        return None, (f"funcnet's written-out attention to train ({why}: jax's fused attention "
+                      "has none), jax.nn.dot_product_attention (XLA) to evaluate")
+    return None, f"jax.nn.dot_product_attention, XLA's ({why}: not cuDNN's)"
 
 
 def load_text(path=None):
@@ -221,8 +324,16 @@ def lr_schedule(args):
 
 
 def build(args, vocab_size):
+    """The GPT and the optimizer. ``--dtype`` (None: :func:`default_dtype` of this device)
+    gives the GPT's precision policy (:func:`mixed_precision`), and the attention takes the
+    implementation :func:`attention_path` picks."""
+    platform, capability = device_platform()
+    dtype = args.dtype or default_dtype(platform, capability)
+    implementation, _ = attention_path(platform, dtype, args.n_embd // args.n_head,
+                                       args.dropout)
     net = GPT(vocab_size, args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-              n_embd=args.n_embd, dropout=args.dropout, bias=args.bias)
+              n_embd=args.n_embd, dropout=args.dropout, bias=args.bias,
+              implementation=implementation, policy=mixed_precision(dtype)[0])
     adamw = optim.adamw(lr_schedule(args), b1=args.beta1, b2=args.beta2,
                         weight_decay=args.weight_decay,
                         mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
@@ -231,11 +342,16 @@ def build(args, vocab_size):
     return net, optimizer
 
 
-def steps_per_dispatch(args, most=50):
-    """How many updates one dispatch runs: the largest k <= ``most`` that divides the eval
-    and log intervals and max_iters, so that every evaluation and log line falls between
-    dispatches (k = 50 for nanoGPT's CPU run, 10 with the defaults, 1 when the three share
-    no larger divisor). One step per dispatch left the CPU cores idle between steps."""
+def steps_per_dispatch(args, most=None):
+    """How many updates one dispatch runs: the largest k <= ``most`` (default
+    ``--steps-per-dispatch``, 50) that divides the eval and log intervals and max_iters, so
+    that every evaluation and log line falls between dispatches (k = 50 for nanoGPT's CPU
+    run, 10 with the defaults, 1 when the three share no larger divisor). One step per
+    dispatch left the CPU cores idle between steps. On a GPU the best bound is not measured
+    yet: the flag is there to tune it."""
+    most = args.steps_per_dispatch if most is None else most
+    if most < 1:
+        raise SystemExit(f"--steps-per-dispatch must be at least 1, got {most}")
     g = math.gcd(args.eval_interval, args.log_interval, args.max_iters)
     return max(d for d in range(1, most + 1) if g % d == 0)
 
@@ -251,7 +367,9 @@ def start(args, net, optimizer, vocab_size, n_train, n_val):
     """The initial TrainState, every window start of the run, and the sampling key, from
     ``--seed`` and ``--rng``."""
     init_key, data_key, eval_key, sample_key = jax.random.split(jax.random.key(args.seed), 4)
-    ts = TrainState.create(net, optimizer, init_key, (-1, args.block_size))
+    _, loss_scale = mixed_precision(args.dtype or default_dtype(*device_platform()))
+    ts = TrainState.create(net, optimizer, init_key, (-1, args.block_size),
+                           loss_scale=loss_scale)
     if args.rng == "jax":
         return ts, jax_draws(data_key, eval_key, args, n_train, n_val), sample_key
     gen = TorchCPUGenerator(args.seed)  # nanoGPT's init, then its batches, in its order
@@ -263,8 +381,23 @@ def start(args, net, optimizer, vocab_size, n_train, n_val):
     return ts, nanogpt_draws(gen, args, n_train, n_val), sample_key
 
 
+def estimate_mfu(args, n_params, dt):
+    """nanoGPT's ``GPT.estimate_mfu`` (model.py, after the PaLM paper's appendix B): the
+    model flops utilization of one update of ``dt`` seconds, against ``--peak-tflops``
+    (nanoGPT's 312: an A100's bfloat16 peak). ``n_params`` is its ``get_num_params()``:
+    every parameter but the position embeddings, the tied table once. Per token
+    ``6 N + 12 L H Q T`` flops (Q the head dim, T the block size), ``T * batch_size``
+    tokens per update (train.py's ``gradient_accumulation_steps`` is 1 here)."""
+    L, H, Q, T = args.n_layer, args.n_head, args.n_embd // args.n_head, args.block_size
+    flops_per_token = 6 * n_params + 12 * L * H * Q * T
+    flops_per_iter = flops_per_token * T * args.batch_size
+    return flops_per_iter / dt / (args.peak_tflops * 1e12)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    platform, capability = device_platform()
+    args.dtype = args.dtype or default_dtype(platform, capability)
     chars, train_ids, val_ids = encode_splits(load_text(args.data))
     net, optimizer = build(args, len(chars))
     ts, draws, sample_key = start(args, net, optimizer, len(chars), len(train_ids), len(val_ids))
@@ -281,6 +414,11 @@ def main(argv=None):
         lambda b: jax.sharding.reshard(b, NamedSharding(mesh, PartitionSpec("data"))))
     n_params = sum(x.size for x in jax.tree.leaves(ts.params)) - ts.params["body"]["pos"]["E"].size
     print(f"number of parameters: {n_params / 1e6:.2f}M")
+    print(f"dtype: {args.dtype}" if args.dtype == "float32" else
+          f"dtype: {args.dtype} matrix products, float32 weights, LayerNorms, softmax, loss "
+          "and residual stream" + (", dynamic loss scaling" if args.dtype == "float16" else ""))
+    print("attention: " + attention_path(platform, args.dtype, args.n_embd // args.n_head,
+                                         args.dropout)[1])
 
     def loss_fn(params, state, batch, rng):
         x, y = batch
@@ -291,7 +429,6 @@ def main(argv=None):
     step = make_train_step(loss_fn, optimizer)
     k = steps_per_dispatch(args)
 
-    @jax.jit
     def train_steps(ts, it):
         """Updates it .. it + k - 1 in one dispatch (a lax.scan); their losses."""
         def body(ts, i):
@@ -299,6 +436,12 @@ def main(argv=None):
             ts, metrics = step(ts, batch)
             return ts, metrics["loss"]
         return jax.lax.scan(body, ts, jnp.arange(k))
+
+    # compiled ahead of time, so the first iter line's time is a step's; the TrainState
+    # donated, so that XLA can write the new one over it (a GPU's memory)
+    t_compile = time.perf_counter()
+    train_steps = jax.jit(train_steps, donate_argnums=0).lower(ts, 0).compile()
+    print(f"compile: {time.perf_counter() - t_compile:.1f} s")
 
     @jax.jit
     def estimate_loss(params, e):
@@ -311,7 +454,7 @@ def main(argv=None):
             return jnp.mean(jax.lax.map(one, starts))
         return split_loss(train_ids, draws.evals[e, 0]), split_loss(val_ids, draws.evals[e, 1])
 
-    history, in_flight = [], distributed.InFlight()
+    history, in_flight, running_mfu = [], distributed.InFlight(), -1.0
     t_start = t0 = time.perf_counter()
     # train.py also evaluates at max_iters (then makes one more update, which changes nothing
     # it prints but its last iter line)
@@ -322,13 +465,18 @@ def main(argv=None):
             print(f"step {it}: train loss {tr:.4f}, val loss {va:.4f}", flush=True)
         if it == args.max_iters:
             break
-        ts, step_losses = in_flight.add(train_steps(ts, it))
+        ts, step_losses = train_steps(ts, it)
+        in_flight.add(step_losses)  # not ts: the next dispatch takes it over (donated)
         if it % args.log_interval == 0:
             loss = float(step_losses[0])  # waits for the steps: the time below is honest
             now = time.perf_counter()
             done = min(args.log_interval, it + k)  # the first line comes after k updates
-            print(f"iter {it}: loss {loss:.4f}, time {(now - t0) * 1000 / done:.2f}ms",
-                  flush=True)
+            dt = (now - t0) / done
+            if it >= 5:  # train.py: from 5 iterations on, let the loop settle
+                mfu = estimate_mfu(args, n_params, dt)
+                running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+            print(f"iter {it}: loss {loss:.4f}, time {dt * 1000:.2f}ms, "
+                  f"mfu {running_mfu * 100:.2f}%", flush=True)
             t0 = now
     in_flight.wait()
     print(f"training took {time.perf_counter() - t_start:.1f} s")

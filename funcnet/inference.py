@@ -338,7 +338,7 @@ def load_exported(path) -> Callable:
         raise ValueError(
             f"{where}: jax {jax.__version__} cannot read the program in {path}, written "
             f"with jax {header.get('jax_version')}: {e}. Load it with a jax version close to "
-            f"that one, or export it again with this one.") from e
+            f"that one, or export it again with this one.{_expired_hint(e)}") from e
     here = jax.export.default_export_platform()
     if here not in exported.platforms:
         raise ValueError(
@@ -351,6 +351,20 @@ def load_exported(path) -> Callable:
         raw = np.frombuffer(body, dt.newbyteorder("<"), math.prod(w["shape"]), w["offset"])
         weights.append(jax.device_put(raw.astype(dt).reshape(w["shape"])))
     return _Loaded(path, header, exported, weights)
+
+
+_EXPIRED_FLAG = "jax_export_deserialize_expired_versions"
+
+
+def _expired_hint(error) -> str:
+    """jax (>= 0.11) refuses exports older than its 6-month compatibility window; a flag
+    of its own lets them load, at the user's risk: name it where this jax has it."""
+    if "compatibility window" not in str(error) or _EXPIRED_FLAG not in jax.config.values:
+        return ""
+    return (f" The file is older than jax's compatibility window for exports: exporting "
+            f"it again is the fix. To load it anyway, accepting that jax no longer "
+            f"guarantees its behaviour, set jax.config.update({_EXPIRED_FLAG!r}, True) or "
+            f"{_EXPIRED_FLAG.upper()}=1 before loading.")
 
 
 class _Loaded:

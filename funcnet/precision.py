@@ -28,7 +28,10 @@ statistics in at least float32 whatever the compute dtype.
 Nest policies with care: ``apply_policy(model, bf16)`` casts every param of
 ``model`` to bfloat16 before any inner wrapper sees it, so an inner float32
 policy cannot give back the rounded-off bits. To keep one layer in float32, wrap
-the layers one by one instead of the model as a whole.
+the layers one by one instead of the model as a whole. ``TransformerBlock(policy=...)``
+and ``funcnet.models.GPT(policy=...)`` do that for a transformer, as ``torch.autocast``
+does: the matrix products follow the policy; the LayerNorms and the residual stream stay
+in the params' float32.
 
 Losses (:mod:`funcnet.losses`) and MXNet output ops (:mod:`funcnet.outputs`)
 compute in float32 when handed bfloat16/float16 inputs; metrics accumulate in
@@ -56,7 +59,7 @@ import numpy as np
 
 from funcnet.core import Layer, as_layer, named
 
-__all__ = ["Policy", "parse_policy", "apply_policy", "cast_floating", "LossScale",
+__all__ = ["Policy", "parse_policy", "as_policy", "apply_policy", "cast_floating", "LossScale",
            "static_loss_scale", "dynamic_loss_scale", "scale_loss", "unscale_grads",
            "all_finite", "update_loss_scale"]
 
@@ -168,7 +171,28 @@ def cast_floating(tree, dtype):
     return jax.tree.map(cast, tree)
 
 
-def _as_policy(where: str, policy) -> Policy:
+def as_policy(policy, where: str = "funcnet.precision.as_policy") -> Policy:
+    """``policy`` as a validated :class:`Policy`: a Policy, or a string for
+    :func:`parse_policy`. For layers that take a ``policy=`` argument (``where`` names
+    the layer in the error).
+
+    Args:
+      policy: a :class:`Policy` or a string such as ``"params=float32,compute=bf16"``.
+      where: the name the error gives for the caller.
+
+    Returns:
+      The :class:`Policy`, its dtypes validated.
+
+    Raises:
+      TypeError: ``policy`` is neither a Policy nor a string.
+      ValueError: a string :func:`parse_policy` cannot read, or a non-floating dtype.
+
+    Examples:
+      >>> as_policy("compute=bf16").compute_dtype
+      dtype(bfloat16)
+      >>> as_policy(Policy.make("float32", "float16")).output_dtype
+      dtype('float16')
+    """
     if isinstance(policy, str):
         return parse_policy(policy)
     if isinstance(policy, Policy):
@@ -199,7 +223,7 @@ def apply_policy(layer, policy) -> Layer:
     """
     where = "funcnet.precision.apply_policy"
     inner = as_layer(layer, where)
-    policy = _as_policy(where, policy)
+    policy = as_policy(policy, where)
 
     def init(rng, input_shape):
         out_shape, params, state = inner.init(rng, input_shape)

@@ -1,38 +1,94 @@
-"""Test setup: four simulated CPU devices, and one compilation cache for the whole run.
+"""Test setup: the backend and its flags, devices, one compilation cache, and the summary.
 
-XLA reads the device-count flag once, when jax first initialises its backend, so it must
-be set before anything imports jax.
+Everything here runs before anything imports jax: XLA reads ``XLA_FLAGS`` (the simulated
+device count above all) once, when jax first initialises its backend.
 
-The suite is bound by XLA compilation: many tests build the same small networks and
-steps, which compile to the same programs. JAX's persistent compilation cache, pointed
-at a directory made for this run, lets every process of the run (the pytest-xdist
-workers, and the examples and two-process workers that tests start, which inherit the
-environment) load a program another one already compiled instead of compiling it again:
-about a quarter off the suite's time on 2 cores. The executables are XLA's own, so what
-runs is what a user's process would compile. A cache directory you set yourself
-(JAX_COMPILATION_CACHE_DIR) is used as it is and never deleted.
+Backend. ``JAX_PLATFORMS`` defaults to ``cpu`` with ``FUNCNET_TEST_DEVICES`` (default 4)
+simulated devices. ``JAX_PLATFORMS=cuda python -m pytest`` runs the suite on one GPU: the
+xdist workers share it (no pre-allocation), matmuls run at float32 precision (the parity
+tolerances are written for float32 products; NVIDIA GPUs default to TF32), and the tests
+marked ``devices(N)`` skip with a reason naming N where the run has fewer devices (the
+CPU run has them). ``FUNCNET_TEST_DEVICES=1`` rehearses that on CPU.
+
+Flags. LLVM's optimisation of the generated CPU code is most of what compiling the
+suite's thousands of tiny programs costs, and nothing a test checks depends on it: XLA's
+own (HLO) optimisations, buffer assignment and float semantics are the same at level 0
+(no fast-math at any level); about a third off the suite's time on 2 cores. The older
+(non-MLIR) fusion emitters compile the same fusions in about half the time again on
+jaxlib <= 0.10 (XLA:CPU's other code generator for the same HLO, not other numerics);
+jaxlib 0.11 removed that flag, and XLA *aborts* on a flag it does not know. So the first
+process of the run tries the flags in a subprocess and keeps those this jaxlib knows; a
+flag of yours in ``XLA_FLAGS`` that it refuses stops the run with XLA's message (never a
+silent exit). Processes the tests start get the kept flags from
+``FUNCNET_TEST_XLA_FLAGS`` and add their own device count.
+
+Compilation cache. The suite is bound by XLA compilation, and many tests compile the same
+small programs. JAX's persistent compilation cache, pointed at a directory made for this
+run, lets every process of it (the xdist workers and the subprocesses tests start, which
+inherit the environment) load a program another one compiled: about a quarter off the
+suite's time on 2 cores. The executables are XLA's own. A cache directory you set
+yourself (``JAX_COMPILATION_CACHE_DIR``) is used as it is and never deleted.
 """
 import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
+from collections import Counter
 
-# LLVM's optimisation of the generated CPU code is most of what compiling the suite's
-# thousands of tiny programs costs, and nothing a test checks depends on it: XLA's own
-# (HLO) optimisations, buffer assignment and float semantics are the same at level 0
-# (no fast-math at any level). It takes about a third off the suite's time on 2 cores.
-# The older (non-MLIR) fusion emitters compile the same fusions in about half the time
-# again; they are XLA:CPU's other code generator for the same HLO, not other numerics.
-# Processes the tests start get these flags from FUNCNET_TEST_XLA_FLAGS and add their
-# own device count.
-os.environ.setdefault("FUNCNET_TEST_XLA_FLAGS", "--xla_backend_optimization_level=0 "
-                                                 "--xla_cpu_use_fusion_emitters=false")
+import pytest
+
+from helpers.torch_ref import SKIP_REASON
+
+# Tried in order; each is dropped if this jaxlib does not know it.
+_SPEED_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ON_CPU = os.environ["JAX_PLATFORMS"] == "cpu"
+DEVICES = int(os.environ.setdefault("FUNCNET_TEST_DEVICES", "4"))
+# Workers share the accelerator: each takes memory as it needs it, not 75 % up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+if not ON_CPU:
+    os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
+
+def _backend_starts(xla_flags):
+    """``(True, "")`` if jax starts its backend with ``xla_flags``, else ``(False, stderr)``."""
+    env = dict(os.environ, XLA_FLAGS=xla_flags)
+    run = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    return run.returncode == 0, run.stderr
+
+
+def _known_flags():
+    """The speed flags this jaxlib knows, as one string; raises with XLA's words when the
+    backend does not start for another reason (a flag of yours, a broken install)."""
+    user = os.environ.get("XLA_FLAGS", "")
+    count = f"--xla_force_host_platform_device_count={DEVICES}"
+    flags = list(_SPEED_FLAGS)
+    while True:
+        ok, err = _backend_starts(" ".join([user, *flags, count]))
+        if ok:
+            return " ".join(flags)
+        unknown = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", err)
+        ours = [f for f in flags if unknown and f in unknown.group(1).split()]
+        if not ours:
+            raise pytest.UsageError(
+                f"jax's backend does not start in this environment (JAX_PLATFORMS="
+                f"{os.environ['JAX_PLATFORMS']}, XLA_FLAGS={user!r}), so no test can run. "
+                f"XLA said:\n{err.strip()[-3000:]}")
+        flags = [f for f in flags if f not in ours]
+
+
+# The first process of the run (pytest itself, before xdist starts its workers) decides;
+# workers and subprocesses find the decision in the environment they inherit.
+if "FUNCNET_TEST_XLA_FLAGS" not in os.environ:
+    os.environ["FUNCNET_TEST_XLA_FLAGS"] = _known_flags()
 os.environ["XLA_FLAGS"] = " ".join(f for f in (
     os.environ.get("XLA_FLAGS", ""), os.environ["FUNCNET_TEST_XLA_FLAGS"],
-    "--xla_force_host_platform_device_count=4") if f)
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    f"--xla_force_host_platform_device_count={DEVICES}") if f)
 
-# The first process of the run (pytest itself, before xdist starts its workers) makes the
-# directory; workers and subprocesses find it in the environment they inherit.
 _OWN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
@@ -42,12 +98,49 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "devices(n): needs n devices (the CPU run simulates 4); skips with fewer")
+
+
+def pytest_runtest_setup(item):
+    """A ``devices(n)`` test skips where the run has fewer than n devices (one GPU)."""
+    marker = item.get_closest_marker("devices")
+    if marker is None:
+        return
+    import jax
+    need, have = marker.args[0], jax.device_count()
+    if have < need:
+        pytest.skip(f"needs {need} devices; this run has {have} ({jax.default_backend()}); "
+                    f"the CPU run simulates them (FUNCNET_TEST_DEVICES, default 4)")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What skipped, by reason: the PyTorch parity tests as one line, then the rest."""
+    reasons = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(
+            report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons["torch" if reason.startswith(SKIP_REASON) else reason] += 1
+    parity = reasons.pop("torch", 0)
+    if not (parity or reasons):
+        return
+    terminalreporter.section("funcnet: skipped tests")
+    if parity:
+        why = "torch is not installed here (pip install -e '.[test,torch]' runs them)"
+        terminalreporter.write_line(f"{parity} PyTorch parity tests skipped: {why}")
+    for reason, n in reasons.most_common():
+        terminalreporter.write_line(f"{n} skipped: {reason}")
+
+
 def pytest_unconfigure(config):
     """The process that made the cache directory removes it once every worker is done."""
     if _OWN_CACHE:
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist starts too
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (pyproject's default): one worker per core, at most 4.
 

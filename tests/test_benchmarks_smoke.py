@@ -6,6 +6,7 @@ same weights and data.
 """
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,10 @@ import numpy as np
 import pytest
 
 from benchmarks import center_loss, cnn, gpt, mlp, pmap, sharding_memory, softmax_output
-from benchmarks.workloads import WORKLOADS
+from benchmarks import gpu as gpu_tier
+from benchmarks import run as bench_run
+from benchmarks.workloads import WORKLOADS, by_name, cases_on, peers_on
+from helpers.torch_ref import HAVE_TORCH, SKIP_REASON
 
 CFG = {"quick": False, "threads": 1}
 
@@ -91,6 +95,7 @@ def test_center_loss_matches_python_loop():
     assert ours["extra"]["centers_sum"] == pytest.approx(ref["extra"]["centers_sum"], rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.devices(4)
 def test_pmap_matches_jit():
     case = dict(sizes=(784, 8, 10), batch=16, steps=1, reps=1)
     ours = pmap.run("pmap-4", CFG, case)  # conftest provides 4 CPU devices
@@ -102,10 +107,13 @@ def test_pmap_matches_jit():
     assert mesh["extra"]["loss_first"] == pytest.approx(ref["extra"]["loss_first"], rel=1e-5)
 
 
+@pytest.mark.devices(2)
 def test_gpt_peers_start_from_the_same_loss():
     """funcnet's GPT (split over two devices), the hand-written JAX GPT and the PyTorch GPT
     load the same weights and see the same batch: the same first loss. (The Scan form equals
     the unrolled one in tests/test_models_gpt.py.)"""
+    if not HAVE_TORCH:
+        pytest.skip(f"{SKIP_REASON}; the reference peer here is PyTorch's GPT")
     case = dict(n_layer=2, n_head=2, n_embd=16, block=8, batch=4, steps=1, reps=1)
     results = {peer: fn(peer, CFG, case) for peer, fn in (
         ("funcnet-2dev", gpt.run_funcnet), ("jax", gpt.run_jax), ("torch", gpt.run_torch))}
@@ -116,6 +124,7 @@ def test_gpt_peers_start_from_the_same_loss():
         assert r["extra"]["loss_first"] == pytest.approx(ref, rel=1e-5), peer
 
 
+@pytest.mark.devices(4)
 def test_sharding_memory_runs_its_three_layouts_on_tiny_models():
     """benchmarks/sharding_memory.py (BENCHMARKS.md's memory table) on tiny models, in
     this process's 4 devices: every layout trains to the same loss, FSDP holds about a
@@ -139,3 +148,191 @@ def test_sharding_memory_runs_its_three_layouts_on_tiny_models():
             assert r["ratio_to_replicated"] < 0.4, r
     table = sharding_memory._table(rows).splitlines()
     assert len(table) == 2 + len(rows) and table[2].startswith("| 4 | mlp (")
+
+
+# --------------------------------------------------------------------------- #
+# The GPU tier (benchmarks/gpu.py, benchmarks.run --platform gpu): what can be checked
+# without a GPU - the tier's registry, the parsers, the budget, and a rehearsal on CPU.
+# --------------------------------------------------------------------------- #
+
+def test_gpu_tier_leaves_out_the_cpu_device_peers_and_has_the_gpu_peers():
+    assert peers_on(by_name()["pmap"], "gpu") == []
+    gpt_gpu = [p.name for p in peers_on(by_name()["gpt"], "gpu")]
+    assert "funcnet-2dev" not in gpt_gpu and "funcnet-2dev-loop" not in gpt_gpu
+    assert [p.name for p in peers_on(by_name()["mlp"], "cpu")][-1] == "torch"  # CPU tier as before
+    for peers in (gpu_tier.GPU_PEERS, gpu_tier.REHEARSAL_PEERS):
+        for name, wanted in peers.items():
+            tier = {p.name for p in peers_on(by_name()[name], "gpu")}
+            assert set(wanted) <= tier, (name, set(wanted) - tier)
+    (gpt_case,) = [by_name()["gpt"].cases[i] for i in cases_on(by_name()["gpt"], "gpu")]
+    assert (gpt_case["n_layer"], gpt_case["n_embd"], gpt_case["block"], gpt_case["batch"]) == (
+        6, 384, 256, 64)
+    assert gpu_tier.GPU_PEERS["gpt"][-1] == "torch-compile"  # a slow compile cuts no other peer
+    # named peers run in the order given; the tier's defaults otherwise
+    [(w, peers, cases)] = list(bench_run._selected(["gpt:torch-compile", "gpt:funcnet"], "gpu"))
+    assert [p.name for p in peers] == ["torch-compile", "funcnet"] and cases == [2]
+    assert [w.name for w, _, _ in bench_run._selected([], "gpu")].count("pmap") == 0
+
+
+def test_run_child_settings_for_the_gpu_tier():
+    args = bench_run.argparse.Namespace(platform="gpu", f32_matmul="tf32")
+    env = bench_run._child_env(args, [0])
+    assert env["JAX_PLATFORMS"] == "cuda" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert "JAX_DEFAULT_MATMUL_PRECISION" not in env or os.environ.get("JAX_DEFAULT_MATMUL_PRECISION")
+    args.f32_matmul = "highest"
+    assert bench_run._child_env(args, [0])["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
+    args.platform = "cpu"
+    assert bench_run._child_env(args, [0])["JAX_PLATFORMS"] == "cpu"
+    spec = {"case": 2, "quick": True, "reps": 1}
+    case = bench_run._child_case(by_name()["gpt"], spec)
+    assert (case["n_layer"], case["batch"], case["reps"]) == (1, 4, 1)
+    spec = {"case": 2, "quick": False, "reps": 2}
+    assert bench_run._child_case(by_name()["gpt"], spec)["reps"] == 2
+
+
+def test_gpu_bf16_peers_start_from_the_float32_loss():
+    """The GPU tier's bfloat16 funcnet peers (run here on CPU) load the shared weights: their
+    first loss is the float32 one to bfloat16 rounding."""
+    case = dict(sizes=(784, 16, 10), batch=8, opt="adam", lr=1e-3, reps=1, quick_reps=1,
+                quick_steps=3)
+    cfg = dict(CFG, quick=True, device="cpu")
+    f32 = mlp.run("funcnet", cfg, case)["extra"]["loss_first"]
+    bf16 = mlp.run("funcnet-bf16", cfg, case)
+    _finite(bf16)
+    assert bf16["extra"]["loss_first"] == pytest.approx(f32, rel=2e-2)
+    conv = cnn.run("funcnet-bf16", dict(CFG, device="cpu"), dict(batch=4, lr=1e-3, steps=1, reps=1))
+    _finite(conv)
+
+
+def test_gpu_pytest_summary_parser():
+    parse = gpu_tier.parse_pytest_summary
+    s = parse("....s.\n===== 12 passed, 3 skipped, 1 warning in 45.67s =====\n")
+    assert s["counts"] == {"passed": 12, "skipped": 3, "warnings": 1} and s["seconds"] == 45.67
+    assert s["line"] == "12 passed, 3 skipped, 1 warning in 45.67s" and not s["interrupted"]
+    s = parse("F.\n1 failed, 5 passed, 2 errors in 83.45s (0:01:23)\n")
+    assert s["counts"] == {"failed": 1, "passed": 5, "errors": 2} and s["seconds"] == 83.45
+    assert parse("no tests ran in 0.01s")["counts"] == {}
+    s = parse("..\n!!!!!!!!!! KeyboardInterrupt !!!!!!!!!!\n==== 2 passed in 10.00s ====")
+    assert s["interrupted"] and s["counts"] == {"passed": 2}
+    assert parse("ImportError: no module named jax\n") is None
+
+
+def test_gpu_training_log_parser():
+    """The example's lines (with and without mfu) and nanoGPT's, among lines to ignore."""
+    text = """note: --rng=torch with --dropout=0.2: ...
+number of parameters: 10.65M
+dtype: bfloat16 matrix products, float32 weights
+compile: 31.6 s
+step 0: train loss 4.2874, val loss 4.2823
+iter 0: loss 4.2654, time 29830.12ms, mfu -100.00%
+iter 100: loss 2.3456, time 25.10ms, mfu 12.34%
+iter 200: loss 2.1000, time 24.90ms
+iter 300: loss 1.9000, time 30.00ms, mfu 10.00%
+step 500: train loss 1.6012, val loss 1.8023
+saving checkpoint to out
+training took 80.5 s
+"""
+    parsed = gpu_tier.parse_training_log(text)
+    assert parsed["params_m"] == 10.65 and parsed["compile_s"] == 31.6
+    assert parsed["training_s"] == 80.5
+    assert parsed["evals"] == [{"step": 0, "train_loss": 4.2874, "val_loss": 4.2823},
+                               {"step": 500, "train_loss": 1.6012, "val_loss": 1.8023}]
+    assert [i["iter"] for i in parsed["iters"]] == [0, 100, 200, 300]
+    assert parsed["iters"][0]["mfu_pct"] == -100.0 and parsed["iters"][2]["mfu_pct"] is None
+    s = gpu_tier.summarize_training(parsed)
+    assert (s["last_step"], s["val_loss"], s["median_ms_per_iter"]) == (500, 1.8023, 25.10)
+    assert s["median_mfu_pct"] == pytest.approx(11.17)  # the first interval is left out
+    empty = gpu_tier.summarize_training(gpu_tier.parse_training_log("Traceback ..."))
+    assert empty["val_loss"] is None and empty["median_ms_per_iter"] is None
+    assert gpu_tier.rejected_flag("error: unrecognized arguments: --dtype=float32", "--dtype")
+
+
+def test_gpu_budget_keeps_the_later_stages_reserves():
+    names = [n for n, *_ in gpu_tier.PLAN]
+    plan = gpu_tier.plan_timeouts(480, names)
+    reserves = sum(s["reserve"] for s in plan if not s["optional"])
+    assert reserves < 480 * 0.7  # room for the stages to take more than their reserves
+    assert gpu_tier.stage_timeout(plan, 0, 480) == plan[0]["cap"]
+    i = names.index("gpt")  # late in the run: its timeout leaves the Shakespeare run its reserve
+    assert gpu_tier.stage_timeout(plan, i, 150) == pytest.approx(150 - plan[i + 1]["reserve"])
+    opt = names.index("shakespeare-f32")
+    assert plan[opt]["optional"] and gpu_tier.stage_timeout(plan, opt, 60) is None
+    assert gpu_tier.stage_timeout(plan, opt, 400) == plan[opt]["cap"]
+    half = gpu_tier.plan_timeouts(240, ["suite"])
+    assert half == [dict(plan[1], cap=plan[1]["cap"] / 2, reserve=plan[1]["reserve"] / 2)]
+    assert gpu_tier._selected_stages("workloads,device") == ["device", "mlp", "cnn", "fit", "gpt"]
+    with pytest.raises(SystemExit):
+        gpu_tier._selected_stages("bogus")
+
+
+def test_gpu_shakespeare_stage_reruns_without_a_refused_dtype_flag(tmp_path, monkeypatch):
+    """Where the example does not know --dtype, the stage says so, runs it without the
+    flag, and the float32 stage is skipped (it would repeat the same run)."""
+    calls = []
+    log = "compile: 2.0 s\nstep 0: train loss 4.2, val loss 4.3\niter 0: loss 4.2, time 9.0ms\n"
+
+    def fake_run(cmd, env, timeout, log_path, prefix="", cwd=None):
+        calls.append(list(cmd))
+        if any(c.startswith("--dtype") for c in cmd):
+            return {"rc": 2, "seconds": 0.1, "timed_out": False,
+                    "output": "usage: ...\nerror: unrecognized arguments: --dtype=bfloat16\n"}
+        return {"rc": 0, "seconds": 1.0, "timed_out": False, "output": log}
+
+    monkeypatch.setattr(gpu_tier, "run_command", fake_run)
+    ctx = gpu_tier.Ctx(out=str(tmp_path), rehearse=True, nanogpt_dir=None,
+                       env={"JAX_PLATFORMS": "cpu"}, results={"stages": {}})
+    rec = gpu_tier._run_stage(ctx, "shakespeare-bf16", 100)
+    assert len(calls) == 2 and not any(c.startswith("--dtype") for c in calls[1])
+    assert rec["status"] == "ok" and rec["dtype_flag"].startswith("rejected")
+    assert rec["summary"]["val_loss"] == 4.3 and rec["summary"]["compile_s"] == 2.0
+    ctx.results["stages"]["shakespeare-bf16"] = rec
+    assert gpu_tier._run_stage(ctx, "shakespeare-f32", 100)["status"] == "skipped"
+
+
+def test_gpu_rehearsal_records_every_stage(tmp_path):
+    """``python -m benchmarks.gpu --rehearse`` on the stages that run children of every kind
+    (the probes, pytest, a benchmarks.run workload) and one skipped for want of nanoGPT:
+    each stage recorded with a status, the JSON and the report written. (The whole
+    rehearsal, Shakespeare runs included, takes about 2 minutes on a 2-core VM.)"""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NANOGPT_DIR"}
+    out = tmp_path / "gpu"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--rehearse", "--stages",
+         "device,suite,mlp,nanogpt", "--out", str(out), "--nanogpt-dir", str(tmp_path / "none")],
+        cwd=gpu_tier.ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "gpu-results.json").read_text())
+    stages = results["stages"]
+    assert list(stages) == ["device", "suite", "mlp", "nanogpt"] and results["rehearse"]
+    assert all(s["status"] in ("ok", "partial", "failed", "timeout", "skipped")
+               for s in stages.values())
+    assert stages["device"]["status"] == "ok"
+    assert stages["device"]["probe"]["jax"]["backend"] == "cpu"
+    assert stages["suite"]["status"] == "ok" and stages["suite"]["summary"]["counts"]["passed"] >= 1
+    mlp_rec = stages["mlp"]
+    assert mlp_rec["status"] == ("ok" if HAVE_TORCH else "partial"), mlp_rec
+    timed = {p["peer"]: p for p in mlp_rec["peers"] if "median_s" in p}
+    assert "funcnet-bf16" in timed and math.isfinite(timed["funcnet-bf16"]["loss_first"])
+    assert stages["nanogpt"]["status"] == "skipped"
+    report = (out / "gpu-report.md").read_text()
+    assert "| mlp | " in report and "REHEARSAL" in report and "## 1. MNIST MLP" in report
+    assert (out / "logs" / "suite.log").exists() and (out / "workloads" / "mlp.json").exists()
+
+
+def test_gpu_suite_stage_runs_without_pytest_xdist():
+    """A GPU machine may lack pytest-xdist: the suite stage drops pyproject's "-n auto", and
+    the conftest's xdist hook is optional, so pytest starts without the plugin."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+         "-p", "no:xdist", "tests/test_layers_dense.py"],
+        cwd=gpu_tier.ROOT, env=env, capture_output=True, text=True, timeout=300)
+    summary = gpu_tier.parse_pytest_summary(proc.stdout)
+    assert proc.returncode == 0 and summary["counts"]["passed"] >= 1, proc.stdout[-2000:]

@@ -206,6 +206,7 @@ def test_prefetch_stays_bounded_ahead():
         assert len(pulled) == expected + 1 + 3          # consumed + `size` in flight
 
 
+@pytest.mark.devices(4)
 def test_prefetch_for_pmap():
     ndev = jax.device_count()
     assert ndev == 4
@@ -240,6 +241,7 @@ def test_device_data_yields_the_batches_of_batches():
     assert sorted(np.concatenate([full.ravel(), tail])) == list(range(70))
 
 
+@pytest.mark.devices(4)
 def test_device_data_errors():
     x = np.zeros((10, 2), np.float32)
     with pytest.raises(ValueError, match=r"all arrays need the same leading size, got \{0: 10, 1: 9\}"):
@@ -261,6 +263,7 @@ def test_device_data_errors():
         data.DeviceData(x, 4, drop_remainder=False, device=mesh)  # the last batch: 10 % 4
 
 
+@pytest.mark.devices(4)
 def test_device_data_split_over_a_mesh_gathers_exact_batches():
     """Rows split over 4 devices (10 rows: padded to 12); every dtype comes back bit for bit,
     -0.0 and NaN payloads included, each batch split over the mesh."""

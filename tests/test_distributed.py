@@ -118,6 +118,7 @@ def test_two_processes_train_fsdp_are_killed_and_resume_bit_identically(tmp_path
         np.testing.assert_array_equal(got[0][f"fresh/{p}"], got[1][f"fresh/{p}"], err_msg=p)
 
 
+@pytest.mark.devices(4)
 def test_replicate_puts_one_copy_per_device_and_unreplicate_inverts():
     tree = {"w": jnp.arange(6.0).reshape(2, 3), "step": jnp.int32(3), "key": jax.random.key(1)}
     rep = distributed.replicate(tree)
@@ -129,6 +130,7 @@ def test_replicate_puts_one_copy_per_device_and_unreplicate_inverts():
     assert distributed.replicate(tree, 2)["w"].shape == (2, 2, 3)
 
 
+@pytest.mark.devices(4)
 def test_shard_splits_leading_axis_and_explains_bad_sizes():
     x, y = np.arange(24.0).reshape(8, 3), np.arange(8)
     sx, sy = distributed.shard((x, y))
@@ -159,6 +161,7 @@ def test_funcnet_parallel_is_the_combinator_and_device_helpers_live_in_distribut
         assert callable(getattr(funcnet.distributed, name))
 
 
+@pytest.mark.devices(4)
 def test_mesh_helpers_place_state_whole_and_split_batches():
     mesh = distributed.data_mesh()
     assert mesh.axis_names == ("data",) and mesh.size == 4
@@ -188,6 +191,7 @@ def test_mesh_helpers_place_state_whole_and_split_batches():
         distributed.data_mesh(9)
 
 
+@pytest.mark.devices(4)
 def test_shard_refuses_leaves_of_different_leading_sizes():
     # Each would be split on its own: images and labels of different examples, silently.
     with pytest.raises(ValueError, match=r"shard: every leaf of the batch needs the same leading "
@@ -221,6 +225,7 @@ def test_int64_values_that_int32_cannot_hold_are_refused_not_wrapped():
     distributed.shard_batch(mesh, (np.arange(8),))
 
 
+@pytest.mark.devices(4)
 def test_unreplicate_refuses_trees_that_were_never_replicated():
     rep = distributed.replicate({"w": jnp.ones(3)})
     np.testing.assert_array_equal(distributed.unreplicate(rep)["w"], np.ones(3))

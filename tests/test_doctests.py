@@ -64,7 +64,12 @@ def _find(name):
 _MODULES = _module_names()
 
 
-@pytest.mark.parametrize("name", _MODULES)
+# Modules whose examples build 4-device meshes (the CPU run simulates them).
+FOUR_DEVICES = {"funcnet.distributed", "funcnet.sharding"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.devices(4))
+                                  if m in FOUR_DEVICES else m for m in _MODULES])
 def test_docstring_examples(name):
     _, tests = _find(name)
     runner = doctest.DocTestRunner(optionflags=OPTIONFLAGS)

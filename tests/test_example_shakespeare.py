@@ -30,6 +30,7 @@ def _text(n=6000, seed=0):
     return "\n".join(lines)
 
 
+@pytest.mark.devices(2)
 def test_trains_evaluates_and_samples(shakespeare, tmp_path, capsys):
     path = tmp_path / "input.txt"
     text = _text()
@@ -90,15 +91,17 @@ def test_the_recipe_follows_nanogpt_step_for_step(shakespeare):
     two param groups, clip_grad_norm_, nanoGPT's get_lr)."""
     import jax
     import jax.numpy as jnp
-    import torch
+    from helpers.torch_ref import require_torch
 
     from benchmarks import gpt
+    torch = require_torch()  # benchmarks.gpt builds the torch model
     from funcnet import losses
     from funcnet.train import Aux, TrainState, make_train_step
 
     case = dict(n_layer=2, n_head=2, n_embd=16, block=16, batch=4)
+    # float32 as torch's side (on a GPU the example's default would be bfloat16)
     args = shakespeare.parse_args(["--block-size=16", "--batch-size=4", "--n-layer=2",
-                                   "--n-head=2", "--n-embd=16", "--dropout=0.0",
+                                   "--n-head=2", "--n-embd=16", "--dropout=0.0", "--dtype=float32",
                                    "--learning-rate=1e-2", "--min-lr=1e-3", "--warmup-iters=5",
                                    "--lr-decay-iters=25"])
     tm = gpt._torch_model(case)
@@ -141,7 +144,7 @@ def _nanogpt_torch(V, T, E, L, bias):
     """A torch module tree registered in the order nanoGPT's model.py registers its GPT
     (transformer: wte, wpe, drop, h[blocks: ln_1, attn(c_attn, c_proj), ln_2, mlp(c_fc,
     c_proj)], ln_f; then lm_head, tied to wte), initialised as its GPT.__init__ does."""
-    import torch
+    from helpers.torch_ref import torch
 
     lin = lambda i, o: torch.nn.Linear(i, o, bias=bias)
 
@@ -179,7 +182,7 @@ def _nanogpt_torch(V, T, E, L, bias):
 def test_torch_cpu_generator_gives_torchs_numbers(shakespeare):
     """examples/_torch_rng.py against torch itself: randint exactly; normal_ to float32
     rounding, sizes with and without a tail of fewer than 16; uniform_'s word count."""
-    import torch
+    from helpers.torch_ref import torch
 
     from _torch_rng import TorchCPUGenerator
 
@@ -206,7 +209,7 @@ def test_torch_rng_starts_from_nanogpts_init(shakespeare, bias):
     """--rng=torch: the params are those nanoGPT's GPT holds after torch.manual_seed(seed),
     and the generator is left where nanoGPT's is (its next draw, the first batch, agrees).
     V * E = 156 is not a multiple of 16: torch's redrawn tail is exercised."""
-    import torch
+    from helpers.torch_ref import torch
 
     from _torch_rng import TorchCPUGenerator
 
@@ -241,7 +244,7 @@ def test_torch_rng_draws_batches_in_train_pys_order(shakespeare):
     then the next training batch. The example's plan holds the same starts. (The order is
     restated from train.py here; test_torch_rng_run_prints_nanogpts_losses and the CPU run's
     log beside nanoGPT's, docs/guides/transformers.md, check it end to end.)"""
-    import torch
+    from helpers.torch_ref import torch
 
     from _torch_rng import TorchCPUGenerator
 
@@ -286,8 +289,7 @@ def test_steps_per_dispatch_stop_at_every_log_line_and_evaluation(shakespeare):
 
 def _torch_logits(gpt, idx, n_head):
     """nanoGPT's GPT.forward on the module tree of _nanogpt_torch."""
-    import torch
-    import torch.nn.functional as F
+    from helpers.torch_ref import F, torch
 
     tr = gpt.transformer
     B, T = idx.shape
@@ -308,8 +310,7 @@ def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path, devices):
     draws in its order, estimate_loss, AdamW with its two groups, clip_grad_norm_, the
     learning rate of the example's schedule, which test_data_split_and_lr_schedule_follow_
     nanogpt checks against get_lr): the same train and val losses at every evaluation."""
-    import torch
-    import torch.nn.functional as F
+    from helpers.torch_ref import F, torch
 
     path = tmp_path / "input.txt"
     text = _text(4000)
@@ -317,7 +318,7 @@ def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path, devices):
     flags = ["--block-size=16", "--batch-size=4", "--n-layer=2", "--n-head=2", "--n-embd=16",
              "--max-iters=30", "--lr-decay-iters=30", "--warmup-iters=5", "--eval-interval=10",
              "--eval-iters=3", "--log-interval=10", "--dropout=0.0", "--learning-rate=1e-2",
-             "--min-lr=1e-3", "--seed=7"]
+             "--min-lr=1e-3", "--seed=7", "--dtype=float32"]  # torch's side is float32
     history, _, _ = shakespeare.main([f"--data={path}", "--sample-tokens=0",
                                       f"--devices={devices}"] + flags)
 
@@ -360,3 +361,181 @@ def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path, devices):
         opt.step()
         opt.zero_grad(set_to_none=True)
     np.testing.assert_allclose(np.asarray(history), np.asarray(expected), rtol=2e-5)
+
+
+def test_default_dtype_is_train_pys(shakespeare):
+    """train.py: bfloat16 where the GPU supports it (compute capability >= 8.0), else
+    float16; float32 on CPU (its nullcontext: no autocast)."""
+    d = shakespeare.default_dtype
+    assert d("cuda", 8.0) == d("cuda", 9.0) == d("cuda", 12.1) == "bfloat16"
+    assert d("cuda", 7.5) == d("cuda", 6.1) == d("cuda", None) == "float16"
+    assert d("cpu") == d("cpu", 9.0) == "float32"
+    if jax.default_backend() == "cpu":   # the suite's default run
+        assert shakespeare.device_platform() == ("cpu", None)
+    assert shakespeare.parse_args([]).dtype is None                   # resolved per device
+    assert shakespeare.parse_args(["--dtype=float16"]).dtype == "float16"
+    with pytest.raises(SystemExit):
+        shakespeare.parse_args(["--dtype=float64"])
+    assert shakespeare.mixed_precision("float32") == (None, None)     # the program as before
+    policy, scale = shakespeare.mixed_precision("bfloat16")
+    assert (policy.param_dtype, policy.compute_dtype) == (np.float32, jax.numpy.bfloat16)
+    assert scale is None
+    policy, scale = shakespeare.mixed_precision("float16")
+    assert policy.compute_dtype == np.float16
+    assert (float(scale.scale), int(scale.period), float(scale.factor)) == (2.0 ** 16, 2000, 2.0)
+
+
+def test_attention_path_is_cudnn_only_where_it_applies(shakespeare):
+    """cuDNN's fused attention needs an NVIDIA GPU, bfloat16/float16, a head dim that is a
+    multiple of 8 (at most 128) and no dropout on the attention weights."""
+    path = lambda *a: shakespeare.attention_path(*a)[0]
+    assert path("cuda", "bfloat16", 64, 0.0) == path("cuda", "float16", 128, 0.0) == "cudnn"
+    assert path("cuda", "bfloat16", 64, 0.2) is None        # nanoGPT's GPU config: dropout 0.2
+    assert path("cuda", "float32", 64, 0.0) is None
+    assert path("cuda", "bfloat16", 12, 0.0) is None        # not a multiple of 8
+    assert path("cuda", "bfloat16", 256, 0.0) is None
+    assert path("cpu", "bfloat16", 64, 0.0) is None
+    assert path("gpu", "bfloat16", 64, 0.0) is None and path("tpu", "bfloat16", 64, 0.0) is None
+    assert "dropout" in shakespeare.attention_path("cuda", "bfloat16", 64, 0.2)[1]
+    assert "written-out" in shakespeare.attention_path("cpu", "float32", 64, 0.0)[1]
+    args = shakespeare.parse_args(["--n-embd=16", "--n-head=2", "--n-layer=1", "--dropout=0.0",
+                                   "--block-size=8", "--dtype=bfloat16"])
+    net, _ = shakespeare.build(args, 11)   # on CPU: funcnet's default, which runs
+    _, params, _ = net.init(jax.random.key(0), (-1, 8))
+    logits, _ = jax.jit(net.apply)(params, (), jax.numpy.zeros((1, 8), jax.numpy.int32))
+    assert logits.shape == (1, 8, 11)
+
+
+def test_mfu_is_nanogpts_estimate(shakespeare):
+    """nanoGPT's GPT.estimate_mfu, by hand, for its shakespeare_char config: N =
+    get_num_params() (no position embeddings; the tied table once)."""
+    args = shakespeare.parse_args([])   # 6 layers, 6 heads, 384 wide, block 256, batch 64
+    V, E, L, T = 65, 384, 6, 256
+    N = V * E + L * (2 * E + 4 * E * E + 8 * E * E) + E   # bias=False: LayerNorm weights only
+    flops_per_token = 6 * N + 12 * L * 6 * (E // 6) * T
+    mfu = flops_per_token * T * 64 / 0.25 / 312e12       # an update of 250 ms
+    assert shakespeare.estimate_mfu(args, N, 0.25) == pytest.approx(mfu, rel=1e-12)
+    assert N == 10_646_784   # nanoGPT prints "number of parameters: 10.65M"
+    net, _ = shakespeare.build(args, V)
+    params = jax.eval_shape(lambda key: net.init(key, (-1, T))[1], jax.random.key(0))
+    counted = sum(x.size for x in jax.tree.leaves(params)) - params["body"]["pos"]["E"].size
+    assert counted == N
+    half = shakespeare.parse_args(["--peak-tflops=156"])
+    assert shakespeare.estimate_mfu(half, N, 0.25) == pytest.approx(2 * mfu, rel=1e-12)
+
+
+def _tiny(path, *extra):
+    return [f"--data={path}", "--block-size=16", "--batch-size=8", "--n-layer=2", "--n-head=2",
+            "--n-embd=16", "--max-iters=20", "--lr-decay-iters=20", "--warmup-iters=5",
+            "--eval-interval=10", "--eval-iters=2", "--log-interval=10", "--dropout=0.0",
+            "--learning-rate=1e-2", "--sample-tokens=0", "--devices=1", *extra]
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, those of the jaxprs inside it too."""
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
+def test_bfloat16_trains_with_bf16_products_on_a_float32_stream(shakespeare, tmp_path,
+                                                               capsys):
+    """--dtype=bfloat16: the losses close to float32's; the params float32; in the forward
+    every matrix product takes bfloat16 operands (projections, attention scores and sum,
+    the tied head), while the LayerNorms, the softmax and the residual stream are float32
+    (torch.autocast's rule, not apply_policy over the whole model)."""
+    import jax.numpy as jnp
+
+    path = tmp_path / "input.txt"
+    text = _text(3000)
+    path.write_text(text)
+    f32, _, _ = shakespeare.main(_tiny(path, "--dtype=float32"))
+    bf16, _, ts = shakespeare.main(_tiny(path, "--dtype=bfloat16"))
+    out = capsys.readouterr().out
+    assert "dtype: bfloat16 matrix products, float32 weights" in out
+    assert np.all(np.isfinite(bf16)) and bf16[-1][2] < 0.8 * bf16[0][2]   # it learned
+    np.testing.assert_allclose(np.asarray(bf16), np.asarray(f32), atol=5e-3)  # 2e-4 seen
+    assert {x.dtype for x in jax.tree.leaves(ts.params)} == {np.dtype("float32")}
+    assert ts.loss_scale == ()                                  # bfloat16 needs no scaling
+
+    net, _ = shakespeare.build(shakespeare.parse_args(_tiny(path, "--dtype=bfloat16")),
+                               len(set(text)))
+    ids = jnp.zeros((3, 16), jnp.int32)
+    params = ts.params   # the trained ones
+    jaxpr = jax.make_jaxpr(lambda p: net.apply(p, (), ids))(params).jaxpr
+    eqns = list(_eqns(jaxpr))
+    dtypes = lambda e: {str(v.aval.dtype) for v in e.invars}
+    dots = [e for e in eqns if e.primitive.name == "dot_general"]
+    fused = shakespeare.attention_path(shakespeare.device_platform()[0], "bfloat16", 8, 0.0)[0]
+    # per block: qkv, scores and weighted sum (unless cuDNN's kernel), out, fc, proj; the head
+    assert len(dots) == (4 if fused else 6) * 2 + 1
+    assert all(dtypes(e) == {"bfloat16"} for e in dots)
+    norms = [e for e in eqns if e.primitive.name == "rsqrt"]
+    assert len(norms) == 2 * 2 + 1 and all(dtypes(e) == {"float32"} for e in norms)
+    softmax = [e for e in eqns if e.primitive.name == "exp"]
+    assert softmax and all(dtypes(e) == {"float32"} for e in softmax)
+    stream = [e for e in eqns if e.primitive.name == "add"
+              and e.outvars[0].aval.shape == (3, 16, 16)]
+    assert len(stream) == 1 + 2 * 2   # embeddings + positions, two residual adds per block
+    assert all(str(e.outvars[0].aval.dtype) == "float32" for e in stream)
+    assert net.apply(params, (), ids)[0].dtype == jnp.bfloat16   # autocast's lm_head
+
+
+def test_float16_scales_the_loss(shakespeare, tmp_path):
+    """--dtype=float16: the TrainState holds a dynamic loss scale (train.py's GradScaler)."""
+    from funcnet.precision import LossScale
+
+    path = tmp_path / "input.txt"
+    path.write_text(_text(3000))
+    history, _, ts = shakespeare.main(_tiny(path, "--dtype=float16"))
+    f32, _, _ = shakespeare.main(_tiny(path, "--dtype=float32"))
+    np.testing.assert_allclose(np.asarray(history), np.asarray(f32), atol=5e-3)
+    assert isinstance(ts.loss_scale, LossScale)
+    assert float(ts.loss_scale.scale) <= 2.0 ** 16 and int(ts.loss_scale.period) == 2000
+    assert np.all(np.isfinite(history)) and history[-1][2] < 0.8 * history[0][2]
+    assert {x.dtype for x in jax.tree.leaves(ts.params)} == {np.dtype("float32")}
+
+
+def test_prints_compile_time_and_mfu(shakespeare, tmp_path, capsys):
+    """The compile line once; every iter line keeps its loss and time and adds nanoGPT's
+    running mfu: -100.00% until 5 iterations have run, then the estimate, smoothed as
+    train.py does (a tiny --peak-tflops makes the CPU's figure large enough to check)."""
+    import re
+
+    path = tmp_path / "input.txt"
+    text = _text(3000)
+    path.write_text(text)
+    flags = _tiny(path, "--steps-per-dispatch=5", "--max-iters=30", "--lr-decay-iters=30",
+                  "--peak-tflops=1e-6")
+    shakespeare.main(flags)
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^compile: \d+\.\d s$", out, re.M)) == 1
+    lines = re.findall(r"^iter (\d+): loss \d+\.\d{4}, time (\d+\.\d{2})ms, mfu (-?\d+\.\d{2})%$",
+                       out, re.M)
+    assert [int(it) for it, *_ in lines] == [0, 10, 20]
+    args = shakespeare.parse_args(flags)
+    net, _ = shakespeare.build(args, len(set(text)))
+    params = jax.eval_shape(lambda key: net.init(key, (-1, 16))[1], jax.random.key(0))
+    n = sum(x.size for x in jax.tree.leaves(params)) - params["body"]["pos"]["E"].size
+    mfu = [100 * shakespeare.estimate_mfu(args, n, float(ms) / 1000) for _, ms, _ in lines]
+    running = [-100.0, mfu[1], 0.9 * mfu[1] + 0.1 * mfu[2]]
+    np.testing.assert_allclose([float(m) for *_, m in lines], running, rtol=0.03)  # ms rounded
+    platform, capability = shakespeare.device_platform()
+    dtype = shakespeare.default_dtype(platform, capability)
+    assert "attention: " + shakespeare.attention_path(platform, dtype, 8, 0.0)[1] in out
+
+
+def test_steps_per_dispatch_flag(shakespeare):
+    k = lambda flags: shakespeare.steps_per_dispatch(shakespeare.parse_args(flags))
+    assert shakespeare.parse_args([]).steps_per_dispatch == 50
+    cpu_run = ["--log-interval=100", "--max-iters=2000"]   # eval, log, max_iters: gcd 50
+    assert k(cpu_run + ["--steps-per-dispatch=20"]) == 10
+    assert k(cpu_run + ["--steps-per-dispatch=30"]) == 25
+    assert k(cpu_run + ["--steps-per-dispatch=100"]) == 50
+    assert k(["--steps-per-dispatch=1"]) == 1
+    with pytest.raises(SystemExit):
+        k(["--steps-per-dispatch=0"])

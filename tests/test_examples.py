@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,6 +48,7 @@ def test_mnist_mlp_one_epoch_and_resume(tmp_path, capsys):
     assert [r[0] for r in rows] == ["2"], text  # epoch 1 came from the checkpoint
 
 
+@pytest.mark.devices(2)
 def test_center_loss_example_on_two_devices(tmp_path, capsys):
     # two of the test process's four devices: data parallelism and the centers' sync are
     # the same code for any N, and four simulated devices on two cores cost 60 % more time
@@ -58,6 +60,7 @@ def test_center_loss_example_on_two_devices(tmp_path, capsys):
     assert plot.stat().st_size > 10_000
 
 
+@pytest.mark.devices(4)
 def test_pmap_example(tmp_path, capsys):
     text = run_here(capsys, "pmap_mnist.py", "--devices", "2", "--epochs", "1")
     assert "2 device(s)" in text and "per device" in text
@@ -65,6 +68,7 @@ def test_pmap_example(tmp_path, capsys):
     assert acc > 90.0, text
 
 
+@pytest.mark.devices(4)
 def test_sharded_mnist_example_gives_the_same_run_in_every_layout(capsys):
     """FSDP and the 2-D (tensor parallel) layout train to the loss data parallelism does,
     each device holding a quarter of the state. Run in this process (its 4 simulated

@@ -291,10 +291,29 @@ def test_damaged_and_foreign_files_are_refused(tmp_path):
 
 def test_a_file_for_another_platform_says_how_to_export_for_this_one(tmp_path):
     net, params, state = _linear()
-    path = export(net, params, state, (-1, 4), tmp_path / "m.export", platforms=("cuda",))
-    with pytest.raises(ValueError, match=r"(?s)exported for \('cuda',\).*runs on 'cpu'.*"
-                                         r"platforms=\('cuda', 'cpu'\)"):
+    here = jax.export.default_export_platform()
+    other = "cuda" if here == "cpu" else "cpu"
+    path = export(net, params, state, (-1, 4), tmp_path / "m.export", platforms=(other,))
+    with pytest.raises(ValueError, match=rf"(?s)exported for \('{other}',\).*runs on "
+                                         rf"'{here}'.*platforms=\('{other}', '{here}'\)"):
         load_exported(path)
+
+
+def test_a_file_past_jaxs_compatibility_window_names_jaxs_bypass_flag(tmp_path, monkeypatch):
+    """jax >= 0.11 refuses exports older than 6 months; its message is kept and, where this
+    jax has the flag that loads them anyway, the error names it."""
+    net, params, state = _linear()
+    path = export(net, params, state, (-1, 4), tmp_path / "m.export")
+    expired = ("Exported being deserialized seems to be older than the 6-month "
+               "backward-compatibility window and cannot be deserialized anymore.")
+
+    def refuse(blob):
+        raise ValueError(expired)
+    monkeypatch.setattr(jax.export, "deserialize", refuse)
+    with pytest.raises(ValueError, match="6-month") as info:
+        load_exported(path)
+    has_flag = "jax_export_deserialize_expired_versions" in jax.config.values
+    assert ("JAX_EXPORT_DESERIALIZE_EXPIRED_VERSIONS=1" in str(info.value)) == has_flag
 
 
 def test_a_layer_that_branches_on_the_batch_size_exports_a_fixed_batch_only(tmp_path):

@@ -4,14 +4,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from helpers.torch_ref import HAVE_TORCH, torch
 
 import funcnet
 from funcnet import layers as L
 from funcnet.errors import MismatchError
 from funcnet.interop import StateDictMismatchError, load_torch_state_dict
 
-torch.manual_seed(0)
+if HAVE_TORCH:
+    torch.manual_seed(0)
 
 
 def _tree_ok(params, new):

@@ -3,8 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
+from helpers.torch_ref import F, torch
 from funcnet.layers import activations as A
 from funcnet.testing import check_layer
 

@@ -13,7 +13,7 @@ from funcnet.layers import Dense
 from funcnet.layers import activations as A
 from funcnet.testing import check_layer
 
-torch = pytest.importorskip("torch")
+from helpers.torch_ref import torch
 nn = torch.nn
 
 # (dtype, rtol, atol)

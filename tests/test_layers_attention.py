@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from helpers.torch_ref import torch
 
 from funcnet.layers import (MultiHeadAttention, causal_mask, dot_product_attention,
                             padding_mask, rope)

@@ -6,8 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
+from helpers.torch_ref import F, torch
 
 from funcnet.layers.conv import Conv, ConvTranspose
 from funcnet.testing import check_layer

@@ -14,7 +14,7 @@ import pytest
 from funcnet.errors import ArgumentError
 from funcnet.layers.conv import Conv, ConvTranspose
 
-torch = pytest.importorskip("torch")
+from helpers.torch_ref import torch
 F = torch.nn.functional
 
 DTYPES = [(np.float32, 2e-5), (np.float64, 1e-10)]

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from helpers.torch_ref import torch
 from funcnet.layers.embedding import Embedding
 from funcnet.testing import check_layer
 
@@ -89,7 +89,6 @@ def test_embedding_concrete_out_of_range_ids_are_an_error_like_torch():
 
 
 def test_padding_idx_row_starts_at_zero_and_gets_no_gradient_as_in_torch():
-    import torch
     from funcnet.layers import Embedding
     layer = Embedding(6, 3, padding_idx=-2)      # row 4
     _, params, _ = layer.init(jax.random.key(0), (-1, 5))

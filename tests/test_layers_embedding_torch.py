@@ -9,7 +9,7 @@ import pytest
 from funcnet.errors import ArgumentError
 from funcnet.layers.embedding import Embedding, embedding_renorm
 
-torch = pytest.importorskip("torch")
+from helpers.torch_ref import torch
 
 DTYPES = [(np.float32, 2e-5), (np.float64, 1e-10)]
 _TORCH_DTYPE = {np.float32: torch.float32, np.float64: torch.float64}

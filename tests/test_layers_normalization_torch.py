@@ -9,7 +9,7 @@ import pytest
 from funcnet.errors import ArgumentError
 from funcnet.layers.normalization import BatchNorm, InstanceNorm
 
-torch = pytest.importorskip("torch")
+from helpers.torch_ref import torch
 
 DTYPES = [(np.float32, 2e-5), (np.float64, 1e-10)]
 _TORCH_DTYPE = {np.float32: torch.float32, np.float64: torch.float64}
@@ -138,6 +138,7 @@ def test_instancenorm_channels_last_default_and_defaults():
 
 
 @pytest.mark.parametrize("transform", ["pmap", "shard_map"])
+@pytest.mark.devices(4)
 def test_batchnorm_momentum_none_synced_counts_global_batch(transform):
     """Synced, the unbiased correction uses the global count n (all devices' values)."""
     from jax.sharding import NamedSharding, PartitionSpec as P

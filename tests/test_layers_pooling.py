@@ -6,8 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
+from helpers.torch_ref import F, torch
 
 from funcnet.layers.pooling import (AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, GlobalAvgPool,
                                     MaxPool, MaxUnpool)

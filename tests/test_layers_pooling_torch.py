@@ -11,7 +11,7 @@ from funcnet.errors import ArgumentError
 from funcnet.layers import (AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool, MaxUnpool)
 from funcnet.testing import check_layer
 
-torch = pytest.importorskip("torch")
+from helpers.torch_ref import torch
 F = torch.nn.functional
 
 DTYPES = [(np.float32, 2e-6), (np.float64, 1e-12)]

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from helpers.torch_ref import torch
 from jax.test_util import check_grads
 from funcnet.combinators import serial
 from funcnet.layers.recurrent import GRU, LSTM, RNN
@@ -115,7 +115,6 @@ def test_recurrent_grads():
 # --------------------------------------------------------------------------- #
 
 def _load_torch(params, module, num_layers, dirs):
-    import torch
     with torch.no_grad():
         for k in range(num_layers):
             for d in range(dirs):
@@ -129,7 +128,6 @@ def _load_torch(params, module, num_layers, dirs):
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
 def test_two_layer_bidirectional_with_lengths_and_initial_state_match_torch(kind):
-    import torch
     from funcnet import layers as L
     N, T, F, H = 3, 5, 4, 6
     layer = getattr(L, kind)(H, num_layers=2, bidirectional=True, return_state=True)
@@ -183,7 +181,6 @@ def test_full_recurrent_layer_contract_dropout_and_bad_input():
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
 def test_two_layer_bidirectional_without_lengths_or_initial_state_match_torch(kind):
-    import torch
     from funcnet import layers as L
     N, T, F, H = 3, 5, 4, 6
     layer = getattr(L, kind)(H, num_layers=2, bidirectional=True, return_state=True)

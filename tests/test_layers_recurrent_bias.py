@@ -10,7 +10,7 @@ from funcnet.errors import StateDictMismatchError
 from funcnet.interop import load_torch_state_dict
 from funcnet.layers.recurrent import GRU, LSTM, RNN
 
-torch = pytest.importorskip("torch")
+from helpers.torch_ref import torch
 
 DTYPES = [(np.float32, 2e-5), (np.float64, 1e-10)]
 _TORCH_DTYPE = {np.float32: torch.float32, np.float64: torch.float64}

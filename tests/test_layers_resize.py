@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from helpers.torch_ref import torch
 
 from funcnet.layers.resize import Upsample, ZeroPad
 from funcnet.testing import check_layer

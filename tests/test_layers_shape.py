@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
+from helpers.torch_ref import torch
 from funcnet.layers.shape import Flatten, Reshape
 from funcnet.testing import check_layer
 

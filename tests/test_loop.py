@@ -56,6 +56,7 @@ def test_resume_is_bit_identical(tmp_path, every):
     assert history[0]["epoch"] == 1
 
 
+@pytest.mark.devices(4)
 def test_fit_on_four_devices_matches_one(tmp_path):
     ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.0)
     one, h1 = fit(ts, loss_fn, opt, train_data, epochs=2, **kw)
@@ -67,6 +68,7 @@ def test_fit_on_four_devices_matches_one(tmp_path):
 
 
 @pytest.mark.parametrize("explicit", [True, False])
+@pytest.mark.devices(4)
 def test_fit_on_a_mesh_matches_one_device(explicit):
     """jit over a data mesh: no axis_name, no hand-written collective, one device's result."""
     ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.0)
@@ -289,6 +291,7 @@ def test_steps_per_dispatch_default_and_checks():
         _check_dispatch(0, True, [], 50)
 
 
+@pytest.mark.devices(4)
 def test_device_data_on_a_mesh_is_split_and_under_pmap_is_iterated():
     """On a mesh the data set is split over the devices and each step gathers a global
     batch split over them: the host pipeline's result on the same mesh bit for bit, one

@@ -6,8 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
+from helpers.torch_ref import F, torch
 from jax.test_util import check_grads
 
 from funcnet import losses
@@ -391,6 +390,7 @@ def test_gradient_check_float64():
                                   order=1, modes=["rev"])
 
 
+@pytest.mark.devices(4)
 def test_pmap_matches_global_batch():
     devices = 4
     assert jax.device_count() >= devices

@@ -157,6 +157,7 @@ def test_jit_and_tree_add_equals_concatenation():
                                / MASK.sum(), rtol=1e-6)
 
 
+@pytest.mark.devices(4)
 def test_merge_under_pmap():
     devices = 4
     col = _everything()

@@ -90,6 +90,7 @@ def test_f1_multiclass_by_hand():
     assert np.isnan(compute(macro, macro.init()))
 
 
+@pytest.mark.devices(4)
 def test_f1_batches_add_jit_and_pmap_merge():
     n, c = 32, 4
     logits = RNG.normal(size=(n, c)).astype(np.float32)
@@ -190,6 +191,7 @@ def test_roc_auc_batches_jit_capacity_and_overflow():
         auc.update(auc.init(), np.zeros(41), np.zeros(41, np.int32))
 
 
+@pytest.mark.devices(4)
 def test_roc_auc_pmap_all_gather():
     n = 32
     scores = RNG.normal(size=n).astype(np.float32)

@@ -1,14 +1,14 @@
 """funcnet.models.GPT against a PyTorch GPT built the way nanoGPT's model.py builds it: the
 same loss and the same gradients (the tied token table above all) for copied weights; the
 TransformerBlock and TiedEmbedding it is made of; Scan/Remat forms; nanoGPT's init."""
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
+from helpers.torch_ref import F, Module, torch
 
 import funcnet
 from funcnet import losses
@@ -20,7 +20,7 @@ KEY = jax.random.key(0)
 V, BLOCK, L, H, E = 11, 8, 2, 2, 16
 
 
-class TorchGPT(torch.nn.Module):
+class TorchGPT(Module):
     """nanoGPT's architecture: tied wte/lm_head, learned wpe, pre-norm blocks with a fused
     c_attn, GELU MLP 4x, LayerNorm with optional bias."""
 
@@ -169,3 +169,44 @@ def test_scan_and_remat_forms_equal_the_unrolled_gpt():
     jax.tree.map(np.testing.assert_array_equal, sparams["body"]["blocks"], stacked)
     got, _ = jax.jit(scanned.apply)(sparams, (), idx)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_policy_runs_the_products_in_bfloat16_on_a_float32_stream():
+    """GPT(policy=...), torch.autocast's rule: the same params (tree and arrays, float32);
+    logits close to float32's, in bfloat16 (autocast's lm_head); float32 gradients; the
+    decoding and scanned forms take it too. (The dtypes inside, op by op:
+    tests/test_example_shakespeare.py's bfloat16 test.)"""
+    kw = dict(n_layer=2, n_head=2, n_embd=16, bias=True)
+    policy = "params=float32,compute=bfloat16"
+    plain, mixed = GPT(V, BLOCK, **kw), GPT(V, BLOCK, policy=policy, **kw)
+    _, params, _ = plain.init(KEY, (-1, BLOCK))
+    _, mixed_params, _ = mixed.init(KEY, (-1, BLOCK))
+    jax.tree.map(np.testing.assert_array_equal, mixed_params, params)
+    idx = jnp.asarray(np.random.default_rng(0).integers(0, V, (2, BLOCK)))
+    want, _ = jax.jit(plain.apply)(params, (), idx)
+    got, _ = jax.jit(mixed.apply)(params, (), idx)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(got.astype(jnp.float32), want, atol=0.02)
+
+    def loss(net, p):
+        return losses.cross_entropy(net.apply(p, (), idx)[0].reshape(-1, V), idx.reshape(-1))
+
+    g_mixed, g_plain = (jax.jit(jax.grad(functools.partial(loss, net)))(params)
+                        for net in (mixed, plain))
+    assert {g.dtype for g in jax.tree.leaves(g_mixed)} == {jnp.dtype(jnp.float32)}
+    np.testing.assert_allclose(g_mixed["E"], g_plain["E"], atol=0.02 * np.abs(g_plain["E"]).max())
+
+    decoder = GPT(V, BLOCK, decode=True, policy=policy, **kw)
+    _, _, cache = decoder.init(KEY, (2, 1))
+    first, _ = jax.jit(decoder.apply)(params, cache, idx[:, :3])
+    np.testing.assert_allclose(first.astype(jnp.float32), got[:, :3].astype(jnp.float32),
+                               atol=0.02)
+    scanned = GPT(V, BLOCK, scan=True, policy=policy, **kw)
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *params["body"]["blocks"])
+    sparams = {**params, "body": {**params["body"], "blocks": stacked}}
+    np.testing.assert_allclose(jax.jit(scanned.apply)(sparams, (), idx)[0].astype(jnp.float32),
+                               got.astype(jnp.float32), atol=0.02)
+    with pytest.raises(TypeError, match="policy"):
+        GPT(V, BLOCK, policy=jnp.bfloat16, **kw)
+    with pytest.raises(TypeError, match="policy"):
+        TransformerBlock(2, policy=3)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import torch
+from helpers.torch_ref import torch
 
 from funcnet import optim
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-import torch
+from helpers.torch_ref import torch
 from jax.example_libraries import stax
 
 import funcnet

@@ -421,6 +421,7 @@ def test_scaled_f16_step_matches_f32_step():
     assert np.max(np.abs(runs[1.0] - want)) > 0.1 * np.max(np.abs(want))
 
 
+@pytest.mark.devices(4)
 def test_scaled_step_under_pmap_agrees_across_devices():
     n = 2
     opt = optax.sgd(0.1)

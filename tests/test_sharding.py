@@ -182,6 +182,7 @@ def _one_device(case):
 
 @pytest.mark.parametrize("mesh_kind", list(MESHES))
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.devices(4)
 def test_batch_sharded_jit_equals_one_device(case, mesh_kind):
     replicated, batch, fn = CASES[case]
     mesh = jax.make_mesh((4,), ("data",), axis_types=MESHES[mesh_kind])
@@ -198,6 +199,7 @@ def test_batch_sharded_jit_equals_one_device(case, mesh_kind):
                                    err_msg=f"{case} on the {mesh_kind} mesh")
 
 
+@pytest.mark.devices(4)
 def test_conv_chunks_the_batch_only_where_it_is_local():
     """Conv's batch chunks (CPU, 2-D, over 32 examples) would slice across devices on a
     global mesh, so there it is one convolution; in shard_map and pmap bodies the batch

@@ -92,6 +92,7 @@ def _assert_close(got, want, tol=1e-5):
 # Rules and placement
 # --------------------------------------------------------------------------- #
 
+@pytest.mark.devices(4)
 def test_first_matching_rule_wins_by_re_search_and_the_rest_is_replicated():
     ts, _, _ = _mlp_case()
     mesh = _mesh()
@@ -110,6 +111,7 @@ def test_first_matching_rule_wins_by_re_search_and_the_rest_is_replicated():
     assert placed[0]["W"].addressable_shards[0].data.shape == (18, 16)
 
 
+@pytest.mark.devices(4)
 def test_train_state_optimizer_moments_follow_their_params():
     net = _mlp()
     for opt in (optax.adam(1e-3), optax.sgd(0.1, momentum=0.9),
@@ -133,6 +135,7 @@ def test_train_state_optimizer_moments_follow_their_params():
         assert placed.rng.sharding.is_fully_replicated and placed.step.sharding.is_fully_replicated
 
 
+@pytest.mark.devices(4)
 def test_fsdp_splits_the_largest_divisible_dimension_and_replicates_the_small():
     spec = sharding.fsdp("data", min_size=100)
     mesh = _mesh()
@@ -144,6 +147,7 @@ def test_fsdp_splits_the_largest_divisible_dimension_and_replicates_the_small():
     assert sharding.fsdp_rules("data", 0)[0][0] == ".*"
 
 
+@pytest.mark.devices(4)
 def test_explain_reports_one_nth_per_device_under_fsdp():
     net = funcnet.serial(Dense(512), Relu, Dense(512), Relu, Dense(16))
     ts = TrainState.create(net, optax.adam(1e-3), jax.random.key(0), (-1, 256))
@@ -163,6 +167,7 @@ def test_explain_reports_one_nth_per_device_under_fsdp():
 # --------------------------------------------------------------------------- #
 
 @pytest.mark.parametrize("auto", [False, True], ids=["explicit", "auto"])
+@pytest.mark.devices(4)
 def test_fsdp_step_equals_one_device_and_keeps_the_layout(auto):
     ts, loss_fn, batch = _mlp_case()
     step = make_train_step(loss_fn, OPT)
@@ -179,6 +184,7 @@ def test_fsdp_step_equals_one_device_and_keeps_the_layout(auto):
 
 
 @pytest.mark.parametrize("auto", [False, True], ids=["explicit", "auto"])
+@pytest.mark.devices(4)
 def test_tensor_parallel_and_2d_layouts_equal_one_device(auto):
     ts, loss_fn, batch = _mlp_case()
     step = make_train_step(loss_fn, OPT)
@@ -205,6 +211,7 @@ def _gpt_one_device():
 # Pure tensor parallel, 2-D and Auto meshes are also checked on the MLP above; the GPT
 # adds attention's head split and the tied embedding (on Explicit meshes only).
 @pytest.mark.parametrize("layout", ["fsdp", "megatron", "megatron+fsdp"])
+@pytest.mark.devices(4)
 def test_gpt_sharded_step_equals_one_device(layout):
     ts, loss_fn, batch = _gpt_case()
     step = make_train_step(loss_fn, OPT)
@@ -235,6 +242,7 @@ def _fit_data():
 
 
 @pytest.mark.parametrize("layout", ["fsdp", "2d"])
+@pytest.mark.devices(4)
 def test_fit_keeps_a_sharded_state_and_equals_one_device(layout):
     ts, loss_fn, _ = _mlp_case()
     arrays = _fit_data()
@@ -253,6 +261,7 @@ def test_fit_keeps_a_sharded_state_and_equals_one_device(layout):
         _assert_same_layout(got, placed)
 
 
+@pytest.mark.devices(4)
 def test_fit_resumes_a_sharded_state_from_orbax_in_its_shardings(tmp_path):
     pytest.importorskip("orbax.checkpoint")
     ts, loss_fn, _ = _mlp_case()
@@ -277,6 +286,7 @@ def test_fit_resumes_a_sharded_state_from_orbax_in_its_shardings(tmp_path):
     _assert_same_layout(resumed, placed)
 
 
+@pytest.mark.devices(4)
 def test_npz_checkpointer_gathers_a_sharded_state_and_refuses_past_its_limit(tmp_path):
     ts, _, _ = _mlp_case()
     mesh = _mesh()
@@ -296,6 +306,7 @@ def test_npz_checkpointer_gathers_a_sharded_state_and_refuses_past_its_limit(tmp
 # Bad input
 # --------------------------------------------------------------------------- #
 
+@pytest.mark.devices(4)
 def test_bad_rules_are_named():
     ts, _, _ = _mlp_case()
     mesh = _mesh()
@@ -316,6 +327,7 @@ def test_bad_rules_are_named():
         sharding.shard_params(ts.params, mesh, sharding.fsdp_rules("model"))
 
 
+@pytest.mark.devices(4)
 def test_a_rule_that_matches_nothing_is_warned_about_once():
     ts, _, _ = _mlp_case()
     pattern = "mpl/fc/W"  # a typo
@@ -326,6 +338,7 @@ def test_a_rule_that_matches_nothing_is_warned_about_once():
         sharding.shard_params(ts.params, _mesh(), [(pattern, P("data"))])
 
 
+@pytest.mark.devices(4)
 def test_optimizer_state_that_does_not_mirror_the_params_is_refused():
     ts, _, _ = _mlp_case()
     odd = ts._replace(opt_state={"flat": [x for x in jax.tree.leaves(ts.params)]})
@@ -333,6 +346,7 @@ def test_optimizer_state_that_does_not_mirror_the_params_is_refused():
         sharding.shard_params(odd, _mesh(), sharding.fsdp_rules(min_size=0))
 
 
+@pytest.mark.devices(4)
 def test_a_batch_the_data_axis_does_not_divide_is_refused_on_a_2d_mesh():
     mesh = _mesh((2, 2), ("data", "model"))
     ok = distributed.shard_batch(mesh, np.zeros((4, 3), np.float32))
@@ -347,6 +361,7 @@ def test_a_batch_the_data_axis_does_not_divide_is_refused_on_a_2d_mesh():
 
 
 @pytest.mark.parametrize("layout", ["fsdp", "2d"])
+@pytest.mark.devices(4)
 def test_fit_refuses_a_batch_the_data_axis_does_not_divide(layout):
     """fit(mesh=) with a sharded state: a batch size (or an epoch's last batch) the data
     axis does not divide is refused naming both numbers, from DeviceData before any

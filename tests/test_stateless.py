@@ -80,7 +80,10 @@ def test_make_predict_fn_is_eval_mode_with_params_bound():
     _, state = net.apply(params, state, X, rng=KEY, train=True)  # non-trivial statistics
     predict = funcnet.make_predict_fn(net, params, state)
     want, _ = net.apply(params, state, X, train=False)
-    np.testing.assert_allclose(predict(X), want, rtol=1e-6)
+    # jitted against eager: the same float32 expression compiled two ways may round
+    # differently in the last bit (jax 0.12: 1.5e-8 at 0.007); dropout or batch
+    # statistics would be off by orders more
+    np.testing.assert_allclose(predict(X), want, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(predict(X), predict(X))  # no dropout: deterministic
 
 

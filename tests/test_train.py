@@ -107,6 +107,7 @@ def _global_vs_pmap(net, loss_fn_factory, n_steps=4, lr=0.05):
     return ts_s, ts_m
 
 
+@pytest.mark.devices(4)
 def test_pmap_step_with_synced_batchnorm_equals_global_batch():
     assert jax.device_count() == 4
     net = lambda axis: funcnet.serial(Dense(16), BatchNorm(axis_name=axis), Relu, Dense(4))
@@ -114,6 +115,7 @@ def test_pmap_step_with_synced_batchnorm_equals_global_batch():
     assert not np.allclose(ts_s.state[1]["mean"], 0)  # the running stats did move
 
 
+@pytest.mark.devices(4)
 def test_pmap_step_with_synced_center_loss_equals_global_batch():
     def net(axis):
         return Dense(2)
@@ -142,6 +144,7 @@ def test_pmap_step_with_synced_center_loss_equals_global_batch():
     np.testing.assert_allclose(ts_m.params["W"][0], ts_s.params["W"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.devices(4)
 def test_eval_step_sums_metric_states_across_devices():
     net = mlp()
     ts = TrainState.create(net, optax.sgd(0.1), KEY, (-1, 8))
@@ -159,6 +162,7 @@ def test_eval_step_sums_metric_states_across_devices():
     assert float(acc.compute(single)) == pytest.approx(float(np.mean(np.argmax(logits, -1) == Y)))
 
 
+@pytest.mark.devices(4)
 def test_each_device_gets_its_own_dropout_key():
     net = Dense(2)
     opt = optax.sgd(0.0)

@@ -6,14 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import torch
+from helpers.torch_ref import HAVE_TORCH, torch
 
 import funcnet
 from funcnet import callbacks, data, distributed, sharding
 from funcnet.layers import BatchNorm, Dense, Relu
 from funcnet.train import EMA, Aux, TrainState, make_eval_step, make_train_step
 
-torch.set_default_dtype(torch.float32)
+if HAVE_TORCH:
+    torch.set_default_dtype(torch.float32)
 
 
 def _mlp():

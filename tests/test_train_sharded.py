@@ -57,6 +57,7 @@ def _shard_map(check_vma):
 
 
 @pytest.mark.parametrize("transform", ["pmap", "shard_map", "shard_map-no-check-vma"])
+@pytest.mark.devices(4)
 def test_data_parallel_step_equals_one_device_on_the_global_batch(transform):
     ts, step = _step(None)
     one = jax.jit(step)

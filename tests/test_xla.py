@@ -97,6 +97,7 @@ def test_an_xla_jit_function_works_inside_other_traces():
         xla.jit(lambda v: (_ for _ in ()).throw(ValueError("not top-level at all")))(x)
 
 
+@pytest.mark.devices(4)
 def test_fit_compiles_its_steps_with_xla_jit_but_not_under_pmap():
     net = funcnet.serial(Conv(2, (3, 3)), Flatten, Dense(2))
     opt = optax.sgd(0.1)

@@ -12,6 +12,7 @@ from funcnet.layers.attention import MultiHeadAttention
 from funcnet.layers.dense import Dense
 from funcnet.layers.dropout import Dropout
 from funcnet.layers.normalization import LayerNorm
+from funcnet.precision import apply_policy, as_policy
 
 __all__ = ["TransformerBlock"]
 
@@ -20,7 +21,7 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
                      use_bias: bool = True, causal: bool = True, norm=None, activation=None,
                      W_init=None, out_W_init=None, b_init=None, rope: bool = False,
                      cache_length: Optional[int] = None,
-                     implementation: Optional[str] = None) -> Layer:
+                     implementation: Optional[str] = None, policy=None) -> Layer:
     """A pre-norm transformer block (GPT-2, nanoGPT's ``Block``) on ``(B, T, E)``::
 
         x = x + Dropout(Attention(norm_1(x)))
@@ -42,6 +43,17 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
     ``causal``, ``rope``, ``cache_length`` (decoding) and ``implementation`` go to
     :func:`MultiHeadAttention`.
 
+    ``policy`` (a :class:`funcnet.precision.Policy` or its string) is the precision of
+    the matrix products, ``torch.autocast``'s rule: the attention (its projections, the
+    scores and the weighted sum) and the MLP's ``fc``, ``act`` and ``proj`` each run under
+    :func:`funcnet.precision.apply_policy`; the norms, the dropouts (which act on the
+    branches' outputs, in their dtype) and the residual adds do not. With ``"params=float32,compute=bfloat16"`` the params stay float32, the
+    products take bfloat16 inputs (the attention's softmax is float32, as in every path
+    of :func:`dot_product_attention`) and return bfloat16, the norms compute in float32
+    on a float32 stream, and ``x + branch(x)`` adds a bfloat16 branch to the float32
+    stream, which stays float32 -- where ``apply_policy(block, policy)`` would make the
+    stream bfloat16. The params are the same arrays and tree as without a policy.
+
     Args:
       num_heads: the number of attention heads, a positive int dividing ``E``.
       mlp_ratio: the MLP's hidden width over ``E``, > 0 (the width is
@@ -62,6 +74,8 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
       cache_length: the key/value cache length for decoding, or None (as
         :func:`MultiHeadAttention`'s).
       implementation: the attention's implementation, as :func:`MultiHeadAttention`'s.
+      policy: the precision policy of the attention and the MLP (above), or None for
+        none (every product in the dtype of its inputs).
 
     Returns:
       The layer, an ``(init, apply)`` pair: ``init(rng, (B, T, E))`` gives
@@ -76,9 +90,11 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
       ArgumentError: a bad ``num_heads``, ``mlp_ratio``, ``use_bias`` or initializer;
         at ``init``, a bad ``dropout``, ``cache_length`` or flag (checked by the layers
         built there).
-      TypeError: a ``norm`` that is not callable.
-      ValueError: at ``init``, an input not of rank 3, an unknown ``E``, or one that
-        ``num_heads`` does not divide.
+      TypeError: a ``norm`` that is not callable, or a ``policy`` that is not a
+        :class:`funcnet.precision.Policy` or a string.
+      ValueError: a ``policy`` string :func:`funcnet.precision.parse_policy` cannot read;
+        at ``init``, an input not of rank 3, an unknown ``E``, or one that ``num_heads``
+        does not divide.
 
     Examples:
       >>> block = TransformerBlock(num_heads=2)
@@ -101,6 +117,11 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
                         f"(e.g. funcnet.layers.RMSNorm), got {type(norm).__name__}.")
     act = Gelu if activation is None else activation
     b_init = checks.initializer(name, "b_init", b_init)
+    if policy is not None:
+        policy = as_policy(policy, name)
+
+    def mixed(layer: Layer) -> Layer:
+        return layer if policy is None else apply_policy(layer, policy)
 
     def build(E: int) -> Layer:
         hidden = int(round(mlp_ratio * E))
@@ -110,9 +131,9 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
                                   implementation=implementation)
         dense = dict(use_bias=use_bias, b_init=b_init)
         return serial(
-            attn=Residual(serial(norm=norm(), attn=attn, drop=Dropout(dropout))),
-            mlp=Residual(serial(norm=norm(), fc=Dense(hidden, W_init=W_init, **dense),
-                                act=act, proj=Dense(E, W_init=out_W_init, **dense),
+            attn=Residual(serial(norm=norm(), attn=mixed(attn), drop=Dropout(dropout))),
+            mlp=Residual(serial(norm=norm(), fc=mixed(Dense(hidden, W_init=W_init, **dense)),
+                                act=mixed(act), proj=mixed(Dense(E, W_init=out_W_init, **dense)),
                                 drop=Dropout(dropout))))
 
     def init(rng, input_shape):
