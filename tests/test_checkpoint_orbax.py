@@ -129,6 +129,13 @@ async def never(self, *a, **k):  # the second save never commits: it is in fligh
     import time; time.sleep(3600)
 atomicity.AtomicRenameTemporaryPath.finalize = never
 ck.save(2, state(2.0))
+# orbax makes the save's temporary directory on a thread of its own: on a loaded machine
+# save() can return before it exists, and a kill then would test nothing in flight
+import time
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and not any(
+        n.startswith("2.") and "tmp" in n for n in os.listdir(sys.argv[1])):
+    time.sleep(0.02)
 print("in flight", flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
