@@ -2,6 +2,7 @@
 127.0.0.1 (gloo collectives, 2 CPU devices each) that train like one."""
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -93,7 +94,15 @@ def test_two_processes_train_fsdp_are_killed_and_resume_bit_identically(tmp_path
     port = _free_port()
     codes, text = _run_workers(tmp_path, "fsdp_worker.py",
                                lambda i: (i, port, ckpt, outs[i], "crash"), "crash")
-    assert codes == [-signal.SIGKILL] * 2, f"exit codes {codes}\n{text}"
+    assert codes is not None, f"workers did not finish in {TIMEOUT_S} s\n{text}"
+    # Each process SIGKILLs itself at step 5. Process 0 hosts JAX's coordination service:
+    # when it dies first, process 1's runtime aborts itself (SIGABRT, "another task died")
+    # before it reaches its own kill; that is the same crash, as a real cluster sees it.
+    assert codes[0] == -signal.SIGKILL, f"exit codes {codes}\n{text}"
+    assert codes[1] == -signal.SIGKILL or (
+        codes[1] == -signal.SIGABRT and re.search(r"distributed service|coordination service",
+                                                  text.split("process 1 output")[1])
+    ), f"exit codes {codes}\n{text}"
     from funcnet.checkpoint_orbax import OrbaxCheckpointer
     assert 3 in OrbaxCheckpointer(ckpt).all_steps()
     port = _free_port()
