@@ -21,6 +21,8 @@ time is recorded as such and the next one runs:
 5. ``nanogpt`` (only with a nanoGPT checkout, ``--nanogpt-dir``, and torch): nanoGPT's own
    ``train.py`` on the same configuration (bfloat16, ``compile=True``), same parsing.
 6. ``shakespeare-f32``: the example again in float32, if the budget still allows.
+7. ``fit-nets``: workload 6b (``fit`` on the Flax CNN, LeNet and the GPT, with and without
+   the loop on the device, against a bare loop), if the budget still allows.
 
 Everything goes to ``DIR/gpu-results.json`` and ``DIR/gpu-report.md`` (rewritten after
 every stage, so a run stopped from outside keeps what it measured), the children's output
@@ -62,6 +64,8 @@ GPU_PEERS: Dict[str, Sequence[str]] = {
     "fit": ("fit-device", "fit", "train-step", "jax", "jax-scan"),
     "gpt": ("funcnet", "funcnet-bf16", "funcnet-loop", "jax", "torch", "torch-bf16",
             "torch-compile"),
+    # workload 6b: whether fit's loop on the device pays on a GPU for each family
+    "fit-nets": ("fit-device", "fit-device-loop", "jit-loop"),
 }
 # The rehearsal runs fewer: each process costs seconds on a small CPU, and what it checks
 # is this script and the GPU tier's own code paths (bfloat16 peers, the GPU-sized GPT case
@@ -72,6 +76,7 @@ REHEARSAL_PEERS: Dict[str, Sequence[str]] = {
     "cnn": ("funcnet-bf16", "torch-bf16"),
     "fit": ("fit-device",),
     "gpt": ("funcnet-bf16", "torch-bf16"),
+    "fit-nets": ("fit-device",),
 }
 # A fast subset of the suite that still reaches the GPU through layers (dense, cuDNN's
 # convolutions, attention), the train step, fit's loop, mixed precision, export and the
@@ -105,7 +110,7 @@ NANOGPT_REHEARSAL = ("--max_iters=20", "--lr_decay_iters=20", "--n_layer=1", "--
 PLAN = (("device", 45, 15, False), ("suite", 150, 45, False), ("mlp", 50, 25, False),
         ("cnn", 50, 25, False), ("fit", 80, 35, False), ("gpt", 150, 60, False),
         ("shakespeare-bf16", 180, 110, False), ("nanogpt", 180, 100, True),
-        ("shakespeare-f32", 180, 110, True))
+        ("shakespeare-f32", 180, 110, True), ("fit-nets", 90, 40, True))
 PLAN_BUDGET_S = 480
 STAGE_GROUPS = {"workloads": tuple(GPU_PEERS), "shakespeare": ("shakespeare-bf16", "shakespeare-f32")}
 MIN_TIMEOUT_S = 5  # below this a stage is not started

@@ -460,11 +460,14 @@ def _run_workload(workload: Workload, peers, case_indices: List[int], args, cpus
     for ci in case_indices:
         case = workload.cases[ci]
         results: Dict[str, Dict] = {}
+        # A case may leave out peers that have nothing to run for it (a framework's own
+        # version of another network).
+        case_peers = [p for p in peers if p.name not in case.get("skip_peers", ())]
         try:
             for rnd in range(args.rounds):
                 # Odd rounds run the peers in reverse order, so no peer always goes first
                 # (between processes, this machine's timings drift by 10-20 %).
-                for peer in (peers if rnd % 2 == 0 else peers[::-1]):
+                for peer in (case_peers if rnd % 2 == 0 else case_peers[::-1]):
                     r = _run_child(workload, ci, peer, args, cpus)
                     raw.append({"workload": workload.name, "case": case["name"], "peer": peer.name,
                                 "round": rnd, **r})

@@ -209,6 +209,39 @@ WORKLOADS: List[Workload] = [
               "cost of TrainState and make_train_step alone; the pipeline row is the host data "
               "work by itself (its ratio is not meaningful, its time is)."),
     Workload(
+        "fit-nets", "6b. funcnet.fit on the network families: Flax's MNIST CNN, LeNet, nanoGPT's "
+                    "GPT", "s/step",
+        peers=[Peer("fit", "benchmarks.fit_nets:run",
+                    note="fit's defaults over the host pipeline (data.batches)"),
+               Peer("fit-device", "benchmarks.fit_nets:run",
+                    note="fit's defaults over DeviceData: on CPU one step per dispatch for the "
+                         "CNNs (they have convolutions), 10 (log_every) for the GPT"),
+               Peer("fit-device-loop", "benchmarks.fit_nets:run",
+                    note="fit over DeviceData with steps_per_dispatch=10: a loop on the device"),
+               Peer("fit-device-options", "benchmarks.fit_nets:run",
+                    note="fit-device with compiler_options=funcnet.xla.compiler_options()",
+                    platforms=CPU_ONLY),
+               Peer("jit-loop", "benchmarks.fit_nets:run",
+                    note="a Python loop over jax.jit(make_train_step) on pre-built device "
+                         "batches: the same network and step without fit"),
+               Peer("flax", "benchmarks.fit_nets:run",
+                    note="Flax NNX's tutorial CNN and nnx.jit train step, same device batches "
+                         "(flax-cnn only)")],
+        cases=[dict(name="flax-cnn: Flax NNX's MNIST CNN, b128, SGD+momentum", net="flax-cnn",
+                    batch=128, steps=20, reps=3, quick_steps=10, quick_reps=1),
+               dict(name="lenet: workload 3's LeNet, b128, Adam", net="lenet", batch=128,
+                    steps=30, reps=3, quick_steps=10, quick_reps=1, skip_peers=("flax",)),
+               dict(name="gpt: nanoGPT's CPU character GPT (4 x 128, block 64, b12), AdamW",
+                    net="gpt", batch=12, steps=100, reps=3, quick_steps=20, quick_reps=1,
+                    skip_peers=("flax",))],
+        reference="fit-device",
+        columns=(("first_epoch_s", "1st epoch incl. compile (s)", "{:.2f}"),),
+        notes="Ratio = fit-device's time / the peer's, per step (each fit call runs 1 + reps "
+              "epochs; the first, with compilation, is its own column). fit-device / jit-loop is "
+              "what fit costs over a bare loop of the same step; fit-device-loop shows what a "
+              "loop on the device does to each network on this backend; fit-device-options what "
+              "funcnet.xla's CPU option does."),
+    Workload(
         "pmap", "7. pmap, and jit on a mesh, over 4 simulated CPU devices vs jit on 1 device "
                 "(MLP 784-400-100-10, global batch 512, Adam)", "s/step",
         # CPU only: the 4 devices are simulated CPU devices.

@@ -19,6 +19,7 @@ inside the step, several steps per dispatch).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -37,6 +38,7 @@ from funcnet import precision
 from funcnet import sharding
 from funcnet import xla
 from funcnet.callbacks import Callback, Checkpoint
+from funcnet._jaxpr import any_eqn, loss_jaxpr
 from funcnet._loop_checks import LogKeys, check_before_training, first_batch
 from funcnet._loop_position import LoopPosition
 from funcnet._loop_resume import (EpochSums, check_layout, checkpoint_extras, data_layout,
@@ -257,7 +259,7 @@ class _Steps(NamedTuple):
 
 def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, take=None,
              steps_per_dispatch=1, state_shardings=None, step_options=None,
-             eval_on_ema=False, several_asked=False) -> _Steps:
+             eval_on_ema=False, several_asked=False, compiler_options=None) -> _Steps:
     """The jitted (one device, or a mesh) or pmapped (``n_dev`` devices) train and eval steps.
 
     On a mesh the steps are the one-device steps: their inputs' shardings make XLA
@@ -267,8 +269,10 @@ def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, take=None,
     from a data set on the device. ``state_shardings`` (on a mesh) keeps the train
     state's layout from step to step: on Auto mesh axes the compiler would otherwise
     choose the outputs' layout, e.g. gather a sharded parameter whole.
+    ``compiler_options``: XLA's options for the jitted steps (None: none, plain ``jax.jit``).
     """
     axis = "batch" if n_dev else None
+    jit = functools.partial(xla.jit, options=dict(compiler_options or {}))
     step = make_train_step(loss_fn, optimizer, axis_name=axis, **(step_options or {}))
 
     def raw_step(state, batch):
@@ -278,19 +282,18 @@ def _compile(loss_fn, optimizer, eval_fn, n_dev, mesh=None, take=None,
             state = jax.lax.with_sharding_constraint(state, state_shardings)
         return state, metrics
 
-    # xla.jit: funcnet's choice of XLA kernels on this backend (CPU convolutions)
     train = (jax.pmap(raw_step, axis_name=axis, donate_argnums=0) if n_dev
-             else xla.jit(raw_step, donate_argnums=0))
+             else jit(raw_step, donate_argnums=0))
     evaluate = None
     if eval_fn is not None:
         raw_eval = make_eval_step(eval_fn, axis_name=axis, ema=eval_on_ema)
-        evaluate = (jax.pmap(raw_eval, axis_name=axis) if n_dev else xla.jit(raw_eval))
+        evaluate = (jax.pmap(raw_eval, axis_name=axis) if n_dev else jit(raw_eval))
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
     on_device = on_device_one = on_stacked = None
     if take is not None and not n_dev:
-        on_device, on_device_one = _device_steps(raw_step, take, steps_per_dispatch)
+        on_device, on_device_one = _device_steps(raw_step, take, steps_per_dispatch, jit)
     elif _stacks_host_batches(n_dev, mesh) and steps_per_dispatch > 1:
-        on_stacked = _device_steps(raw_step, _take_stacked, steps_per_dispatch)[0]
+        on_stacked = _device_steps(raw_step, _take_stacked, steps_per_dispatch, jit)[0]
     if mesh is not None:
         train, evaluate, add, on_device, on_device_one = (
             None if f is None else _on_mesh(mesh, f)
@@ -313,8 +316,8 @@ def _take_stacked(arrays, j):
     return jax.tree.map(lambda a: a[j], arrays)
 
 
-def _device_steps(raw_step, take, k: int):
-    """The steps over a data set on the device, jitted, donating the train state.
+def _device_steps(raw_step, take, k: int, jit=jax.jit):
+    """The steps over a data set on the device, jitted (by ``jit``), donating the train state.
 
     ``several(state, arrays, order, pos, n) -> (state, metrics)`` runs ``n <= k`` steps
     in one dispatch, step ``j`` on the batch ``take(arrays, order[pos + j])``;
@@ -342,8 +345,8 @@ def _device_steps(raw_step, take, k: int):
 
         return jax.lax.fori_loop(0, n, body, (state, rows))
 
-    return (xla.jit(single if k == 1 else several, donate_argnums=0),
-            xla.jit(one, donate_argnums=0))
+    return (jit(single if k == 1 else several, donate_argnums=0),
+            jit(one, donate_argnums=0))
 
 
 def _on_mesh(mesh, fn):
@@ -654,25 +657,12 @@ def _computes_in_float16(train_state, loss_fn, batch_spec) -> bool:
     on the shapes, never run): a float16 policy's compute dtype is nowhere else (params
     and outputs may be float32). When it cannot be traced (a pmap collective, no batch
     seen): float16 params or a loss scale, which is for float16 training."""
-    try:
-        jaxpr = jax.make_jaxpr(lambda ts, b: loss_fn(ts.params, ts.state, b, ts.rng))(
-            train_state, batch_spec).jaxpr
-    except Exception:
+    jaxpr = loss_jaxpr(train_state, loss_fn, batch_spec)
+    if jaxpr is None:
         return (isinstance(train_state.loss_scale, precision.LossScale) or any(
             getattr(x, "dtype", None) == jnp.float16 for x in jax.tree.leaves(train_state.params)))
-    return _has_float16(jaxpr)
-
-
-def _has_float16(jaxpr) -> bool:
-    for eqn in jaxpr.eqns:
-        if any(getattr(v.aval, "dtype", None) == jnp.float16 for v in eqn.outvars):
-            return True
-        for param in eqn.params.values():  # the bodies of jit, scan, cond, custom_vjp ...
-            for sub in param if isinstance(param, (list, tuple)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr holds its Jaxpr
-                if hasattr(inner, "eqns") and _has_float16(inner):
-                    return True
-    return False
+    return any_eqn(jaxpr, lambda eqn: any(getattr(v.aval, "dtype", None) == jnp.float16
+                                          for v in eqn.outvars))
 
 
 def _mean_metrics(ctx, host) -> dict:
@@ -761,7 +751,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         missing_ok: bool = False, on_nonfinite: str = "raise",
         steps_per_dispatch: Optional[int] = None, print_fn: Optional[Callable[[str], None]] = None,
         step_options: Optional[dict] = None, eval_on_ema: bool = False,
-        prefetch: Optional[int] = None):
+        prefetch: Optional[int] = None, compiler_options: Optional[dict] = None):
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
 
     The common call is ``fit(train_state, loss_fn, optimizer, train_data, epochs=N)``,
@@ -771,8 +761,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     (``devices`` for pmap, or ``mesh``); resuming (``resume_from``, ``missing_ok``);
     what a step does (``step_options``, which are ``make_train_step``'s options,
     ``eval_on_ema``, ``on_nonfinite``); what is shown (``progress``, ``log_every``,
-    ``print_fn``); and speed (``steps_per_dispatch``, ``prefetch``), which changes how
-    steps are dispatched, never their result.
+    ``print_fn``); and speed (``steps_per_dispatch``, ``prefetch``, ``compiler_options``),
+    which changes how steps are dispatched and compiled, not what they compute.
 
     Args:
       train_state: from :meth:`funcnet.train.TrainState.create`.
@@ -849,8 +839,10 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         while the device runs the previous dispatch; other iterables, pmap and a host
         pipeline on a mesh run one step per dispatch. Default (None): ``log_every``
         steps, reduced to divide every ``Checkpoint``'s ``every_steps``; 1 when a
-        callback has its own ``on_step_end`` (it then sees every step) or the data
-        cannot be read several batches at a time. An explicit ``k > 1`` needs such
+        callback has its own ``on_step_end`` (it then sees every step), the data
+        cannot be read several batches at a time, or on CPU the step has a convolution
+        (XLA:CPU runs convolutions inside a loop 40-100x slower than dispatched one by
+        one, jax issue #12868; on a GPU the loop stays, where it is the faster). An explicit ``k > 1`` needs such
         data, ``Checkpoint(every_steps=N)`` with ``N`` a multiple of ``k``, and calls
         other callbacks' ``on_step_end`` once per dispatch. ``BENCHMARKS.md``
         (workload 6) has the measured effect.
@@ -872,6 +864,14 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         (None): 2 on an accelerator, 0 on CPU, where the thread did not pay for itself
         with NumPy batching (it helps a pipeline whose work releases the GIL: file
         reads, decoding, large NumPy operations).
+      compiler_options: XLA options for the train and evaluation steps (``jax.jit``'s
+        ``compiler_options``). Default (None): none, so the step is the program
+        ``jax.jit(make_train_step(...))`` gives a hand-written loop.
+        ``funcnet.xla.compiler_options()`` puts CPU convolutions on XLA's multi-threaded
+        kernels (and ``Conv``'s ``"auto"`` on one XLA convolution): measured 0.81x
+        benchmark workload 3's LeNet step on jax 0.10.2 but 1.01x on 0.12, and 1.14x /
+        1.26x the Flax MNIST CNN's (:mod:`funcnet.xla` has the figures); try it on your
+        network. Results differ by float rounding (other kernels), not more.
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps), the
     step's other metrics likewise (``grad_norm`` with ``step_options={"grad_norm": True}``
@@ -929,7 +929,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     several_asked = steps_per_dispatch not in (None, 1)
     steps_per_dispatch = _check_dispatch(
         steps_per_dispatch, take is not None or _stacks_host_batches(n_dev, mesh), callbacks,
-        log_every)
+        log_every, lambda: _device_loop_pays(train_state, loss_fn, train_data))
     if prefetch is None:
         # Measured (BENCHMARKS.md, workload 6): on CPU the thread only adds GIL hand-offs
         # to NumPy gathers that hold the GIL; on an accelerator it overlaps the copies.
@@ -939,7 +939,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, take, steps_per_dispatch,
                      sharding.state_shardings(loop.state) if mesh is not None else None,
                      step_options, checks.flag("fit", "eval_on_ema", eval_on_ema),
-                     several_asked)
+                     several_asked, _compiler_options(compiler_options))
     ctx, resumed_sums = _context(loop, train_state, loss_fn, train_data, callbacks, layout,
                                  run_id, resumed, position, epochs)
     bar_factory = _progress_factory(progress)
@@ -1044,13 +1044,15 @@ def _place_device_data(data, mesh):
     return data.placed(mesh) if isinstance(data, data_lib.DeviceData) else data
 
 
-def _check_dispatch(k, several_ok: bool, callbacks, log_every: int) -> int:
+def _check_dispatch(k, several_ok: bool, callbacks, log_every: int,
+                    loop_pays: Callable[[], bool] = lambda: True) -> int:
     """The steps per dispatch: ``k`` checked, or the default (see ``fit``).
     ``several_ok``: the placement can run several (a ``DeviceData`` on one device or a
-    mesh, or a host pipeline on one device)."""
+    mesh, or a host pipeline on one device); ``loop_pays()``: whether a loop on the
+    device is worth it for this step here (asked only for the default)."""
     everies = [e for e in (getattr(cb, "every_steps", None) for cb in callbacks) if e]
     if k is None:
-        if not several_ok or _per_step_callbacks(callbacks):
+        if not several_ok or _per_step_callbacks(callbacks) or not loop_pays():
             return 1
         return math.gcd(log_every, *everies)
     k = checks.positive_int("fit", "steps_per_dispatch", k)
@@ -1068,6 +1070,32 @@ def _check_dispatch(k, several_ok: bool, callbacks, log_every: int) -> int:
                              f"dispatch of steps_per_dispatch={k} steps; use an every_steps "
                              f"that is a multiple of {k}, or a smaller steps_per_dispatch.")
     return k
+
+
+def _device_loop_pays(train_state, loss_fn, train_data) -> bool:
+    """Whether fit's default runs several steps per dispatch (a loop on the device) for
+    this step: yes, except for a step with a convolution on CPU. XLA:CPU runs a
+    convolution inside a loop far slower than in a dispatch of its own (jax issue
+    #12868): the gradient of one 3x3 convolution, (128, 14, 14, 32) -> 64 channels, 37 ms
+    per dispatch and 1,591 ms per step in a ``lax.scan`` (jax 0.10.2; 19 vs 1,454 ms on
+    0.12), while a CNN step's dispatch costs microseconds against its milliseconds of
+    work. A step that cannot be traced ahead (no batch to trace with) is looped."""
+    if jax.default_backend() != "cpu":
+        return True  # e.g. LeNet on an H200: 0.24 ms a step in the loop, 0.54 ms dispatched
+    jaxpr = loss_jaxpr(train_state, loss_fn, first_batch(train_data))
+    return jaxpr is None or not any_eqn(
+        jaxpr, lambda eqn: eqn.primitive.name == "conv_general_dilated")
+
+
+def _compiler_options(options) -> dict:
+    """``fit``'s ``compiler_options`` checked: None (plain ``jax.jit``) or a dict."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"fit: compiler_options must be a dict of XLA option names to values "
+                        f"(e.g. funcnet.xla.compiler_options()) or None, got "
+                        f"{type(options).__name__} {options!r}.")
+    return dict(options)
 
 
 def _per_step_callbacks(callbacks) -> list:

@@ -2,14 +2,18 @@
 
 :func:`jit` is ``jax.jit`` with :func:`compiler_options`, and it tells the layers it
 traces so (:func:`traced_with_options`), so they pick the kernels that are fastest
-under those options. :func:`funcnet.fit` compiles its train and evaluation steps with
-it; use it for a hand-written loop to get the same programs::
+under those options. Use it for a hand-written loop, or pass the options to
+:func:`funcnet.fit` (``compiler_options=funcnet.xla.compiler_options()``), where the
+network measured faster with them::
 
     step = funcnet.xla.jit(make_train_step(loss_fn, optimizer), donate_argnums=0)
 
-(:func:`funcnet.make_predict_fn` and :func:`funcnet.generate` compile with plain
-``jax.jit``: for a convolutional network on CPU, ``funcnet.xla.jit(lambda x:
-net.apply(params, state, x)[0])`` is the faster predictor.)
+``fit`` compiles with plain ``jax.jit`` by default: the options help some networks and
+slow others, and by how much depends on the jaxlib. Paired step times on a 2-core VM
+(options / plain ``jax.jit``, 12 alternating steps, 2026-11-27; ``BENCHMARKS.md``,
+workload 6): benchmark workload 3's LeNet 0.81x on jax 0.10.2 and 1.01x on 0.12.0.1; the
+Flax MNIST CNN (3x3 SAME convolutions, BatchNorm, average pooling) 1.14x and 1.26x; the
+MLPs unchanged within noise.
 
 Why (CPU only; elsewhere the dict is empty): from jaxlib 0.10 XLA:CPU hands float32
 convolutions to YNNPACK, whose convolutions run on one thread, while its own (Eigen)
@@ -34,7 +38,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import numpy as np
@@ -87,12 +91,15 @@ def _compiles_with(options: tuple) -> bool:
 _TRACING: contextvars.ContextVar = contextvars.ContextVar("funcnet_xla_options", default=False)
 
 
-def jit(fun: Callable, **jit_kwargs) -> Callable:
+def jit(fun: Callable, *, options: Optional[dict] = None, **jit_kwargs) -> Callable:
     """``jax.jit(fun, **jit_kwargs)`` compiled with :func:`compiler_options`, and traced
     with :func:`traced_with_options` true, so that layers choose their kernels for them.
 
     Args:
       fun: the function to compile (a train step, an evaluation).
+      options: the options to start from instead of :func:`compiler_options` (``{}``:
+        XLA's defaults, i.e. plain ``jax.jit``); ``fit(compiler_options=...)`` passes its
+        own here.
       **jit_kwargs: ``jax.jit``'s other arguments (``donate_argnums``, shardings, ...);
         a ``compiler_options`` given here is added to funcnet's (yours win).
 
@@ -110,13 +117,17 @@ def jit(fun: Callable, **jit_kwargs) -> Callable:
       >>> f(params, jnp.ones((2, 8, 8, 1))).shape
       (2, 6, 6, 4)
     """
-    options = {**compiler_options(), **(jit_kwargs.pop("compiler_options", None) or {})}
+    options = {**(compiler_options() if options is None else options),
+               **(jit_kwargs.pop("compiler_options", None) or {})}
     if not options:
         return jax.jit(fun, **jit_kwargs)
+    # Layers read the flag to pick kernels for XLA's multi-threaded convolutions: only
+    # funcnet's CPU option puts them there, not any option a caller passes.
+    conv_options = dict(_CPU).items() <= options.items()
 
     @functools.wraps(fun)
     def traced(*args, **kwargs):
-        token = _TRACING.set(True)
+        token = _TRACING.set(conv_options)
         try:
             return fun(*args, **kwargs)
         finally:
@@ -141,9 +152,10 @@ def jit(fun: Callable, **jit_kwargs) -> Callable:
 
 
 def traced_with_options() -> bool:
-    """Whether the function being traced now is compiled by :func:`jit` (``fit``'s steps
-    are) with non-empty :func:`compiler_options`: a layer's ``"auto"`` choice of
-    kernels reads it (``Conv`` takes XLA's convolution then).
+    """Whether the function being traced now is compiled by :func:`jit` with funcnet's
+    CPU option of :func:`compiler_options` (``fit(compiler_options=
+    funcnet.xla.compiler_options())`` compiles its steps so): a layer's ``"auto"`` choice
+    of kernels reads it (``Conv`` takes XLA's convolution then).
 
     Returns:
       True inside such a trace, False elsewhere (plain ``jax.jit``, eager calls). A

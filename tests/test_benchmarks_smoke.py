@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import center_loss, cnn, gpt, mlp, pmap, sharding_memory, softmax_output
+from benchmarks import center_loss, cnn, fit_nets, gpt, mlp, pmap, sharding_memory, softmax_output
 from benchmarks import gpu as gpu_tier
 from benchmarks import run as bench_run
 from benchmarks.workloads import WORKLOADS, by_name, cases_on, peers_on
@@ -76,6 +76,17 @@ def test_cnn_funcnet_one_step():
     ours = cnn.run("funcnet", CFG, case)
     _finite(ours)
     assert 0.5 < ours["extra"]["loss_first"] < 5.0
+
+
+@pytest.mark.parametrize("net,peers", [("flax-cnn", ("fit-device", "flax")),
+                                       ("lenet", ("fit-device-loop", "jit-loop")),
+                                       ("gpt", ("fit", "fit-device-options"))])
+def test_fit_nets_peers_train_each_network(net, peers):
+    case = dict(net=net, batch=4, steps=10, reps=1, quick_steps=10, quick_reps=1)
+    for peer in peers:
+        if peer == "flax":
+            pytest.importorskip("flax", reason="the flax peer needs the bench extra")
+        _finite(fit_nets.run(peer, dict(CFG, quick=True), case))
 
 
 def test_softmax_output_matches_autodiff():
@@ -260,7 +271,8 @@ def test_gpu_budget_keeps_the_later_stages_reserves():
     assert gpu_tier.stage_timeout(plan, opt, 400) == plan[opt]["cap"]
     half = gpu_tier.plan_timeouts(240, ["suite"])
     assert half == [dict(plan[1], cap=plan[1]["cap"] / 2, reserve=plan[1]["reserve"] / 2)]
-    assert gpu_tier._selected_stages("workloads,device") == ["device", "mlp", "cnn", "fit", "gpt"]
+    assert gpu_tier._selected_stages("workloads,device") == ["device", "mlp", "cnn", "fit", "gpt",
+                                                             "fit-nets"]
     with pytest.raises(SystemExit):
         gpu_tier._selected_stages("bogus")
 

@@ -1,0 +1,124 @@
+"""How fit dispatches and compiles its steps: no device loop around convolutions on CPU
+(XLA:CPU runs them far slower inside one), plain ``jax.jit`` unless compiler options are
+asked for, and the programs are then exactly a hand-written loop's."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import funcnet
+from funcnet import data, loop, xla
+from funcnet.layers import Conv, ConvTranspose, Dense, Flatten, Relu
+from funcnet.train import Aux, TrainState, make_train_step
+
+CPU = jax.default_backend() == "cpu"
+
+
+def _setup(net, in_shape):
+    opt = optax.sgd(0.05, momentum=0.9)
+    ts = TrainState.create(net, opt, jax.random.key(0), (-1, *in_shape))
+
+    def loss_fn(params, state, batch, rng):
+        out, state = net.apply(params, state, batch[0], rng=rng, train=True)
+        return jnp.mean((out - batch[1]) ** 2), Aux(state=state)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, *in_shape)).astype(np.float32)
+    return ts, loss_fn, opt, x
+
+
+CNN = (funcnet.serial(Conv(3, (3, 3), padding="SAME"), Relu, Flatten, Dense(2)), (6, 6, 1))
+MLP = (funcnet.serial(Flatten, Dense(8), Relu, Dense(2)), (6, 6, 1))
+DECONV = (funcnet.serial(ConvTranspose(2, (2, 2)), Flatten, Dense(2)), (3, 3, 1))
+
+
+def _steps_per_dispatch(monkeypatch, net_shape, **fit_kwargs):
+    """The steps per dispatch fit chose (what it passed to its compile)."""
+    seen = []
+    compile_ = loop._compile
+
+    def spy(*args, **kwargs):
+        seen.append(args[6])  # steps_per_dispatch
+        return compile_(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_compile", spy)
+    ts, loss_fn, opt, x = _setup(*net_shape)
+    y = np.zeros((len(x), 2), np.float32)
+    funcnet.fit(ts, loss_fn, opt, fit_kwargs.pop("train_data", data.DeviceData((x, y), 8)),
+                progress=False, log_every=4, **fit_kwargs)
+    return seen[0]
+
+
+@pytest.mark.parametrize("net_shape,looped", [(CNN, not CPU), (DECONV, not CPU), (MLP, True)],
+                         ids=["conv", "conv-transpose", "mlp"])
+def test_default_loops_on_the_device_except_convolutions_on_cpu(monkeypatch, net_shape, looped):
+    assert _steps_per_dispatch(monkeypatch, net_shape) == (4 if looped else 1)
+    # the host pipeline's stacked batches follow the same rule
+    x = np.zeros((32, *net_shape[1]), np.float32)
+    batches = lambda e: data.batches((x, np.zeros((32, 2), np.float32)), 8)  # noqa: E731
+    assert _steps_per_dispatch(monkeypatch, net_shape, train_data=batches) == (4 if looped else 1)
+    # asked for, the loop runs whatever the step holds
+    assert _steps_per_dispatch(monkeypatch, net_shape, steps_per_dispatch=2) == 2
+
+
+def test_loop_rule_reads_the_step_and_loops_what_it_cannot_trace():
+    ts, loss_fn, _, x = _setup(*CNN)
+    batch = (x[:8], np.zeros((8, 2), np.float32))
+    assert loop._device_loop_pays(ts, loss_fn, [batch]) == (not CPU)
+    assert loop._device_loop_pays(ts, loss_fn, iter([batch]))   # read-once data: not traced
+
+    def needs_pmap(params, state, batch, rng):   # untraceable outside its step
+        return jax.lax.pmean(loss_fn(params, state, batch, rng)[0], "batch"), Aux()
+
+    assert loop._device_loop_pays(ts, needs_pmap, [batch])
+    ts, loss_fn, _, x = _setup(*MLP)
+    assert loop._device_loop_pays(ts, loss_fn, [batch])
+
+
+@pytest.mark.parametrize("options", [None, "funcnet"])
+def test_fit_steps_are_the_hand_written_loops_programs(options):
+    """fit (one step per dispatch, host batches) ends where a loop over ``jax.jit`` of
+    the same step does, bit for bit; with ``compiler_options`` given, where a loop over
+    ``funcnet.xla.jit`` with those options does."""
+    ts, loss_fn, opt, x = _setup(*CNN)
+    y = np.random.default_rng(1).standard_normal((len(x), 2)).astype(np.float32)
+    batches = lambda e: data.batches((x, y), 8, shuffle=True, rng=0, epoch=e)  # noqa: E731
+    opts = xla.compiler_options() if options else None
+    fitted, _ = funcnet.fit(ts, loss_fn, opt, batches, epochs=2, progress=False,
+                            compiler_options=opts)
+    step = xla.jit(make_train_step(loss_fn, opt), options=opts or {})
+    hand = ts
+    for epoch in range(2):
+        for b in batches(epoch):
+            hand = step(hand, b)[0]
+    for a, b in zip(jax.tree.leaves(fitted.params), jax.tree.leaves(hand.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fit_traces_layers_for_the_options_it_compiles_with():
+    """Conv's "auto" kernels follow fit's compiler options: plain by default, XLA's one
+    convolution under funcnet's CPU option; an unrelated option does not switch them."""
+    net, shape = CNN
+    seen = []
+
+    def loss_fn(params, state, batch, rng):
+        seen.append(xla.traced_with_options())
+        out, state = net.apply(params, state, batch)
+        return jnp.mean(out ** 2), Aux(state=state)
+
+    ts = TrainState.create(net, optax.sgd(0.1), jax.random.key(0), (-1, *shape))
+    x = np.ones((16, *shape), np.float32)
+    for options, inside in [(None, False), (xla.compiler_options(), CPU),
+                            ({"xla_embed_ir_in_executable": True}, False)]:
+        seen.clear()
+        funcnet.fit(ts, loss_fn, optax.sgd(0.1), data.DeviceData(x, 8), progress=False,
+                    compiler_options=options)
+        assert seen and any(seen) == inside, (options, seen)
+
+
+def test_compiler_options_must_be_a_dict():
+    ts, loss_fn, opt, x = _setup(*MLP)
+    with pytest.raises(TypeError, match=r"compiler_options must be a dict .* got str 'fast'"):
+        funcnet.fit(ts, loss_fn, opt, [(x, x[:, :2, 0, 0])], progress=False,
+                    compiler_options="fast")
