@@ -298,6 +298,26 @@ def device_summary(probe: Dict[str, Dict]) -> Dict[str, str]:
             "cuda": "; ".join(cuda) or "n/a (no CUDA build found)"}
 
 
+def epoch_clock():
+    """A ``funcnet.fit`` callback whose ``stamps`` are the wall times at the train's start
+    and at each epoch's end, after the params are ready: their differences are whole
+    epochs, loop included."""
+    from funcnet.callbacks import Callback
+
+    class EpochClock(Callback):
+        def __init__(self):
+            self.stamps = []
+
+        def on_train_begin(self, ctx):
+            self.stamps.append(time.perf_counter())
+
+        def on_epoch_end(self, ctx, epoch, logs):
+            block(ctx.train_state.params)
+            self.stamps.append(time.perf_counter())
+
+    return EpochClock()
+
+
 def jax_step(params, forward, tx, jit=None):
     """The JAX peers' shared step: mean softmax CE, ``value_and_grad``, optax update, one
     ``jit`` (default ``jax.jit``; the funcnet peers pass ``funcnet.xla.jit``, which ``fit``

@@ -106,22 +106,7 @@ def run(peer, cfg, case):
         # (the GPU machines here may lack it) times fit without it, and the row says so.
         bar = importlib.util.find_spec("tqdm") is not None
 
-        from funcnet.callbacks import Callback
-
-        class EpochClock(Callback):
-            """Wall time at each epoch end: differences are whole epochs, loop included."""
-
-            def __init__(self):
-                self.stamps = []
-
-            def on_train_begin(self, ctx):
-                self.stamps.append(time.perf_counter())
-
-            def on_epoch_end(self, ctx, epoch, logs):
-                common.block(ctx.train_state.params)
-                self.stamps.append(time.perf_counter())
-
-        clock, sink = EpochClock(), io.StringIO()
+        clock, sink = common.epoch_clock(), io.StringIO()
         # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
         # user's run does; the first epoch (with the compilation) is reported apart.
         prefetch = None  # fit's default: no background thread on CPU

@@ -118,24 +118,12 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
     import importlib.util
 
     from funcnet import data, fit, xla
-    from funcnet.callbacks import Callback
-
-    class EpochClock(Callback):
-        def __init__(self):
-            self.stamps = []
-
-        def on_train_begin(self, ctx):
-            self.stamps.append(time.perf_counter())
-
-        def on_epoch_end(self, ctx, epoch, logs):
-            common.block(ctx.train_state.params)
-            self.stamps.append(time.perf_counter())
 
     if peer == "fit":
         train_data = lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)  # noqa: E731
     else:
         train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
-    clock = EpochClock()
+    clock = common.epoch_clock()
     with contextlib.redirect_stderr(io.StringIO()):
         fit(ts, loss_fn, opt, train_data, epochs=1 + reps, callbacks=[clock],
             progress=importlib.util.find_spec("tqdm") is not None, log_every=LOOP_K,

@@ -6,8 +6,8 @@ with a global batch of 512: ``pmap-4`` shards it as 4 x 128 with ``axis_name`` (
 ``pmean``-ed); ``jit-mesh-4`` runs the plain step (no ``axis_name``) jitted on the state
 replicated over a 4-device mesh and the batch split over it (``funcnet.distributed``'s
 ``replicate_on``/``shard_batch``), XLA inserting the all-reduce; ``jit-1`` runs all 512 on
-one device. Same weights and data, so the first-step losses agree. Correctness-level only: the simulated devices share the machine's
-cores and one thread pool.
+one device. Same weights and data, so the first-step losses agree. Correctness-level only:
+the simulated devices share the machine's cores and one thread pool.
 """
 
 from __future__ import annotations

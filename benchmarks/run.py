@@ -345,7 +345,7 @@ def _header(info: Dict) -> List[str]:
         f"time(s), in alternating peer order"
         + (f", at most {info['reps_cap']} repetitions each" if info["reps_cap"] else "")
         + ". Times are medians over all repetitions after a "
-        f"warm-up that includes compilation; min and max are shown. "
+        "warm-up that includes compilation; min and max are shown. "
         "Ratio = reference median time ÷ peer median time (> 1: the reference is slower). "
         "Synthetic MNIST-shaped data, already on the device: no data loading is timed.",
         "",
@@ -426,7 +426,8 @@ def main(argv=None) -> int:
     if not 1 <= threads <= len(usable):
         raise SystemExit(f"--threads must be between 1 and {len(usable)}, got {threads}.")
     cpus = usable[:threads]
-    command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    words = argv if argv is not None else sys.argv[1:]
+    command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in words)
     info = _header_info(args, cpus, command.strip())
     lines = _header(info)
     if "device" in info:

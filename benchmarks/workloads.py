@@ -108,15 +108,23 @@ WORKLOADS: List[Workload] = [
     Workload(
         "cnn", "3. LeNet-style CNN: conv5x5x32-maxpool2-conv5x5x64-maxpool2-dense128-dense10, "
                "batch 128, Adam(1e-3)", "s/step",
-        peers=[Peer("funcnet", "benchmarks.cnn:run", note="funcnet Conv/MaxPool/Flatten/Dense (NHWC), jitted by funcnet.xla.jit as fit compiles its steps (on CPU: convolutions on XLA's multi-threaded kernels, not YNNPACK's, and Conv's auto path is one XLA convolution); MaxPool takes its reshape+argmax path"),
+        peers=[Peer("funcnet", "benchmarks.cnn:run",
+                    note="funcnet Conv/MaxPool/Flatten/Dense (NHWC), jitted by funcnet.xla.jit "
+                         "(on CPU: convolutions on XLA's multi-threaded kernels, not YNNPACK's, "
+                         "and Conv's auto path is one XLA convolution); MaxPool takes its "
+                         "reshape+argmax path"),
                # CPU only: on a GPU funcnet.xla.jit adds no option and Conv's auto path is
                # XLA's convolution, so the next three compile to funcnet's own program there.
                Peer("funcnet-plainjit", "benchmarks.cnn:run",
-                    note="the same under a plain jax.jit: XLA's default kernels; Conv's auto path then runs the one-channel conv1's gradients through patches and conv2 on 4 chunks of 32 examples", platforms=CPU_ONLY),
+                    note="the same under a plain jax.jit: XLA's default kernels; Conv's auto path "
+                         "then runs the one-channel conv1's gradients through patches and conv2 "
+                         "on 4 chunks of 32 examples", platforms=CPU_ONLY),
                Peer("funcnet-unchunked", "benchmarks.cnn:run",
-                    note="funcnet-plainjit with conv2 as Conv(implementation='xla'): one convolution over the batch", platforms=CPU_ONLY),
+                    note="funcnet-plainjit with conv2 as Conv(implementation='xla'): one "
+                         "convolution over the batch", platforms=CPU_ONLY),
                Peer("funcnet-xlaconv", "benchmarks.cnn:run",
-                    note="funcnet-plainjit with both convs as Conv(implementation='xla'): one lax.conv_general_dilated each", platforms=CPU_ONLY),
+                    note="funcnet-plainjit with both convs as Conv(implementation='xla'): one "
+                         "lax.conv_general_dilated each", platforms=CPU_ONLY),
                Peer("funcnet-im2col", "benchmarks.cnn:run",
                     note="funcnet serial with a benchmark-local im2col Conv layer, plain jax.jit"),
                Peer("jax-nhwc", "benchmarks.cnn:run",

@@ -120,6 +120,62 @@ DATA_CANDIDATES = (os.path.join(ROOT, "data", "shakespeare_char", "input.txt"),
 
 
 def parse_args(argv=None):
+    """The flags as given; :func:`main` then refuses those no run can use
+    (:func:`refuse_bad_args`)."""
+    return _parser().parse_args(argv)
+
+
+def refuse_bad_args(args):
+    """``args``, or an exit as argparse's (its usage line, status 2) naming every flag
+    of ``args`` that no run can use (:func:`check_args`)."""
+    bad = check_args(args)
+    if bad:
+        _parser().error("; ".join(bad))
+    return args
+
+
+# What each count is for, so that a 0 is refused with a reason rather than giving nan
+# losses (--eval-iters: a mean over no batches) or a ZeroDivisionError (the intervals).
+_AT_LEAST_ONE = {
+    "eval_iters": "the loss printed at each evaluation is the mean over eval_iters batches "
+                  "of each split, so 0 gives nan (nanoGPT's CPU run: 20)",
+    "log_interval": "an iter line is printed every log_interval iterations",
+    "eval_interval": "the model is evaluated every eval_interval iterations",
+    "batch_size": "the windows per update", "block_size": "the context length",
+    "n_layer": "the transformer blocks", "n_head": "the attention heads",
+    "n_embd": "the width", "steps_per_dispatch": "the most updates per dispatch"}
+_AT_LEAST_ZERO = ("max_iters", "lr_decay_iters", "warmup_iters", "sample_tokens", "devices")
+
+
+def check_args(args):
+    """The messages for arguments no run can use (empty when all are fine)."""
+    flag = lambda name: "--" + name.replace("_", "-")
+    bad = [f"{flag(n)}={getattr(args, n)} must be at least 1: {why}"
+           for n, why in _AT_LEAST_ONE.items() if getattr(args, n) < 1]
+    bad += [f"{flag(n)}={getattr(args, n)} must be at least 0" for n in _AT_LEAST_ZERO
+            if getattr(args, n) < 0]
+    if not 0.0 <= args.dropout < 1.0:
+        bad.append(f"--dropout={args.dropout} must be in [0, 1): the probability of zeroing "
+                   f"each activation")
+    return bad
+
+
+def check_block_size(args, splits):
+    """``splits`` (:func:`encode_splits`'s), or an argument error for a ``--block-size``
+    the text cannot fill: a window takes block_size + 1 characters (the inputs and their
+    next-character targets) from each split, and the validation split is the text's
+    last 10 %."""
+    n_train, n_val = len(splits[1]), len(splits[2])
+    n = min(n_train, n_val)
+    if args.block_size + 1 > n:
+        _parser().error(f"--block-size={args.block_size} is too long for the text: its "
+                        f"{'validation' if n == n_val else 'training'} split has {n} "
+                        f"characters and a window needs block_size + 1 of them. Use "
+                        f"--block-size={max(n - 1, 1)} or less, or a longer text (--data).")
+    return splits
+
+
+def _parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # nanoGPT's config/train_shakespeare_char.py, spelled with dashes
     for flag, default in (("batch-size", 64), ("block-size", 256), ("n-layer", 6),
@@ -146,7 +202,7 @@ def parse_args(argv=None):
                    help="at most this many updates per dispatch (see steps_per_dispatch)")
     p.add_argument("--peak-tflops", type=float, default=312.0,
                    help="the peak of the mfu figure, in TFLOPS (nanoGPT's: an A100's bfloat16 312)")
-    return p.parse_args(argv)
+    return p
 
 
 def device_platform():
@@ -395,10 +451,10 @@ def estimate_mfu(args, n_params, dt):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = refuse_bad_args(parse_args(argv))
     platform, capability = device_platform()
     args.dtype = args.dtype or default_dtype(platform, capability)
-    chars, train_ids, val_ids = encode_splits(load_text(args.data))
+    chars, train_ids, val_ids = check_block_size(args, encode_splits(load_text(args.data)))
     net, optimizer = build(args, len(chars))
     ts, draws, sample_key = start(args, net, optimizer, len(chars), len(train_ids), len(val_ids))
     if args.rng == "torch" and args.dropout > 0:

@@ -8,15 +8,21 @@ callbacks monitor that ``fit`` will never log (public as ``funcnet.loop.LogKeys`
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from funcnet import _checks as checks
 from funcnet import data as data_lib
-from funcnet.callbacks import Callback
+from funcnet.callbacks import Callback, LearningRateLogger, Profile
 from funcnet.errors import MetricStateError
-from funcnet.train import make_train_step
+from funcnet.train import EMA, make_train_step
 
-__all__ = ["LogKeys", "check_before_training", "first_batch"]
+__all__ = ["LogKeys", "check_before_training", "check_fit_options", "first_batch",
+           "optimizer_note"]
 
 
 class LogKeys:
@@ -165,3 +171,144 @@ def _step_metric_keys(train_state, loss_fn, optimizer, train_data, step_options)
     except Exception:
         return None
     return frozenset(metrics)
+
+
+def check_fit_options(train_state, step_options, eval_on_ema, eval_fn, callbacks,
+                      on_nonfinite) -> None:
+    """Option combinations that would train without doing what they ask, refused (or, for
+    a run ``on_nonfinite`` lets go on, warned about) before the first step: an EMA
+    evaluation without an EMA that moves, overlapping ``Profile`` windows, and a
+    learning rate that is already NaN/inf at the run's first step."""
+    _check_eval_on_ema(train_state, step_options or {}, eval_on_ema, eval_fn)
+    _check_profiles([cb for cb in callbacks if isinstance(cb, Profile)])
+    _check_first_learning_rate(train_state, callbacks, on_nonfinite)
+
+
+def _check_eval_on_ema(train_state, step_options, eval_on_ema, eval_fn) -> None:
+    """``eval_on_ema=True`` evaluates ``train_state.ema.params``: without an EMA the
+    evaluation fails after the first epoch, and with an EMA no step updates (no
+    ``ema_decay``) every epoch would log the metrics of the initial params."""
+    if not eval_on_ema:
+        return
+    if eval_fn is None:
+        raise checks.ArgumentError(
+            "fit: eval_on_ema=True but no evaluation is asked for (eval_data, eval_fn and "
+            "metric are None), so it would do nothing. Pass them, or drop eval_on_ema.")
+    has_ema = isinstance(train_state.ema, EMA)
+    decay = step_options.get("ema_decay")
+    if has_ema and decay is not None:
+        return
+    missing = " and ".join(
+        ([] if has_ema else ["create the TrainState with TrainState.create(..., ema=True)"])
+        + ([] if decay is not None else ["pass step_options={'ema_decay': 0.999} (any decay "
+                                         "in (0, 1))"]))
+    what = ("the TrainState keeps no EMA (train_state.ema is ())" if not has_ema else
+            "step_options has no ema_decay, so no step updates the EMA and every epoch "
+            "would evaluate the initial params")
+    raise checks.ArgumentError(f"fit: eval_on_ema=True evaluates the params' moving average, "
+                               f"but {what}. To evaluate an EMA, {missing}; or drop "
+                               f"eval_on_ema to evaluate the params.")
+
+
+def _check_profiles(profiles) -> None:
+    """Two ``Profile`` windows of one run that overlap would start a second trace while
+    the first runs, which ``jax.profiler`` refuses mid-run. Windows that touch (one
+    stops where the next starts) work when the earlier is listed first: callbacks run
+    in order, so it stops its trace before the next one starts."""
+    for i, a in enumerate(profiles):
+        for b in profiles[i + 1:]:
+            if a.start < b.stop and b.start < a.stop:
+                raise ValueError(
+                    f"fit: Profile(steps=({a.start}, {a.stop})) and Profile(steps=({b.start}, "
+                    f"{b.stop})) overlap; jax.profiler runs one trace at a time. Use one "
+                    f"Profile over both windows, steps=({min(a.start, b.start)}, "
+                    f"{max(a.stop, b.stop)}), or windows that do not overlap.")
+            if b.stop == a.start:
+                raise ValueError(
+                    f"fit: Profile(steps=({b.start}, {b.stop})) ends where the earlier-listed "
+                    f"Profile(steps=({a.start}, {a.stop})) starts; callbacks run in order, so "
+                    f"the second would start its trace before the first stops. List "
+                    f"Profile(steps=({b.start}, {b.stop})) first.")
+
+
+def _check_first_learning_rate(train_state, callbacks, on_nonfinite) -> None:
+    """A learning rate that is NaN/inf at the run's first step turns the params to NaN on
+    that step, and fit would report a non-finite loss a step later without naming the
+    rate. Looked at where it is cheap: the hyperparameters ``optax.inject_hyperparams``
+    keeps in the optimizer state (the schedule's value at the state's count), and the
+    schedule a ``LearningRateLogger`` was given."""
+    step = int(jax.device_get(train_state.step))
+    bad = [f"{name} = {value}" for name, value in _hyperparams(train_state.opt_state)
+           if not math.isfinite(value)]
+    for cb in callbacks:
+        schedule = getattr(cb, "schedule", None) if isinstance(cb, LearningRateLogger) else None
+        if schedule is not None:
+            value = _scalar(schedule(step) if callable(schedule) else schedule)
+            if value is not None and not math.isfinite(value):
+                bad.append(f"LearningRateLogger's schedule({step}) = {value}")
+    if not bad or on_nonfinite == "ignore":
+        return
+    msg = (f"fit: the learning rate is not finite at the run's first step (step {step}): "
+           f"{'; '.join(bad)}. The first update would turn every parameter to NaN. Check the "
+           f"schedule's value at step {step} (e.g. a warmup over 0 steps divides by zero).")
+    if on_nonfinite == "raise":
+        raise FloatingPointError(msg + " (on_nonfinite='warn' trains on anyway.)")
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+def _scalar(value):
+    """A float of a scalar (Python, NumPy, JAX), or None for anything else."""
+    try:
+        arr = np.asarray(jax.device_get(value))
+    except Exception:
+        return None
+    return float(arr) if arr.ndim == 0 and arr.dtype.kind in "iuf" else None
+
+
+def _hyperparams(opt_state) -> list:
+    """``(path, value)`` of each scalar float hyperparameter ``optax.inject_hyperparams``
+    keeps in ``opt_state`` (under a ``hyperparams`` field), e.g. ``('.hyperparams
+    ['learning_rate']', 0.001)``."""
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        names = [str(getattr(k, "name", getattr(k, "key", ""))) for k in path]
+        if "hyperparams" in names and np.ndim(leaf) == 0:
+            value = _scalar(leaf)
+            if value is not None and np.asarray(leaf).dtype.kind == "f":
+                found.append((jax.tree_util.keystr(path), value))
+    return found
+
+
+def optimizer_note(optimizer, train_state, step: int) -> str:
+    """What fit's non-finite-loss message adds when the optimizer, not the loss, is the
+    cause: the update ``optimizer`` makes from ``train_state`` (the state fit started
+    from) for gradients of ones is NaN/inf at the optimizer count of the run's first
+    update or of the update before ``step`` (the first non-finite loss), which only a
+    NaN/inf hyperparameter does (a learning-rate schedule, most often). Traced and run
+    once, only after a non-finite loss; '' when finite, or when it cannot be computed."""
+    try:
+        params = train_state.params
+        grads = jax.tree.map(lambda p: jnp.ones_like(p) if jnp.issubdtype(
+            jnp.result_type(p), jnp.inexact) else jnp.zeros_like(p), params)
+        update = jax.jit(lambda state: optimizer.update(grads, state, params)[0])
+        first = int(jax.device_get(train_state.step))
+        for count in sorted({first, max(first, step - 2)}):
+            state = jax.tree.map(lambda x: _with_count(x, count), train_state.opt_state)
+            leaves = jax.tree.leaves(jax.device_get(update(state)))
+            if not all(np.isfinite(np.asarray(x)).all() for x in leaves
+                       if np.asarray(x).dtype.kind in "fc"):
+                return (f" The optimizer itself makes a non-finite update for finite "
+                        f"gradients at step {count + 1} (optimizer count {count}): its "
+                        f"learning rate (schedule) or another hyperparameter is NaN/inf "
+                        f"there. Check the schedule's value at {count}, e.g. "
+                        f"schedule({count}) (a warmup over 0 steps divides by zero).")
+    except Exception:  # a diagnostic only: an optimizer it cannot probe adds nothing
+        return ""
+    return ""
+
+
+def _with_count(x, count: int):
+    """An optimizer state's integer scalar (optax's update counts) set to ``count``."""
+    if np.ndim(x) == 0 and jnp.issubdtype(jnp.result_type(x), jnp.integer):
+        return jnp.asarray(count, jnp.result_type(x))
+    return x

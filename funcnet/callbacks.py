@@ -78,6 +78,12 @@ class Callback:
     def on_epoch_end(self, ctx, epoch: int, logs: dict): ...
     def on_train_end(self, ctx): ...
 
+    def on_train_error(self, ctx, error: BaseException) -> None:
+        """Called instead of ``on_train_end`` when ``fit`` raises after ``on_train_begin``
+        (in a step, a callback, a KeyboardInterrupt), before the error propagates: to
+        release what ``on_train_begin`` acquired (``Profile`` stops its trace). ``error``
+        is the exception; raising here adds a note to it and does not replace it."""
+
 
 class Checkpoint(Callback):
     """Saves the train state and the loop position every ``every_steps`` steps and/or
@@ -533,10 +539,15 @@ class Profile(Callback):
     profile plugin or Perfetto (``.xplane.pb`` under ``logdir/plugins/profile``).
     Each dispatch in the window runs inside ``jax.profiler.StepTraceAnnotation("train",
     step_num=step)``, the step markers the profiler's step-time view groups by.
-    ``fit``'s dispatches are unchanged: with several steps per dispatch (a
-    ``DeviceData``) the trace starts and stops between dispatches, so it holds the
-    dispatches around the window, each marked with its first step. A window that ends
-    past the run's last step is warned about at the start.
+    With several steps per dispatch, ``fit`` ends a dispatch at ``start`` and at
+    ``stop`` (``dispatch_edges``), so even a window inside one of its usual dispatches
+    is traced, and the trace holds the window's dispatches, each marked with its first
+    step; the other dispatches keep their size. A window that ends past the run's last
+    step is warned about at the start, one the run never reached at the end. A ``fit``
+    that raises inside the window stops the trace (``on_train_error``), so a later
+    trace in the process can start; another trace already running in the process is
+    an error naming ``jax.profiler.stop_trace``. Overlapping windows in one ``fit`` are
+    refused before training.
 
     Args:
       logdir: the directory the trace is written to.
@@ -573,7 +584,11 @@ class Profile(Callback):
                                        f"0 <= start < stop, e.g. (10, 15); got {steps!r}.")
         self.logdir, self.start, self.stop = str(logdir), int(steps[0]), int(steps[1])
         self.every_steps = None  # called between dispatches; fit keeps its dispatch size
+        # ...except that a dispatch ends at these global steps: the trace starts and stops
+        # between dispatches, and a window inside one would otherwise never start.
+        self.dispatch_edges = (self.start, self.stop)
         self._on = False
+        self._traced, self._first = False, 0  # whether this run traced; its first step
         self._mark = None  # the open StepTraceAnnotation of the dispatch in flight
 
     def on_train_begin(self, ctx):
@@ -584,12 +599,21 @@ class Profile(Callback):
             warnings.warn(f"Profile: the window ends at step {self.stop}, past this run's "
                           f"last step ({planned}); the trace will stop at the end of training.",
                           stacklevel=2)
+        self._traced, self._first = False, ctx.host_step
         if ctx.host_step >= self.start and ctx.host_step < self.stop:
             self._begin()
 
     def _begin(self):
-        jax.profiler.start_trace(self.logdir)
-        self._on = True
+        try:
+            jax.profiler.start_trace(self.logdir)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"Profile(steps=({self.start}, {self.stop})): jax.profiler.start_trace failed "
+                f"({e}). jax.profiler runs one trace at a time per process, and another one "
+                f"is running (started by jax.profiler.start_trace or jax.profiler.trace and "
+                f"never stopped). Call jax.profiler.stop_trace() before fit, or drop the "
+                f"other trace.") from e
+        self._on = self._traced = True
 
     def on_step_begin(self, ctx, step):
         if self._on:
@@ -613,3 +637,24 @@ class Profile(Callback):
     def on_train_end(self, ctx):
         if self._on:
             self._end(ctx)
+        elif not self._traced:
+            warnings.warn(f"Profile: the window steps=({self.start}, {self.stop}) holds none "
+                          f"of this run's steps ({self._first + 1} to {ctx.host_step}), so "
+                          f"nothing was traced. fit's global steps continue the train state's "
+                          f"step (a resumed run's too): pick a window inside the run.",
+                          stacklevel=2)
+
+    def on_train_error(self, ctx, error):
+        """Stops the trace of a fit that raised inside the window (what it traced is
+        written): a trace left running would make every later trace in the process
+        fail."""
+        if self._mark is not None:
+            self._mark.__exit__(None, None, None)
+            self._mark = None
+        if self._on:
+            self._on = False
+            try:
+                ctx.wait()  # the failure may have left no state to wait for
+            except Exception:
+                pass
+            jax.profiler.stop_trace()

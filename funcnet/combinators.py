@@ -370,7 +370,9 @@ def Scan(layer, n: int, *, unroll: int = 1) -> Layer:
     stacked. ``unroll`` is passed to ``lax.scan`` (copies per loop iteration).
     ``state=()`` is accepted for stateless layers; each copy then gets ``()``.
     Wrap the layer in :func:`Remat` to keep only the carry of each copy for the
-    backward pass.
+    backward pass. A layer that changes its input's dtype (bfloat16 inputs into float32
+    params give float32, as in ``serial``) has its first copy run before the scan, so
+    the result is serial's.
 
     Args:
       layer: the layer copied; its output shape must be its input shape.
@@ -386,7 +388,8 @@ def Scan(layer, n: int, *, unroll: int = 1) -> Layer:
     Raises:
       TypeError: ``layer`` is not a layer.
       ArgumentError: ``n`` or ``unroll`` is not a positive int.
-      ValueError: from ``init``, ``layer`` changes the shape of its input.
+      ValueError: from ``init``, ``layer`` changes the shape of its input; from
+        ``apply``, it changes its input's dtype at every copy, not only the first.
       MismatchError: from ``apply``, params or state whose leaves do not have ``n``
         copies stacked on axis 0.
 
@@ -429,10 +432,45 @@ def Scan(layer, n: int, *, unroll: int = 1) -> Layer:
             p, s, k = per_copy
             return inner.apply(p, s, x, rng=k, train=train)
 
-        # length: a layer without params or state (Dropout) gives scan no xs to count.
-        return jax.lax.scan(body, inputs, (params, state, keys), length=n, unroll=unroll)
+        return _scan_copies(name, body, inputs, (params, state, keys), n, unroll)
 
     return named(name, init, apply)
+
+
+def _avals(tree):
+    """The structure, shapes and dtypes of ``tree``: what ``lax.scan`` needs of a carry."""
+    return jax.tree.structure(tree), [(tuple(jnp.shape(x)), jnp.result_type(x))
+                                      for x in jax.tree.leaves(tree)]
+
+
+def _scan_copies(name, body, inputs, per_copy, n, unroll):
+    """``body`` over the ``n`` copies in ``per_copy``, threading ``inputs``, as serial would.
+
+    A copy may change the input's dtype (bfloat16 inputs into float32 params promote to
+    float32), which a scan's carry cannot: then the first copy runs on its own, as
+    serial's first layer, and the other ``n - 1`` are scanned over its output (two traces
+    of the layer instead of one, only then)."""
+    copy = lambda i: (lambda c: jax.tree.map(lambda a: a[i], c))
+    # abstract (eval_shape): nothing is sliced or run for the check itself
+    output = lambda x: jax.eval_shape(lambda x, c: body(x, copy(0)(c))[0], x, per_copy)
+    # length: a layer without params or state (Dropout) gives scan no xs to count.
+    if _avals(output(inputs)) == _avals(inputs):
+        return jax.lax.scan(body, inputs, per_copy, length=n, unroll=unroll)
+    y, s0 = body(inputs, copy(0)(per_copy))
+    if n > 1:
+        rest = copy(slice(1, None))(per_copy)
+        again = output(y)
+        if _avals(again) != _avals(y):
+            raise ValueError(f"{name}: the layer changes its input's dtype (or shape) at "
+                             f"every copy ({describe_tree(inputs)} -> {describe_tree(y)} -> "
+                             f"{describe_tree(again)}), so the copies cannot share one "
+                             f"compiled body. Cast the input to the params' dtype first, or "
+                             f"use serial(*[layer] * {n}).")
+        y, s_rest = jax.lax.scan(body, y, rest, length=n - 1, unroll=unroll)
+        # the state in the scanned copies' dtypes, which later calls give it
+        return y, jax.tree.map(lambda a, b: jnp.concatenate([a[None].astype(b.dtype), b]),
+                               s0, s_rest)
+    return y, jax.tree.map(lambda a: a[None], s0)
 
 
 def stack_params(trees) -> PyTree:
@@ -451,7 +489,8 @@ def stack_params(trees) -> PyTree:
         axis 0 (of size ``len(trees)``).
 
     Raises:
-      ValueError: ``trees`` is empty, or a tree's structure differs from the first's.
+      ValueError: ``trees`` is empty, or a tree's structure or a leaf's shape differs
+        from the first's (the message names the first such path and both shapes).
 
     Examples:
       >>> stacked = stack_params([{"W": jnp.zeros((3, 2))}, {"W": jnp.ones((3, 2))}])
@@ -468,7 +507,21 @@ def stack_params(trees) -> PyTree:
             raise ValueError(f"stack_params: every tree must have the structure of the first, "
                              f"but tree {i} is {describe_tree(tree)} and tree 0 is "
                              f"{describe_tree(trees[0])}.")
+        _check_same_shapes(trees[0], tree, i)
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _check_same_shapes(first, tree, i):
+    """Tree ``i``'s leaves have tree 0's shapes (stacking needs them equal)."""
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(first)[0],
+                            jax.tree.leaves(tree)):
+        if jnp.shape(a) != jnp.shape(b):
+            where = jax.tree_util.keystr(tuple(path), simple=True, separator="/") or "<root>"
+            raise ValueError(f"stack_params: every tree's leaves must have the shapes of the "
+                             f"first's, but {where!r} has shape {tuple(jnp.shape(b))} in tree "
+                             f"{i} and {tuple(jnp.shape(a))} in tree 0. Only copies of one "
+                             f"layer of one size stack (Scan's copies): build them with the "
+                             f"same sizes and input shape.")
 
 
 def unstack_params(tree, n: int) -> tuple:

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import struct
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -129,8 +130,11 @@ def _policy_text(policy) -> str:
 # --------------------------------------------------------------------------- #
 
 _MAGIC = b"funcnet-export\n"
-_FORMAT_VERSION = 1
+# 2: a CRC32 of everything before it (the magic line, the header's length, the header)
+# follows the header; 1 (read still, with a warning) had the body's checksum only.
+_FORMAT_VERSION = 2
 _HEADER_LEN = struct.Struct("<Q")
+_HEADER_CRC = struct.Struct("<I")
 _BATCH = "batch"
 _PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
@@ -170,12 +174,15 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
         (``Conv(implementation="auto")``) pick it for *this* process's backend, for
         every platform exported.
 
-    The file: the line ``funcnet-export``, an 8-byte little-endian header length,
-    a JSON header (format version, funcnet and jax versions, layer name, policy,
-    platforms, each input's path, shape -- ``null`` for the batch -- and dtype, the
-    outputs' shapes, and where the weights and the program lie), then the params
-    and state leaves (raw little-endian bytes), then ``Exported.serialize()``'s bytes.
-    :func:`load_exported` checks call-time inputs against the header's input spec.
+    The file (format 2): the line ``funcnet-export``, an 8-byte little-endian header
+    length, a JSON header (format version, funcnet and jax versions, layer name,
+    policy, platforms, each input's path, shape -- ``null`` for the batch -- and
+    dtype, the outputs' shapes, where the weights and the program lie, and the CRC32
+    of the weights and program), the 4-byte little-endian CRC32 of everything before
+    it (magic line, length and header), then the params and state leaves (raw
+    little-endian bytes), then ``Exported.serialize()``'s bytes. Every byte is
+    covered by a checksum: :func:`load_exported` refuses a file with any of them
+    changed. It checks call-time inputs against the header's input spec.
 
     Params and state are stored in the file and handed to the program as arguments
     rather than folded into it as XLA constants: XLA would then precompute parts of
@@ -261,10 +268,10 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
         "crc32": zlib.crc32(blob, crc),
     }
     head = json.dumps(header).encode("utf-8")
+    lead = _MAGIC + _HEADER_LEN.pack(len(head)) + head
     with atomic_write(path) as (f, _):
-        f.write(_MAGIC)
-        f.write(_HEADER_LEN.pack(len(head)))
-        f.write(head)
+        f.write(lead)
+        f.write(_HEADER_CRC.pack(zlib.crc32(lead)))
         for x in leaves:
             f.write(_le_bytes(x))
         f.write(blob)
@@ -281,8 +288,19 @@ def load_exported(path) -> Callable:
     and every dimension but the batch must match, or a ValueError names the
     expected shape. An input of another dtype is converted to the exported one
     when that does not change its kind for the worse (float64 -> float32,
-    int -> float; not float -> int). Outputs are ``jax.Array``s, as
+    int -> float; not float -> int) and every value survives the conversion: an
+    int64 id beyond the exported int32's range (or -1 for a uint8 input), or a
+    finite value beyond a float dtype's largest (70000.0 for float16), is refused
+    rather than served wrapped or as ``inf``, as ``make_predict_fn`` refuses
+    int64 values int32 cannot hold. Outputs are ``jax.Array``s, as
     ``make_predict_fn`` gives.
+
+    Integrity: the file's header, weights and program are covered by checksums
+    (export format 2); a changed byte anywhere is refused as corrupt, naming the
+    file. Files of format 1 (funcnet before format 2) still load, with a warning:
+    their header is not covered, so re-export them. A file exported with
+    ``jax_enable_x64`` on whose inputs, weights or outputs are 64-bit loads only
+    with it on (jax would otherwise truncate them to 32 bits).
 
     The result also has ``input_spec`` and ``output_spec`` (lists of
     ``{"path", "shape", "dtype"}``, ``None`` in a shape for the batch), ``header``
@@ -300,9 +318,9 @@ def load_exported(path) -> Callable:
 
     Raises:
       ArgumentError: ``path`` is not a file path; (at call time) inputs that do not
-        match the stored spec.
-      ValueError: the file is not an export, is truncated or corrupt, or was exported
-        for another platform.
+        match the stored spec, or whose values the exported dtype cannot hold.
+      ValueError: the file is not an export, is truncated or corrupt (header
+        included), was exported for another platform, or needs ``jax_enable_x64``.
       ImportError: the ``flatbuffers`` package is missing.
 
     Examples:
@@ -345,6 +363,7 @@ def load_exported(path) -> Callable:
             f"{where}: {path} was exported for {tuple(exported.platforms)}, but this process "
             f"runs on {here!r}. Export with platforms=({', '.join(map(repr, exported.platforms))}"
             f", {here!r}), or run this process on one of those (e.g. JAX_PLATFORMS=cpu).")
+    _check_x64(where, path, header)
     weights = []
     for w in header["weights"]:
         dt = jnp.dtype(w["dtype"])
@@ -387,7 +406,7 @@ class _Loaded:
     def __call__(self, inputs):
         where = f"exported {self.header['name']} ({self.path.name})"
         if self._in_tree.num_nodes == 1 and isinstance(inputs, (list, tuple)):
-            inputs = np.asarray(inputs)  # one input: nested lists are an array
+            inputs = _as_array(where, "input", inputs)  # one input: nested lists are an array
         leaves, tree = jax.tree.flatten(inputs)
         if tree != self._in_tree:
             raise checks.ArgumentError(
@@ -396,9 +415,9 @@ class _Loaded:
                 f"got {tree}.")
         batch, checked = None, []
         for x, spec in zip(leaves, self.input_spec):
-            x = x if isinstance(x, jax.Array) else np.asarray(x)
-            shape, want = tuple(x.shape), spec["shape"]
             name = _label(spec)
+            x = x if isinstance(x, jax.Array) else _as_array(where, name, x)
+            shape, want = tuple(x.shape), spec["shape"]
             if len(shape) != len(want) or any(w is not None and w != d
                                                for d, w in zip(shape, want)):
                 why = ("Only the batch size (-1 in the exported input_spec) may vary; the other "
@@ -421,6 +440,7 @@ class _Loaded:
                     raise checks.ArgumentError(
                         f"{where}: {name} must have dtype {want_dt.name} (the exported dtype), "
                         f"got {x.dtype}; convert it explicitly if that is what you mean.")
+                _check_fits(where, name, x, want_dt)
                 x = x.astype(want_dt)
             checked.append(x)
         return self._call(self._weights, jax.tree.unflatten(tree, checked))
@@ -439,6 +459,73 @@ def _kind(dt) -> str:
         if jnp.issubdtype(dt, base):
             return kind
     return "?"
+
+
+def _as_array(where: str, name: str, x) -> np.ndarray:
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as e:  # ragged nested lists
+        raise checks.ArgumentError(f"{where}: {name} must be an array (or nested lists of one "
+                                   f"shape), got {type(x).__name__}: {e}") from e
+
+
+def _check_fits(where: str, name: str, x, want: np.dtype) -> None:
+    """``x.astype(want)`` keeps every value (rounding aside): ints stay in range, finite
+    numbers finite. Only inputs being converted are looked at."""
+    if x.size == 0 or _kind(x.dtype) == "b":
+        return
+    if _kind(want) == "i":
+        info = np.iinfo(want)
+        lo, hi = info.min, info.max
+    elif _kind(want) in "fc":
+        lo, hi = -float(jnp.finfo(want).max), float(jnp.finfo(want).max)
+    else:
+        return
+    xs = [x.real, x.imag] if _kind(x.dtype) == "c" else [x]
+    for part in xs:
+        part = np.asarray(part)  # host values (an input on a device is fetched once)
+        small, big = part.min(), part.max()
+        if small >= lo and big <= hi:  # the usual case: no copy (False with a NaN or inf)
+            continue
+        if _kind(part.dtype) == "f":  # NaN and inf are values, converted as they are
+            values = part[np.isfinite(part)]
+            if values.size == 0:
+                continue
+            small, big = values.min(), values.max()
+            if small >= lo and big <= hi:
+                continue
+        bad = small if small < lo else big
+        at = tuple(int(i) for i in np.argwhere(part == bad)[0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # NumPy's overflow warning: the point made here
+            becomes = np.asarray(bad).astype(want)
+        raise checks.ArgumentError(
+            f"{where}: {name} holds {bad} (at index {at}), which the exported dtype "
+            f"{want.name} cannot hold ({want.name} holds {_num(lo)} to {_num(hi)}): converting "
+            f"the {x.dtype} input to {want.name} would silently make it {becomes}. "
+            + ("Pass values within that range (no vocabulary or class id is that large), or "
+               "export with a wider input dtype (int64 needs jax_enable_x64 on)."
+               if _kind(want) == "i" else
+               "Scale the input into that range, or export with a wider float input dtype."))
+
+
+def _num(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _check_x64(where: str, path: Path, header: dict) -> None:
+    """A file exported with jax_enable_x64 on holds 64-bit dtypes jax truncates with it off."""
+    if jax.config.jax_enable_x64:
+        return
+    dtypes = {jnp.dtype(e["dtype"])
+              for e in header["inputs"] + header["weights"] + header["outputs"]}
+    wide = sorted(d.name for d in dtypes if jax.dtypes.canonicalize_dtype(d) != d)
+    if wide:
+        raise ValueError(
+            f"{where}: {path} was exported with 64-bit types ({', '.join(wide)}: "
+            f"jax_enable_x64 was on), which this process would truncate to 32 bits "
+            f"(jax_enable_x64 is off). Load it with jax.config.update('jax_enable_x64', True) "
+            f"at startup, or export it again with jax_enable_x64 off.")
 
 
 def _label(spec: dict) -> str:
@@ -594,6 +681,7 @@ def _funcnet_version() -> str:
 
 
 def _read_header(where: str, path: Path, data: bytes):
+    """The JSON header, checked (its checksum in format 2), and the bytes after it."""
     n = len(_MAGIC) + _HEADER_LEN.size
     if not data.startswith(_MAGIC):
         raise ValueError(f"{where}: {path} is not a file written by funcnet.inference.export "
@@ -601,23 +689,47 @@ def _read_header(where: str, path: Path, data: bytes):
     if len(data) < n:
         raise ValueError(f"{where}: {path} is truncated ({len(data)} bytes). Export it again.")
     (size,) = _HEADER_LEN.unpack_from(data, len(_MAGIC))
+    end = n + size
+    if end + _HEADER_CRC.size > len(data):
+        raise ValueError(f"{where}: {path} is {len(data)} bytes, too short for the {size}-byte "
+                         f"header it announces: the file is truncated or corrupt. Export it "
+                         f"again.")
+    (stored,) = _HEADER_CRC.unpack_from(data, end)
+    intact = zlib.crc32(data[:end]) == stored
+    corrupt = (f"{where}: {path} is corrupt: its header's checksum does not match (a byte of "
+               f"the header or its length was changed). Export it again.")
     try:
-        header = json.loads(data[n:n + size].decode("utf-8"))
+        header = json.loads(data[n:end].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{where}: {path} has an unreadable header ({e}); the file is "
-                         f"truncated or corrupt. Export it again.") from e
+        raise ValueError(corrupt if not intact else
+                         f"{where}: {path} has an unreadable header ({e}). Export it "
+                         f"again.") from e
     if not isinstance(header, dict) or header.get("format") != "funcnet-export" \
-            or not isinstance(header.get("version"), int):
-        raise ValueError(f"{where}: {path} has no funcnet export header. Export it again.")
+            or not isinstance(header.get("version"), int) or header["version"] < 1:
+        raise ValueError(corrupt if not intact else
+                         f"{where}: {path} has no funcnet export header. Export it again.")
     version = header["version"]
     if version > _FORMAT_VERSION:
         raise ValueError(
             f"{where}: {path} is export format {version}, written by funcnet "
-            f"{header.get('funcnet_version')}; this funcnet reads format {_FORMAT_VERSION} "
-            f"and older. Upgrade funcnet to load it.")
+            f"{header.get('funcnet_version')}; this funcnet reads formats 1 to "
+            f"{_FORMAT_VERSION}. Upgrade funcnet to load it"
+            + ("." if intact else " (if this funcnet wrote it, its header is corrupt: export "
+               "it again)."))
+    if version == 1:
+        # No header checksum in format 1: the body's size and checksum are still checked.
+        warnings.warn(f"{where}: {path} is export format 1, whose header no checksum covers "
+                      f"(a changed byte there would go unnoticed). Export it again with this "
+                      f"funcnet (format {_FORMAT_VERSION}) to protect it.", UserWarning,
+                      stacklevel=3)
+        body = data[end:]
+    elif not intact:
+        raise ValueError(corrupt)
+    else:
+        body = data[end + _HEADER_CRC.size:]
     missing = [k for k in ("name", "platforms", "inputs", "outputs", "weights", "module", "crc32")
                if k not in header]
     if missing:
         raise ValueError(f"{where}: {path}'s header lacks {', '.join(missing)}; the file was not "
                          f"written by funcnet.inference.export or was changed. Export it again.")
-    return header, data[n + size:]
+    return header, body

@@ -25,7 +25,9 @@ GroupNorm, RMSNorm
 RNN/LSTM/GRU       ``weight_ih_l0 ...`` (all layers/directions;  transposes
                    no ``bias_*`` for ``bias=False``)
 MultiHeadAttention ``in_proj_weight, in_proj_bias,``            split in three, transposed
-                   ``out_proj.weight, out_proj.bias``
+                   ``out_proj.weight, out_proj.bias``; with     (``q/k/v_proj_weight``:
+                   kdim/vdim other than embed_dim,              each transposed)
+                   ``q/k/v_proj_weight`` for ``in_proj_weight``
 =================  ===========================================  ==========================
 
 A ``Conv`` kernel matches a Conv's or a ConvTranspose's layout; which one is read from
@@ -35,6 +37,8 @@ path is in ``conv_transpose``. Missing or unexpected entries are named, as torch
 so a ``Flatten`` before a ``Dense`` orders features as ``(h, w, c)``, torch's as
 ``(c, h, w)``: permute that Dense's rows yourself (or pool globally first).
 ``state_dict`` may hold torch tensors or NumPy arrays, so torch need not be installed.
+bfloat16 (and float8) tensors, which NumPy cannot hold, are read through float32,
+which holds their values exactly, then cast to the params' dtypes.
 """
 
 from __future__ import annotations
@@ -80,7 +84,9 @@ def load_torch_state_dict(params, state, state_dict, *,
         number of layers; or, all in one error for the whole model as torch's
         ``load_state_dict(strict=True)`` reports them, the missing and unexpected
         torch keys (also on the error as ``.missing`` and ``.unexpected``) and every
-        shape that does not fit (naming the funcnet path and the torch key).
+        shape that does not fit (naming the funcnet path and the torch key); a meta
+        tensor (no values to load).
+      TypeError: ``state_dict`` is not a mapping (e.g. the module itself).
 
     Examples:
       >>> from funcnet.layers import Dense
@@ -97,6 +103,7 @@ def load_torch_state_dict(params, state, state_dict, *,
       ...     print(e.missing, e.unexpected)
       ['0.bias'] ['0.scale']
     """
+    _check_state_dict(state_dict)
     torch_units = _torch_units(state_dict)
     ours = _units(params)
     if len(ours) != len(torch_units):
@@ -140,9 +147,22 @@ class _Report(NamedTuple):
             missing=missing, unexpected=self.unexpected)
 
 
-def _np(x) -> np.ndarray:
+def _np(x, key="") -> np.ndarray:
     if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
+        x = x.detach()
+        if getattr(x, "is_meta", False):
+            raise StateDictMismatchError(
+                f"load_torch_state_dict: torch's {key!r} is a meta tensor (a shape without "
+                f"values, from torch.device('meta') or init_empty_weights), so there is "
+                f"nothing to load. Load the checkpoint into the torch model first "
+                f"(load_state_dict(..., assign=True)), or pass the file's own state_dict.")
+        x = x.cpu()
+        if x.dtype.is_floating_point and x.dtype.itemsize < 4 and str(x.dtype) != \
+                "torch.float16":
+            # NumPy has no bfloat16 (nor float8): float32 holds every such value exactly,
+            # and _rebuilt casts to the param's dtype, so a bfloat16 param gets them back.
+            x = x.float()
+        x = x.numpy()
     return np.asarray(x)
 
 
@@ -154,11 +174,24 @@ def _torch_units(state_dict) -> List[Tuple[str, Dict[str, np.ndarray]]]:
             continue
         if prefix == "out_proj" or prefix.endswith(".out_proj"):
             owner = prefix[:-len("out_proj")].rstrip(".")
-            if _tkey(owner, "in_proj_weight") in state_dict:  # nn.MultiheadAttention's own
-                units.setdefault(owner, {})[f"out_proj.{leaf}"] = _np(value)
+            # nn.MultiheadAttention's own: packed in_proj_weight, or q/k/v_proj_weight
+            # when kdim/vdim differ from embed_dim
+            if any(_tkey(owner, w) in state_dict for w in ("in_proj_weight", "q_proj_weight")):
+                units.setdefault(owner, {})[f"out_proj.{leaf}"] = _np(value, key)
                 continue
-        units.setdefault(prefix, {})[leaf] = _np(value)
+        units.setdefault(prefix, {})[leaf] = _np(value, key)
     return list(units.items())
+
+
+def _check_state_dict(state_dict):
+    """A mapping of names to arrays, or a TypeError saying what to pass instead."""
+    if hasattr(state_dict, "items") and callable(state_dict.items):
+        return
+    hint = ("the module itself: pass module.state_dict()" if callable(
+        getattr(state_dict, "state_dict", None)) else "pass module.state_dict(), or a dict "
+            "of NumPy arrays with its keys")
+    raise TypeError(f"load_torch_state_dict: state_dict must be a mapping of torch's keys to "
+                    f"tensors, got a {type(state_dict).__name__}; {hint}.")
 
 
 def _units(params) -> List[Tuple[str, dict]]:
@@ -222,15 +255,7 @@ def _convert(path, unit, flat_state, prefix, entries, transposed, report: _Repor
 
     keys = set(unit)
     if keys >= {"query", "key", "value", "out"}:
-        E = unit["query"]["W"].shape[1]
-        for i, name in enumerate(("query", "key", "value")):
-            rows = slice(i * E, (i + 1) * E)
-            load(out_p, f"{name}/W", "in_proj_weight", unit[name]["W"], lambda w: w[rows].T)
-            if "b" in unit[name]:
-                load(out_p, f"{name}/b", "in_proj_bias", unit[name]["b"], lambda b: b[rows])
-        load(out_p, "out/W", "out_proj.weight", unit["out"]["W"], lambda w: w.T)
-        if "b" in unit["out"]:
-            load(out_p, "out/b", "out_proj.bias", unit["out"]["b"])
+        _load_attention(load, out_p, unit, entries)
     elif "W_ih" in keys or all(re.fullmatch(r"l\d+(_reverse)?", k) for k in keys):
         layers = {"l0": unit} if "W_ih" in keys else unit
         for sub, p in layers.items():
@@ -278,6 +303,27 @@ def _convert(path, unit, flat_state, prefix, entries, transposed, report: _Repor
         used.update(entries)  # the module is reported whole, not its keys one by one
     report.unexpected.extend(_tkey(prefix, k) for k in sorted(set(entries) - used))
     return out_p, out_s
+
+
+def _load_attention(load, out_p, unit, entries):
+    """MultiHeadAttention's projections from an ``nn.MultiheadAttention``'s entries, with
+    ``_convert``'s ``load``: ``in_proj_weight``'s three row blocks transposed, or, when
+    kdim/vdim differ from embed_dim, ``q/k/v_proj_weight`` transposed (the bias stays
+    packed in ``in_proj_bias`` either way)."""
+    E = unit["query"]["W"].shape[1]
+    separate = "q_proj_weight" in entries or "in_proj_weight" not in entries and any(
+        f"{w}_proj_weight" in entries for w in "kv")
+    for i, name in enumerate(("query", "key", "value")):
+        rows = slice(i * E, (i + 1) * E)
+        if separate:
+            load(out_p, f"{name}/W", f"{name[0]}_proj_weight", unit[name]["W"], lambda w: w.T)
+        else:
+            load(out_p, f"{name}/W", "in_proj_weight", unit[name]["W"], lambda w: w[rows].T)
+        if "b" in unit[name]:
+            load(out_p, f"{name}/b", "in_proj_bias", unit[name]["b"], lambda b: b[rows])
+    load(out_p, "out/W", "out_proj.weight", unit["out"]["W"], lambda w: w.T)
+    if "b" in unit["out"]:
+        load(out_p, "out/b", "out_proj.bias", unit["out"]["b"])
 
 
 def _tkey(prefix, key):

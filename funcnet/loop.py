@@ -39,7 +39,8 @@ from funcnet import sharding
 from funcnet import xla
 from funcnet.callbacks import Callback, Checkpoint
 from funcnet._jaxpr import any_eqn, loss_jaxpr
-from funcnet._loop_checks import LogKeys, check_before_training, first_batch
+from funcnet._loop_checks import (LogKeys, check_before_training, check_fit_options,
+                                  first_batch, optimizer_note)
 from funcnet._loop_position import LoopPosition
 from funcnet._loop_resume import (EpochSums, check_layout, checkpoint_extras, data_layout,
                                   resume, stateful)
@@ -105,6 +106,9 @@ class FitContext:
         # is non-finite (a trace, no device work); _batch_spec: the shapes it traces with.
         self._float16: Callable[[], bool] = lambda: False
         self._batch_spec = None
+        # fit sets it: step -> what the non-finite-loss message adds when the optimizer
+        # (a NaN learning rate) is the cause (_loop_checks.optimizer_note); asked once.
+        self._optimizer_note: Callable[[int], str] = lambda step: ""
         # The epoch's metric sums a checkpoint carries (see EpochSums): the resumed run's
         # part of the current epoch (None in other epochs); the epoch runner's fetch of
         # its steps' metrics from an entry on, ``fetch(start) -> (host dicts, end)``; and
@@ -485,7 +489,7 @@ def _train_epoch_device(loop, steps, ctx, callbacks, data, epoch, skip, bar, log
     def last(state):
         return steps.on_device_one(state, data.arrays, loop.put_order(tail)), len(tail)
 
-    plan = _dispatch_plan(ctx.host_step, k, skip, len(full))
+    plan = _dispatch_plan(ctx.host_step, k, skip, len(full), _dispatch_edges(callbacks))
     return _dispatch_epoch(loop, steps, ctx, callbacks, plan, len(full), data.batch_size, run,
                            None if tail is None else last, epoch, skip, bar, log_every,
                            on_nonfinite)
@@ -504,7 +508,7 @@ def _train_epoch_stacked(loop, steps, ctx, callbacks, source, epoch, skip, bar, 
     if source.num_batches > source.skip:
         ctx._batch_spec = _spec(source.batch(source.skip))
     local = jax.device_put(np.arange(k, dtype=np.int32))
-    plan = _dispatch_plan(ctx.host_step, k, skip, full)
+    plan = _dispatch_plan(ctx.host_step, k, skip, full, _dispatch_edges(callbacks))
 
     def stacked():  # what each dispatch runs on, in the plan's order
         for i, n in plan:
@@ -536,15 +540,22 @@ def _train_epoch_stacked(loop, steps, ctx, callbacks, source, epoch, skip, bar, 
     return out
 
 
-def _dispatch_plan(host_step: int, k: int, start: int, stop: int) -> list:
+def _dispatch_plan(host_step: int, k: int, start: int, stop: int, edges=()) -> list:
     """``(first batch, steps)`` of each dispatch over batches ``start .. stop - 1``: a
-    dispatch never crosses a multiple of ``k`` global steps."""
+    dispatch never crosses a multiple of ``k`` global steps, nor a global step of
+    ``edges`` (where a callback must run between dispatches: ``Profile``'s window)."""
     plan, i = [], start
     while i < stop:
-        n = min(k - (host_step + i - start) % k, stop - i)
+        at = host_step + i - start  # the global step before this dispatch
+        n = min([k - at % k, stop - i] + [e - at for e in edges if e > at])
         plan.append((i, n))
         i += n
     return plan
+
+
+def _dispatch_edges(callbacks) -> tuple:
+    """The global steps where a dispatch must end: callbacks' ``dispatch_edges``."""
+    return tuple(sorted({int(e) for cb in callbacks for e in getattr(cb, "dispatch_edges", ())}))
 
 
 def _dispatch_epoch(loop, steps, ctx, callbacks, plan, full, batch_size, run, last, epoch,
@@ -647,6 +658,7 @@ def _check_losses(ctx, host_metrics, epoch: int, last_step: int, on_nonfinite: s
                 "output=float32'), or keep float16 with the inputs scaled to a small range "
                 "and loss scaling (TrainState.create(..., loss_scale="
                 "precision.dynamic_loss_scale())).")
+    msg += ctx._optimizer_note(step)  # a NaN learning rate, named as such
     if on_nonfinite == "raise":
         raise FloatingPointError(msg)
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
@@ -831,7 +843,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         results are those of ``k=1``, bit for bit (except for convolutions on CPU, which
         XLA compiles differently inside the device loop: float rounding, which training
         amplifies; keep ``k``, i.e. ``log_every``, when comparing or resuming a CNN), and a
-        dispatch never crosses a multiple of ``k`` global steps or an epoch's end. With a ``DeviceData`` (one
+        dispatch never crosses a multiple of ``k`` global steps, an epoch's end or the edge
+        of a ``callbacks.Profile`` window. With a ``DeviceData`` (one
         device or a mesh) the steps gather their batches on the device; with a host
         pipeline on one device, ``train_data(epoch)`` returning
         :func:`funcnet.data.batches`, each dispatch's ``k`` batches are read at once
@@ -852,7 +865,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         e.g. ``{"clip_grad_norm": 1.0, "microbatches": 4}`` or ``{"grad_norm": True}``
         to log the gradients' global norm.
       eval_on_ema: evaluate the params' moving average (``ema_decay`` in
-        ``step_options``, a TrainState created with ``ema=True``) instead of the params.
+        ``step_options``, a TrainState created with ``ema=True``: both are needed, else
+        fit refuses before training) instead of the params.
       prefetch: for a host pipeline (``train_data`` not a ``DeviceData``), how many
         batches (or, with several steps per dispatch, dispatches' worth of batches)
         a background thread assembles ahead (:func:`funcnet.data.background`;
@@ -887,9 +901,13 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         ``devices`` and ``mesh``; a pre-flight check failing (an ``eval_fn`` whose state
         ``metric`` cannot compute, a key a callback monitors that fit will not log); an
         epoch without batches.
-      funcnet.errors.ArgumentError: a bad ``epochs``, ``on_nonfinite`` or ``step_options``.
-      FloatingPointError: a NaN/inf loss with ``on_nonfinite="raise"``. Any exception
-        raised while training carries the state trained so far as its ``.train_state``.
+      funcnet.errors.ArgumentError: a bad ``epochs``, ``on_nonfinite`` or ``step_options``;
+        ``eval_on_ema=True`` without an evaluation or without an EMA a step updates.
+      FloatingPointError: a NaN/inf loss with ``on_nonfinite="raise"`` (naming a NaN/inf
+        learning rate when the optimizer is the cause), or a learning rate already
+        NaN/inf at the first step (``optax.inject_hyperparams``, ``LearningRateLogger``).
+        Any exception raised while training carries the state trained so far as its
+        ``.train_state``; callbacks' ``on_train_error`` runs before it propagates.
 
     Examples:
       >>> from funcnet.layers import Dense
@@ -918,6 +936,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     step_options = _step_options(step_options)
     check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
                            metric, callbacks, epochs, step_options)
+    check_fit_options(train_state, step_options, eval_on_ema, eval_fn, callbacks, on_nonfinite)
 
     if mesh is not None and devices is not None:
         raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a "
@@ -942,11 +961,12 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
                      several_asked, _compiler_options(compiler_options))
     ctx, resumed_sums = _context(loop, train_state, loss_fn, train_data, callbacks, layout,
                                  run_id, resumed, position, epochs)
+    ctx._optimizer_note = lambda step: optimizer_note(optimizer, train_state, step)
     bar_factory = _progress_factory(progress)
-    for cb in callbacks:
-        cb.on_train_begin(ctx)
 
     try:
+        for cb in callbacks:
+            cb.on_train_begin(ctx)
         for epoch in range(position.epoch, epochs):
             ctx.epoch = epoch
             t0 = time.perf_counter()
@@ -974,8 +994,25 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
             cb.on_train_end(ctx)
     except BaseException as e:
         _attach_train_state(e, loop)
+        _tell_error(callbacks, ctx, e)
         raise
     return loop.host_state(), ctx.history
+
+
+def _tell_error(callbacks, ctx, error: BaseException) -> None:
+    """Calls each callback's ``on_train_error`` (e.g. ``Profile`` stops its trace, which
+    left running would fail every later trace in the process); a failure there becomes
+    a note on ``error``, which stays the one raised."""
+    for cb in callbacks:
+        hook = getattr(cb, "on_train_error", None)
+        if hook is None:
+            continue
+        try:
+            hook(ctx, error)
+        except Exception as inner:
+            if hasattr(error, "add_note"):
+                error.add_note(f"fit: {type(cb).__name__}.on_train_error also failed: "
+                               f"{type(inner).__name__}: {inner}")
 
 
 def _context(loop, train_state, loss_fn, train_data, callbacks, layout, run_id, resumed,

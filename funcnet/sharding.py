@@ -9,7 +9,8 @@ spec is a ``PartitionSpec`` or a function ``spec(shape, mesh) -> PartitionSpec``
 or a whole :class:`funcnet.TrainState`: its params by the rules, each optimizer-state
 subtree that mirrors the params (Adam's ``mu`` and ``nu``, momentum) and the params'
 moving average (``TrainState.ema``) exactly as the params, the layer state by the
-same rules on its own paths, and the rest (step counts, the rng) replicated. The step itself does not change: ``jax.jit`` of
+same rules on its own paths, and the rest (step counts, the rng) replicated. The step
+itself does not change: ``jax.jit`` of
 :func:`funcnet.train.make_train_step` runs on the placed state, and XLA inserts the
 collectives.
 
@@ -130,9 +131,14 @@ def fsdp_rules(axis: str = "data", min_size: int = 2 ** 14) -> List[Tuple[str, S
     return [(".*", fsdp(axis, min_size))]
 
 
+_HEADS = (r"attn/attn/(query|key|value)", r"attn/attn/out")
+
+
 def megatron_rules(column: Sequence[str] = (r"attn/attn/(query|key|value)", r"mlp/fc"),
                    row: Sequence[str] = (r"attn/attn/out", r"mlp/proj"), *,
-                   axis: str = "model", fsdp_axis: Optional[str] = None) -> List[Tuple[str, Spec]]:
+                   axis: str = "model", fsdp_axis: Optional[str] = None,
+                   num_heads: Optional[int] = None,
+                   heads: Sequence[str] = _HEADS) -> List[Tuple[str, Spec]]:
     """Megatron-LM tensor parallelism over ``axis`` for Dense pairs named by path prefix.
 
     A *column* layer's ``W`` (``(in, out)``) and ``b`` are split along ``out``
@@ -146,14 +152,31 @@ def megatron_rules(column: Sequence[str] = (r"attn/attn/(query|key|value)", r"ml
     MLP's ``fc`` with its ``proj``. ``fsdp_axis`` also splits the other dimension of
     each ``W`` over that axis (2-D: FSDP over data, tensor parallel over model).
 
+    A split dimension the axis size does not divide is an error naming the leaf. The
+    number of heads cannot be read from a ``(E, H * D)`` kernel, so pass ``num_heads``
+    to have it checked too: with 3 heads of 4 on a ``model`` axis of 2, the 12 columns
+    split evenly but a device would hold half a head, which the attention's reshape to
+    ``(H, D)`` then fails on (or gathers) at the step's compilation.
+
     Args:
       column: path prefixes (regular expressions) of the column-split layers.
       row: path prefixes (regular expressions) of the row-split layers.
       axis: the mesh axis to split over.
-      fsdp_axis: a second mesh axis for each ``W``'s other dimension (None: none).
+      fsdp_axis: a second mesh axis for each ``W``'s other dimension (None: none); not
+        ``axis`` itself.
+      num_heads: the attention layers' number of heads, checked to be a multiple of the
+        axis size when the rules are used (None: not checked).
+      heads: the prefixes among ``column`` and ``row`` whose split dimension holds the
+        heads (the defaults' attention projections).
 
     Returns:
       The rules, a list of ``(pattern, spec)``.
+
+    Raises:
+      ArgumentError: ``fsdp_axis`` equal to ``axis`` (an axis splits one dimension only),
+        or a ``num_heads`` that is not a positive int.
+      ValueError: (when the rules are used) ``num_heads`` that the size of ``axis`` does
+        not divide, naming the leaf, its shape, the spec and the mesh's axis sizes.
 
     Examples:
       >>> mesh = jax.make_mesh((2, 2), ("data", "model"))
@@ -163,17 +186,54 @@ def megatron_rules(column: Sequence[str] = (r"attn/attn/(query|key|value)", r"ml
       >>> [tuple(specs["mlp"][k]["W"]) for k in ("fc", "proj")], tuple(specs["mlp"]["proj"]["b"])
       ([(None, 'model'), ('model', None)], ())
     """
-    def column_spec(shape, mesh):  # W (in, out) or b (out,)
-        return P(fsdp_axis, axis) if len(shape) == 2 else P(axis)
-
-    column_spec.__name__ = column_spec.__qualname__ = f"column({axis!r}, fsdp={fsdp_axis!r})"
-
+    if fsdp_axis is not None and fsdp_axis == axis:
+        raise checks.ArgumentError(
+            f"megatron_rules: fsdp_axis={fsdp_axis!r} is the tensor-parallel axis too; a mesh "
+            f"axis splits one dimension only. Name the data axis, e.g. axis='model', "
+            f"fsdp_axis='data' on jax.make_mesh((2, 2), ('data', 'model')).")
+    if num_heads is not None:
+        num_heads = checks.positive_int("megatron_rules", "num_heads", num_heads)
     rules: List[Tuple[str, Spec]] = []
     for prefix in column:
-        rules.append((rf"(^|/)({prefix})/(W|b)$", column_spec))
+        rules.append((rf"(^|/)({prefix})/(W|b)$",
+                      _column_spec(axis, fsdp_axis, num_heads if prefix in heads else None)))
     for prefix in row:
-        rules.append((rf"(^|/)({prefix})/W$", P(axis, fsdp_axis)))
+        rule = P(axis, fsdp_axis)
+        rules.append((rf"(^|/)({prefix})/W$", rule if num_heads is None or prefix not in heads
+                      else _heads_checked(rule, axis, num_heads, 0)))
     return rules
+
+
+def _column_spec(axis, fsdp_axis, num_heads):
+    def column_spec(shape, mesh):  # W (in, out) or b (out,)
+        spec = P(fsdp_axis, axis) if len(shape) == 2 else P(axis)
+        if num_heads is not None:
+            _check_heads(shape, spec, mesh, axis, num_heads, len(shape) - 1)
+        return spec
+
+    column_spec.__name__ = column_spec.__qualname__ = f"column({axis!r}, fsdp={fsdp_axis!r})"
+    return column_spec
+
+
+def _heads_checked(spec, axis, num_heads, dim):
+    def row_spec(shape, mesh):
+        _check_heads(shape, spec, mesh, axis, num_heads, dim)
+        return spec
+
+    row_spec.__name__ = row_spec.__qualname__ = f"row({axis!r})"
+    return row_spec
+
+
+def _check_heads(shape, spec, mesh, axis, num_heads, dim) -> None:
+    """``num_heads`` heads laid along ``shape[dim]`` must split whole over ``axis``."""
+    n = _axis_size("megatron_rules", mesh, axis)
+    if num_heads % n:
+        raise ValueError(
+            f"the spec {_spec_text(spec)} splits dimension {dim} ({shape[dim]}: "
+            f"num_heads={num_heads} heads of {shape[dim] // num_heads}) over {axis!r} of size "
+            f"{n} (mesh axes: {dict(mesh.shape)}), which does not divide {num_heads} heads: "
+            f"a device would hold part of a head. Use a number of heads that {n} divides, "
+            f"or a {axis!r} axis whose size divides {num_heads}.")
 
 
 # --------------------------------------------------------------------------- #
@@ -196,7 +256,11 @@ def param_specs(tree, mesh: jax.sharding.Mesh, rules: Rules):
       A pytree of ``PartitionSpec`` with ``tree``'s structure.
 
     Raises:
-      ValueError: a rule is malformed, or a spec does not fit its leaf or the mesh.
+      ValueError: a rule is malformed, or a spec does not fit its leaf or the mesh: more
+        dimensions than the leaf, an axis the mesh lacks or named twice, an entry that
+        is not an axis name, a dimension the axis size does not divide, or (with
+        ``megatron_rules(num_heads=)``) heads the axis size does not divide; each
+        error names the leaf's path and shape, the spec and the mesh's axis sizes.
 
     Examples:
       >>> mesh = jax.make_mesh((4,), ("data",))
@@ -205,7 +269,7 @@ def param_specs(tree, mesh: jax.sharding.Mesh, rules: Rules):
       True
     """
     rules = _checked_rules(rules)
-    used = set()
+    used = _RuleUse(set(), {})
     if _is_train_state(tree):
         params = _leaf_specs(tree.params, mesh, rules, used)
         mirrors = ("opt_state", "ema")  # trees that hold a value per param
@@ -218,9 +282,9 @@ def param_specs(tree, mesh: jax.sharding.Mesh, rules: Rules):
                for f in tree._fields if f not in ("params", "state") + mirrors})
     else:
         specs = _leaf_specs(tree, mesh, rules, used)
-    for pattern, _ in rules:
-        if pattern not in used:
-            _warn_unmatched(pattern)
+    for i in range(len(rules)):
+        if i not in used.placed:
+            _warn_unmatched(rules, i, used.shadowed.get(i))
     return specs
 
 
@@ -234,7 +298,8 @@ def shard_params(tree, mesh: jax.sharding.Mesh, rules: Rules):
     replicated. Always new buffers, so a donating step never consumes the caller's
     arrays; with several processes each passes the same values and places only its
     own devices' shards. A rule that matches no leaf is warned about once (a typo
-    must not silently replicate everything).
+    must not silently replicate everything), and so is a rule shadowed by an earlier
+    one (every leaf it matches takes the earlier rule's spec; the warning names it).
 
     Args:
       tree: params, or a whole :class:`funcnet.TrainState`.
@@ -301,9 +366,11 @@ def _is_train_state(tree) -> bool:
 
 def _checked_rules(rules) -> List[Tuple[str, Spec]]:
     if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
+        hint = (" For a dict {pattern: spec}, pass list(rules.items()) (the first match "
+                "wins, so the order matters)." if isinstance(rules, dict) else "")
         raise TypeError(f"shard_params: rules must be a sequence of (pattern, spec) pairs, "
                         f"e.g. [(r'mlp/fc/W$', P(None, 'model'))] + fsdp_rules('data'); "
-                        f"got {type(rules).__name__}.")
+                        f"got {type(rules).__name__}.{hint}")
     out = []
     for i, rule in enumerate(rules):
         if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
@@ -320,19 +387,37 @@ def _checked_rules(rules) -> List[Tuple[str, Spec]]:
     return out
 
 
-def _leaf_specs(tree, mesh, rules, used):
+class _RuleUse(NamedTuple):
+    placed: set      # the indices of the rules that gave some leaf its spec
+    shadowed: dict   # rule index -> (index of an earlier rule that took a leaf it matches, path)
+
+
+def _leaf_specs(tree, mesh, rules, used: _RuleUse):
+    """Each leaf's spec, recording in ``used`` which rules placed a leaf and which only
+    matched leaves an earlier rule took (what the warning about a shadowed rule names)."""
     def one(path, x):
         name = path_str(path)
         shape = tuple(np.shape(x))
-        for pattern, spec in rules:
-            if re.search(pattern, name):
-                used.add(pattern)
-                if callable(spec):
-                    spec = spec(shape, mesh)
-                return _checked_spec(name, shape, spec, mesh, pattern)
-        return P()
+        matches = [i for i, (pattern, _) in enumerate(rules) if re.search(pattern, name)]
+        if not matches:
+            return P()
+        for i in matches[1:]:
+            used.shadowed.setdefault(i, (matches[0], name))
+        used.placed.add(matches[0])
+        pattern, spec = rules[matches[0]]
+        if callable(spec):
+            spec = _called_spec(name, shape, spec, mesh, pattern)
+        return _checked_spec(name, shape, spec, mesh, pattern)
 
     return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def _called_spec(name, shape, spec, mesh, pattern):
+    try:
+        return spec(shape, mesh)
+    except ValueError as e:  # a spec function knows the shape, not the path: add it
+        raise ValueError(f"shard_params: the rule {pattern!r} for {name!r} (shape {shape}): "
+                         f"{e}") from None
 
 
 def _checked_spec(name, shape, spec, mesh, pattern) -> P:
@@ -343,9 +428,19 @@ def _checked_spec(name, shape, spec, mesh, pattern) -> P:
         raise ValueError(f"shard_params: the rule {pattern!r} gives {name!r} (shape {shape}) "
                          f"the spec {spec}, which names {len(spec)} dimensions; the leaf has "
                          f"{len(shape)}. Narrow the pattern (e.g. end it with '/W$').")
+    seen = {}  # mesh axis -> the dimension it already splits
     for dim, entry in enumerate(spec):
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        axes = _spec_axes(name, spec, pattern, entry)
         for axis in axes:
+            if axis in seen:
+                # jax refuses it only when the array is placed, naming neither rule nor leaf
+                raise ValueError(
+                    f"shard_params: the rule {pattern!r} gives {name!r} (shape {shape}) the "
+                    f"spec {_spec_text(spec)}, which names the mesh axis {axis!r} twice (for "
+                    f"dimensions {seen[axis]} and {dim}); an axis can split one dimension "
+                    f"only (mesh axes: {dict(mesh.shape)}). Split the other dimension over "
+                    f"another axis, or leave it None.")
+            seen[axis] = dim
             if axis not in mesh.shape:
                 raise ValueError(f"shard_params: the rule {pattern!r} splits {name!r} over the "
                                  f"axis {axis!r}, which the mesh does not have (its axes: "
@@ -361,16 +456,42 @@ def _checked_spec(name, shape, spec, mesh, pattern) -> P:
     return spec
 
 
+def _spec_axes(name, spec, pattern, entry) -> tuple:
+    """The mesh axes one entry of a spec names: None, an axis name, or a tuple of them."""
+    axes = ((() if entry is None else (entry,) if isinstance(entry, str) else
+             tuple(entry) if isinstance(entry, (tuple, list)) else None))
+    if axes is None or not all(isinstance(a, str) for a in axes):
+        # P(1) is easily meant as "split dimension 1": jax takes it, then fails placing it
+        raise ValueError(f"shard_params: the rule {pattern!r} gives {name!r} the spec "
+                         f"{_spec_text(spec)}, whose entry {entry!r} is not a mesh axis: the "
+                         f"i-th entry of a PartitionSpec names the axis (None, an axis name, "
+                         f"or a tuple of names) that splits dimension i; e.g. P(None, 'model') "
+                         f"splits dimension 1 over 'model'.")
+    return axes
+
+
 _WARNED: set = set()
 
 
-def _warn_unmatched(pattern: str) -> None:
-    if pattern in _WARNED:
+def _warn_unmatched(rules, i: int, shadow) -> None:
+    """Warns (once per rule) that rule ``i`` places nothing: it matches no leaf (a typo?),
+    or every leaf it matches is placed by an earlier rule (``shadow``: that rule's index
+    and one such path), which only reordering the rules fixes."""
+    pattern = rules[i][0]
+    key = (pattern, None if shadow is None else rules[shadow[0]][0])
+    if key in _WARNED:
         return
-    _WARNED.add(pattern)
-    warnings.warn(f"shard_params: the rule pattern {pattern!r} matches no leaf path, so it "
-                  f"places nothing (a typo?). See the paths with funcnet.paths(params).",
-                  stacklevel=4)
+    _WARNED.add(key)
+    if shadow is None:
+        text = (f"shard_params: the rule pattern {pattern!r} matches no leaf path, so it "
+                f"places nothing (a typo?). See the paths with funcnet.paths(params).")
+    else:
+        earlier, path = shadow
+        text = (f"shard_params: the rule {i} pattern {pattern!r} is shadowed by the earlier "
+                f"rule {earlier} {rules[earlier][0]!r}: every leaf it matches (e.g. "
+                f"{path!r}) takes that rule's spec first, so it places nothing. Put it before "
+                f"rule {earlier}, or narrow that rule's pattern.")
+    warnings.warn(text, stacklevel=4)
 
 
 def _mirror_specs(opt_state, params, specs):
@@ -434,7 +555,10 @@ class Explained(NamedTuple):
       rows: one ``(path, shape, dtype, spec, bytes per device)`` tuple per array leaf, in
         leaf order; ``spec`` is the ``PartitionSpec`` as text (``"host"`` for an array
         not placed on a device) and the bytes are those of one shard.
-      bytes_total: the bytes of the whole tree, counted once (as one copy).
+      bytes_total: the bytes of the whole tree, counted once (as one copy): a leaf
+        whole on every device (``replicate_on``, ``P()``) counts once, and so does a
+        leaf of :func:`funcnet.distributed.replicate` or ``jax.pmap``, whose leading
+        axis holds one copy per device.
       bytes_per_device: the most bytes any one device holds.
 
     Examples:
@@ -494,8 +618,8 @@ def explain(tree, *, print_fn: Optional[Callable[[str], None]] = print) -> Expla
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             x = jax.random.key_data(x)
         itemsize = np.dtype(x.dtype).itemsize
-        total += int(np.prod(x.shape)) * itemsize
         sharding = getattr(x, "sharding", None)
+        total += int(np.prod(x.shape)) * itemsize // _copies(x, sharding)
         if sharding is None:
             shard, spec, devices = tuple(x.shape), "host", ()
         else:
@@ -512,6 +636,22 @@ def explain(tree, *, print_fn: Optional[Callable[[str], None]] = print) -> Expla
     if print_fn is not None:
         print_fn(str(out))
     return out
+
+
+def _copies(x, sharding) -> int:
+    """How many copies of one value ``x`` holds along its leading axis: one per device
+    for a leaf of ``distributed.replicate`` (a 1-D mesh over the axis ``"devices"``,
+    split one row per device) or of ``jax.pmap``; else 1. A batch split one row per
+    device over a mesh of your own is not taken for copies: only those two layouts are
+    known to hold replicas."""
+    n = 1 if sharding is None else len(sharding.device_set)
+    if n == 1 or not np.ndim(x) or x.shape[0] != n:
+        return 1
+    pmapped = type(sharding).__name__ == "PmapSharding"  # what jax.pmap returns
+    mesh = getattr(sharding, "mesh", None)
+    replicated = (getattr(mesh, "axis_names", None) == ("devices",)
+                  and tuple(sharding.spec)[:1] == ("devices",))
+    return n if pmapped or replicated else 1
 
 
 def _human(n: int) -> str:

@@ -494,6 +494,7 @@ def _accumulate(one, train_state, trained, batch, key, k):
     """``one`` over ``k`` micro-batches of ``batch`` in a ``lax.scan``: the mean loss,
     the last Aux (state and loss state threaded through; metrics averaged; outputs
     in row order) and the mean gradients."""
+    _check_micro_leaves(batch, k)
     micro = jax.tree.map(lambda x: _split_rows("make_train_step", x, k), batch)
 
     def body(carry, xs):
@@ -520,6 +521,31 @@ def _split_rows(where, x, k):
                          f"{size} (a batch of {size} cannot be cut into {k} equal micro-batches). "
                          f"Use a batch size that is a multiple of {k}, or another microbatches.")
     return _mesh.split_leading(x, k)
+
+
+def _check_micro_leaves(batch, k):
+    """Every batch leaf has one leading (batch) axis of one size that ``k`` divides, named
+    by its path when not: leaves of other sizes would be cut into mismatched rows."""
+    first = None
+    for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:
+        # keystr: "['x']", or "" when the batch is one array
+        where, shape = jax.tree_util.keystr(tuple(path)), tuple(jnp.shape(x))
+        if not shape:
+            raise ValueError(f"make_train_step: microbatches={k} cuts every batch leaf along "
+                             f"its leading (batch) axis, but batch{where} is a scalar (shape "
+                             f"()). Give it a batch axis (one value per example), or pass "
+                             f"constants through the loss_fn (a closure), not the batch.")
+        if shape[0] % k:
+            raise ValueError(f"make_train_step: microbatches={k} must divide the batch's leading "
+                             f"size, got {shape[0]} for batch{where} of shape {shape} (a batch "
+                             f"of {shape[0]} cannot be cut into {k} equal micro-batches). Use a "
+                             f"batch size that is a multiple of {k}, or another microbatches.")
+        if first is not None and shape[0] != first[1][0]:
+            raise ValueError(f"make_train_step: with microbatches={k} every batch leaf needs the "
+                             f"same leading (batch) size, got batch{first[0]} of shape "
+                             f"{first[1]} and batch{where} of shape {shape}; cut apart, their "
+                             f"rows would no longer match. Give every leaf one row per example.")
+        first = first or (where, shape)
 
 
 def _checked_options(clip_grad_norm, microbatches, ema_decay, grad_norm):

@@ -145,7 +145,8 @@ def test_shard_splits_leading_axis_and_explains_bad_sizes():
     sx, sy = distributed.shard((x, y))
     assert sx.shape == (4, 2, 3) and sy.shape == (4, 2)
     np.testing.assert_array_equal(sx.reshape(8, 3), x)
-    with pytest.raises(ValueError, match=r"a batch of 10 examples cannot be split evenly over 4 devices.*multiple of 4 \(e.g. 8\)"):
+    with pytest.raises(ValueError, match=r"a batch of 10 examples cannot be split evenly over 4 "
+                                         r"devices.*multiple of 4 \(e.g. 8\)"):
         distributed.shard(np.zeros((10, 2)))
     with pytest.raises(ValueError, match="asked for 8 devices but this process has 4"):
         distributed.shard(x, 8)

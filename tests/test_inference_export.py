@@ -11,9 +11,11 @@ One subprocess serves every comparison, to keep the file quick.
 import functools
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import jax
 import jax.export  # a submodule jax before 0.8 does not import by itself
@@ -28,6 +30,8 @@ from funcnet.inference import export, load_exported, make_predict_fn  # noqa: E4
 from funcnet.layers import (BatchNorm, Conv, Dense, Dropout, Flatten, MaxPool,  # noqa: E402
                             Relu)
 from funcnet.precision import Policy, apply_policy  # noqa: E402
+
+MAGIC = b"funcnet-export\n"
 
 BATCHES = (1, 7, 128)
 BF16 = "params=float32,compute=bfloat16,output=float32"
@@ -267,6 +271,16 @@ def test_paths(tmp_path):
                                   make_predict_fn(net, params2, state)(x))
 
 
+def rewrite_header(data: bytes, change, *, version: int = 2) -> bytes:
+    """``data`` (an export file) with its JSON header changed by ``change`` and written
+    back as export format ``version`` (2: its checksum recomputed; 1: none)."""
+    n = len(MAGIC) + 8
+    (size,) = struct.unpack_from("<Q", data, len(MAGIC))
+    head, body = change(data[n:n + size]), data[n + size + 4:]
+    lead = MAGIC + struct.pack("<Q", len(head)) + head
+    return lead + (struct.pack("<I", zlib.crc32(lead)) if version >= 2 else b"") + body
+
+
 def test_damaged_and_foreign_files_are_refused(tmp_path):
     net, params, state = _linear()
     path = export(net, params, state, (-1, 4), tmp_path / "m.export")
@@ -280,11 +294,14 @@ def test_damaged_and_foreign_files_are_refused(tmp_path):
     (tmp_path / "other").write_bytes(b"PK\x03\x04 not an export")
     with pytest.raises(ValueError, match="not a file written by funcnet.inference.export"):
         load_exported(tmp_path / "other")
-    newer = data.replace(b'"version": 1', b'"version": 9', 1)
-    (tmp_path / "newer").write_bytes(newer)
+    # A newer funcnet's file, and a header without a key, each with its header's checksum
+    # right (tests/test_inference_export_checks.py changes the header without it).
+    (tmp_path / "newer").write_bytes(
+        rewrite_header(data, lambda h: h.replace(b'"version": 2', b'"version": 9', 1)))
     with pytest.raises(ValueError, match="format 9.*Upgrade funcnet"):
         load_exported(tmp_path / "newer")
-    (tmp_path / "renamed").write_bytes(data.replace(b'"crc32"', b'"crc64"', 1))
+    (tmp_path / "renamed").write_bytes(
+        rewrite_header(data, lambda h: h.replace(b'"crc32"', b'"crc64"', 1)))
     with pytest.raises(ValueError, match="header lacks crc32"):
         load_exported(tmp_path / "renamed")
 

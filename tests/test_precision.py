@@ -165,10 +165,10 @@ def test_batchnorm_refuses_half_precision_state():
     _, params, state = init(jax.random.key(0), (-1, 3))
     bad = jax.tree.map(lambda a: a.astype(jnp.bfloat16), state)
     x = jnp.ones((4, 3), jnp.bfloat16)
-    for train in (True, False):
+    for training in (True, False):
         with pytest.raises(TypeError, match=r"BatchNorm: the running statistics must be float32"
                                             r".*state\['mean'\] of dtype bfloat16"):
-            apply(params, bad, x, train=train)
+            apply(params, bad, x, train=training)
     f16_var = {"mean": state["mean"], "var": state["var"].astype(jnp.float16)}
     with pytest.raises(TypeError, match=r"state\['var'\] of dtype float16"):
         apply(params, f16_var, x, train=True)

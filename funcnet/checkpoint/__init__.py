@@ -51,13 +51,21 @@ the class itself is not stored), lists for lists and other custom nodes,
 tuples for tuples, numpy arrays for arrays (numpy scalars as 0-d arrays),
 jax key arrays for typed keys, Python scalars for Python scalars.
 
+A checkpoint written by ``fit`` holds a dict whose entries grow with funcnet (the
+train state, the loop position, the data layout, callback states, metric sums):
+:func:`restore_train_state` reads its train state from either backend with a target
+for the train state alone (concrete or ``jax.eval_shape``), and
+:func:`restore_fit_checkpoint` the rest too.
+
 The package: ``_npz`` (the file format, ``save``/``restore``), ``_ownership`` (the
-run-ownership rules both backends follow), ``_orbax`` (:class:`OrbaxCheckpointer`) and
+run-ownership rules both backends follow), ``_orbax`` (:class:`OrbaxCheckpointer`),
 ``_backends`` (the :class:`Checkpointer` interface, :class:`NpzCheckpointer` and
-:func:`checkpointer_for`); everything public is here, at ``funcnet.checkpoint``.
+:func:`checkpointer_for`) and ``_fit`` (reading ``fit``'s checkpoints); everything
+public is here, at ``funcnet.checkpoint``.
 """
 
 from funcnet.checkpoint._backends import Checkpointer, NpzCheckpointer, checkpointer_for
+from funcnet.checkpoint._fit import FitCheckpoint, restore_fit_checkpoint, restore_train_state
 from funcnet.checkpoint._npz import all_steps, info, latest_step, restore, save
 from funcnet.checkpoint._orbax import OrbaxCheckpointer
 from funcnet.checkpoint._ownership import (CheckpointInfo, new_run_id, owner_for_save,
@@ -67,5 +75,6 @@ from funcnet.errors import (CheckpointCorruptError, CheckpointError, CheckpointM
 
 __all__ = ["save", "restore", "latest_step", "all_steps", "info", "new_run_id", "CheckpointInfo",
            "owner_for_save", "steps_to_rotate", "Checkpointer", "NpzCheckpointer",
-           "OrbaxCheckpointer", "checkpointer_for", "CheckpointError", "CheckpointCorruptError",
+           "OrbaxCheckpointer", "checkpointer_for", "restore_train_state",
+           "restore_fit_checkpoint", "FitCheckpoint", "CheckpointError", "CheckpointCorruptError",
            "CheckpointMismatchError", "CheckpointVersionError", "CheckpointOwnershipError"]

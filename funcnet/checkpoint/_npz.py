@@ -501,18 +501,46 @@ def restore(directory, target=None, step=None):
       CheckpointMismatchError: the checkpoint does not fit ``target``; lists each
         offending path with the expected and found shape/dtype.
     """
+    header, values, path = _read_step(directory, step, "checkpoint.restore")
+    if target is None:
+        return _from_skeleton(header["tree"], values)
+    stored = {e["path"]: (e, v) for e, v in zip(header["leaves"], values)}
+    return _matched(f"checkpoint.restore: {path}", stored, target)
+
+
+def _read_step(directory, step, where: str):
+    """``(header, leaf values, path)`` of ``step`` (default: the latest) in ``directory``."""
     directory = Path(directory)
-    step = _existing_step(directory, step, "checkpoint.restore")
+    step = _existing_step(directory, step, where)
     path = _path(directory, step)
     header, values = _read(path)
     if header.get("step") != step:
         raise CheckpointCorruptError(f"{path}: the header says step {header.get('step')}, "
                                      f"the file name step {step}.")
-    if target is None:
-        return _from_skeleton(header["tree"], values)
+    return header, values, path
 
+
+def restore_within(directory, target: dict, step=None):
+    """``(restored, rest)``: the top-level entries of a checkpoint (a dict at its top)
+    that ``target`` (a dict) names, checked and placed as :func:`restore` does, and the
+    other entries as ``restore`` without a target gives them."""
+    header, values, path = _read_step(directory, step, "checkpoint.restore")
+    tree = _from_skeleton(header["tree"], values)
+    if not isinstance(tree, dict):
+        raise CheckpointMismatchError(f"checkpoint.restore: {path} holds a "
+                                      f"{type(tree).__name__} at its top, not the dict of "
+                                      f"entries {sorted(target)} expected.")
+    prefixes = tuple(f"[{k!r}]" for k in target)
+    stored = {e["path"]: (e, v) for e, v in zip(header["leaves"], values)
+              if e["path"].startswith(prefixes)}
+    restored = _matched(f"checkpoint.restore: {path}", stored, target)
+    return restored, {k: v for k, v in tree.items() if k not in target}
+
+
+def _matched(where: str, stored: dict, target):
+    """``target``'s tree of the stored ``{path: (entry, value)}``; every path, shape and
+    dtype that does not fit is listed in one :class:`CheckpointMismatchError`."""
     target_leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
-    stored = {e["path"]: (e, v) for e, v in zip(header["leaves"], values)}
     wanted = [jax.tree_util.keystr(p) for p, _ in target_leaves]
     problems = []
     missing = [p for p in wanted if p not in stored]
@@ -525,17 +553,28 @@ def restore(directory, target=None, step=None):
         problems.append("in the checkpoint but not in target: " + ", ".join(unexpected[:10])
                         + (f" (+{len(unexpected) - 10} more)" if len(unexpected) > 10 else ""))
     out = []
-    for where, (_, like) in zip(wanted, target_leaves):
-        expected = _target_entry(like, where)
-        if where not in stored:
+    for path, (_, like) in zip(wanted, target_leaves):
+        expected = _target_entry(like, path)
+        if path not in stored:
             continue
-        entry, value = stored[where]
+        entry, value = stored[path]
         if not _compatible(entry, expected):
-            problems.append(f"{where}: target expects {_describe(expected)}, "
+            problems.append(f"{path}: target expects {_describe(expected)}, "
                             f"the checkpoint has {_describe(entry)}")
             continue
         out.append(_place(value, like))
     if problems:
-        raise CheckpointMismatchError(
-            f"checkpoint.restore: {path} does not match target:\n  - " + "\n  - ".join(problems))
+        raise CheckpointMismatchError(f"{where} does not match target:\n  - "
+                                      + "\n  - ".join(problems) + _fit_hint(unexpected))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _fit_hint(unexpected) -> str:
+    """The way to read a ``fit`` checkpoint, when the entries a target left out are the
+    ones ``fit`` adds (see :func:`funcnet.checkpoint.restore_train_state`)."""
+    if any(p.startswith(("['data']", "['epoch_metrics']")) for p in unexpected):
+        return ("\nThis is a checkpoint written by fit (train_state, loop position, data "
+                "layout, callback states, metric sums): read its train state with "
+                "funcnet.checkpoint.restore_train_state(directory, target), or all of it "
+                "with funcnet.checkpoint.restore_fit_checkpoint.")
+    return ""

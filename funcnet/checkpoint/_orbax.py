@@ -221,28 +221,20 @@ class OrbaxCheckpointer:
         abstract_leaves = [_abstract(x) for x in leaves]
         abstract = jax.tree.unflatten(treedef, abstract_leaves)
         # Orbax casts the stored values to the target's dtypes without a word (float32
-        # into float16 or int32 rounds or truncates them); the npz backend refuses, and so
-        # does this one, before reading any array.
-        stored = self._stored_dtypes(info.step)
-        wrong = [f"{jax.tree_util.keystr(path)}: target expects {_typed(a)}, the checkpoint "
-                 f"has {_typed(stored[_plain(path)])}"
-                 for (path, like), a in zip(jax.tree_util.tree_flatten_with_path(target)[0],
-                                            abstract_leaves)
-                 if hasattr(a, "dtype") and _plain(path) in stored
-                 and not _same_dtype(like, a, stored[_plain(path)].dtype)]
-        if wrong:
-            raise CheckpointMismatchError(
-                f"OrbaxCheckpointer.restore: step {info.step} in {self.directory} does not "
-                f"match target:\n  - " + "\n  - ".join(wrong[:10]) + "\nRestore into a target "
-                f"of the saved dtypes (the model and policy the run was saved with), then "
-                f"cast explicitly if another dtype is wanted.")
+        # into float16 or int32 rounds or truncates them), and says only "tree structures
+        # do not match" of other paths; the npz backend names each difference, and so does
+        # this one, before reading any array.
+        leaves_meta = self._stored_leaves(info.step)
+        stored = _with_dtypes(leaves_meta)
+        _check_against(f"OrbaxCheckpointer.restore: step {info.step} in {self.directory}",
+                       target, abstract_leaves, leaves_meta, stored)
         try:
             restored = self._manager.restore(info.step,
                                              args=self._ocp.args.StandardRestore(abstract))
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointMismatchError(
                 f"OrbaxCheckpointer.restore: step {info.step} in {self.directory} does not "
-                f"match target: {e}") from e
+                f"match target: {e}{_structure_hint(target, leaves_meta)}") from e
         got = treedef.flatten_up_to(restored)
         # Orbax hands back the stored shapes whatever the target says; the npz backend
         # refuses, and so does this one (a model built with other sizes cannot use them).
@@ -257,24 +249,128 @@ class OrbaxCheckpointer:
                 f"match target:\n  - " + "\n  - ".join(wrong[:10]))
         return jax.tree.unflatten(treedef, [_placed(v, like) for v, like in zip(got, leaves)])
 
-    def _stored_dtypes(self, step: int) -> Dict[tuple, jax.ShapeDtypeStruct]:
-        """The dtype and shape of every array the checkpoint of ``step`` holds, by its
-        path (see :func:`_plain`); empty when orbax gives no metadata (nothing is then
-        compared)."""
+    def stored_tree(self, step: Optional[int] = None):
+        """What the checkpoint of ``step`` (default: the latest) holds, without reading its
+        arrays: its tree (NamedTuples as dicts, tuples as lists, as orbax stores them)
+        with a ``jax.ShapeDtypeStruct`` per array; None when orbax gives no metadata."""
+        tree = self._item_metadata(self.info(step).step)
+        if tree is None:
+            return None
+        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape),
+                                                              np.dtype(leaf.dtype))
+                            if _has_shape(leaf) else leaf, tree,
+                            is_leaf=_has_shape)
+
+    def _item_metadata(self, step: int):
+        """orbax's metadata tree of the checkpoint of ``step``, or None. A manager that
+        did not write the step (a new process reading a run) has no handler for its item
+        yet and gives None; the standard handler, which wrote it, reads it then."""
         try:
             metadata = self._manager.item_metadata(step)
-        except Exception:  # an older or foreign layout: restore checks what it can
+            if metadata is None:
+                handler = self._ocp.StandardCheckpointHandler()
+                try:
+                    metadata = handler.metadata(self.directory / str(step) / "default")
+                finally:
+                    handler.close()
+        except Exception:  # an older or foreign layout
+            return None
+        return getattr(metadata, "tree", metadata)
+
+    def _stored_leaves(self, step: int) -> dict:
+        """orbax's metadata of every leaf the checkpoint of ``step`` holds, by its path
+        (see :func:`_plain`); empty when orbax gives no metadata (nothing is then
+        compared)."""
+        tree = self._item_metadata(step)
+        if tree is None:  # an older or foreign layout: restore checks what it can
             return {}
-        tree = getattr(metadata, "tree", metadata)
-        out = {}
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            dtype, shape = getattr(leaf, "dtype", None), getattr(leaf, "shape", None)
-            if dtype is not None and shape is not None:
-                out[_plain(path)] = jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
-        return out
+        return {_plain(path): leaf
+                for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_has_shape)[0]}
 
     def __repr__(self):
         return f"OrbaxCheckpointer({str(self.directory)!r}, keep={self.keep})"
+
+
+def _has_shape(leaf) -> bool:
+    return getattr(leaf, "dtype", None) is not None and getattr(leaf, "shape", None) is not None
+
+
+def _with_dtypes(leaves_meta: dict) -> Dict[tuple, jax.ShapeDtypeStruct]:
+    """The dtype and shape of each stored leaf that has them (arrays), by path."""
+    return {key: jax.ShapeDtypeStruct(tuple(leaf.shape), np.dtype(leaf.dtype))
+            for key, leaf in leaves_meta.items() if _has_shape(leaf)}
+
+
+def _check_against(where: str, target, abstract_leaves, leaves_meta: dict,
+                   stored: Dict[tuple, jax.ShapeDtypeStruct]) -> None:
+    """Refuses, before reading any array, a target whose paths, dtypes or shapes are not
+    the checkpoint's, listing each difference as the npz backend does. Nothing is
+    compared without metadata (``leaves_meta`` empty)."""
+    if not leaves_meta:
+        return
+    flat = jax.tree_util.tree_flatten_with_path(target)[0]
+    paths = {_plain(p) for p, _ in flat}
+    missing = [jax.tree_util.keystr(p) + (f" ({_typed(a)})" if hasattr(a, "dtype") else "")
+               for (p, _), a in zip(flat, abstract_leaves) if _plain(p) not in leaves_meta]
+    unexpected = [_shown(key) + (f" ({_typed(stored[key])})" if key in stored else "")
+                  for key in leaves_meta if key not in paths]
+    problems = [f"{what}: " + ", ".join(names[:10])
+                + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
+                for what, names in (("in target but not in the checkpoint", missing),
+                                    ("in the checkpoint but not in target", unexpected))
+                if names]
+    wrong = [_difference(jax.tree_util.keystr(p), like, a, stored[_plain(p)])
+             for (p, like), a in zip(flat, abstract_leaves)
+             if hasattr(a, "dtype") and _plain(p) in stored]
+    wrong = [w for w in wrong if w]
+    if not problems and not wrong:
+        return
+    raise CheckpointMismatchError(
+        f"{where} does not match target:\n  - " + "\n  - ".join(problems + wrong[:10])
+        + (_fit_hint(leaves_meta) if problems else "")
+        + ("\nRestore into a target of the saved shapes and dtypes (the model and policy "
+           "the run was saved with), then cast explicitly if another dtype is wanted."
+           if wrong else ""))
+
+
+def _difference(where: str, like, abstract, stored: jax.ShapeDtypeStruct) -> str:
+    """How a target leaf differs from the stored one ('' if it does not): its dtype
+    (``float32[2, 3]`` against ``float16[2, 3]``), else its shape."""
+    if not _same_dtype(like, abstract, stored.dtype):
+        return f"{where}: target expects {_typed(abstract)}, the checkpoint has {_typed(stored)}"
+    if tuple(np.shape(abstract)) != tuple(stored.shape):
+        return (f"{where}: target expects shape {tuple(np.shape(abstract))}, the checkpoint "
+                f"has {tuple(stored.shape)}")
+    return ""
+
+
+def _fit_hint(stored) -> str:
+    """The way to read a ``fit`` checkpoint, when ``stored`` is one (see
+    :func:`funcnet.checkpoint.restore_train_state`)."""
+    if any(key[:1] in (("data",), ("epoch_metrics",)) for key in stored):
+        return ("\nThis is a checkpoint written by fit (train_state, loop position, data "
+                "layout, callback states, metric sums): read its train state with "
+                "funcnet.checkpoint.restore_train_state(checkpointer, target), or all of it "
+                "with funcnet.checkpoint.restore_fit_checkpoint.")
+    return ""
+
+
+def _structure_hint(target, stored) -> str:
+    """The first path where target and checkpoint differ, for orbax's own error."""
+    if not stored:
+        return ""
+    mine = sorted(_plain(p) for p, _ in jax.tree_util.tree_flatten_with_path(target)[0])
+    theirs = sorted(stored)
+    for a, b in zip(mine + [None], theirs + [None]):
+        if a != b:
+            return (f" (first difference: target has {_shown(a) if a else 'nothing more'}, "
+                    f"the checkpoint {_shown(b) if b else 'nothing more'})")
+    return ""
+
+
+def _shown(key: tuple) -> str:
+    """A plain path (see :func:`_plain`) as ``jax.tree_util.keystr`` writes a dict's."""
+    return "".join(f"[{k!r}]" for k in key)
 
 
 def _plain(path) -> tuple:

@@ -5,10 +5,10 @@ layers that need no configuration are values, as in stax (``Relu``, ``Flatten``,
 ``GlobalAvgPool``).
 """
 
-from funcnet.layers.activations import (Celu, Elu, Gelu, Hardsigmoid, Hardswish, Hardtanh,
-                                        LeakyRelu, LogSoftmax, Mish, Prelu, Relu, Relu6, Selu,
-                                        Sigmoid, Silu, Softmax, Softplus, Swish, Tanh,
-                                        elementwise)
+from funcnet.layers.activations import (Celu, Elu, Gelu, Glu, Hardsigmoid, Hardswish, Hardtanh,
+                                        LeakyRelu, LogSigmoid, LogSoftmax, Mish, Prelu, Relu,
+                                        Relu6, Selu, Sigmoid, Silu, Softmax, Softplus, Softsign,
+                                        Swish, Tanh, Tanhshrink, Threshold, elementwise)
 from funcnet.layers.conv import Conv, ConvTranspose
 from funcnet.layers.dense import Dense
 from funcnet.layers.dropout import Dropout, SpatialDropout
@@ -18,6 +18,7 @@ from funcnet.layers.embedding import Embedding, TiedEmbedding, embedding_renorm
 from funcnet.layers.normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 from funcnet.layers.pooling import (AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, GlobalAvgPool,
                                     GlobalMaxPool, MaxPool, MaxUnpool)
+from funcnet.layers.pixel_shuffle import PixelShuffle, PixelUnshuffle
 from funcnet.layers.resize import Upsample, ZeroPad
 from funcnet.layers.recurrent import GRU, LSTM, RNN
 from funcnet.layers.shape import Flatten, Reshape
@@ -32,4 +33,5 @@ __all__ = ["Dense", "Conv", "ConvTranspose", "MaxPool", "AvgPool", "GlobalAvgPoo
            "LearnedPositions", "SinusoidalPositions", "rope", "sinusoidal_table", "RMSNorm",
            "GroupNorm", "InstanceNorm", "GlobalMaxPool", "SpatialDropout", "Upsample", "ZeroPad",
            "Relu6", "Prelu", "Celu", "Hardtanh", "Hardsigmoid", "Hardswish", "Silu", "Swish",
-           "Mish", "MaxUnpool", "AdaptiveAvgPool", "AdaptiveMaxPool"]
+           "Mish", "MaxUnpool", "AdaptiveAvgPool", "AdaptiveMaxPool", "Glu", "LogSigmoid",
+           "Softsign", "Tanhshrink", "Threshold", "PixelShuffle", "PixelUnshuffle"]

@@ -4,12 +4,15 @@ Three kinds of names:
 
 * Layers to use as they are (torch's module has no arguments but ``inplace``):
   ``Relu``, ``Relu6``, ``Selu``, ``Sigmoid``, ``Tanh``, ``Silu`` (``Swish`` is the
-  same object), ``Mish``, ``Hardsigmoid``, ``Hardswish``.
+  same object), ``Mish``, ``Hardsigmoid``, ``Hardswish``, ``LogSigmoid``, ``Softsign``,
+  ``Tanhshrink``.
 * Layers with torch's default arguments that, called, build the layer with other
   arguments: ``Elu(alpha)``, ``Celu(alpha)``, ``Gelu(approximate)``,
   ``Softplus(beta, threshold)``, ``Hardtanh(min_val, max_val)``,
-  ``LeakyRelu(negative_slope)`` and the learned ``Prelu(num_parameters, init, axis)``.
-* Constructors: ``Softmax(axis)``, ``LogSoftmax(axis)``.
+  ``LeakyRelu(negative_slope)``, ``Glu(axis)`` (torch's ``dim``) and the learned
+  ``Prelu(num_parameters, init, axis)``.
+* Constructors: ``Softmax(axis)``, ``LogSoftmax(axis)``, ``Threshold(threshold, value)``
+  (torch's ``Threshold`` has no defaults).
 
 Design of the second kind: ``Elu`` is a :class:`funcnet.Layer` (an ``(init, apply)``
 pair, so ``serial(Dense(4), Elu)`` works as it always has) whose class also defines
@@ -25,8 +28,8 @@ Gradients at kinks are torch's, which are not always ``jax.nn``'s: ``LeakyRelu``
 ``Prelu`` and ``Celu`` take the negative branch at exactly 0 and ``Hardtanh`` has
 gradient 0 at ``min_val`` and ``max_val``; each function's note says where it departs
 from ``jax.nn``. Names case torch's as funcnet always has: ``ReLU`` is ``Relu``,
-``PReLU`` ``Prelu``, ``SiLU`` ``Silu``, ``CELU`` ``Celu``. :func:`elementwise` turns any
-shape-preserving function into a layer.
+``PReLU`` ``Prelu``, ``SiLU`` ``Silu``, ``CELU`` ``Celu``, ``GLU`` ``Glu``.
+:func:`elementwise` turns any shape-preserving function into a layer.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from funcnet.core import (Layer, MismatchError, check_input, check_known, check_
 
 __all__ = ["Relu", "Relu6", "LeakyRelu", "Prelu", "Elu", "Celu", "Selu", "Gelu", "Sigmoid",
            "Tanh", "Softplus", "Hardtanh", "Hardsigmoid", "Hardswish", "Silu", "Swish", "Mish",
-           "Softmax", "LogSoftmax", "elementwise"]
+           "Softmax", "LogSoftmax", "elementwise", "Glu", "LogSigmoid", "Softsign",
+           "Tanhshrink", "Threshold"]
 
 
 def elementwise(name: str, fn: Callable, axis: int | None = None) -> Layer:
@@ -142,6 +146,14 @@ Swish = Silu
 # x * tanh(softplus(x)): torch.nn.Mish. jax's softplus is the stable form, so large x
 # give x where torch's float32 kernel also gives x.
 Mish = elementwise("Mish", jax.nn.mish)
+# log(sigmoid(x)) = -softplus(-x): torch.nn.LogSigmoid. Both use the stable form
+# min(x, 0) - log1p(exp(-|x|)), finite where log(sigmoid(x)) would give log(0).
+LogSigmoid = elementwise("LogSigmoid", jax.nn.log_sigmoid)
+# x / (1 + |x|): torch.nn.Softsign; gradient 1 at 0 in both (abs's gradient there is 0).
+Softsign = elementwise("Softsign", jax.nn.soft_sign)
+# x - tanh(x): torch.nn.Tanhshrink, written as torch's composite is, so the gradient is
+# 1 - (1 - tanh(x)^2) in both, with the same rounding near 0.
+Tanhshrink = elementwise("Tanhshrink", lambda x: x - jnp.tanh(x))
 
 
 # --------------------------------------------------------------------------- #
@@ -492,6 +504,63 @@ def Prelu(num_parameters: int = 1, init: float = 0.25, axis: int = -1) -> Layer:
     return named(name, init_fn, apply)
 
 
+@_optional_arguments
+def Glu(axis: int = -1) -> Layer:
+    """GLU, the gated linear unit, as ``torch.nn.GLU(dim=axis)``: the input split along
+    ``axis`` into halves ``a`` (the first) and ``b``, then ``a * sigmoid(b)``.
+
+    The output is half as long on ``axis``, whose size must be even (torch refuses odd
+    sizes too). ``axis=-1`` is torch's default ``dim=-1``: the features of ``(N, F)``
+    and of channels-last ``(N, ..., C)`` inputs. Gradients are those of the product:
+    ``g * sigmoid(b)`` for ``a`` and ``g * a * sigmoid(b) * (1 - sigmoid(b))`` for ``b``.
+
+    Args:
+      axis: the axis to split, an int (torch's ``dim``), checked against the input's
+        rank at ``init`` and at trace time.
+
+    Returns:
+      A parameter-free, stateless :class:`funcnet.Layer`; ``init`` halves ``axis`` in
+      the shape (an unknown size, -1, stays -1).
+
+    Raises:
+      ArgumentError: ``axis`` is not an int.
+      ValueError: at ``init`` or at trace time, an input without that axis, or an odd
+        size on ``axis`` (the message says how to get an even one).
+
+    Examples:
+      >>> Glu.init(jax.random.key(0), (-1, 6))[0]
+      (-1, 3)
+      >>> y, _ = Glu.apply((), (), jnp.array([[1.0, 2.0, 0.0, 100.0]]))
+      >>> print(np.asarray(y, float).round(4))
+      [[0.5 2. ]]
+      >>> Glu(axis=0).name
+      'Glu(axis=0)'
+    """
+    axis = checks.integer("Glu", "axis", axis)
+    name = _name("Glu", axis=(axis, -1))
+
+    def halved(shape, ax):
+        if shape[ax] != -1 and shape[ax] % 2:
+            raise ValueError(
+                f"{name}: the input's size on axis {axis} must be even, Glu splits it into "
+                f"two halves (a * sigmoid(b)); got {shape[ax]} in shape {shape}. Have the layer "
+                f"before it give twice the features wanted, e.g. Dense(2 * k) for k outputs.")
+        return shape[:ax] + (-1 if shape[ax] == -1 else shape[ax] // 2,) + shape[ax + 1:]
+
+    def init(rng, input_shape):
+        shape = check_shape(name, input_shape, min_rank=1)
+        return halved(shape, normalize_axis(name, axis, len(shape))), (), ()
+
+    def apply(params, state, inputs, *, rng=None, train=False):
+        check_input(name, inputs, min_rank=1)
+        ax = normalize_axis(name, axis, inputs.ndim)
+        halved(tuple(inputs.shape), ax)
+        a, b = jnp.split(inputs, 2, axis=ax)
+        return a * jax.nn.sigmoid(b), state
+
+    return named(name, init, apply)
+
+
 # --------------------------------------------------------------------------- #
 # Constructors.
 # --------------------------------------------------------------------------- #
@@ -551,7 +620,38 @@ def LogSoftmax(axis: int = -1) -> Layer:
     return elementwise(f"LogSoftmax(axis={axis})", lambda x: jax.nn.log_softmax(x, axis=axis), axis)
 
 
+def Threshold(threshold: float, value: float) -> Layer:
+    """``x if x > threshold else value``: ``torch.nn.Threshold(threshold, value)``.
+
+    Both arguments are required, as in torch. The gradient is 1 where
+    ``x > threshold`` and 0 elsewhere, at ``x == threshold`` too, as torch's. The test
+    is written as torch's kernel writes it, ``value if x <= threshold else x``, so a NaN
+    input stays NaN (and passes its gradient), as in torch.
+
+    Args:
+      threshold: the value ``x`` must exceed to pass, a finite real number.
+      value: what replaces ``x`` at and below ``threshold``, a finite real number.
+
+    Returns:
+      A parameter-free, stateless :class:`funcnet.Layer`, named
+      ``Threshold(threshold=..., value=...)``; the output has the input's shape.
+
+    Raises:
+      ArgumentError: either argument is not a finite real number.
+
+    Examples:
+      >>> layer = Threshold(0.5, -1.0)
+      >>> layer.name, layer.apply((), (), jnp.array([0.0, 0.5, 2.0]))[0]
+      ('Threshold(threshold=0.5, value=-1.0)', Array([-1., -1.,  2.], dtype=float32))
+    """
+    threshold = checks.real("Threshold", "threshold", threshold)
+    value = checks.real("Threshold", "value", value)
+    return elementwise(f"Threshold(threshold={threshold!r}, value={value!r})",
+                       lambda x: jnp.where(x <= threshold, value, x))
+
+
 # The optional-argument layers are instances, which doctest's finder skips: run their
 # docstrings' examples by name.
 __test__ = {name: globals()[name].__doc__
-            for name in ("Elu", "Celu", "Gelu", "Softplus", "Hardtanh", "LeakyRelu", "Prelu")}
+            for name in ("Elu", "Celu", "Gelu", "Softplus", "Hardtanh", "LeakyRelu", "Prelu",
+                         "Glu")}

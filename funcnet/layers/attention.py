@@ -122,8 +122,11 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
                           implementation: Optional[str] = None, scale: Optional[float] = None):
     """``softmax(q k^T * scale + bias, masked) v`` per head, on ``(B, T, H, D)`` arrays.
 
-    ``scale`` defaults to ``1/sqrt(D)``. ``mask`` is boolean, True = may attend,
-    broadcastable to ``(B, H, T, S)``; ``causal`` adds :func:`causal_mask`.
+    The values may have their own head size ``Dv`` (``(B, S, H, Dv)``), as in
+    ``torch.nn.functional.scaled_dot_product_attention``; the output has it too.
+    ``scale`` defaults to ``1/sqrt(D)``, from the queries' head size. ``mask`` is
+    boolean, True = may attend, broadcastable to ``(B, H, T, S)``; ``causal`` adds
+    :func:`causal_mask`.
     Dropout on the attention weights (``train=True``, ``dropout > 0``, an ``rng``)
     scales the kept weights by ``1/(1 - dropout)``, as torch.
 
@@ -134,6 +137,7 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
     written-out one, with the heads folded into the batch axis, is faster (measured
     on 2 CPU cores, forward and backward of a (12, 64, 4, 32) causal attention:
     1.5 ms against jax's 3.9 ms).
+    jax's needs ``Dv == D``: other value head sizes take the written-out path.
     ``"xla"``/``"cudnn"`` force jax's; ``"reference"`` forces the written-out path,
     which computes the softmax in the inputs' precision, at least float32. Both give
     a row whose keys are all masked the mean of the values (jax's convention; torch
@@ -141,7 +145,8 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
 
     Args:
       query: ``(B, T, H, D)``.
-      key, value: ``(B, S, H, D)``.
+      key: ``(B, S, H, D)``.
+      value: ``(B, S, H, Dv)``; ``Dv`` may differ from ``D``.
       mask: booleans broadcastable to ``(B, H, T, S)``, True = may attend, or None.
       bias: floats broadcastable to ``(B, H, T, S)``, added to the logits, or None.
       causal: each query attends to the keys up to its own position (the last
@@ -152,11 +157,12 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
       scale: the factor of the logits, default ``1/sqrt(D)``.
 
     Returns:
-      ``(B, T, H, D)``: each head's weighted sum of the values.
+      ``(B, T, H, Dv)``: each head's weighted sum of the values.
 
     Raises:
       ValueError: an unknown ``implementation``; a mask or bias that does not
-        broadcast to ``(B, H, T, S)``; dropout with a forced jax implementation.
+        broadcast to ``(B, H, T, S)``; dropout, or ``Dv != D``, with a forced jax
+        implementation.
       TypeError: a non-boolean ``mask`` or a boolean ``bias``.
 
     Examples:
@@ -181,7 +187,14 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
     # only on the written-out path
     wide = jnp.result_type(query, key, value) == jnp.float64
     on_cpu = jax.default_backend() == "cpu"
-    if implementation == "reference" or (implementation is None and (drop or wide or on_cpu)):
+    own_dv = value.shape[-1] != D  # jax's checks value against key's shape
+    if own_dv and implementation in ("xla", "cudnn"):
+        raise ValueError(f"dot_product_attention: implementation={implementation!r} needs "
+                         f"the values' head size to equal the queries' and keys' ({D}), got "
+                         f"{value.shape[-1]}. Leave implementation=None (or 'reference') for "
+                         f"a value head size of its own.")
+    if implementation == "reference" or (implementation is None
+                                         and (drop or wide or on_cpu or own_dv)):
         return _reference_attention(query, key, value, mask, bias, causal, scale,
                                     dropout if drop else 0.0, rng)
     if drop:
@@ -211,9 +224,9 @@ def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng):
         unfold = lambda out: out.transpose(0, 2, 1, 3)
         ts, tsd = "bhtd,bhsd->bhts", "bhts,bhsd->bhtd"
     else:
-        heads = lambda x: x.transpose(0, 2, 1, 3).reshape(B * H, x.shape[1], D)
+        heads = lambda x: x.transpose(0, 2, 1, 3).reshape(B * H, x.shape[1], x.shape[3])
         per_head = lambda m: jnp.broadcast_to(m, (B, H, T, S)).reshape(B * H, T, S)
-        unfold = lambda out: out.reshape(B, H, T, D).transpose(0, 2, 1, 3)
+        unfold = lambda out: out.reshape(B, H, T, v.shape[3]).transpose(0, 2, 1, 3)
         ts, tsd = "ntd,nsd->nts", "nts,nsd->ntd"
     logits = jnp.einsum(ts, heads(q), heads(k), preferred_element_type=dtype)
     logits = logits * jnp.asarray(scale, dtype)
@@ -322,8 +335,9 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
         ``causal=True``; at ``init``, ``num_heads`` not dividing ``E`` (without
         ``head_dim``), an odd head dim with ``rope``, keys and values of different
         batch or length, or (decoding) an unknown batch size; at ``apply``, inputs that
-        do not fit the params, a mask or bias that does not broadcast, or (outside
-        ``jit``) decoding past the cache.
+        do not fit the params, a mask or bias that does not broadcast, a cache made for
+        another batch size (or another layer), or (outside ``jit``) decoding past the
+        cache.
       TypeError: at ``apply``, a non-boolean ``mask`` or a boolean ``bias``.
 
     Examples:
@@ -463,6 +477,7 @@ def _decode(name, q, k, v, state, mask, bias, drop, rng, train, rope, rope_base,
             implementation):
     """One decoding apply: write the new keys/values at ``index``, attend to the cache."""
     need_state(name, state, _CACHE_KEYS)
+    _check_cache_fits(name, q.shape, state)
     t, H = q.shape[1], q.shape[2]
     index = state["index"]
     L = state["key"].shape[1]
@@ -487,6 +502,26 @@ def _decode(name, q, k, v, state, mask, bias, drop, rng, train, rope, rope_base,
                               implementation=implementation)
     y = jnp.where(index + t > L, jnp.nan, y)  # past the cache under jit: visible, not wrong
     return y, {"key": cache_k, "value": cache_v, "index": index + t}
+
+
+def _check_cache_fits(name, q_shape, state):
+    """The cache was made for these queries: same batch size, heads and head dim (at trace
+    time; a smaller batch would otherwise fill only the cache's first rows, silently)."""
+    B, _, H, D = q_shape
+    cache = tuple(jnp.shape(state["key"]))
+    if len(cache) != 4:
+        raise ValueError(f"{name}: the decoding cache's 'key' must be (batch, cache_length, "
+                         f"heads, head_dim), got shape {cache}. Pass the state this layer's "
+                         f"init returned.")
+    if cache[0] != B:
+        raise ValueError(f"{name}: the decoding cache was made for a batch of {cache[0]} but "
+                         f"the input has a batch of {B}. A cache holds one row per sequence: "
+                         f"make a new one for this batch size, init(rng, ({B}, 1, features)), "
+                         f"or pass {cache[0]} sequences.")
+    if cache[2:] != (H, D):
+        raise ValueError(f"{name}: the decoding cache holds {cache[2]} heads of {cache[3]} "
+                         f"but this layer computes {H} heads of {D}: it is another layer's "
+                         f"cache. Pass the state this layer's init returned.")
 
 
 def _is_split(W) -> bool:

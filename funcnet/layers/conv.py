@@ -40,6 +40,7 @@ from funcnet.errors import ArgumentError
 from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
 from funcnet.layers._patches import patch_conv
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
+from funcnet.layers.dense import check_param_shapes
 
 __all__ = ["Conv", "ConvTranspose"]
 
@@ -77,6 +78,13 @@ def _layout_perm(spatial_letters, rhs_spec: str, in_letter: str, out_letter: str
     """Permutation taking a canonical ``(*spatial, in, out)`` kernel to ``rhs_spec``."""
     canonical = "".join(spatial_letters) + in_letter + out_letter
     return tuple(canonical.index(c) for c in rhs_spec)
+
+
+def _kernel_shape(filter_shape, out_k: int, perm):
+    """The kernel's shape in the rhs layout, None for the input channels (the input's
+    to decide): the canonical ``(*filter_shape, in, out_k)`` moved by ``perm``."""
+    canonical = tuple(filter_shape) + (None, out_k)
+    return tuple(canonical[p] for p in perm)
 
 
 def _init_params(rng, W_init, b_init, canonical_shape, perm, fan_in: int, use_bias: bool,
@@ -187,6 +195,8 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
         rules, checked in ``init`` where the size is known, and in ``apply``).
       ValueError: bad shapes, strides, padding, groups or layouts (each names the
         value and what is allowed).
+      MismatchError: at ``apply``, a kernel of other output channels or filter shape,
+        or a bias not of ``out_chan`` entries (params of another model or configuration).
 
     Examples:
       >>> layer = Conv(2, (3,), padding=1, padding_mode="circular", use_bias=False)
@@ -253,6 +263,9 @@ def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=No
 
     def apply(params, state, inputs, *, rng=None, train=False):
         W = params["W"]
+        # a kernel of other out channels or window would convolve without a word
+        check_param_shapes(name, params, {"W": _kernel_shape(filter_shape, out_chan, perm),
+                                          "b": (out_chan,)})
         check_input(name, inputs, rank=n + 2, axis=c_axis,
                     size=W.shape[rhs_spec.index("I")] * groups, what="channels")
         out_shape(tuple(inputs.shape))  # a readable error for inputs smaller than the window
@@ -483,6 +496,8 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
       ArgumentError: a ``padding_mode`` other than ``"zeros"``; groups that do not
         divide the output channels (here) or the input channels (in ``init``).
       ValueError: bad shapes, strides, padding, ``output_padding`` or layouts.
+      MismatchError: at ``apply``, a kernel of other output channels or filter shape,
+        or a bias not of ``out_chan`` entries.
 
     Examples:
       >>> layer = ConvTranspose(4, (3,), strides=2, padding=1, output_padding=1,
@@ -552,6 +567,8 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
 
     def apply(params, state, inputs, *, rng=None, train=False):
         W = params["W"]
+        check_param_shapes(name, params, {
+            "W": _kernel_shape(filter_shape, out_chan // groups, perm), "b": (out_chan,)})
         check_input(name, inputs, rank=n + 2, axis=c_axis, size=W.shape[rhs_spec.index("I")],
                     what="channels")
         out_shape(tuple(inputs.shape))

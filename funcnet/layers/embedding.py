@@ -10,7 +10,7 @@ from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet import initializers
 from funcnet.core import Layer, as_layer, check_input, check_shape, named
-from funcnet.layers.dense import linear
+from funcnet.layers.dense import check_param_shapes, linear
 
 __all__ = ["Embedding", "TiedEmbedding", "embedding_renorm"]
 
@@ -170,6 +170,7 @@ def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None, *,
     Raises:
       ArgumentError: ``vocab_size`` or ``dim`` not a positive int, a bad
         ``max_norm``/``norm_type``/``scale_grad_by_freq``.
+      MismatchError: at ``apply``, a table not of shape ``(vocab_size, dim)``.
       ValueError: ``padding_idx`` outside ``[-vocab_size, vocab_size)``; outside
         ``jit``, an id outside ``[0, vocab_size)``.
       TypeError: non-integer ids.
@@ -212,6 +213,8 @@ def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None, *,
             raise TypeError(f"{name}: expected integer token ids, got dtype {inputs.dtype}. "
                             f"Cast them, e.g. ids.astype(jnp.int32).")
         table = params["E"]
+        # a table of another vocabulary would take its own ids as the valid ones
+        check_param_shapes(name, params, {"E": (vocab_size, dim)})
         n = table.shape[0]
         _check_concrete_ids(name, inputs, n)
         # int32 indices unless the ids are 64-bit: `n` must fit (uint8 ids, vocab 256), and
@@ -282,6 +285,7 @@ def TiedEmbedding(vocab_size: int, dim: int, body=None, E_init=None) -> Layer:
 
     Raises:
       ArgumentError: ``vocab_size`` or ``dim`` not a positive int.
+      MismatchError: at ``apply``, a table not of shape ``(vocab_size, dim)``.
       ValueError: a ``body`` that changes the shape (at init); out-of-range ids
         outside ``jit``, as :func:`Embedding`.
       TypeError: non-integer ids.
@@ -313,6 +317,8 @@ def TiedEmbedding(vocab_size: int, dim: int, body=None, E_init=None) -> Layer:
         return shape[:-1] + (vocab_size,), params, state
 
     def apply(params, state, inputs, *, rng=None, train=False):
+        # here, not in the lookup, so the error names this layer (the head reads E too)
+        check_param_shapes(name, params, {"E": (vocab_size, dim)})
         h, _ = lookup.apply({"E": params["E"]}, (), inputs)
         if body is not None:
             h, state = body.apply(params["body"], state, h, rng=rng, train=train)

@@ -13,6 +13,7 @@ from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet.core import (Layer, check_input, check_known, check_shape, named, need_state,
                           normalize_axis)
+from funcnet.layers.dense import check_param_shapes
 
 __all__ = ["BatchNorm", "InstanceNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
@@ -203,6 +204,7 @@ def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 
     Raises:
       ValueError: ``axis`` is not an int; in train mode (or without running
         statistics), one value per feature in the batch.
+      MismatchError: at ``apply``, a ``scale`` or ``bias`` not of one entry per feature.
       ArgumentError: ``momentum`` outside ``[0, 1]``, a negative ``epsilon``, or an
         unknown ``running_var``.
       TypeError: running statistics in a dtype narrower than float32.
@@ -254,6 +256,9 @@ def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 
             need_state(name, state, state_keys)
             check_input(name, inputs, axis=ax, size=state["mean"].shape[0], what="features")
             _check_stats_dtype(name, state)
+        # a (1,) scale would broadcast over every feature without a word
+        check_param_shapes(name, params, {"scale": (inputs.shape[ax],),
+                                          "bias": (inputs.shape[ax],)})
         bshape = [1] * rank
         bshape[ax] = inputs.shape[ax]
         reduce_axes = tuple(i for i in range(rank) if i != ax)

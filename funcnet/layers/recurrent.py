@@ -125,7 +125,7 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
               lengths=None):
         first = params if flat else params["l0"]
         check_input(name, inputs, rank=3, axis=-1, size=first["W_ih"].shape[0])
-        N, T = inputs.shape[0], inputs.shape[1]
+        N, T = _batch_and_steps(name, inputs)
         if lengths is not None:
             lengths = _checked_lengths(name, lengths, N, T)
         carries = (None if initial_state is None else
@@ -167,6 +167,18 @@ def _hidden(params, h):
     return out + params["b_hh"] if "b_hh" in params else out
 
 
+def _batch_and_steps(name, inputs):
+    """``(N, T)`` of a ``(N, T, F)`` input (its rank and features already checked), which
+    must have a time step (at trace time): torch raises on an empty sequence too."""
+    N, T = inputs.shape[0], inputs.shape[1]
+    if T == 0:
+        raise ValueError(f"{name}: the input has no time steps (shape {tuple(inputs.shape)}, "
+                         f"(batch, time, features) with time 0), so there is no last step "
+                         f"or state to return; torch raises on an empty sequence too. Give "
+                         f"at least one step, or skip the layer for empty sequences.")
+    return N, T
+
+
 def _checked_lengths(name, lengths, N, T):
     lengths = jnp.asarray(lengths)
     if lengths.shape != (N,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
@@ -182,6 +194,8 @@ def _checked_lengths(name, lengths, N, T):
 def _initial_carries(name, initial_state, carry_size, n, N, H):
     """The given initial carries, each (num_layers * directions, N, H), checked."""
     given = initial_state if carry_size > 1 else (initial_state,)
+    if isinstance(given, list):  # [h_0, c_0], as torch's LSTM also takes it
+        given = tuple(given)
     if not isinstance(given, tuple) or len(given) != carry_size:
         raise ValueError(f"{name}: initial_state must be "
                          f"{'(h_0, c_0)' if carry_size > 1 else 'h_0'}, arrays of shape "

@@ -1,20 +1,24 @@
-"""Resizing: ``Upsample`` (nearest / linear interpolation) and ``ZeroPad``.
+"""Resizing: ``Upsample`` (nearest, area, linear and bicubic interpolation) and ``ZeroPad``.
 
 Inputs are channels-last, ``(N, *spatial, C)`` with 1 to 3 spatial axes: ``(N, L, C)``,
 ``(N, H, W, C)`` or ``(N, D, H, W, C)``. Both layers are stateless and parameter-free.
 
 ``Upsample`` reproduces ``torch.nn.Upsample`` (``F.interpolate``) index for index: the
-source positions and weights are computed at trace time with PyTorch's float32 formulas,
-and the layer is then a gather (nearest) or a gather and a weighted sum per spatial axis
-(linear modes). ``jax.image.resize`` is not used because it matches none of these modes
-exactly: its ``"nearest"`` samples pixel centres (torch's ``"nearest-exact"``, not
-``"nearest"``), it has no ``align_corners``, it antialiases when downsampling (torch's
-``Upsample`` does not), and it derives the sampling scale from the sizes, where torch uses
-``1 / scale_factor`` when a scale factor is given.
+source positions and weights are computed at trace time with PyTorch's formulas in
+PyTorch's precision (the interpolating modes in float64 for float64 inputs, float32
+otherwise; the nearest modes in float32), and the layer is then a gather (nearest
+modes), a gather and a weighted sum per spatial axis (linear and bicubic modes), or
+adaptive average pooling (``"area"``). ``jax.image.resize`` is not used because it
+matches none of these modes exactly: its ``"nearest"`` samples pixel centres (torch's
+``"nearest-exact"``, not ``"nearest"``), it has no ``align_corners``, its cubic kernel
+has ``A = -0.5`` (torch's ``-0.75``), it antialiases when downsampling (torch's
+``Upsample`` does not), and it derives the sampling scale from the sizes, where torch
+uses ``1 / scale_factor`` when a scale factor is given.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -22,26 +26,37 @@ import numpy as np
 
 from funcnet import _checks as checks
 from funcnet.core import Layer, check_input, check_shape, named
+from funcnet.layers.pooling import AdaptiveAvgPool
 
 __all__ = ["Upsample", "ZeroPad"]
 
-_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}
-_LINEAR_NAMES = {n: mode for mode, n in _LINEAR_MODES.items()}
-_MODES = ("nearest",) + tuple(_LINEAR_MODES)
+# The modes tied to a number of spatial axes, as in torch; the others take 1 to 3.
+_MODE_AXES = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
+_LINEAR_NAMES = {1: "linear", 2: "bilinear", 3: "trilinear"}
+_INTERPOLATING = ("linear", "bilinear", "trilinear", "bicubic")  # the align_corners modes
+_MODES = ("nearest", "nearest-exact", "area") + _INTERPOLATING
 _LAYOUTS = {1: "(N, L, C)", 2: "(N, H, W, C)", 3: "(N, D, H, W, C)"}
 _F32 = np.float32
+_CUBIC_A = -0.75  # torch's (and OpenCV's) bicubic kernel parameter
 
 
 # --------------------------------------------------------------------------- #
 # PyTorch's source indices and weights (aten/src/ATen/native/UpSample.h), computed
-# in NumPy float32 on static sizes: trace-time constants.
+# in NumPy on static sizes: trace-time constants.
 # --------------------------------------------------------------------------- #
 
-def _scale(in_size: int, out_size: int, scale_factor) -> np.float32:
-    """torch's ``compute_scales_value``: ``1 / scale_factor`` when one was given, else in/out."""
+def _index_dtype(dtype) -> type:
+    """torch's ``opmath_t`` for the interpolating modes: float64 for float64 inputs, else
+    float32 (half-precision inputs too)."""
+    return np.float64 if dtype == jnp.float64 else _F32
+
+
+def _scale(in_size: int, out_size: int, scale_factor, ft=_F32):
+    """torch's ``compute_scales_value``: ``1 / scale_factor`` when one was given, else in/out,
+    in ``ft``."""
     if scale_factor is not None and scale_factor > 0:
-        return _F32(1.0 / scale_factor)
-    return _F32(in_size) / _F32(out_size)
+        return ft(1.0 / scale_factor)
+    return ft(in_size) / ft(out_size)
 
 
 def _nearest_index(in_size: int, out_size: int, scale_factor, exact_cases: bool) -> np.ndarray:
@@ -56,19 +71,57 @@ def _nearest_index(in_size: int, out_size: int, scale_factor, exact_cases: bool)
     return np.minimum(np.floor(src).astype(np.int64), in_size - 1)
 
 
-def _linear_index(in_size: int, out_size: int, scale_factor, align_corners: bool):
-    """``(i0, i1, w0, w1)``: ``y[dst] = w0 * x[i0] + w1 * x[i1]`` along one axis."""
-    dst = np.arange(out_size).astype(_F32)
+def _nearest_exact_index(in_size: int, out_size: int, scale_factor) -> np.ndarray:
+    """torch's ``nearest_exact_idx``: ``src = min(floor((dst + 0.5) * scale), in - 1)``, the
+    product in float64 of a float32 scale, floored as float32 (torch's ``floorf``)."""
+    src = (np.arange(out_size) + 0.5) * np.float64(_scale(in_size, out_size, scale_factor))
+    return np.minimum(np.floor(src.astype(_F32)).astype(np.int64), in_size - 1)
+
+
+def _source(in_size: int, out_size: int, scale_factor, align_corners: bool, ft, cubic: bool):
+    """torch's ``area_pixel_compute_source_index`` for every ``dst``, in ``ft``: negative
+    positions clamp to 0 except for cubic, whose taps reach beyond the edge."""
+    dst = np.arange(out_size).astype(ft)
     if align_corners:
-        scale = _F32(in_size - 1) / _F32(out_size - 1) if out_size > 1 else _F32(0)
-        src = scale * dst
-    else:
-        src = _scale(in_size, out_size, scale_factor) * (dst + _F32(0.5)) - _F32(0.5)
-        src = np.maximum(src, _F32(0))
-    i0 = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
-    w1 = np.clip(src - i0.astype(_F32), _F32(0), _F32(1)).astype(_F32)
+        scale = ft(in_size - 1) / ft(out_size - 1) if out_size > 1 else ft(0)
+        return scale * dst
+    src = _scale(in_size, out_size, scale_factor, ft) * (dst + ft(0.5)) - ft(0.5)
+    return src if cubic else np.maximum(src, ft(0))
+
+
+def _floor_and_fraction(src, in_size: int, ft):
+    """torch's ``guard_index_and_lambda``: ``i = min(floor(src), in - 1)`` and
+    ``t = clip(src - i, 0, 1)``."""
+    i = np.minimum(np.floor(src).astype(np.int64), in_size - 1)
+    return i, np.clip(src - i.astype(ft), ft(0), ft(1)).astype(ft)
+
+
+def _linear_taps(in_size: int, out_size: int, scale_factor, align_corners: bool, ft):
+    """``((i0, i1), (w0, w1))``: ``y[dst] = w0 * x[i0] + w1 * x[i1]`` along one axis."""
+    src = _source(in_size, out_size, scale_factor, align_corners, ft, cubic=False)
+    i0, w1 = _floor_and_fraction(src, in_size, ft)
     i1 = i0 + (i0 < in_size - 1)
-    return i0, i1, (_F32(1) - w1).astype(_F32), w1
+    return (i0, i1), ((ft(1) - w1).astype(ft), w1)
+
+
+def _cubic_taps(in_size: int, out_size: int, scale_factor, align_corners: bool, ft):
+    """Four indices and weights along one axis: ``y[dst] = sum_k w_k * x[i - 1 + k]`` with
+    ``i = floor(src)``, the indices clamped to ``[0, in - 1]`` (torch's
+    ``upsample_get_value_bounded``) and torch's ``get_cubic_upsample_coefficients`` of
+    ``t = src - i``, written in its order of operations."""
+    src = _source(in_size, out_size, scale_factor, align_corners, ft, cubic=True)
+    i, t = _floor_and_fraction(src, in_size, ft)
+    a, one = ft(_CUBIC_A), ft(1)
+
+    def near(x):  # the kernel for |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):   # the kernel for 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = (far(t + one), near(t), near(one - t), far((one - t) + one))
+    index = tuple(np.clip(i + k, 0, in_size - 1) for k in (-1, 0, 1, 2))
+    return index, tuple(w.astype(ft) for w in weights)
 
 
 def _positive_reals(name: str, what: str, value, *, ints: bool):
@@ -85,6 +138,120 @@ def _positive_reals(name: str, what: str, value, *, ints: bool):
     return items if isinstance(value, (tuple, list)) else items[0]
 
 
+# --------------------------------------------------------------------------- #
+# Upsample's pieces: its options, the input's rank, the output size, the resizing.
+# --------------------------------------------------------------------------- #
+
+def _upsample_options(name: str, scale_factor, size, mode: str, align_corners):
+    """Checked ``(scale_factor, size, n_spatial)``; ``n_spatial`` None: 1 to 3 axes."""
+    if (scale_factor is None) == (size is None):
+        raise checks.ArgumentError(
+            f"{name}: give exactly one of scale_factor (e.g. Upsample(scale_factor=2)) or "
+            f"size (e.g. Upsample(size=(32, 32))), got "
+            f"{'both' if size is not None else 'neither'}.")
+    checks.one_of(name, "mode", mode, _MODES)
+    checks.flag(name, "align_corners", align_corners)
+    if align_corners and mode not in _INTERPOLATING:
+        raise checks.ArgumentError(f"{name}: align_corners=True is only for the interpolating "
+                                   f"modes {', '.join(map(repr, _INTERPOLATING))}; {mode} "
+                                   f"has no corners to align. Drop align_corners.")
+    if size is not None:
+        size = _positive_reals(name, "size", size, ints=True)
+    else:
+        scale_factor = _positive_reals(name, "scale_factor", scale_factor, ints=False)
+    given = size if size is not None else scale_factor
+    given_dims = len(given) if isinstance(given, tuple) else None
+    n_spatial = _MODE_AXES.get(mode, given_dims)
+    if mode in _MODE_AXES and given_dims not in (None, n_spatial):
+        raise checks.ArgumentError(
+            f"{name}: mode {mode!r} interpolates {n_spatial} spatial axes, but "
+            f"{'size' if size is not None else 'scale_factor'} has {given_dims} entries.")
+    return scale_factor, size, n_spatial
+
+
+def _check_rank(name: str, mode: str, n_spatial, shape) -> None:
+    rank = len(shape)
+    if n_spatial is None:
+        if not 3 <= rank <= 5:
+            raise ValueError(f"{name}: expected an input (N, *spatial, C) with 1 to 3 "
+                             f"spatial axes (rank 3 to 5, channels last), got shape "
+                             f"{shape}.")
+    elif rank != n_spatial + 2:
+        hint = ""
+        if mode in _MODE_AXES and 3 <= rank <= 5:
+            hint = f" For a rank-{rank} input use mode={_LINEAR_NAMES[rank - 2]!r}."
+            if mode == "bicubic":
+                hint = " torch's bicubic is 2-D only too." + hint
+        raise ValueError(f"{name}: expected a rank-{n_spatial + 2} input "
+                         f"{_LAYOUTS[n_spatial]} (channels last), got shape {shape}.{hint}")
+
+
+def _per_axis(value, n: int) -> tuple:
+    return value if isinstance(value, tuple) else (value,) * n
+
+
+def _out_spatial(name: str, spatial, size, scale_factor) -> tuple:
+    """The output's spatial sizes: ``size``, or ``floor(in * scale_factor)`` (-1 stays -1)."""
+    n = len(spatial)
+    if size is not None:
+        return _per_axis(size, n)
+    out = []
+    for ax, (d, s) in enumerate(zip(spatial, _per_axis(scale_factor, n))):
+        o = -1 if d == -1 else math.floor(d * s)
+        if o == 0:
+            raise ValueError(f"{name}: input size {d} on axis {ax + 1} times scale_factor "
+                             f"{s:g} is below 1: the output would be empty. Use a larger "
+                             f"input or scale_factor, or give size=.")
+        out.append(o)
+    return tuple(out)
+
+
+def _resize_nearest(x, spatial, outs, factors, exact: bool):
+    for ax, (d, o, s) in enumerate(zip(spatial, outs, factors), start=1):
+        if exact:
+            index = _nearest_exact_index(d, o, s)
+        else:
+            index = _nearest_index(d, o, s, exact_cases=len(spatial) == 2)
+        if o != d or not np.array_equal(index, np.arange(d)):
+            x = jnp.take(x, index, axis=ax)
+    return x
+
+
+def _interpolate(x, spatial, outs, factors, taps, copy_same: bool):
+    """``y[dst] = sum_k w_k * x[i_k]`` along each spatial axis, the last first: torch's
+    kernel interpolates the innermost axis inside the outer ones, so this is its order of
+    operations, and so is the left-to-right sum. ``copy_same``: an axis whose size does
+    not change is copied (torch's linear modes; its bicubic interpolates it)."""
+    ft = _index_dtype(x.dtype)
+    for ax in reversed(range(1, len(spatial) + 1)):
+        d, o, s = spatial[ax - 1], outs[ax - 1], factors[ax - 1]
+        if copy_same and o == d:
+            continue
+        index, weights = taps(d, o, s, ft=ft)
+        bshape = (o,) + (1,) * (x.ndim - ax - 1)
+        # one gather for all the taps: XLA compiles one several times faster than k
+        rows = jnp.split(jnp.take(x, np.concatenate(index), axis=ax), len(index), axis=ax)
+        terms = [r * jnp.asarray(w.reshape(bshape), x.dtype) for r, w in zip(rows, weights)]
+        x = functools.reduce(lambda total, term: total + term, terms)
+    return x
+
+
+def _resize(name: str, x, mode: str, scale_factor, size, align_corners: bool):
+    spatial = tuple(x.shape[1:-1])
+    outs = _out_spatial(name, spatial, size, scale_factor)
+    factors = _per_axis(scale_factor, len(spatial))
+    if mode in ("nearest", "nearest-exact"):
+        return _resize_nearest(x, spatial, outs, factors, exact=mode == "nearest-exact")
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        x = x.astype(jnp.result_type(float))
+    if mode == "area":
+        return AdaptiveAvgPool(outs).apply((), (), x)[0]
+    cubic = mode == "bicubic"
+    taps = functools.partial(_cubic_taps if cubic else _linear_taps,
+                             align_corners=align_corners)
+    return _interpolate(x, spatial, outs, factors, taps, copy_same=not cubic)
+
+
 def Upsample(scale_factor=None, size=None, mode: str = "nearest",
              align_corners: bool = False) -> Layer:
     """Resizes the spatial axes of ``(N, *spatial, C)`` inputs, as ``torch.nn.Upsample``.
@@ -93,45 +260,61 @@ def Upsample(scale_factor=None, size=None, mode: str = "nearest",
     per axis) or ``size`` (the output spatial size). Each is a number for every
     spatial axis or a tuple with one entry per spatial axis; with a tuple the input
     must have that many spatial axes. Scale factors below 1 shrink the input: then,
-    as in torch, every output sample reads at most two input samples per axis
-    (no antialiasing).
+    as in torch, every output sample of the interpolating and nearest modes reads at
+    most two (bicubic: four) input samples per axis (no antialiasing).
 
-    Modes, with ``dst`` an output index and ``in``/``out`` the sizes of one axis:
+    Modes, with ``dst`` an output index and ``in``/``out`` the sizes of one axis, and
+    ``scale = 1 / scale_factor`` when a scale factor is given, else ``in / out``:
 
-    * ``"nearest"`` (any of 1 to 3 spatial axes), PyTorch's legacy ``"nearest"``
-      (not ``"nearest-exact"``): ``y[dst] = x[min(floor(dst * scale), in - 1)]``
-      with ``scale = 1 / scale_factor`` when a scale factor is given, else
-      ``in / out`` (computed in float32, as torch does). For 2 spatial axes only,
-      torch (and so this layer) copies an axis whose size does not change and reads
-      ``dst // 2`` on one whose size doubles, whatever the scale factor; with 1 or 3
-      spatial axes e.g. ``scale_factor=1.1`` on 7 samples gives 7 samples read from
-      ``[0, 0, 1, 2, 3, 4, 5]``, as in torch.
+    * ``"nearest"`` (any of 1 to 3 spatial axes), PyTorch's legacy ``"nearest"``:
+      ``y[dst] = x[min(floor(dst * scale), in - 1)]`` (computed in float32, as torch
+      does). For 2 spatial axes only, torch (and so this layer) copies an axis whose
+      size does not change and reads ``dst // 2`` on one whose size doubles, whatever
+      the scale factor; with 1 or 3 spatial axes e.g. ``scale_factor=1.1`` on 7
+      samples gives 7 samples read from ``[0, 0, 1, 2, 3, 4, 5]``, as in torch.
+    * ``"nearest-exact"`` (1 to 3 spatial axes): the nearest sample to the pixel
+      centre, ``y[dst] = x[min(floor((dst + 0.5) * scale), in - 1)]`` (Pillow's and
+      scikit-image's nearest), without ``"nearest"``'s special cases.
+    * ``"area"`` (1 to 3 spatial axes): adaptive average pooling to the output size,
+      as torch's (``torch.nn.AdaptiveAvgPool{1,2,3}d``, see
+      :func:`~funcnet.layers.AdaptiveAvgPool`): ``y[dst]`` is the mean of
+      ``x[floor(dst * in / out) : ceil((dst + 1) * in / out)]``.
     * ``"linear"`` (``(N, L, C)``), ``"bilinear"`` (``(N, H, W, C)``) and
       ``"trilinear"`` (``(N, D, H, W, C)``): separable linear interpolation,
       ``y[dst] = (1 - l) * x[i0] + l * x[i0 + 1]`` with ``i0 = floor(src)``,
       ``l = src - i0`` (the upper index clamped to ``in - 1``) and
 
-      - ``align_corners=False`` (default): ``src = max(scale * (dst + 0.5) - 0.5, 0)``,
-        ``scale`` as for nearest (half-pixel centres; the corners of the input and
-        output grids line up);
+      - ``align_corners=False`` (default): ``src = max(scale * (dst + 0.5) - 0.5, 0)``
+        (half-pixel centres; the corners of the input and output grids line up);
       - ``align_corners=True``: ``src = dst * (in - 1) / (out - 1)`` (the centres of
         the corner pixels line up; the scale factor then only sets the output size).
 
-      As in torch, an axis whose size does not change is copied unchanged. Integer
-      inputs give floating-point outputs.
+      As in torch, an axis whose size does not change is copied unchanged.
+    * ``"bicubic"`` (``(N, H, W, C)``, as torch's): separable cubic convolution with
+      torch's ``A = -0.75``, ``y[dst] = sum_{k=-1..2} w_k(t) * x[clip(i0 + k, 0, in - 1)]``
+      with ``i0 = floor(src)``, ``t = src - i0``, ``src`` as for the linear modes but
+      not clamped at 0 (for either ``align_corners``), and the Keys kernel
+      ``w(s) = (A + 2)|s|^3 - (A + 3)|s|^2 + 1`` for ``|s| <= 1``,
+      ``A|s|^3 - 5A|s|^2 + 8A|s| - 4A`` for ``1 < |s| < 2``. Outputs may overshoot
+      the input's range, as torch's do (no clamping).
 
-    ``align_corners`` is for the linear modes only (torch raises for nearest too).
-    Output values match ``torch.nn.Upsample`` on the same (channels-first) data to
-    float32 rounding; gradients are those of the gather and weighted sum.
+    Positions and weights are computed as torch computes them: in float64 for float64
+    inputs, float32 otherwise (the nearest modes always float32). Integer inputs give
+    floating-point outputs, except with the nearest modes (a gather keeps the dtype).
+    ``align_corners`` is for the linear and bicubic modes only (torch raises for the
+    others too). Output values match ``torch.nn.Upsample`` on the same (channels-first)
+    data to rounding; gradients are those of the gather and weighted sum (of the mean,
+    for ``"area"``).
 
     Args:
       scale_factor: the factor of the spatial sizes, a positive number or a tuple of
         one per spatial axis; None when ``size`` is given.
       size: the output spatial size, a positive int or a tuple of one per spatial axis;
         None when ``scale_factor`` is given.
-      mode: ``"nearest"``, ``"linear"``, ``"bilinear"`` or ``"trilinear"``.
-      align_corners: for the linear modes, True lines up the centres of the corner
-        pixels; must be False with ``"nearest"``.
+      mode: ``"nearest"``, ``"nearest-exact"``, ``"area"``, ``"linear"``,
+        ``"bilinear"``, ``"trilinear"`` or ``"bicubic"``.
+      align_corners: for the linear and bicubic modes, True lines up the centres of the
+        corner pixels; must be False with the other modes.
 
     Returns:
       The layer, an ``(init, apply)`` pair without params or state:
@@ -139,8 +322,9 @@ def Upsample(scale_factor=None, size=None, mode: str = "nearest",
 
     Raises:
       ArgumentError: both or neither of ``scale_factor`` and ``size``; an unknown
-        ``mode``; ``align_corners`` not a bool, or True with ``"nearest"``; a size or
-        scale factor that is not positive, or a tuple of the wrong length for the mode.
+        ``mode``; ``align_corners`` not a bool, or True with a mode that is not linear
+        or bicubic; a size or scale factor that is not positive, or a tuple of the
+        wrong length for the mode.
       ValueError: an input of the wrong rank (not 1 to 3 spatial axes, or not the
         mode's or the tuple's number); a scale factor that gives an empty output.
 
@@ -150,100 +334,25 @@ def Upsample(scale_factor=None, size=None, mode: str = "nearest",
       (-1, 8, 8, 3)
       >>> apply((), (), jnp.arange(2.0).reshape(1, 1, 2, 1))[0][0, :, :, 0].tolist()
       [[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]]
+      >>> x = jnp.array([1.0, 2.0, 6.0]).reshape(1, 3, 1)
+      >>> Upsample(size=2, mode="area").apply((), (), x)[0][0, :, 0].tolist()
+      [1.5, 4.0]
     """
     name = (f"Upsample({'size' if size is not None else 'scale_factor'}="
             f"{size if size is not None else scale_factor!r}, mode={mode!r})")
-    if (scale_factor is None) == (size is None):
-        raise checks.ArgumentError(
-            f"{name}: give exactly one of scale_factor (e.g. Upsample(scale_factor=2)) or "
-            f"size (e.g. Upsample(size=(32, 32))), got "
-            f"{'both' if size is not None else 'neither'}.")
-    checks.one_of(name, "mode", mode, _MODES)
-    checks.flag(name, "align_corners", align_corners)
-    if align_corners and mode == "nearest":
-        raise checks.ArgumentError(f"{name}: align_corners=True is only for the interpolating "
-                                   f"modes {', '.join(map(repr, _LINEAR_MODES))}; nearest "
-                                   f"has no corners to align. Drop align_corners.")
-    if size is not None:
-        size = _positive_reals(name, "size", size, ints=True)
-        given = size
-    else:
-        scale_factor = _positive_reals(name, "scale_factor", scale_factor, ints=False)
-        given = scale_factor
-    given_dims = len(given) if isinstance(given, tuple) else None
-    if mode in _LINEAR_MODES:
-        n_spatial = _LINEAR_MODES[mode]
-        if given_dims not in (None, n_spatial):
-            raise checks.ArgumentError(
-                f"{name}: mode {mode!r} interpolates {n_spatial} spatial axes, but "
-                f"{'size' if size is not None else 'scale_factor'} has {given_dims} entries.")
-    else:
-        n_spatial = given_dims
-
-    def per_axis(value, n):
-        return value if isinstance(value, tuple) else (value,) * n
-
-    def check_rank(shape):
-        rank = len(shape)
-        if n_spatial is None:
-            if not 3 <= rank <= 5:
-                raise ValueError(f"{name}: expected an input (N, *spatial, C) with 1 to 3 "
-                                 f"spatial axes (rank 3 to 5, channels last), got shape "
-                                 f"{shape}.")
-        elif rank != n_spatial + 2:
-            hint = ""
-            if mode in _LINEAR_MODES and 3 <= rank <= 5:
-                hint = f" For a rank-{rank} input use mode={_LINEAR_NAMES[rank - 2]!r}."
-            raise ValueError(f"{name}: expected a rank-{n_spatial + 2} input "
-                             f"{_LAYOUTS[n_spatial]} (channels last), got shape {shape}.{hint}")
-
-    def out_spatial(spatial):
-        n = len(spatial)
-        if size is not None:
-            return per_axis(size, n)
-        out = []
-        for ax, (d, s) in enumerate(zip(spatial, per_axis(scale_factor, n))):
-            o = -1 if d == -1 else math.floor(d * s)
-            if o == 0:
-                raise ValueError(f"{name}: input size {d} on axis {ax + 1} times scale_factor "
-                                 f"{s:g} is below 1: the output would be empty. Use a larger "
-                                 f"input or scale_factor, or give size=.")
-            out.append(o)
-        return tuple(out)
+    scale_factor, size, n_spatial = _upsample_options(name, scale_factor, size, mode,
+                                                      align_corners)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=0)
-        check_rank(shape)
-        return (shape[0],) + out_spatial(shape[1:-1]) + (shape[-1],), (), ()
+        _check_rank(name, mode, n_spatial, shape)
+        out = _out_spatial(name, shape[1:-1], size, scale_factor)
+        return (shape[0],) + out + (shape[-1],), (), ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
         check_input(name, inputs)
-        shape = tuple(inputs.shape)
-        check_rank(shape)
-        spatial = shape[1:-1]
-        outs = out_spatial(spatial)
-        factors = per_axis(scale_factor, len(spatial))
-        x = inputs
-        if mode == "nearest":
-            for ax, (d, o, s) in enumerate(zip(spatial, outs, factors), start=1):
-                index = _nearest_index(d, o, s, exact_cases=len(spatial) == 2)
-                if o != d or not np.array_equal(index, np.arange(d)):
-                    x = jnp.take(x, index, axis=ax)
-            return x, state
-        if not jnp.issubdtype(x.dtype, jnp.inexact):
-            x = x.astype(jnp.result_type(float))
-        # The last spatial axis first: torch's kernel interpolates the innermost axis
-        # inside the outer ones, so this is its order of operations.
-        for ax in reversed(range(1, len(spatial) + 1)):
-            d, o, s = spatial[ax - 1], outs[ax - 1], factors[ax - 1]
-            if o == d:
-                continue  # torch copies an axis whose size does not change
-            i0, i1, w0, w1 = _linear_index(d, o, s, align_corners)
-            bshape = (o,) + (1,) * (x.ndim - ax - 1)
-            w0 = jnp.asarray(w0.reshape(bshape), x.dtype)
-            w1 = jnp.asarray(w1.reshape(bshape), x.dtype)
-            x = jnp.take(x, i0, axis=ax) * w0 + jnp.take(x, i1, axis=ax) * w1
-        return x, state
+        _check_rank(name, mode, n_spatial, tuple(inputs.shape))
+        return _resize(name, inputs, mode, scale_factor, size, align_corners), state
 
     return named(name, init, apply)
 

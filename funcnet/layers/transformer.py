@@ -47,7 +47,8 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
     the matrix products, ``torch.autocast``'s rule: the attention (its projections, the
     scores and the weighted sum) and the MLP's ``fc``, ``act`` and ``proj`` each run under
     :func:`funcnet.precision.apply_policy`; the norms, the dropouts (which act on the
-    branches' outputs, in their dtype) and the residual adds do not. With ``"params=float32,compute=bfloat16"`` the params stay float32, the
+    branches' outputs, in their dtype) and the residual adds do not. With
+    ``"params=float32,compute=bfloat16"`` the params stay float32, the
     products take bfloat16 inputs (the attention's softmax is float32, as in every path
     of :func:`dot_product_attention`) and return bfloat16, the norms compute in float32
     on a float32 stream, and ``x + branch(x)`` adds a bfloat16 branch to the float32
