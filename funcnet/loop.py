@@ -883,8 +883,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         ``jax.jit(make_train_step(...))`` gives a hand-written loop.
         ``funcnet.xla.compiler_options()`` puts CPU convolutions on XLA's multi-threaded
         kernels (and ``Conv``'s ``"auto"`` on one XLA convolution): measured 0.81x
-        benchmark workload 3's LeNet step on jax 0.10.2 but 1.01x on 0.12, and 1.14x /
-        1.26x the Flax MNIST CNN's (:mod:`funcnet.xla` has the figures); try it on your
+        LeNet's step on jax 0.10.2 but 1.03x on 0.12, and 1.16x / 1.32x the Flax MNIST
+        CNN's (workload 6b; :mod:`funcnet.xla` has the figures); try it on your
         network. Results differ by float rounding (other kernels), not more.
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps), the

@@ -9,11 +9,10 @@ network measured faster with them::
     step = funcnet.xla.jit(make_train_step(loss_fn, optimizer), donate_argnums=0)
 
 ``fit`` compiles with plain ``jax.jit`` by default: the options help some networks and
-slow others, and by how much depends on the jaxlib. Paired step times on a 2-core VM
-(options / plain ``jax.jit``, 12 alternating steps, 2026-11-27; ``BENCHMARKS.md``,
-workload 6): benchmark workload 3's LeNet 0.81x on jax 0.10.2 and 1.01x on 0.12.0.1; the
-Flax MNIST CNN (3x3 SAME convolutions, BatchNorm, average pooling) 1.14x and 1.26x; the
-MLPs unchanged within noise.
+slow others, and by how much depends on the jaxlib. ``fit``'s step time with them over
+without (benchmark workload 6b, ``BENCHMARKS.md``, 2-core VM, 2026-11-27): LeNet 0.81x
+on jax 0.10.2 and 1.03x on 0.12.0.1; the Flax MNIST CNN (3x3 SAME convolutions,
+BatchNorm, average pooling) 1.16x and 1.32x; nanoGPT's CPU GPT 1.17x and 1.16x.
 
 Why (CPU only; elsewhere the dict is empty): from jaxlib 0.10 XLA:CPU hands float32
 convolutions to YNNPACK, whose convolutions run on one thread, while its own (Eigen)
