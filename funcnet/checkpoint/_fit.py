@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet._loop_position import LoopPosition
-from funcnet.checkpoint import _npz
+from funcnet.checkpoint._npz import all_steps, restore_within
 from funcnet.checkpoint._backends import Checkpointer, NpzCheckpointer
 from funcnet.checkpoint._orbax import OrbaxCheckpointer
 
@@ -72,7 +72,7 @@ def restore_fit_checkpoint(source, target, step: Optional[int] = None) -> FitChe
     step = checkpointer.info(step).step
     wanted = LoopPosition().checkpoint_tree(target)
     if isinstance(checkpointer, NpzCheckpointer):
-        restored, rest = _npz.restore_within(checkpointer.directory, wanted, step)
+        restored, rest = restore_within(checkpointer.directory, wanted, step)
     elif isinstance(checkpointer, OrbaxCheckpointer):
         restored, rest = _orbax_within(checkpointer, wanted, step)
     else:  # another backend: only the layout of the train state and position
@@ -113,7 +113,7 @@ def _checkpointer(source):
         raise TypeError(f"restore_fit_checkpoint: source must be a checkpoint directory or a "
                         f"funcnet.checkpoint.Checkpointer, got {type(source).__name__}.")
     directory = Path(source)
-    if not _npz.all_steps(directory) and directory.is_dir() and any(
+    if not all_steps(directory) and directory.is_dir() and any(
             p.is_dir() and p.name.isdigit() for p in directory.iterdir()):
         return OrbaxCheckpointer(directory)   # orbax writes one directory per step
     return NpzCheckpointer(directory)

@@ -286,6 +286,27 @@ def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 
     return named(name, init, apply)
 
 
+def _instance_norm_options(axis, epsilon, momentum, affine, track_running_stats, running_var):
+    """``InstanceNorm``'s arguments checked: ``(momentum, track_running_stats, epsilon,
+    affine)`` as its layer uses them."""
+    if not checks.is_int(axis):
+        raise checks.ArgumentError(f"InstanceNorm: axis must be an int (the channel axis), got "
+                                   f"{checks.got(axis)}.")
+    if momentum is None:
+        # torch takes InstanceNorm's momentum=None as 0.0 (F.instance_norm has no cumulative
+        # average): the running statistics would never move
+        raise checks.ArgumentError(
+            "InstanceNorm: momentum=None is not supported: torch.nn.InstanceNorm*d accepts it "
+            "but never updates its running statistics then (it passes momentum 0). Give "
+            "momentum=1.0 for that behaviour, or a momentum in [0, 1) (torch's 1 - momentum) "
+            "to track them.")
+    momentum, track_running_stats = _batch_norm_options("InstanceNorm", momentum, running_var,
+                                                        track_running_stats)
+    epsilon = checks.real("InstanceNorm", "epsilon", epsilon, low=0.0)
+    affine = checks.flag("InstanceNorm", "affine", affine)
+    return momentum, track_running_stats, epsilon, affine
+
+
 def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float] = 0.9,
                  affine: bool = False, track_running_stats: bool = False, *,
                  running_var: str = "unbiased") -> Layer:
@@ -346,21 +367,8 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
       >>> np.round(np.asarray(y[0, :, 0], np.float64), 3).tolist()
       [-1.342, -0.447, 0.447, 1.342]
     """
-    if not checks.is_int(axis):
-        raise checks.ArgumentError(f"InstanceNorm: axis must be an int (the channel axis), got "
-                                   f"{checks.got(axis)}.")
-    if momentum is None:
-        # torch takes InstanceNorm's momentum=None as 0.0 (F.instance_norm has no cumulative
-        # average): the running statistics would never move
-        raise checks.ArgumentError(
-            "InstanceNorm: momentum=None is not supported: torch.nn.InstanceNorm*d accepts it "
-            "but never updates its running statistics then (it passes momentum 0). Give "
-            "momentum=1.0 for that behaviour, or a momentum in [0, 1) (torch's 1 - momentum) "
-            "to track them.")
-    momentum, track_running_stats = _batch_norm_options("InstanceNorm", momentum, running_var,
-                                                        track_running_stats)
-    epsilon = checks.real("InstanceNorm", "epsilon", epsilon, low=0.0)
-    affine = checks.flag("InstanceNorm", "affine", affine)
+    momentum, track_running_stats, epsilon, affine = _instance_norm_options(
+        axis, epsilon, momentum, affine, track_running_stats, running_var)
     name = f"InstanceNorm(axis={axis})" if axis != -1 else "InstanceNorm"
     state_keys = ("mean", "var")
 

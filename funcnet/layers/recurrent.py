@@ -50,16 +50,8 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
                bidirectional: bool = False, dropout: float = 0.0,
                return_state: bool = False, bias: bool = True) -> Layer:
     """Builds the layer: shared init, input checks and the ``lax.scan`` over time."""
-    hidden_size = checks.positive_int(cell.kind, "hidden_size", hidden_size)
-    for flag, value in (("return_sequences", return_sequences), ("bidirectional", bidirectional),
-                        ("return_state", return_state), ("bias", bias)):
-        if not isinstance(value, bool):
-            raise ValueError(f"{cell.kind}: {flag} must be True or False, got {value!r}.")
-    num_layers = checks.positive_int(cell.kind, "num_layers", num_layers)
-    dropout = checks.real(cell.kind, "dropout", dropout, low=0.0)
-    if dropout >= 1.0:
-        raise checks.ArgumentError(f"{cell.kind}: dropout={dropout!r} must be in [0, 1): the "
-                                   f"probability of zeroing each output of a layer but the last.")
+    hidden_size, num_layers, dropout = _checked_options(
+        cell, hidden_size, return_sequences, num_layers, bidirectional, dropout, return_state, bias)
     name = f"{cell.kind}({hidden_size})"
     H, G = hidden_size, cell.gates
     dirs = 2 if bidirectional else 1
@@ -92,35 +84,6 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
             out_shape = (out_shape, (final,) * cell.carry_size if cell.carry_size > 1 else final)
         return out_shape, params, ()
 
-    def run(p, x, carry0, lengths, reverse):
-        """One direction of one layer over ``x`` (N, T, F): outputs (N, T, H), last carry."""
-        T = x.shape[1]
-        if reverse:
-            x = _reverse_within(x, lengths)
-        xp = linear(x, p["W_ih"], p.get("b_ih"))      # (N, T, G*H), all steps at once
-        if carry0 is None:
-            # zeros_like, not zeros: the carry must have the type the step gives it, i.e. the
-            # input's batch sharding (Explicit mesh axes) and its varying axes (shard_map).
-            carry0 = (jnp.zeros_like(xp[:, 0, :H]),) * cell.carry_size
-        else:
-            carry0 = tuple(c.astype(xp.dtype) for c in carry0)
-        valid = None if lengths is None else (jnp.arange(T)[None, :] < lengths[:, None])
-
-        def body(carry, inp):
-            xp_t, ok = inp
-            new = cell.step(p, carry, xp_t)
-            if ok is not None:
-                new = tuple(jnp.where(ok[:, None], n, c) for n, c in zip(new, carry))
-                out = jnp.where(ok[:, None], new[0], 0.0)
-            else:
-                out = new[0]
-            return new, out
-
-        steps = (jnp.swapaxes(xp, 0, 1), None if valid is None else valid.T)
-        carry, hs = lax.scan(body, carry0, steps)      # scan runs over axis 0: time
-        hs = jnp.swapaxes(hs, 0, 1)
-        return (_reverse_within(hs, lengths) if reverse else hs), carry
-
     def apply(params, state, inputs, *, rng=None, train=False, initial_state=None,
               lengths=None):
         first = params if flat else params["l0"]
@@ -140,7 +103,7 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
                 index = k * dirs + d
                 p = params if flat else params[keys[index]]
                 carry0 = None if carries is None else tuple(c[index] for c in carries)
-                hs, carry = run(p, x, carry0, lengths, reverse=bool(d))
+                hs, carry = _run_direction(cell, H, p, x, carry0, lengths, reverse=bool(d))
                 outs.append(hs)
                 finals.append(carry)
             x = outs[0] if dirs == 1 else jnp.concatenate(outs, axis=-1)
@@ -159,6 +122,52 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
         return out, state
 
     return named(name, init, apply)
+
+
+def _checked_options(cell, hidden_size, return_sequences, num_layers, bidirectional, dropout,
+                     return_state, bias):
+    """The layer's arguments checked: ``(hidden_size, num_layers, dropout)``."""
+    hidden_size = checks.positive_int(cell.kind, "hidden_size", hidden_size)
+    for flag, value in (("return_sequences", return_sequences), ("bidirectional", bidirectional),
+                        ("return_state", return_state), ("bias", bias)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{cell.kind}: {flag} must be True or False, got {value!r}.")
+    num_layers = checks.positive_int(cell.kind, "num_layers", num_layers)
+    dropout = checks.real(cell.kind, "dropout", dropout, low=0.0)
+    if dropout >= 1.0:
+        raise checks.ArgumentError(f"{cell.kind}: dropout={dropout!r} must be in [0, 1): the "
+                                   f"probability of zeroing each output of a layer but the last.")
+    return hidden_size, num_layers, dropout
+
+
+def _run_direction(cell: _Cell, H: int, p, x, carry0, lengths, reverse):
+    """One direction of one layer over ``x`` (N, T, F): outputs (N, T, H), last carry."""
+    T = x.shape[1]
+    if reverse:
+        x = _reverse_within(x, lengths)
+    xp = linear(x, p["W_ih"], p.get("b_ih"))      # (N, T, G*H), all steps at once
+    if carry0 is None:
+        # zeros_like, not zeros: the carry must have the type the step gives it, i.e. the
+        # input's batch sharding (Explicit mesh axes) and its varying axes (shard_map).
+        carry0 = (jnp.zeros_like(xp[:, 0, :H]),) * cell.carry_size
+    else:
+        carry0 = tuple(c.astype(xp.dtype) for c in carry0)
+    valid = None if lengths is None else (jnp.arange(T)[None, :] < lengths[:, None])
+
+    def body(carry, inp):
+        xp_t, ok = inp
+        new = cell.step(p, carry, xp_t)
+        if ok is not None:
+            new = tuple(jnp.where(ok[:, None], n, c) for n, c in zip(new, carry))
+            out = jnp.where(ok[:, None], new[0], 0.0)
+        else:
+            out = new[0]
+        return new, out
+
+    steps = (jnp.swapaxes(xp, 0, 1), None if valid is None else valid.T)
+    carry, hs = lax.scan(body, carry0, steps)      # scan runs over axis 0: time
+    hs = jnp.swapaxes(hs, 0, 1)
+    return (_reverse_within(hs, lengths) if reverse else hs), carry
 
 
 def _hidden(params, h):
