@@ -17,9 +17,13 @@ Peers (every fit peer draws its tqdm bar into a null stream and collects its met
 * ``fit-device``: ``fit`` with its defaults over ``data.DeviceData`` (data on the device once).
 * ``fit-device-loop``: the same with ``steps_per_dispatch=10`` (a loop on the device: fit's
   default before 2026-11-27 for every network; now only where no convolution runs on CPU).
-* ``fit-device-options``: ``fit-device`` with ``compiler_options=funcnet.xla.compiler_options()``.
+* ``fit-device-plain``: ``fit-device`` with ``compiler_options=None`` (plain ``jax.jit``;
+  fit's default for every network before 2026-11-27 evening).
+* ``fit-device-options``: ``fit-device`` with ``compiler_options=funcnet.xla.compiler_options()``
+  (fit's default for the CNNs on CPU).
 * ``jit-loop``: a Python loop over ``jax.jit(make_train_step(...))`` on batches already on the
   device: the same network and step with nothing of fit's around it.
+* ``jit-loop-options``: the same loop over ``funcnet.xla.jit(make_train_step(...))``.
 * ``flax`` (``flax-cnn`` only): the tutorial's model in ``flax.nnx`` and its ``nnx.jit`` train
   step, on the same device batches (``pip install .[bench]``).
 
@@ -105,7 +109,8 @@ def run(peer, cfg, case):
     if peer.startswith("fit"):
         seconds, first = _fit(peer, ts, loss_fn, opt, x, y, batch, reps)
     else:
-        one_epoch = (_flax_epoch if peer == "flax" else _jit_epoch)(ts, loss_fn, opt, x, y, batch)
+        make = {"flax": _flax_epoch, "jit-loop-options": functools.partial(_jit_epoch, options=True)}
+        one_epoch = make.get(peer, _jit_epoch)(ts, loss_fn, opt, x, y, batch)
         t0 = time.perf_counter()
         one_epoch()
         first = time.perf_counter() - t0
@@ -128,7 +133,8 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
         fit(ts, loss_fn, opt, train_data, epochs=1 + reps, callbacks=[clock],
             progress=importlib.util.find_spec("tqdm") is not None, log_every=LOOP_K,
             steps_per_dispatch=LOOP_K if peer == "fit-device-loop" else None,
-            compiler_options=xla.compiler_options() if peer == "fit-device-options" else None)
+            compiler_options={"fit-device-options": xla.compiler_options(),
+                              "fit-device-plain": None}.get(peer, "auto"))
     epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
     return epochs[1:], epochs[0]
 
@@ -143,12 +149,14 @@ def _device_batches(x, y, batch):
     return out
 
 
-def _jit_epoch(ts, loss_fn, opt, x, y, batch):
+def _jit_epoch(ts, loss_fn, opt, x, y, batch, options=False):
     import jax
 
+    from funcnet import xla
     from funcnet.train import make_train_step
 
-    step = jax.jit(make_train_step(loss_fn, opt), donate_argnums=0)
+    jit = xla.jit if options else jax.jit
+    step = jit(make_train_step(loss_fn, opt), donate_argnums=0)
     batches, holder = _device_batches(x, y, batch), {"ts": ts}
 
     def one_epoch():

@@ -222,16 +222,23 @@ WORKLOADS: List[Workload] = [
         peers=[Peer("fit", "benchmarks.fit_nets:run",
                     note="fit's defaults over the host pipeline (data.batches)"),
                Peer("fit-device", "benchmarks.fit_nets:run",
-                    note="fit's defaults over DeviceData: on CPU one step per dispatch for the "
-                         "CNNs (they have convolutions), 10 (log_every) for the GPT"),
+                    note="fit's defaults over DeviceData: on CPU one step per dispatch and "
+                         "funcnet.xla's compiler options for the CNNs (they have convolutions), "
+                         "10 steps (log_every) per dispatch and plain jax.jit for the GPT"),
                Peer("fit-device-loop", "benchmarks.fit_nets:run",
                     note="fit over DeviceData with steps_per_dispatch=10: a loop on the device"),
+               Peer("fit-device-plain", "benchmarks.fit_nets:run",
+                    note="fit-device with compiler_options=None (plain jax.jit)",
+                    platforms=CPU_ONLY),
                Peer("fit-device-options", "benchmarks.fit_nets:run",
                     note="fit-device with compiler_options=funcnet.xla.compiler_options()",
                     platforms=CPU_ONLY),
                Peer("jit-loop", "benchmarks.fit_nets:run",
                     note="a Python loop over jax.jit(make_train_step) on pre-built device "
                          "batches: the same network and step without fit"),
+               Peer("jit-loop-options", "benchmarks.fit_nets:run",
+                    note="the same loop over funcnet.xla.jit(make_train_step): with "
+                         "funcnet.xla's compiler options", platforms=CPU_ONLY),
                Peer("flax", "benchmarks.fit_nets:run",
                     note="Flax NNX's tutorial CNN and nnx.jit train step, same device batches "
                          "(flax-cnn only)")],
@@ -247,8 +254,9 @@ WORKLOADS: List[Workload] = [
         notes="Ratio = fit-device's time / the peer's, per step (each fit call runs 1 + reps "
               "epochs; the first, with compilation, is its own column). fit-device / jit-loop is "
               "what fit costs over a bare loop of the same step; fit-device-loop shows what a "
-              "loop on the device does to each network on this backend; fit-device-options what "
-              "funcnet.xla's CPU option does."),
+              "loop on the device does to each network on this backend; fit-device-plain and "
+              "fit-device-options what funcnet.xla's CPU option does (fit's default takes it "
+              "for a step with a convolution on CPU)."),
     Workload(
         "pmap", "7. pmap, and jit on a mesh, over 4 simulated CPU devices vs jit on 1 device "
                 "(MLP 784-400-100-10, global batch 512, Adam)", "s/step",

@@ -5,7 +5,7 @@ function that ``jax.jit`` and ``jax.pmap`` accept. The API reference's index
 (docs/api/index.md) says which module holds which concept.
 """
 
-from funcnet import (callbacks, checkpoint, checkpoint_orbax, combinators, core, data, datasets,
+from funcnet import (callbacks, checkpoint, combinators, core, data, datasets,
                      decoding, distributed, errors, inference, initializers, interop, introspect,
                      layers, loop, losses, metrics, models, optim, outputs, params, precision,
                      sharding, testing, train, xla)
@@ -21,6 +21,8 @@ from funcnet.train import (Aux, TrainState, copy_params, make_eval_step, make_tr
                            polyak_update)
 
 from funcnet._version import __version__
+# a deprecated alias module, imported so that funcnet.checkpoint_orbax keeps working
+from funcnet import checkpoint_orbax  # noqa: F401
 
 __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Residual",
            "Identity", "Remat", "Scan", "stack_params", "unstack_params", "generate", "summary",
@@ -28,7 +30,7 @@ __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInC
            "copy_params", "polyak_update", "make_predict_fn", "paths", "path_str", "mask_where",
            "kernel_mask", "subtree_mask", "freeze", "__version__",
            # modules
-           "callbacks", "checkpoint", "checkpoint_orbax", "combinators", "core", "data",
+           "callbacks", "checkpoint", "combinators", "core", "data",
            "datasets", "decoding", "distributed", "errors", "inference", "initializers",
            "interop", "introspect", "layers", "loop", "losses", "metrics", "models", "optim",
            "outputs", "params", "precision", "sharding", "testing", "train", "xla"]

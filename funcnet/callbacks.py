@@ -15,6 +15,7 @@ import warnings
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
@@ -23,7 +24,7 @@ from funcnet import distributed
 from funcnet._loop_position import LoopPosition
 
 __all__ = ["Callback", "Checkpoint", "CSVLogger", "JSONLLogger", "EarlyStopping",
-           "LearningRateLogger", "TensorBoardLogger", "Profile"]
+           "ReduceLROnPlateau", "LearningRateLogger", "TensorBoardLogger", "Profile"]
 
 
 class Callback:
@@ -59,6 +60,11 @@ class Callback:
     """
 
     log_keys = None
+    # At an epoch's end fit calls the callbacks in order of this phase (in the given order
+    # within one): 0 for those that update logs or their own state, then 1 and 2 for the
+    # checkpoints (Checkpoint(best=...), then the others), so that what a checkpoint stores
+    # of the other callbacks is their state after this epoch.
+    epoch_end_phase = 0
 
     def checkpoint_state(self, train_state):
         """This callback's state for :class:`Checkpoint` to save with the train state:
@@ -94,7 +100,7 @@ class Checkpoint(Callback):
     directory). With a directory, ``backend`` picks the checkpointer: ``"npz"`` (default,
     :class:`funcnet.checkpoint.NpzCheckpointer`: one file per step, written
     synchronously by process 0, no dependency) or ``"orbax"``
-    (:class:`funcnet.checkpoint_orbax.OrbaxCheckpointer`: sharded state written
+    (:class:`funcnet.checkpoint.OrbaxCheckpointer`: sharded state written
     asynchronously, every process writing the shards it holds of the state it is
     handed; fit hands it ``ctx.train_state``, pmap's replicas collapsed to one).
     The run's id comes from ``fit`` (the resumed checkpoint's, or a new one), so a new run refuses a
@@ -112,10 +118,23 @@ class Checkpoint(Callback):
       keep: how many of this run's checkpoints to keep (None: all); for a directory.
       backend: ``"npz"`` or ``"orbax"``; for a directory.
       overwrite: let a new run take over a directory holding another run's checkpoints.
+      best: a log key (e.g. ``"eval_loss"``): save at an epoch's end (every
+        ``every_epochs``) only when it improved on the best value so far, as Keras's
+        ``ModelCheckpoint(monitor=..., save_best_only=True)``; the latest checkpoint is
+        then the best one
+        (``funcnet.checkpoint.restore_train_state(directory, ts)``). The best value
+        is part of every checkpoint's callback states, so a resumed run compares with it.
+        Use a second ``Checkpoint`` (another directory) to resume from the latest epoch.
+        None (default): save every time.
+      mode: ``"min"`` (default: lower is better) or ``"max"``, for ``best``.
+      min_delta: the least change of ``best`` that counts as an improvement (>= 0).
 
     Raises:
       funcnet.errors.ArgumentError: ``every_steps``/``every_epochs`` not a positive int
-        or None, or both None (nothing would be saved).
+        or None, or both None (nothing would be saved); ``best`` with ``every_steps``
+        (the logs come once an epoch) or without ``every_epochs``.
+      ValueError: ``mode`` not ``"min"``/``"max"``; when ``fit`` starts, a ``best`` key
+        fit will not log.
 
     Examples:
       >>> import tempfile
@@ -137,19 +156,40 @@ class Checkpoint(Callback):
     """
 
     log_keys = ()
+    epoch_end_phase = 2
 
     def __init__(self, target, *, every_steps: Optional[int] = None,
                  every_epochs: Optional[int] = 1, keep: Optional[int] = 3, backend: str = "npz",
-                 overwrite: bool = False):
+                 overwrite: bool = False, best: Optional[str] = None, mode: str = "min",
+                 min_delta: float = 0.0):
         for what, every in (("every_steps", every_steps), ("every_epochs", every_epochs)):
             if every is not None:  # 0 never saved; -1 saved at every step (step % -1 == 0)
                 checks.positive_int("Checkpoint", f"{what} (or None)", every)
         if every_steps is None and every_epochs is None:
             raise checks.ArgumentError("Checkpoint: every_steps=None and every_epochs=None "
                                        "would never save; give at least one of them.")
+        self.best = None if best is None else _Monitor("Checkpoint", best, mode, min_delta,
+                                                       arg="best")
+        if self.best is not None and (every_steps is not None or every_epochs is None):
+            raise checks.ArgumentError(
+                f"Checkpoint: best={best!r} compares a value fit logs once an epoch, so it "
+                f"saves at epochs' ends only; got every_steps={every_steps!r}, "
+                f"every_epochs={every_epochs!r}. Use every_epochs (default 1) and no "
+                f"every_steps, or a second Checkpoint for saves by steps.")
+        self.epoch_end_phase = 2 if best is None else 1  # see Callback.epoch_end_phase
         self.every_steps, self.every_epochs, self.keep = every_steps, every_epochs, keep
         self.checkpointer = ckpt.checkpointer_for(target, backend=backend, keep=keep,
                                              overwrite=overwrite, where="Checkpoint")
+
+    def check_log_keys(self, logs):
+        if self.best is not None:
+            self.best.check_log_keys(logs)
+
+    def checkpoint_state(self, train_state):
+        return None if self.best is None else self.best.tree()
+
+    def restore_checkpoint_state(self, tree) -> None:
+        self.best.restore(tree)
 
     @property
     def directory(self):
@@ -167,7 +207,8 @@ class Checkpoint(Callback):
 
     def on_epoch_end(self, ctx, epoch, logs):
         if self.every_epochs and (epoch + 1) % self.every_epochs == 0:
-            self._save(ctx, ctx.step)
+            if self.best is None or self.best.update(logs):
+                self._save(ctx, ctx.step)
 
     def on_train_end(self, ctx):
         self.checkpointer.wait()
@@ -309,6 +350,60 @@ class JSONLLogger(_FileLogger):
                 f.write(json.dumps(logs) + "\n")
 
 
+class _Monitor:
+    """A log key watched for improvement, Keras's rule: a value is better when it is below
+    ``best - min_delta`` (``mode="min"``) or above ``best + min_delta`` (``"max"``); the
+    first value always is. ``EarlyStopping``, ``ReduceLROnPlateau`` and
+    ``Checkpoint(best=...)`` share it; ``owner`` names the callback in errors."""
+
+    def __init__(self, owner: str, key, mode: str, min_delta: float, arg: str = "monitor"):
+        if mode not in ("min", "max"):
+            raise ValueError(f"{owner}: mode must be 'min' or 'max', got {mode!r}.")
+        if not isinstance(key, str):
+            raise checks.ArgumentError(f"{owner}: {arg} must be a log key (a string, e.g. "
+                                       f"'eval_loss'), got {key!r}.")
+        # A negative min_delta would count a worse value as an improvement.
+        checks.real(owner, "min_delta", min_delta, low=0.0)
+        self.owner, self.key, self.mode, self.min_delta = owner, key, mode, min_delta
+        self.arg, self.best = arg, None
+
+    def check_log_keys(self, logs):
+        """Raises when fit will not log ``key`` (see :meth:`Callback.check_log_keys`)."""
+        if logs.has(self.key) is not False:
+            return
+        if self.key.startswith("eval_") and not logs.evaluates:
+            fix = ("Fit has no evaluation: pass eval_data, eval_fn and metric (its compute "
+                   "gives the eval_* keys), or monitor a training key such as 'loss'")
+        elif logs.added_later(self.key):
+            fix = (f"{logs.added_later(self.key)} adds it after this callback: put that "
+                   f"one first in callbacks=[...]")
+        else:
+            fix = "Monitor one of those"
+        raise ValueError(f"{self.owner}: {self.arg}={self.key!r} is not a key fit will log; "
+                         f"the epoch logs will have {sorted(logs.certain)}. {fix}.")
+
+    def update(self, logs) -> bool:
+        """Whether ``logs[key]`` improved on the best so far (which it then becomes)."""
+        if self.key not in logs:
+            raise KeyError(f"{self.owner}: no {self.key!r} in the epoch logs; have {sorted(logs)}.")
+        value = logs[self.key]
+        better = (self.best is None or (value < self.best - self.min_delta if self.mode == "min"
+                                        else value > self.best + self.min_delta))
+        if better:
+            self.best = value
+        return better
+
+    def tree(self) -> dict:
+        # float64/int64 host scalars: the monitored value is a Python float, kept exactly.
+        # No best yet is 0.0 with has_best=0, not NaN: a checkpoint holding a NaN would be
+        # marked non-finite and never resumed from.
+        return {"best": np.float64(0.0 if self.best is None else self.best),
+                "has_best": np.int64(self.best is not None)}
+
+    def restore(self, tree) -> None:
+        self.best = float(tree["best"]) if bool(tree["has_best"]) else None
+
+
 class EarlyStopping(Callback):
     """Stops when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs.
 
@@ -357,42 +452,25 @@ class EarlyStopping(Callback):
 
     log_keys = ()
 
-    def check_log_keys(self, logs):
-        if logs.has(self.monitor) is not False:
-            return
-        if self.monitor.startswith("eval_") and not logs.evaluates:
-            fix = ("Fit has no evaluation: pass eval_data, eval_fn and metric (its compute "
-                   "gives the eval_* keys), or monitor a training key such as 'loss'")
-        elif logs.added_later(self.monitor):
-            fix = (f"{logs.added_later(self.monitor)} adds it after this callback: put that "
-                   f"one first in callbacks=[...]")
-        else:
-            fix = "Monitor one of those"
-        raise ValueError(f"EarlyStopping: monitor={self.monitor!r} is not a key fit will log; "
-                         f"the epoch logs will have {sorted(logs.certain)}. {fix}.")
-
     def __init__(self, monitor: str = "eval_loss", *, patience: int = 3, mode: str = "min",
                  min_delta: float = 0.0, restore_best: bool = False):
-        if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}.")
-        if not isinstance(monitor, str):
-            raise checks.ArgumentError(f"EarlyStopping: monitor must be a log key (a string, "
-                                       f"e.g. 'eval_loss'), got {monitor!r}.")
+        self._watch = _Monitor("EarlyStopping", monitor, mode, min_delta)
         checks.non_negative_int("EarlyStopping", "patience", patience)
-        # A negative min_delta would count a worse value as an improvement.
-        checks.real("EarlyStopping", "min_delta", min_delta, low=0.0)
         self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
         self.restore_best = checks.flag("EarlyStopping", "restore_best", restore_best)
-        self.best, self.wait, self.best_state, self.best_epoch = None, 0, None, None
+        self.wait, self.best_state, self.best_epoch = 0, None, None
+
+    @property
+    def best(self):
+        """The best value of ``monitor`` so far (None before the first epoch)."""
+        return self._watch.best
+
+    def check_log_keys(self, logs):
+        self._watch.check_log_keys(logs)
 
     def on_epoch_end(self, ctx, epoch, logs):
-        if self.monitor not in logs:
-            raise KeyError(f"EarlyStopping: no {self.monitor!r} in the epoch logs; have {sorted(logs)}.")
-        value = logs[self.monitor]
-        better = (self.best is None or (value < self.best - self.min_delta if self.mode == "min"
-                                        else value > self.best + self.min_delta))
-        if better:
-            self.best, self.wait = value, 0
+        if self._watch.update(logs):
+            self.wait = 0
             if self.restore_best:
                 self.best_state, self.best_epoch = ctx.train_state, epoch
         else:
@@ -405,23 +483,149 @@ class EarlyStopping(Callback):
             ctx.replace_train_state(self.best_state)
 
     def checkpoint_state(self, train_state):
-        # float64/int64 host scalars: the monitored value is a Python float, kept exactly.
-        # No best yet is 0.0 with has_best=0, not NaN: a checkpoint holding a NaN would be
-        # marked non-finite and never resumed from.
-        tree = {"best": np.float64(0.0 if self.best is None else self.best),
-                "has_best": np.int64(self.best is not None), "wait": np.int64(self.wait),
+        tree = {**self._watch.tree(), "wait": np.int64(self.wait),
                 "best_epoch": np.int64(-1 if self.best_epoch is None else self.best_epoch)}
         if self.restore_best:  # the best state itself (one more train state on disk)
             tree["best_state"] = train_state if self.best_state is None else self.best_state
         return tree
 
     def restore_checkpoint_state(self, tree) -> None:
-        has_best = bool(tree["has_best"])
-        self.best = float(tree["best"]) if has_best else None
+        self._watch.restore(tree)
         self.wait = int(tree["wait"])
         self.best_epoch = int(tree["best_epoch"]) if int(tree["best_epoch"]) >= 0 else None
         if self.restore_best:
             self.best_state = tree["best_state"] if self.best_epoch is not None else None
+
+
+class ReduceLROnPlateau(Callback):
+    """Multiplies the learning rate by ``factor`` when ``monitor`` has not improved for
+    ``patience`` epochs: Keras's ``ReduceLROnPlateau`` (its arguments, defaults and rule)
+    on a value fit logs once an epoch, e.g. ``"eval_loss"``.
+
+    At each epoch's end: during ``cooldown`` epochs after a reduction the wait stays 0;
+    a value below ``best - min_delta`` (``mode="min"``) resets the wait; otherwise, out of
+    cooldown, the wait grows, and at ``patience`` the rate becomes
+    ``max(rate * factor, min_lr)`` (if it was above ``min_lr``), the cooldown starts and
+    the wait resets.
+
+    The rate is changed in the optimizer's state, so the step is not compiled again: build
+    the optimizer with ``optax.inject_hyperparams``, which keeps its hyperparameters there
+    (``optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)``; anywhere in an
+    ``optax.chain``), and give the rate as a number, not a schedule (a schedule would set
+    it again at the next step). ``hyperparam`` names another injected hyperparameter.
+    Every injected ``hyperparam`` in the state is scaled (one per model for a TrainState
+    of several models). The callback's best value, wait and cooldown are saved with
+    :class:`Checkpoint` and restored on resume; the rate itself is in the optimizer state.
+
+    Args:
+      monitor: the log key watched (Keras's ``val_loss`` is ``"eval_loss"`` here).
+      factor: the rate's multiplier, in (0, 1).
+      patience: epochs without improvement before a reduction.
+      mode: ``"min"`` (lower is better) or ``"max"``.
+      min_delta: the least change that counts as an improvement (>= 0).
+      cooldown: epochs after a reduction before the wait counts again.
+      min_lr: the rate's floor.
+      hyperparam: the injected hyperparameter to scale.
+
+    Raises:
+      ValueError: ``mode`` not ``"min"``/``"max"``; when ``fit`` starts, a ``monitor``
+        fit will not log, or an optimizer state without an injected ``hyperparam``.
+      funcnet.errors.ArgumentError: a ``factor`` outside (0, 1), a negative ``patience``,
+        ``cooldown``, ``min_delta`` or ``min_lr``.
+
+    Examples:
+      >>> from funcnet.layers import Dense
+      >>> net = Dense(1)
+      >>> opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+      >>> def loss_fn(params, state, x, rng):  # a constant loss: it never improves
+      ...     return 0.0 * jnp.sum(params["W"]) + 1.0, funcnet.Aux(state=state)
+      >>> ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 2))
+      >>> data = [np.ones((4, 2), np.float32)]
+      >>> plateau = ReduceLROnPlateau("loss", factor=0.5, patience=1)
+      >>> ts, _ = funcnet.fit(ts, loss_fn, opt, data, epochs=3, callbacks=[plateau],
+      ...                     progress=False)
+      >>> round(float(ts.opt_state.hyperparams["learning_rate"]), 6)  # halved twice
+      0.025
+    """
+
+    log_keys = ()
+
+    def __init__(self, monitor: str = "eval_loss", *, factor: float = 0.1, patience: int = 10,
+                 mode: str = "min", min_delta: float = 1e-4, cooldown: int = 0,
+                 min_lr: float = 0.0, hyperparam: str = "learning_rate"):
+        self._watch = _Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
+        self.factor = checks.real("ReduceLROnPlateau", "factor (the rate's multiplier)", factor,
+                                  low=0.0, high=1.0, low_open=True, high_open=True)
+        self.patience = checks.non_negative_int("ReduceLROnPlateau", "patience", patience)
+        self.cooldown = checks.non_negative_int("ReduceLROnPlateau", "cooldown", cooldown)
+        self.min_lr = checks.real("ReduceLROnPlateau", "min_lr", min_lr, low=0.0)
+        self.hyperparam = hyperparam
+        self.wait, self.cooldown_counter = 0, 0
+
+    @property
+    def best(self):
+        """The best value of ``monitor`` so far (None before the first epoch)."""
+        return self._watch.best
+
+    def check_log_keys(self, logs):
+        self._watch.check_log_keys(logs)
+
+    def on_train_begin(self, ctx):
+        _scale_hyperparam(ctx.train_state.opt_state, self.hyperparam, lambda v: v)
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.wait = 0
+        if self._watch.update(logs):
+            self.wait = 0
+        elif self.cooldown_counter == 0:
+            self.wait += 1
+            if self.wait >= self.patience:
+                ts = ctx.train_state
+                reduce = lambda v: np.maximum(v * self.factor, self.min_lr) if v > self.min_lr else v  # noqa: E731
+                ctx.replace_train_state(ts._replace(opt_state=_scale_hyperparam(
+                    ts.opt_state, self.hyperparam, reduce)))
+                self.cooldown_counter, self.wait = self.cooldown, 0
+
+    def checkpoint_state(self, train_state):
+        return {**self._watch.tree(), "wait": np.int64(self.wait),
+                "cooldown_counter": np.int64(self.cooldown_counter)}
+
+    def restore_checkpoint_state(self, tree) -> None:
+        self._watch.restore(tree)
+        self.wait, self.cooldown_counter = int(tree["wait"]), int(tree["cooldown_counter"])
+
+
+def _scale_hyperparam(opt_state, name: str, fn):
+    """``opt_state`` with ``fn`` applied to every injected hyperparameter ``name`` (the
+    ``hyperparams`` dicts of ``optax.inject_hyperparams`` states, wherever they are);
+    raises when there is none."""
+    found = []
+
+    def visit(node):
+        hyper = getattr(node, "hyperparams", None)
+        if isinstance(hyper, dict) and name in hyper and hasattr(node, "_replace"):
+            old = np.asarray(jax.device_get(hyper[name]))
+            found.append(old)
+            return node._replace(hyperparams={**hyper, name: jnp.asarray(fn(old), old.dtype)})
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return type(node)(*map(visit, node))
+        if isinstance(node, (tuple, list)):
+            return type(node)(map(visit, node))
+        if isinstance(node, dict):
+            return {k: visit(v) for k, v in node.items()}
+        return node
+
+    new = visit(opt_state)
+    if not found:
+        raise ValueError(
+            f"ReduceLROnPlateau: the optimizer's state has no injected hyperparameter "
+            f"{name!r}, so the callback cannot change it without compiling the step again. "
+            f"Build the optimizer with optax.inject_hyperparams, e.g. "
+            f"optax.inject_hyperparams(optax.adam)({name}=1e-3), and pass that same optimizer "
+            f"to TrainState.create and fit.")
+    return new
 
 
 class LearningRateLogger(Callback):

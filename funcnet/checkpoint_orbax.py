@@ -1,18 +1,12 @@
-"""Checkpoints at scale: :class:`OrbaxCheckpointer`, the orbax-checkpoint backend behind
-:class:`funcnet.checkpoint.Checkpointer` (also ``funcnet.checkpoint.OrbaxCheckpointer``).
+"""Deprecated: :class:`funcnet.checkpoint.OrbaxCheckpointer` is the one import path of the
+orbax-checkpoint backend (``from funcnet.checkpoint import OrbaxCheckpointer``).
 
-Use it when the train state is sharded (over devices, or over processes in a
-multi-process run) or large enough that a step should not wait for the write::
-
-    from funcnet.checkpoint_orbax import OrbaxCheckpointer
-    ckptr = OrbaxCheckpointer("runs/big", keep=3)        # async by default
-    ckptr.save(step, train_state)       # returns once the arrays are copied off the device
-    ckptr.wait()                        # or close() at the end
-
-orbax-checkpoint is optional (``pip install funcnet[orbax]``); it is imported when an
-:class:`OrbaxCheckpointer` is made. The class's docstring has the details.
+``funcnet.checkpoint_orbax.OrbaxCheckpointer`` still works in 0.2 with a
+``DeprecationWarning``, and goes in 0.3.
 """
 
-from funcnet.checkpoint import OrbaxCheckpointer
+from funcnet._deprecation import moved_names
 
-__all__ = ["OrbaxCheckpointer"]
+__all__: list = []
+
+__getattr__ = moved_names(__name__, {"OrbaxCheckpointer": "funcnet.checkpoint"})

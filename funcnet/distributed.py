@@ -34,17 +34,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
+from funcnet._deprecation import moved_names
 # The explicit-axis helpers layers use live below layers and this module (funcnet._mesh);
-# the sharding plan in funcnet.sharding. Both are re-exported here, where users look.
+# this module is their public path.
 from funcnet._mesh import data_axis, explicit_sharding, explicit_spec, gather, on_global_mesh
-from funcnet.sharding import (explain, fsdp_rules, megatron_rules, param_specs, shard_params,
-                              state_shardings)
 
 __all__ = ["initialize", "data_mesh", "replicate_on", "shard_batch", "shard_local_batch",
            "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
            "local_device_count", "InFlight", "explicit_spec", "explicit_sharding", "gather",
-           "on_global_mesh", "data_axis", "shard_params", "param_specs", "fsdp_rules",
-           "megatron_rules", "explain", "state_shardings"]
+           "on_global_mesh", "data_axis"]
+
+# The sharding plan's names were re-exported here in 0.2's development line; their one
+# path is funcnet.sharding.
+__getattr__ = moved_names(__name__, dict.fromkeys(
+    ["shard_params", "param_specs", "fsdp_rules", "megatron_rules", "explain",
+     "state_shardings"], "funcnet.sharding"))
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,

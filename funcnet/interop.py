@@ -23,11 +23,13 @@ BatchNorm          ``weight, bias, running_mean, running_var``  into ``scale, bi
 LayerNorm,         ``weight, bias`` (RMSNorm: ``weight``)       as is
 GroupNorm, RMSNorm
 RNN/LSTM/GRU       ``weight_ih_l0 ...`` (all layers/directions;  transposes
-                   no ``bias_*`` for ``bias=False``)
+                   no ``bias_*`` for ``bias=False``;
+                   LSTM ``proj_size``: ``weight_hr_l0 ...``)
 MultiHeadAttention ``in_proj_weight, in_proj_bias,``            split in three, transposed
                    ``out_proj.weight, out_proj.bias``; with     (``q/k/v_proj_weight``:
                    kdim/vdim other than embed_dim,              each transposed)
                    ``q/k/v_proj_weight`` for ``in_proj_weight``
+                   ``add_bias_kv``'s ``bias_k, bias_v``         reshaped to ``(E,)``
 =================  ===========================================  ==========================
 
 A ``Conv`` kernel matches a Conv's or a ConvTranspose's layout; which one is read from
@@ -39,6 +41,12 @@ so a ``Flatten`` before a ``Dense`` orders features as ``(h, w, c)``, torch's as
 ``state_dict`` may hold torch tensors or NumPy arrays, so torch need not be installed.
 bfloat16 (and float8) tensors, which NumPy cannot hold, are read through float32,
 which holds their values exactly, then cast to the params' dtypes.
+
+safetensors files (Hugging Face's format; `pip install "funcnet[safetensors]"`):
+`save_safetensors`/`load_safetensors` write and read funcnet's params and state under
+their `funcnet.paths` names (`params/0/W`, `state/1/mean`), bit for bit;
+`read_safetensors` gives any file's tensors, e.g. a PyTorch model's for
+`load_torch_state_dict(params, state, read_safetensors(path))`.
 """
 
 from __future__ import annotations
@@ -52,8 +60,12 @@ import numpy as np
 
 from funcnet.params import path_str
 from funcnet.errors import StateDictMismatchError
+# safetensors files (funcnet's own names, or a PyTorch model's from Hugging Face): their own
+# module, re-exported here beside the state_dict loader they feed
+from funcnet._safetensors import load_safetensors, read_safetensors, save_safetensors
 
-__all__ = ["load_torch_state_dict", "StateDictMismatchError"]
+__all__ = ["load_torch_state_dict", "StateDictMismatchError", "save_safetensors", "load_safetensors",
+           "read_safetensors"]
 
 
 _RNN = re.compile(r"^(weight|bias)_(ih|hh)_l(\d+)(_reverse)?$")
@@ -260,8 +272,10 @@ def _convert(path, unit, flat_state, prefix, entries, transposed, report: _Repor
         layers = {"l0": unit} if "W_ih" in keys else unit
         for sub, p in layers.items():
             for ours, theirs, t in (("W_ih", "weight_ih", True), ("W_hh", "weight_hh", True),
-                                    ("b_ih", "bias_ih", False), ("b_hh", "bias_hh", False)):
-                if ours not in p:  # bias=False: torch has no bias_* entries either
+                                    ("b_ih", "bias_ih", False), ("b_hh", "bias_hh", False),
+                                    ("W_hr", "weight_hr", True)):  # LSTM(proj_size=P)
+                # bias=False: torch has no bias_* entries either; no proj_size, no weight_hr
+                if ours not in p:
                     continue
                 fkey = ours if "W_ih" in keys else f"{sub}/{ours}"
                 load(out_p, fkey, f"{theirs}_{sub}", p[ours], (lambda v: v.T) if t else
@@ -324,6 +338,9 @@ def _load_attention(load, out_p, unit, entries):
     load(out_p, "out/W", "out_proj.weight", unit["out"]["W"], lambda w: w.T)
     if "b" in unit["out"]:
         load(out_p, "out/b", "out_proj.bias", unit["out"]["b"])
+    for extra in ("bias_k", "bias_v"):  # add_bias_kv=True: torch's (1, 1, E), funcnet's (E,)
+        if extra in unit:
+            load(out_p, extra, extra, unit[extra], lambda b: b.reshape(-1))
 
 
 def _tkey(prefix, key):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import sys
 import time
@@ -37,10 +38,10 @@ from funcnet import distributed
 from funcnet import precision
 from funcnet import sharding
 from funcnet import xla
-from funcnet.callbacks import Callback, Checkpoint
+from funcnet.callbacks import Callback
 from funcnet._jaxpr import any_eqn, loss_jaxpr
 from funcnet._loop_checks import (LogKeys, check_before_training, check_fit_options,
-                                  first_batch, optimizer_note)
+                                  first_batch, host_arrays, optimizer_note)
 from funcnet._loop_position import LoopPosition
 from funcnet._loop_resume import (EpochSums, check_layout, checkpoint_extras, data_layout,
                                   resume, stateful)
@@ -194,14 +195,16 @@ class _Loop:
         checks.fits_x32("fit", batch)
         return batch
 
-    def host_batches(self, batches):
+    def host_batches(self, batches, convert=None):
         """A context manager over an epoch's batches (an iterable) from a host pipeline:
         assembled ``prefetch`` ahead in a background thread
         (:func:`funcnet.data.background`), on one device also copied there
         (``device_put``), so both overlap with the steps. ``prefetch=0``: iterated
-        here, one at a time."""
+        here, one at a time. ``convert`` (:func:`_converter`) is applied to each batch
+        first, in the thread when there is one."""
         if not self.prefetch:
-            return contextlib.nullcontext(iter(batches))
+            batches = iter(batches)
+            return contextlib.nullcontext(batches if convert is None else map(convert, batches))
         # The copy starts in the thread on an accelerator, where device_put is an
         # asynchronous DMA. Not on CPU: there device_put costs ~150 us of Python per
         # batch (GIL held), several times the copy jit makes of a NumPy argument.
@@ -209,6 +212,8 @@ class _Loop:
         # thread's jax context (jax.set_mesh).
         put = (_checked_device_put if self.n is None and self.mesh is None
                and jax.default_backend() != "cpu" else None)
+        if convert is not None:
+            put = convert if put is None else (lambda batch: _checked_device_put(convert(batch)))
         return data_lib.background(batches, self.prefetch, transform=put)
 
     def put_order(self, order):
@@ -364,6 +369,14 @@ def _iterate(data, epoch):
     return iter(data(epoch) if callable(data) else data)
 
 
+def _converter(name: str, epoch: int) -> Callable:
+    """:func:`funcnet._loop_checks.host_arrays` for an epoch's batches, taken in order
+    (on one thread), counting them for its error message: fit's host boundary, where a
+    PyTorch, tf.data or grain batch becomes NumPy, once per batch."""
+    count = itertools.count()
+    return lambda batch: host_arrays(batch, name, next(count), epoch)
+
+
 def _spec(batch):
     """A batch's shapes and dtypes, without its values (nothing kept alive)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
@@ -415,7 +428,7 @@ def _train_epoch(loop, steps, ctx, callbacks, train_data, epoch, skip, bar, log_
     ctx._epoch_fetch = lambda start: (jax.device_get(step_metrics[start:]), len(step_metrics))
     # The with block stops the background thread however the epoch ends (early stop,
     # an exception, KeyboardInterrupt).
-    with loop.host_batches(source) as batches:
+    with loop.host_batches(source, _converter("train_data", epoch)) as batches:
         for i, batch in enumerate(batches):
             if i == 0:
                 _check_host_layout(ctx, source, _batch_size(batch), skip > 0)
@@ -729,8 +742,8 @@ def _per_step(host, key) -> np.ndarray:
 def _evaluate(loop, steps, metric, eval_data, epoch) -> dict:
     """The ``eval_*`` log entries: metric states of all eval batches added, then computed."""
     total = None
-    for batch in _iterate(eval_data, epoch):
-        s = steps.eval(loop.state, loop.put_batch(batch))
+    for i, batch in enumerate(_iterate(eval_data, epoch)):
+        s = steps.eval(loop.state, loop.put_batch(host_arrays(batch, "eval_data", i, epoch)))
         total = s if total is None else steps.add(total, s)
     if total is None:
         return {}
@@ -743,17 +756,17 @@ def _evaluate(loop, steps, metric, eval_data, epoch) -> dict:
     return logs
 
 
-def _end_epoch(ctx, callbacks, epoch, logs, print_fn):
+def _end_epoch(ctx, callbacks, epoch, logs, shown, steps: int):
     ctx.batch_in_epoch = 0
     ctx.epoch = epoch + 1  # a checkpoint taken now resumes at the next epoch
-    # Checkpoints save last: the callback states they store (EarlyStopping's wait) must
-    # be the epoch's final ones, or a resume would count this epoch again.
-    for cb in sorted(callbacks, key=lambda cb: isinstance(cb, Checkpoint)):
+    # Checkpoints save last (Callback.epoch_end_phase): the callback states they store
+    # (EarlyStopping's wait) must be the epoch's final ones, or a resume would count this
+    # epoch again.
+    for cb in sorted(callbacks, key=lambda cb: getattr(cb, "epoch_end_phase", 0)):
         cb.on_epoch_end(ctx, epoch, logs)
     ctx.epoch = epoch
     ctx.history.append(logs)
-    if print_fn is not None:
-        print_fn(" ".join(f"{k}={_fmt(v)}" for k, v in logs.items()))
+    shown.summary(epoch, steps, logs)  # after the callbacks: with the keys they add
 
 
 def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTransformation,
@@ -763,7 +776,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         missing_ok: bool = False, on_nonfinite: str = "raise",
         steps_per_dispatch: Optional[int] = None, print_fn: Optional[Callable[[str], None]] = None,
         step_options: Optional[dict] = None, eval_on_ema: bool = False,
-        prefetch: Optional[int] = None, compiler_options: Optional[dict] = None):
+        prefetch: Optional[int] = None, compiler_options="auto"):
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
 
     The common call is ``fit(train_state, loss_fn, optimizer, train_data, epochs=N)``,
@@ -819,8 +832,19 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         (``LearningRateLogger``) before the loggers that write them. With several
         steps per dispatch, ``on_step_end`` runs once per dispatch, after its last step,
         and ``on_step_begin`` (called only on callbacks that define it) once before it.
-      progress: a tqdm progress bar with loss and samples/s. ``None``: on when
-        stderr is a terminal and tqdm is installed; ``False``: off.
+      progress: what fit shows of each epoch, on stderr. By default (``None``) one
+        summary line at each epoch's end, in a terminal, a notebook or a log file alike
+        (``epoch 2/5: 8 steps, 0.41 s, loss=0.3125 eval_acc=0.89``: the step's metrics,
+        the evaluation's and what callbacks added, as in ``history``), and while the
+        epoch trains a progress bar with loss and samples/s, left in place when the
+        epoch ends, when tqdm is installed and the output is interactive (stderr a
+        terminal, or a Jupyter kernel: ``tqdm.auto`` draws a widget there). ``True``:
+        the bar in any output; ``False``: nothing. tqdm stays optional (the
+        ``examples`` and ``test`` extras): without it the line is shown and no bar
+        (``progress=True`` says so once). stderr, not stdout: progress is
+        diagnostics, as tqdm's bar and Python's warnings are, so a script's printed
+        results stay alone on stdout (``python train.py > results.txt``) and the bar
+        and the lines keep their order in one stream.
       log_every: steps between progress-bar refreshes (each one reads a loss from
         the device, so not every step; on a ``DeviceData`` the loss of the dispatch
         before the latest, which never makes the device wait).
@@ -859,11 +883,13 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         data, ``Checkpoint(every_steps=N)`` with ``N`` a multiple of ``k``, and calls
         other callbacks' ``on_step_end`` once per dispatch. ``BENCHMARKS.md``
         (workload 6) has the measured effect.
-      print_fn: if given (e.g. ``print``), receives one summary line per epoch.
+      print_fn: if given (e.g. ``print`` or ``logging.info``), receives each epoch's
+        line instead of stderr, as ``key=value`` pairs (``epoch=1 loss=0.3125 ...``),
+        whatever ``progress`` is.
       step_options: keyword arguments for :func:`funcnet.train.make_train_step`:
-        ``clip_grad_norm``, ``microbatches``, ``ema_decay``, ``update``, ``grad_norm``,
-        e.g. ``{"clip_grad_norm": 1.0, "microbatches": 4}`` or ``{"grad_norm": True}``
-        to log the gradients' global norm.
+        ``clip_grad_norm``, ``microbatches``, ``ema_decay``, ``ema_start``, ``update``,
+        ``grad_norm``, e.g. ``{"clip_grad_norm": 1.0, "microbatches": 4}`` or
+        ``{"grad_norm": True}`` to log the gradients' global norm.
       eval_on_ema: evaluate the params' moving average (``ema_decay`` in
         ``step_options``, a TrainState created with ``ema=True``: both are needed, else
         fit refuses before training) instead of the params.
@@ -879,13 +905,14 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         with NumPy batching (it helps a pipeline whose work releases the GIL: file
         reads, decoding, large NumPy operations).
       compiler_options: XLA options for the train and evaluation steps (``jax.jit``'s
-        ``compiler_options``). Default (None): none, so the step is the program
-        ``jax.jit(make_train_step(...))`` gives a hand-written loop.
-        ``funcnet.xla.compiler_options()`` puts CPU convolutions on XLA's multi-threaded
-        kernels (and ``Conv``'s ``"auto"`` on one XLA convolution): measured 0.81x
-        LeNet's step on jax 0.10.2 but 1.03x on 0.12, and 1.16x / 1.32x the Flax MNIST
-        CNN's (workload 6b; :mod:`funcnet.xla` has the figures); try it on your
-        network. Results differ by float rounding (other kernels), not more.
+        ``compiler_options``). Default ``"auto"``: on CPU, for a step with a convolution,
+        :func:`funcnet.xla.compiler_options` (convolutions on XLA's multi-threaded
+        kernels, reductions and matrix products on YNNPACK's: the Flax MNIST CNN's and
+        LeNet's steps 0.83x and 0.79x their plain-``jax.jit`` time, workload 6b, jax 0.10.2);
+        otherwise none, so the step is the program ``jax.jit(make_train_step(...))``
+        gives a hand-written loop (``funcnet.xla.jit`` gives it the CNN's). None: plain
+        ``jax.jit`` always; a dict: these options. Other options change results by float
+        rounding (other kernels), not more.
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps), the
     step's other metrics likewise (``grad_norm`` with ``step_options={"grad_norm": True}``
@@ -946,9 +973,10 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     take = train_data.take if isinstance(train_data, data_lib.DeviceData) and not n_dev else None
     log_every = checks.positive_int("fit", "log_every", log_every)
     several_asked = steps_per_dispatch not in (None, 1)
+    conv_on_cpu = functools.cache(lambda: _convolves_on_cpu(train_state, loss_fn, train_data))
     steps_per_dispatch = _check_dispatch(
         steps_per_dispatch, take is not None or _stacks_host_batches(n_dev, mesh), callbacks,
-        log_every, lambda: _device_loop_pays(train_state, loss_fn, train_data))
+        log_every, lambda: not conv_on_cpu())
     if prefetch is None:
         # Measured (BENCHMARKS.md, workload 6): on CPU the thread only adds GIL hand-offs
         # to NumPy gathers that hold the GIL; on an accelerator it overlaps the copies.
@@ -958,11 +986,11 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     steps = _compile(loss_fn, optimizer, eval_fn, n_dev, mesh, take, steps_per_dispatch,
                      sharding.state_shardings(loop.state) if mesh is not None else None,
                      step_options, checks.flag("fit", "eval_on_ema", eval_on_ema),
-                     several_asked, _compiler_options(compiler_options))
+                     several_asked, _compiler_options(compiler_options, conv_on_cpu))
     ctx, resumed_sums = _context(loop, train_state, loss_fn, train_data, callbacks, layout,
                                  run_id, resumed, position, epochs)
     ctx._optimizer_note = lambda step: optimizer_note(optimizer, train_state, step)
-    bar_factory = _progress_factory(progress)
+    shown = _Shown(progress, print_fn, epochs)
 
     try:
         for cb in callbacks:
@@ -970,7 +998,7 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         for epoch in range(position.epoch, epochs):
             ctx.epoch = epoch
             t0 = time.perf_counter()
-            bar = bar_factory(epoch, epochs)
+            bar, first = shown.bar(epoch), ctx.host_step
             skip = position.batch_in_epoch if epoch == position.epoch else 0
             ctx._carried = resumed_sums if epoch == position.epoch and skip else None
             ctx._epoch_folded = (0, 0, None)
@@ -985,14 +1013,14 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
             if steps.eval is not None:
                 logs.update(_evaluate(loop, steps, metric, eval_data, epoch))
             logs["seconds"] = time.perf_counter() - t0
-            if bar is not None:
-                bar.close()
-            _end_epoch(ctx, callbacks, epoch, logs, print_fn)
+            shown.close(bar, ctx.host_step - first)
+            _end_epoch(ctx, callbacks, epoch, logs, shown, ctx.host_step - first)
             if ctx.stop_training:
                 break
         for cb in callbacks:
             cb.on_train_end(ctx)
     except BaseException as e:
+        shown.abandon()
         _attach_train_state(e, loop)
         _tell_error(callbacks, ctx, e)
         raise
@@ -1058,7 +1086,7 @@ def _attach_train_state(error: BaseException, loop) -> None:
         error.add_note("fit: the state trained so far is on this exception as .train_state.")
 
 
-_STEP_OPTIONS = ("clip_grad_norm", "microbatches", "ema_decay", "update", "grad_norm")
+_STEP_OPTIONS = ("clip_grad_norm", "microbatches", "ema_decay", "ema_start", "update", "grad_norm")
 
 
 def _step_options(options) -> dict:
@@ -1109,29 +1137,38 @@ def _check_dispatch(k, several_ok: bool, callbacks, log_every: int,
     return k
 
 
-def _device_loop_pays(train_state, loss_fn, train_data) -> bool:
-    """Whether fit's default runs several steps per dispatch (a loop on the device) for
-    this step: yes, except for a step with a convolution on CPU. XLA:CPU runs a
-    convolution inside a loop far slower than in a dispatch of its own (jax issue
-    #12868): the gradient of one 3x3 convolution, (128, 14, 14, 32) -> 64 channels, 37 ms
-    per dispatch and 1,591 ms per step in a ``lax.scan`` (jax 0.10.2; 19 vs 1,454 ms on
-    0.12), while a CNN step's dispatch costs microseconds against its milliseconds of
-    work. A step that cannot be traced ahead (no batch to trace with) is looped."""
+def _convolves_on_cpu(train_state, loss_fn, train_data) -> bool:
+    """Whether the step runs a convolution on XLA:CPU, where fit's defaults differ for it:
+
+    * one step per dispatch instead of a loop on the device: XLA:CPU runs a convolution
+      inside a loop far slower than in a dispatch of its own (jax issue #12868): the
+      gradient of one 3x3 convolution, (128, 14, 14, 32) -> 64 channels, 37 ms per
+      dispatch and 1,591 ms per step in a ``lax.scan`` (jax 0.10.2; 19 vs 1,454 ms on
+      0.12), while a CNN step's dispatch costs microseconds against its milliseconds of
+      work. On a GPU the loop pays (LeNet on an H200: 0.24 ms a step in the loop, 0.54 ms
+      dispatched).
+    * :func:`funcnet.xla.compiler_options`, which move convolutions to XLA's
+      multi-threaded kernels (that module has the figures).
+
+    A step that cannot be traced ahead (no batch to trace with) counts as without."""
     if jax.default_backend() != "cpu":
-        return True  # e.g. LeNet on an H200: 0.24 ms a step in the loop, 0.54 ms dispatched
+        return False
     jaxpr = loss_jaxpr(train_state, loss_fn, first_batch(train_data))
-    return jaxpr is None or not any_eqn(
+    return jaxpr is not None and any_eqn(
         jaxpr, lambda eqn: eqn.primitive.name == "conv_general_dilated")
 
 
-def _compiler_options(options) -> dict:
-    """``fit``'s ``compiler_options`` checked: None (plain ``jax.jit``) or a dict."""
+def _compiler_options(options, conv_on_cpu: Callable[[], bool]) -> dict:
+    """``fit``'s ``compiler_options`` checked: ``"auto"`` (funcnet's options for a step
+    with a convolution on CPU, else none), None (plain ``jax.jit``) or a dict."""
+    if isinstance(options, str) and options == "auto":
+        return xla.compiler_options() if conv_on_cpu() else {}
     if options is None:
         return {}
     if not isinstance(options, dict):
-        raise TypeError(f"fit: compiler_options must be a dict of XLA option names to values "
-                        f"(e.g. funcnet.xla.compiler_options()) or None, got "
-                        f"{type(options).__name__} {options!r}.")
+        raise TypeError(f"fit: compiler_options must be 'auto', a dict of XLA option names to "
+                        f"values (e.g. funcnet.xla.compiler_options()) or None (plain jax.jit), "
+                        f"got {type(options).__name__} {options!r}.")
     return dict(options)
 
 
@@ -1157,18 +1194,77 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _progress_factory(progress):
-    """Returns ``make(epoch, epochs) -> bar or None``; tqdm is optional."""
+class _Shown:
+    """What fit shows of each epoch (``fit``'s ``progress`` and ``print_fn``): a tqdm
+    bar while it trains, left in place when it ends, and one summary line after it."""
+
+    def __init__(self, progress, print_fn, epochs: int):
+        self.epochs, self.print_fn = epochs, print_fn
+        self.line = progress is not False
+        self.tqdm = _tqdm(progress)
+        self.open = None
+
+    def bar(self, epoch: int):
+        if self.tqdm is not None:
+            self.open = self.tqdm(desc=f"epoch {epoch + 1}/{self.epochs}", unit="step",
+                                  leave=True, dynamic_ncols=True)
+        return self.open
+
+    def close(self, bar, steps: int) -> None:
+        """Closes an epoch's bar at the epoch's step count: the runners move it every
+        ``log_every`` steps only, so the last ones would be missing from the bar left."""
+        if bar is not None:
+            bar.update(max(steps - bar.n, 0))
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Closes the bar where it stands (fit failed mid-epoch): one left open would push
+        every later bar of the process a line down (tqdm's ``position``)."""
+        if self.open is not None:
+            self.open.close()
+            self.open = None
+
+    def summary(self, epoch: int, steps: int, logs: dict) -> None:
+        if self.print_fn is not None:  # the caller's line, in the caller's format
+            self.print_fn(" ".join(f"{k}={_fmt(v)}" for k, v in logs.items()))
+        elif self.line and sys.stderr is not None:  # None: pythonw, no console at all
+            print(_summary_line(epoch, self.epochs, steps, logs), file=sys.stderr, flush=True)
+
+
+_NOT_IN_LINE = ("epoch", "samples_per_s", "seconds")
+
+
+def _summary_line(epoch: int, epochs: int, steps: int, logs: dict) -> str:
+    """``epoch 2/5: 8 steps, 0.41 s, loss=0.3125 acc=0.91 eval_acc=0.89``: the epoch's
+    logs in their order (the step's metrics, ``eval_*``, then what callbacks added),
+    as Keras's ``fit`` prints one line per epoch when its output is not a terminal."""
+    values = " ".join(f"{k}={_fmt(v)}" for k, v in logs.items() if k not in _NOT_IN_LINE)
+    return (f"epoch {epoch + 1}/{epochs}: {steps} step{'s' * (steps != 1)}, "
+            f"{logs.get('seconds', math.nan):.2f} s, {values}")
+
+
+def _tqdm(progress):
+    """tqdm's bar class (``tqdm.auto``: a widget in a notebook) when fit draws a bar:
+    tqdm installed, and ``progress=True`` or (None) output where a bar redraws."""
     if progress is False:
-        return lambda epoch, epochs: None
+        return None
     try:
         from tqdm.auto import tqdm
     except ImportError:
         if progress:
-            print("fit: progress=True but tqdm is not installed (pip install tqdm); "
-                  "continuing without a progress bar.", file=sys.stderr)
-        return lambda epoch, epochs: None
-    if progress is None and not sys.stderr.isatty():
-        return lambda epoch, epochs: None
-    return lambda epoch, epochs: tqdm(desc=f"epoch {epoch + 1}/{epochs}", unit="step",
-                                      leave=False, dynamic_ncols=True)
+            print("fit: progress=True but tqdm is not installed (pip install tqdm); showing "
+                  "one summary line per epoch without a progress bar.", file=sys.stderr)
+        return None
+    return tqdm if progress or _interactive() else None
+
+
+def _interactive() -> bool:
+    """Whether a bar can redraw in place: stderr is a terminal, or fit runs in a Jupyter
+    kernel, whose stderr is a pipe but where ``tqdm.auto`` draws a widget (tqdm's own
+    test, in ``tqdm.autonotebook``). In a log file a bar is a line per refresh."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    if isatty is not None and isatty():
+        return True
+    ipython = sys.modules.get("IPython")  # a kernel has imported it; fit never does
+    shell = getattr(ipython, "get_ipython", lambda: None)()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})

@@ -103,6 +103,35 @@ class TrainState(NamedTuple):
     ema: Any = ()
     loss_scale: Any = ()
 
+    def replace(self, **changes) -> "TrainState":
+        """A copy with the named fields replaced, as Flax's ``TrainState.replace``.
+
+        The same as the NamedTuple's ``_replace`` (which keeps working), with an error
+        that lists the fields when a name is not one of them. Only the container is new:
+        the arrays are shared, nothing is copied, and it works inside ``jax.jit``.
+
+        Args:
+          **changes: ``field=new_value`` for any of the fields (``params``, ``state``,
+            ``opt_state``, ``step``, ``rng``, ``loss_state``, ``ema``, ``loss_scale``).
+
+        Returns:
+          A :class:`TrainState` with those fields replaced, the others as they were.
+
+        Raises:
+          TypeError: a name that is not a field of TrainState.
+
+        Examples:
+          >>> from funcnet.layers import Dense
+          >>> ts = TrainState.create(Dense(2), optax.sgd(0.1), jax.random.key(0), (-1, 3))
+          >>> ts2 = ts.replace(step=ts.step + 1, params=jax.tree.map(jnp.zeros_like, ts.params))
+          >>> int(ts2.step), float(ts2.params["W"].sum()), int(ts.step)
+          (1, 0.0, 0)
+        """
+        unknown = [name for name in changes if name not in self._fields]
+        if unknown:
+            raise TypeError(_unknown_fields_message(unknown, self._fields))
+        return self._replace(**changes)
+
     @classmethod
     def create(cls, layer, optimizer, rng, input_shape=None, *, loss_state=(),
                ema: bool = False, loss_scale=None) -> "TrainState":
@@ -174,6 +203,22 @@ class TrainState(NamedTuple):
                    () if loss_scale is None else loss_scale)
 
 
+def _unknown_fields_message(unknown, fields) -> str:
+    """``TrainState.replace``'s error: the names it got wrong, the fields there are, and
+    the nearest field for a misspelt one."""
+    import difflib  # only on this error path
+
+    hints = [f"{name!r} -> {close[0]!r}" for name in unknown
+             for close in [difflib.get_close_matches(name, fields, n=1)] if close]
+    flax = [name for name in unknown if name in ("apply_fn", "tx")]
+    return (f"TrainState.replace: {unknown} {'is not a field' if len(unknown) == 1 else 'are not fields'}"
+            f" of TrainState; its fields are {list(fields)}."
+            + (f" Did you mean {', '.join(hints)}?" if hints else "")
+            + (f" Flax's TrainState keeps {flax} in the state; funcnet's step gets the model "
+               f"and the optimizer from make_train_step(loss_fn, optimizer) instead."
+               if flax else ""))
+
+
 class EMA(NamedTuple):
     """An exponential moving average of the params, PyTorch's
     ``AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))`` updated after
@@ -181,6 +226,21 @@ class EMA(NamedTuple):
 
         count == 0:  ema = params                      (the first update copies)
         otherwise:   ema = ema + (1 - decay) * (params - ema)
+
+    That is ``make_train_step(..., ema_start="first_update")``, the default. Where the
+    average starts is the one thing the common EMAs differ in; ``ema_start`` picks it
+    (``t`` is ``count`` after the update, 1 at the first):
+
+    - ``"init"``: from the initial params (``TrainState.create`` copies them into
+      ``ema.params``), ``ema = ema + (1 - decay) * (params - ema)`` from the first
+      update on, as TensorFlow's ``tf.train.ExponentialMovingAverage`` (shadow
+      variables start at the variables' values) and timm's ``ModelEmaV2`` (a copy of
+      the model at construction) do. The initial params weigh ``decay ** t``.
+    - ``"zeros_debiased"``: from zeros, with Adam's bias correction, as
+      ``optax.ema(decay, debias=True)`` and Haiku's ``EMAParamsTree(decay)``
+      (``zero_debias=True``): ``ema.params`` holds the corrected average, updated as
+      ``ema = ema + (1 - decay) / (1 - decay ** t) * (params - ema)``; the first update
+      copies, as torch's, and the initial params never count.
 
     Attributes:
       params: the averaged params (the structure of ``TrainState.params``).
@@ -276,7 +336,8 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
                     axis_name: Optional[str] = None, clip_grad_norm: Optional[float] = None,
                     microbatches: Optional[int] = None,
                     ema_decay: Optional[float] = None,
-                    grad_norm: Optional[bool] = None) -> Callable:
+                    grad_norm: Optional[bool] = None,
+                    ema_start: str = "first_update") -> Callable:
     """Builds ``step(train_state, batch) -> (train_state, metrics)``, pure and unjitted.
 
     Per step: split ``train_state.rng``; compute ``value_and_grad`` of ``loss_fn``;
@@ -310,6 +371,10 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         every step: see :class:`EMA` for the formula, PyTorch's
         ``get_ema_multi_avg_fn(decay)``. ``make_eval_step(..., ema=True)`` evaluates
         with it.
+      ema_start: where that average starts (see :class:`EMA`): ``"first_update"``
+        (default; torch's ``AveragedModel``: the first update copies the params),
+        ``"init"`` (from the initial params, as ``tf.train.ExponentialMovingAverage``)
+        or ``"zeros_debiased"`` (``optax.ema(decay, debias=True)``). Needs ``ema_decay``.
       grad_norm: report ``metrics["grad_norm"]``, the global 2-norm of the gradients the
         update sees (after the cross-device mean and loss unscaling, before clipping).
         ``None`` (default): only with ``clip_grad_norm``, which computes it anyway;
@@ -363,6 +428,7 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     updater = _updater(optimizer, update)
     clip_grad_norm, k, ema_decay, report_norm = _checked_options(
         clip_grad_norm, microbatches, ema_decay, grad_norm)
+    ema_start = _checked_ema_start(ema_start, ema_decay)
 
     def step(train_state: TrainState, batch):
         rng, key = jax.random.split(train_state.rng)
@@ -415,7 +481,7 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
         params, opt_state = updater.apply(grads, train_state, metrics["loss"])
         average = train_state.ema
         if ema_decay is not None:
-            average = _ema_update(average, params, ema_decay)
+            average = _ema_update(average, params, ema_decay, ema_start)
         if not has_loss_state:
             new_loss_state = train_state.loss_state
         if scaling:
@@ -570,6 +636,21 @@ def _checked_options(clip_grad_norm, microbatches, ema_decay, grad_norm):
     return clip_grad_norm, k, ema_decay, report_norm
 
 
+_EMA_STARTS = ("first_update", "init", "zeros_debiased")
+
+
+def _checked_ema_start(ema_start, ema_decay) -> str:
+    """``make_train_step``'s ``ema_start``: one of :data:`_EMA_STARTS`, and only with an
+    ``ema_decay`` (without one no average is kept, so a start would be silently ignored)."""
+    checks.one_of("make_train_step", "ema_start", ema_start, _EMA_STARTS)
+    if ema_decay is None and ema_start != "first_update":
+        raise checks.ArgumentError(
+            f"make_train_step: ema_start={ema_start!r} is given without ema_decay, so the "
+            f"step keeps no moving average for it to start. Add ema_decay=, e.g. 0.999 (and "
+            f"create the state with TrainState.create(..., ema=True)), or drop ema_start.")
+    return ema_start
+
+
 def _check_state_fits(train_state, has_loss_state, takes_loss_state, loss_fn, ema_decay):
     """The step's options against what the TrainState holds (at trace time)."""
     if has_loss_state and not takes_loss_state:
@@ -607,7 +688,21 @@ def _global_norm(grads):
                         for g in leaves))
 
 
-def _ema_update(average, params, decay):
+def _ema_update(average, params, decay, start="first_update"):
+    """One :class:`EMA` update, the formula ``start`` (``make_train_step``'s ``ema_start``)
+    picks."""
+    if start == "init":
+        new = jax.tree.map(lambda e, p: (e + (1.0 - decay) * (p - e)).astype(e.dtype),
+                           average.params, params)
+        return EMA(new, average.count + 1)
+    if start == "zeros_debiased":
+        # optax's debiased ema, z_t / (1 - decay^t), kept corrected: z_{t-1} = d_{t-1} *
+        # (1 - decay^(t-1)) gives d_t = d_{t-1} + (1 - decay) / (1 - decay^t) * (p - d_{t-1})
+        t = (average.count + 1).astype(jnp.float32)
+        weight = (1.0 - decay) / (1.0 - jnp.power(jnp.float32(decay), t))
+        new = jax.tree.map(lambda e, p: (e + weight.astype(e.dtype) * (p - e)).astype(e.dtype),
+                           average.params, params)
+        return EMA(new, average.count + 1)
     first = average.count == 0
     new = jax.tree.map(lambda e, p: jnp.where(first, p, e + (1.0 - decay) * (p - e)).astype(e.dtype),
                        average.params, params)

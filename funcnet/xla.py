@@ -2,29 +2,32 @@
 
 :func:`jit` is ``jax.jit`` with :func:`compiler_options`, and it tells the layers it
 traces so (:func:`traced_with_options`), so they pick the kernels that are fastest
-under those options. Use it for a hand-written loop, or pass the options to
-:func:`funcnet.fit` (``compiler_options=funcnet.xla.compiler_options()``), where the
-network measured faster with them::
+under those options. :func:`funcnet.fit` compiles a step that has a convolution on CPU
+with them by default (``compiler_options="auto"``); for a hand-written loop:
 
-    step = funcnet.xla.jit(make_train_step(loss_fn, optimizer), donate_argnums=0)
-
-``fit`` compiles with plain ``jax.jit`` by default: the options help some networks and
-slow others, and by how much depends on the jaxlib. ``fit``'s step time with them over
-without (benchmark workload 6b, ``BENCHMARKS.md``, 2-core VM, 2026-11-27): LeNet 0.81x
-on jax 0.10.2 and 1.03x on 0.12.0.1; the Flax MNIST CNN (3x3 SAME convolutions,
-BatchNorm, average pooling) 1.16x and 1.32x; nanoGPT's CPU GPT 1.17x and 1.16x.
+```python
+step = funcnet.xla.jit(make_train_step(loss_fn, optimizer), donate_argnums=0)
+```
 
 Why (CPU only; elsewhere the dict is empty): from jaxlib 0.10 XLA:CPU hands float32
-convolutions to YNNPACK, whose convolutions run on one thread, while its own (Eigen)
-convolutions use every core. Keeping YNNPACK for the matrix products only
-(``xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``) made
-the LeNet step of benchmark workload 3 0.81-0.82x its time in paired runs on a 2-core
-VM (conv2's forward 13.3 -> 4.7 ms, its filter gradient 24.0 -> 6.1 ms;
-``benchmarks/CONV_NOTES.md``, 2026-11-25), and left the MLPs' steps unchanged within
-noise. Under these options ``Conv``'s ``implementation="auto"`` takes XLA's own
-convolution on CPU (its batch pieces and patch gradients were workarounds for the
-one-thread kernels: with the options they were 1.15x slower on workload 3). Results
-differ from the default programs' by float rounding (other convolution kernels), not more.
+convolutions, matrix products and reductions to YNNPACK, whose convolutions run on one
+thread while XLA's own (Eigen) convolutions use every core. The option
+``xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,
+LIBRARY_FUSION_TYPE_REDUCE`` keeps YNNPACK for matrix products and reductions and gives
+convolutions back to Eigen. ``python -m benchmarks.ynn_probe`` (2-core VM, 2026-11-27,
+median ms, plain ``jax.jit`` / ``INDIVIDUAL_DOT`` alone / this option): a 3x3
+convolution's forward and backward at (128, 28, 28, 32) -> 64 channels 455 / 172 / 183
+on jax 0.10.2 and 239 / 186 / 177 on 0.12.0.1; BatchNorm's forward and backward there
+37 / 117 / 22 and 17 / 52 / 13. Until 2026-11-27 funcnet set ``INDIVIDUAL_DOT`` alone,
+which also took reductions from YNNPACK to XLA's slower loops (a sum over the batch and
+positions 7-12x its plain time): that made BatchNorm networks slower with the option.
+Whole train steps are in ``BENCHMARKS.md`` (workload 6b). A program without a
+convolution compiles to the same kernels with or without it.
+
+Under these options ``Conv``'s ``implementation="auto"`` takes XLA's own convolution on
+CPU (its batch pieces and patch gradients are workarounds for the one-thread kernels).
+Results differ from the plain programs' by float rounding (other convolution kernels),
+not more.
 
 The option is experimental in XLA, so it is used only when this jaxlib compiles with it
 (checked once per process, on a one-line program), and never over your own choice: if
@@ -45,7 +48,8 @@ import numpy as np
 __all__ = ["compiler_options", "jit", "traced_with_options"]
 
 _YNN = "xla_cpu_experimental_ynn_fusion_type"
-_CPU = ((_YNN, "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),)
+# YNNPACK keeps matrix products and reductions; convolutions go to XLA's Eigen kernels.
+_CPU = ((_YNN, "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"),)
 
 
 def compiler_options(backend: str | None = None) -> dict:

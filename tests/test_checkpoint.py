@@ -68,7 +68,7 @@ def _mismatch(tmp_path, saved, target, backend="npz"):
             checkpoint.restore(tmp_path, target=target)
         return str(info.value)
     pytest.importorskip("orbax.checkpoint")
-    from funcnet.checkpoint_orbax import OrbaxCheckpointer
+    from funcnet.checkpoint import OrbaxCheckpointer
     ckptr = OrbaxCheckpointer(tmp_path, async_=False)
     try:
         ckptr.save(1, saved)

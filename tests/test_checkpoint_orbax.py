@@ -1,4 +1,4 @@
-"""funcnet.checkpoint_orbax: a 4-device sharded state saved asynchronously and restored
+"""funcnet.checkpoint.OrbaxCheckpointer: a 4-device sharded state saved asynchronously and restored
 with its shardings, SIGKILL during an async save, keep=N, run ownership, finite steps."""
 import os
 import signal
@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from funcnet import checkpoint
 
 pytest.importorskip("orbax.checkpoint")
-from funcnet.checkpoint_orbax import OrbaxCheckpointer  # noqa: E402
+from funcnet.checkpoint import OrbaxCheckpointer  # noqa: E402
 from orbax.checkpoint._src.path import atomicity  # noqa: E402  (to hold a commit back)
 
 
@@ -118,7 +118,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from orbax.checkpoint._src.path import atomicity
-from funcnet.checkpoint_orbax import OrbaxCheckpointer
+from funcnet.checkpoint import OrbaxCheckpointer
 mesh = Mesh(np.array(jax.devices()), ("d",))
 def state(v):
     return {"w": jax.device_put(jnp.full((1024, 256), v, jnp.float32), NamedSharding(mesh, P("d")))}

@@ -15,7 +15,7 @@ from funcnet.loop import LoopPosition
 from funcnet.train import Aux, TrainState
 
 pytest.importorskip("orbax.checkpoint")
-from funcnet.checkpoint_orbax import OrbaxCheckpointer  # noqa: E402
+from funcnet.checkpoint import OrbaxCheckpointer  # noqa: E402
 
 X = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
 Y = X.sum(1, keepdims=True)

@@ -56,7 +56,7 @@ def test_two_processes_match_single_process(tmp_path, mode):
     for k in range(len(ref)):  # identical on every process, bit for bit
         np.testing.assert_array_equal(results[0][f"arr_{k}"], results[1][f"arr_{k}"])
     if orbax:  # one committed step, written by both processes together
-        from funcnet.checkpoint_orbax import OrbaxCheckpointer
+        from funcnet.checkpoint import OrbaxCheckpointer
         assert OrbaxCheckpointer(tmp_path / "orbax").all_steps() == [N_STEPS]
 
 
@@ -103,7 +103,7 @@ def test_two_processes_train_fsdp_are_killed_and_resume_bit_identically(tmp_path
         codes[1] == -signal.SIGABRT and re.search(r"distributed service|coordination service",
                                                   text.split("process 1 output")[1])
     ), f"exit codes {codes}\n{text}"
-    from funcnet.checkpoint_orbax import OrbaxCheckpointer
+    from funcnet.checkpoint import OrbaxCheckpointer
     assert 3 in OrbaxCheckpointer(ckpt).all_steps()
     port = _free_port()
     codes, text = _run_workers(tmp_path, "fsdp_worker.py",

@@ -49,7 +49,8 @@ MUST_RUN = ["README.md", "docs/getting-started.md", "docs/concepts.md", "docs/gu
             "docs/guides/checkpoints.md", "docs/guides/mixed-precision.md",
             "docs/guides/distributed.md", "docs/guides/sharding.md",
             "docs/guides/transformers.md", "docs/guides/custom-layers.md",
-            "docs/guides/export.md", "docs/guides/recurrent.md", "docs/porting.md"]
+            "docs/guides/export.md", "docs/guides/recurrent.md", "docs/porting.md",
+            "docs/porting-jax.md"]
 
 
 def _pages():

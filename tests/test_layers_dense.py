@@ -35,3 +35,23 @@ def test_params_with_a_missing_or_extra_bias_are_refused():
         with_bias.apply(q, (), x)
     with pytest.raises(MismatchError, match=r"expects \{'W'\}"):
         without.apply(p, (), x)
+
+
+def test_in_dim_catches_a_model_whose_earlier_layers_changed_the_shape():
+    """Flax pads SAME, funcnet's Conv VALID: with in_dim the port fails at init instead of
+    training another architecture (Flax's MNIST CNN: 3136 features, 1600 with VALID)."""
+    import funcnet
+    from funcnet.layers import AvgPool, Conv, Flatten
+
+    def net(padding):
+        return funcnet.serial(Conv(32, (3, 3), padding=padding), AvgPool((2, 2), (2, 2)),
+                              Conv(64, (3, 3), padding=padding), AvgPool((2, 2), (2, 2)),
+                              Flatten, Dense(256, in_dim=3136))
+
+    out_shape, params, _ = net("SAME").init(jax.random.key(0), (-1, 28, 28, 1))
+    assert out_shape == (-1, 256) and params[-1]["W"].shape == (3136, 256)
+    with pytest.raises(ValueError, match=r"Dense\(256\): in_dim=3136 but the input has 1600 "
+                                         r"features .*pads VALID"):
+        net("VALID").init(jax.random.key(0), (-1, 28, 28, 1))
+    with pytest.raises(Exception, match="in_dim"):
+        Dense(4, in_dim=0)

@@ -29,7 +29,7 @@ class CrashAt(callbacks.Callback):
 
 def checkpointer(backend, directory, keep):
     if backend == "orbax":
-        from funcnet.checkpoint_orbax import OrbaxCheckpointer
+        from funcnet.checkpoint import OrbaxCheckpointer
         return OrbaxCheckpointer(directory, keep=keep)
     return checkpoint.NpzCheckpointer(directory, keep=keep)
 

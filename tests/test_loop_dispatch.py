@@ -1,6 +1,7 @@
-"""How fit dispatches and compiles its steps: no device loop around convolutions on CPU
-(XLA:CPU runs them far slower inside one), plain ``jax.jit`` unless compiler options are
-asked for, and the programs are then exactly a hand-written loop's."""
+"""How fit dispatches and compiles its steps: for a step with a convolution on CPU no
+device loop (XLA:CPU runs convolutions far slower inside one) and funcnet's compiler
+options (convolutions on XLA's multi-threaded kernels); otherwise a loop and plain
+``jax.jit``; the programs are exactly a hand-written loop's with the same options."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,43 +63,56 @@ def test_default_loops_on_the_device_except_convolutions_on_cpu(monkeypatch, net
     assert _steps_per_dispatch(monkeypatch, net_shape, steps_per_dispatch=2) == 2
 
 
-def test_loop_rule_reads_the_step_and_loops_what_it_cannot_trace():
+def test_convolution_rule_reads_the_step_and_counts_what_it_cannot_trace_as_without():
     ts, loss_fn, _, x = _setup(*CNN)
     batch = (x[:8], np.zeros((8, 2), np.float32))
-    assert loop._device_loop_pays(ts, loss_fn, [batch]) == (not CPU)
-    assert loop._device_loop_pays(ts, loss_fn, iter([batch]))   # read-once data: not traced
+    assert loop._convolves_on_cpu(ts, loss_fn, [batch]) == CPU
+    assert not loop._convolves_on_cpu(ts, loss_fn, iter([batch]))   # read-once data: not traced
 
     def needs_pmap(params, state, batch, rng):   # untraceable outside its step
         return jax.lax.pmean(loss_fn(params, state, batch, rng)[0], "batch"), Aux()
 
-    assert loop._device_loop_pays(ts, needs_pmap, [batch])
+    assert not loop._convolves_on_cpu(ts, needs_pmap, [batch])
     ts, loss_fn, _, x = _setup(*MLP)
-    assert loop._device_loop_pays(ts, loss_fn, [batch])
+    assert not loop._convolves_on_cpu(ts, loss_fn, [batch])
 
 
-@pytest.mark.parametrize("options", [None, "funcnet"])
-def test_fit_steps_are_the_hand_written_loops_programs(options):
-    """fit (one step per dispatch, host batches) ends where a loop over ``jax.jit`` of
-    the same step does, bit for bit; with ``compiler_options`` given, where a loop over
-    ``funcnet.xla.jit`` with those options does."""
-    ts, loss_fn, opt, x = _setup(*CNN)
+@pytest.mark.parametrize("net_shape", [CNN, MLP], ids=["cnn", "mlp"])
+@pytest.mark.parametrize("options", ["auto", None, "funcnet"])
+def test_fit_steps_are_the_hand_written_loops_programs(options, net_shape):
+    """fit (one step per dispatch, host batches) ends where a hand-written loop over the
+    same step does, bit for bit: by default (``"auto"``) a loop over ``funcnet.xla.jit``
+    for the CNN on CPU and over ``jax.jit`` otherwise; with ``compiler_options=None``
+    over ``jax.jit``; with options given, over ``funcnet.xla.jit`` with those."""
+    ts, loss_fn, opt, x = _setup(*net_shape)
     y = np.random.default_rng(1).standard_normal((len(x), 2)).astype(np.float32)
     batches = lambda e: data.batches((x, y), 8, shuffle=True, rng=0, epoch=e)  # noqa: E731
-    opts = xla.compiler_options() if options else None
+    fit_opts = xla.compiler_options() if options == "funcnet" else options
     fitted, _ = funcnet.fit(ts, loss_fn, opt, batches, epochs=2, progress=False,
-                            compiler_options=opts)
-    step = xla.jit(make_train_step(loss_fn, opt), options=opts or {})
+                            steps_per_dispatch=1, compiler_options=fit_opts)
+    hand_opts = {None: {}, "funcnet": xla.compiler_options(),
+                 "auto": xla.compiler_options() if net_shape is CNN and CPU else {}}[options]
+    step = xla.jit(make_train_step(loss_fn, opt), options=hand_opts)
     hand = ts
     for epoch in range(2):
         for b in batches(epoch):
             hand = step(hand, b)[0]
     for a, b in zip(jax.tree.leaves(fitted.params), jax.tree.leaves(hand.params)):
         np.testing.assert_array_equal(a, b)
+    if net_shape is CNN and CPU and options != "funcnet":   # the options change the CNN's rounding
+        other = xla.jit(make_train_step(loss_fn, opt), options={} if hand_opts else None)
+        hand = ts
+        for epoch in range(2):
+            for b in batches(epoch):
+                hand = other(hand, b)[0]
+        assert any(np.any(p != q) for p, q in zip(jax.tree.leaves(fitted.params),
+                                                 jax.tree.leaves(hand.params)))
 
 
 def test_fit_traces_layers_for_the_options_it_compiles_with():
-    """Conv's "auto" kernels follow fit's compiler options: plain by default, XLA's one
-    convolution under funcnet's CPU option; an unrelated option does not switch them."""
+    """Conv's "auto" kernels follow fit's compiler options: XLA's one convolution under
+    funcnet's CPU option (fit's default for this CNN on CPU), the plain program's
+    otherwise; an unrelated option does not switch them."""
     net, shape = CNN
     seen = []
 
@@ -109,7 +123,7 @@ def test_fit_traces_layers_for_the_options_it_compiles_with():
 
     ts = TrainState.create(net, optax.sgd(0.1), jax.random.key(0), (-1, *shape))
     x = np.ones((16, *shape), np.float32)
-    for options, inside in [(None, False), (xla.compiler_options(), CPU),
+    for options, inside in [("auto", CPU), (None, False), (xla.compiler_options(), CPU),
                             ({"xla_embed_ir_in_executable": True}, False)]:
         seen.clear()
         funcnet.fit(ts, loss_fn, optax.sgd(0.1), data.DeviceData(x, 8), progress=False,
@@ -117,8 +131,8 @@ def test_fit_traces_layers_for_the_options_it_compiles_with():
         assert seen and any(seen) == inside, (options, seen)
 
 
-def test_compiler_options_must_be_a_dict():
+def test_compiler_options_must_be_auto_a_dict_or_none():
     ts, loss_fn, opt, x = _setup(*MLP)
-    with pytest.raises(TypeError, match=r"compiler_options must be a dict .* got str 'fast'"):
+    with pytest.raises(TypeError, match=r"compiler_options must be 'auto', a dict .* got str 'fast'"):
         funcnet.fit(ts, loss_fn, opt, [(x, x[:, :2, 0, 0])], progress=False,
                     compiler_options="fast")

@@ -20,7 +20,8 @@ needs_cpu = pytest.mark.skipif(not CPU, reason="the options are CPU options")
 @needs_cpu
 def test_cpu_options_keep_convolutions_off_ynnpack_and_yield_to_xla_flags(monkeypatch):
     opts = xla.compiler_options()
-    assert opts == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+    assert opts == {"xla_cpu_experimental_ynn_fusion_type":
+                    "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
     opts["changed"] = 1
     assert "changed" not in xla.compiler_options()      # a new dict each time
     assert xla.compiler_options("gpu") == {} and xla.compiler_options("tpu") == {}
@@ -35,8 +36,40 @@ def test_cpu_options_keep_convolutions_off_ynnpack_and_yield_to_xla_flags(monkey
         *args).compile().as_text()
     # jaxlib 0.10 sends this convolution to YNNPACK (one thread); the options keep it XLA's
     assert "__ynn_fusion" in plain and "__ynn_fusion" not in tuned
+    # ... while reductions (BatchNorm's statistics) stay on YNNPACK: without REDUCE in the
+    # option XLA's own loops took them, 7-12x slower (benchmarks/ynn_probe.py)
+    stats = lambda x: jnp.sum(x, axis=(0, 1, 2))  # noqa: E731
+    for options in ({}, xla.compiler_options()):
+        compiled = jax.jit(stats, compiler_options=options).lower(args[0]).compile()
+        assert "__ynn_fusion" in compiled.as_text(), options
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=")
     assert xla.compiler_options() == {}   # the user's own flag wins
+
+
+@needs_cpu
+def test_cpu_options_leave_a_program_without_convolutions_bit_identical():
+    """Why fit's default may take the options only where a step convolves: elsewhere
+    they compile to the same kernels (a dense step with LayerNorm, dropout and Adam)."""
+    from funcnet.layers import Dropout, LayerNorm, Relu
+    from funcnet.train import make_train_step
+
+    net = funcnet.serial(Dense(64), Relu, Dropout(0.1), LayerNorm(), Dense(10))
+    opt = optax.adam(1e-3)
+
+    def loss_fn(params, state, batch, rng):
+        out, state = net.apply(params, state, batch[0], rng=rng, train=True)
+        return jnp.mean((out - batch[1]) ** 2), Aux(state=state)
+
+    ts = TrainState.create(net, opt, jax.random.key(0), (-1, 32))
+    rng = np.random.default_rng(0)
+    batch = (rng.standard_normal((16, 32)).astype(np.float32),
+             rng.standard_normal((16, 10)).astype(np.float32))
+    plain, tuned = ts, ts
+    for _ in range(3):
+        plain = jax.jit(make_train_step(loss_fn, opt))(plain, batch)[0]
+        tuned = xla.jit(make_train_step(loss_fn, opt))(tuned, batch)[0]
+    for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(tuned.params)):
+        np.testing.assert_array_equal(a, b)
 
 
 def _convolutions(compiled_text: str) -> int:

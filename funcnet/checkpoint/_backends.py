@@ -114,7 +114,7 @@ def _check_gatherable(tree, limit: Optional[int]) -> None:
         raise ValueError("NpzCheckpointer.save: the state is sharded across processes, and the "
                          "npz backend writes one file from process 0, which does not hold the "
                          "other processes' shards. Use the orbax backend (Checkpoint(..., "
-                         "backend='orbax') or funcnet.checkpoint_orbax.OrbaxCheckpointer): "
+                         "backend='orbax') or funcnet.checkpoint.OrbaxCheckpointer): "
                          "each process writes its own shards.")
     total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)
                 if hasattr(x, "dtype") and not is_prng_key(x))

@@ -3,7 +3,7 @@
 Use it when the train state is sharded (over devices, or over processes in a
 multi-process run) or large enough that a step should not wait for the write::
 
-    from funcnet.checkpoint_orbax import OrbaxCheckpointer
+    from funcnet.checkpoint import OrbaxCheckpointer
     ckptr = OrbaxCheckpointer("runs/big", keep=3)        # async by default
     ckptr.save(step, train_state)       # returns once the arrays are copied off the device
     ...                                 # training goes on while the files are written

@@ -11,7 +11,7 @@ and Flax. PyTorch's boolean masks mean the opposite (``True`` = masked out): pas
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -124,6 +124,12 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
 
     The values may have their own head size ``Dv`` (``(B, S, H, Dv)``), as in
     ``torch.nn.functional.scaled_dot_product_attention``; the output has it too.
+    Grouped-query attention: keys and values may have fewer heads ``Hk`` than the
+    queries' ``H`` (``Hk`` dividing ``H``); each key/value head then serves ``H // Hk``
+    consecutive query heads (query head ``h`` uses key/value head ``h // (H // Hk)``),
+    as torch's ``scaled_dot_product_attention(..., enable_gqa=True)`` (its
+    ``repeat_interleave``) and ``jax.nn.dot_product_attention``; torch needs the flag,
+    here the shapes say it.
     ``scale`` defaults to ``1/sqrt(D)``, from the queries' head size. ``mask`` is
     boolean, True = may attend, broadcastable to ``(B, H, T, S)``; ``causal`` adds
     :func:`causal_mask`.
@@ -145,12 +151,16 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
 
     Args:
       query: ``(B, T, H, D)``.
-      key: ``(B, S, H, D)``.
-      value: ``(B, S, H, Dv)``; ``Dv`` may differ from ``D``.
+      key: ``(B, S, Hk, D)``; ``Hk`` is ``H`` or divides it (grouped-query attention).
+      value: ``(B, S, Hk, Dv)``; ``Dv`` may differ from ``D``.
       mask: booleans broadcastable to ``(B, H, T, S)``, True = may attend, or None.
       bias: floats broadcastable to ``(B, H, T, S)``, added to the logits, or None.
-      causal: each query attends to the keys up to its own position (the last
-        query lined up with the last key when ``S > T``).
+      causal: each query attends to the keys up to its own position, the last
+        query lined up with the last key: ``causal_mask(T, S, offset=S - T)``, what a
+        key/value cache needs. torch's ``is_causal=True`` lines up the *first* ones
+        (the same when ``S == T``): with ``S != T`` it is ``mask=causal_mask(T, S)``
+        here, and this ``causal=True`` is torch's ``attn_mask=torch.ones(T, S,
+        dtype=torch.bool).tril(S - T)`` (docs/porting.md).
       dropout, rng, train: dropout on the attention weights, applied only with
         ``train=True`` and ``dropout > 0``.
       implementation: None, ``"xla"``, ``"cudnn"`` or ``"reference"`` (above).
@@ -161,8 +171,9 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
 
     Raises:
       ValueError: an unknown ``implementation``; a mask or bias that does not
-        broadcast to ``(B, H, T, S)``; dropout, or ``Dv != D``, with a forced jax
-        implementation.
+        broadcast to ``(B, H, T, S)``; keys and values with different numbers of heads,
+        or a number that does not divide ``H``; dropout, or ``Dv != D``, with a forced
+        jax implementation.
       TypeError: a non-boolean ``mask`` or a boolean ``bias``.
 
     Examples:
@@ -179,6 +190,7 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
                          f"{_IMPLEMENTATIONS}, got {implementation!r}.")
     B, T, H, D = query.shape
     S = key.shape[1]
+    _check_kv_heads("dot_product_attention", query.shape, key.shape, value.shape)
     target = (B, H, T, S)
     mask = _check_mask("dot_product_attention", mask, target)
     bias = _check_mask("dot_product_attention", bias, target, "bias")
@@ -210,9 +222,30 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
                                         is_causal=causal, implementation=implementation)
 
 
-def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng):
+def _check_kv_heads(where, q_shape, k_shape, v_shape):
+    """Keys and values share a number of heads that divides the queries' (at trace time)."""
+    H, Hk, Hv = q_shape[2], k_shape[2], v_shape[2]
+    if Hk != Hv:
+        raise ValueError(f"{where}: keys and values need the same number of heads, got keys "
+                         f"of shape {tuple(k_shape)} ({Hk} heads) and values of shape "
+                         f"{tuple(v_shape)} ({Hv} heads), in the layout (B, S, heads, dim).")
+    if H % Hk:
+        raise ValueError(f"{where}: grouped-query attention needs the number of query heads "
+                         f"to be a multiple of the key/value heads (each key/value head "
+                         f"serves H // Hk query heads), got {H} query heads and {Hk} "
+                         f"key/value heads. Use a number of key/value heads dividing {H}.")
+
+
+def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng,
+                         need_weights=False):
+    """The written-out attention; with ``need_weights`` also its weights ``(B, H, T, S)``
+    (after dropout, the ones that multiplied the values, as torch returns them)."""
     B, T, H, D = q.shape
     S = k.shape[1]
+    if k.shape[2] != H:
+        # grouped-query: key/value head h serves query heads h*G ... h*G + G - 1 (torch's
+        # repeat_interleave); the repeats' gradients sum back into their head
+        k, v = (jnp.repeat(x, H // k.shape[2], axis=2) for x in (k, v))
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     dtype = jnp.promote_types(q.dtype, jnp.float32)
     # heads folded into the batch: XLA:CPU runs (and differentiates) a product with one
@@ -243,7 +276,9 @@ def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng):
         keep = jax.random.bernoulli(need_rng("dot_product_attention", rng), 1.0 - dropout,
                                     weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout), 0.0)
-    return unfold(jnp.einsum(tsd, weights.astype(v.dtype), heads(v)))
+    weights = weights.astype(v.dtype)
+    out = unfold(jnp.einsum(tsd, weights, heads(v)))
+    return (out, weights.reshape(B, H, T, S)) if need_weights else out
 
 
 def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
@@ -251,7 +286,10 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
                        dropout: float = 0.0, causal: bool = False, rope: bool = False,
                        rope_base: float = 10000.0, cache_length: Optional[int] = None,
                        W_init=None, b_init=None, out_W_init=None,
-                       implementation: Optional[str] = None) -> Layer:
+                       implementation: Optional[str] = None,
+                       num_kv_heads: Optional[int] = None, add_bias_kv: bool = False,
+                       add_zero_attn: bool = False, need_weights: bool = False,
+                       average_attn_weights: bool = True) -> Layer:
     """Multi-head attention, as ``torch.nn.MultiheadAttention(batch_first=True)``.
 
     Inputs: ``x`` (self-attention, ``(B, T, E)``), ``(q, kv)`` or ``(q, k, v)``
@@ -285,8 +323,29 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
     (:func:`funcnet.layers.rope`, base ``rope_base``) before the scores.
     ``implementation`` as :func:`dot_product_attention`.
 
+    torch's options, with its semantics (tests/test_layers_attention_options_torch.py):
+
+    * ``add_bias_kv=True``: params ``bias_k``, ``bias_v`` of shape ``(Hk * D,)``
+      (torch's ``(1, 1, E)``, reshaped), drawn as torch's ``xavier_normal_`` on
+      ``(1, 1, E)`` draws them, ``N(0, 1/E)``: one learned key and value appended after
+      the projections (after ``rope``), visible to every query.
+    * ``add_zero_attn=True``: a zero key and value appended per head after those.
+      The masks are padded as torch pads its: the appended keys may be attended by
+      every query (``causal`` included), so ``S`` grows by one per option.
+    * ``need_weights=True``: the output is the pair ``(y, weights)``, the attention
+      weights (after dropout, as torch's) averaged over heads, ``(B, T, S)``, with
+      ``average_attn_weights=True``, or per head, ``(B, H, T, S)``. It takes the
+      written-out path of :func:`dot_product_attention`. torch's default is
+      ``need_weights=True``; funcnet's is False (the output is ``y`` alone), which is
+      torch's ``need_weights=False``.
+    * ``num_kv_heads=Hk``: grouped-query attention (torch has it in
+      ``scaled_dot_product_attention(..., enable_gqa=True)``, not in
+      ``nn.MultiheadAttention``): the key and value projections give ``Hk`` heads of
+      ``D`` (``W_k``: ``(kdim, Hk * D)``), each serving ``H // Hk`` consecutive query
+      heads; a decoding cache holds ``Hk`` heads. ``Hk`` must divide ``H``.
+
     Decoding (``cache_length=L``): the layer's state is a key/value cache
-    ``{"key", "value": (B, L, H, D), "index": int32}`` (init: zeros and 0; the batch
+    ``{"key", "value": (B, L, Hk, D), "index": int32}`` (init: zeros and 0; the batch
     size of ``input_shape`` must be known). Each apply takes the next ``t`` tokens
     ``(B, t, E)`` (the prompt, then one at a time), writes their keys and values at
     ``index``, attends causally to every cached position up to them and returns
@@ -316,23 +375,33 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
       out_W_init: the initializer of ``W_out``; None for torch's Linear default.
       implementation: None, ``"xla"``, ``"cudnn"`` or ``"reference"``, as
         :func:`dot_product_attention`.
+      num_kv_heads: the number of key/value heads ``Hk``, a positive int dividing
+        ``num_heads``; None for ``num_heads``.
+      add_bias_kv: True appends the learned key and value ``bias_k``, ``bias_v``.
+      add_zero_attn: True appends a zero key and value.
+      need_weights: True returns ``(y, weights)`` instead of ``y``.
+      average_attn_weights: with ``need_weights``, True averages the weights over the
+        heads.
 
     Returns:
       The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)``, with one shape
       ``(B, T, E)`` or the shapes of ``(q, kv)`` or ``(q, k, v)``, gives
-      ``(output_shape, params, state)`` with output shape ``(B, T, out_dim)``; params
+      ``(output_shape, params, state)`` with output shape ``(B, T, out_dim)`` (with
+      ``need_weights``, the pair of it and the weights' shape); params
       ``{"query", "key", "value", "out"}``, each ``{"W": (in, out), "b": (out,)}``
-      (float32; ``W`` is ``(E, H * D)`` for ``query``, ``(kdim, H * D)`` for ``key``,
-      ``(vdim, H * D)`` for ``value`` and ``(H * D, out_dim)`` for ``out``); and state
+      (float32; ``W`` is ``(E, H * D)`` for ``query``, ``(kdim, Hk * D)`` for ``key``,
+      ``(vdim, Hk * D)`` for ``value`` and ``(H * D, out_dim)`` for ``out``), and with
+      ``add_bias_kv`` also ``bias_k``, ``bias_v`` ``(Hk * D,)``; and state
       ``()``, or with ``cache_length`` the cache
-      ``{"key", "value": (B, L, H, D), "index": int32}``.
+      ``{"key", "value": (B, L, Hk, D), "index": int32}``.
 
     Raises:
       ArgumentError: a bad ``num_heads``, ``head_dim``, ``out_dim``, ``dropout``,
-        ``rope_base`` or ``cache_length``, a flag that is not a bool, or an initializer
-        that is not one.
+        ``rope_base``, ``cache_length`` or ``num_kv_heads``, a flag that is not a bool,
+        or an initializer that is not one.
       ValueError: an unknown ``implementation``; ``cache_length`` without
-        ``causal=True``; at ``init``, ``num_heads`` not dividing ``E`` (without
+        ``causal=True``; ``num_kv_heads`` not dividing ``num_heads``; ``need_weights``
+        with ``implementation="xla"`` or ``"cudnn"``; at ``init``, ``num_heads`` not dividing ``E`` (without
         ``head_dim``), an odd head dim with ``rope``, keys and values of different
         batch or length, or (decoding) an unknown batch size; at ``apply``, inputs that
         do not fit the params, a mask or bias that does not broadcast, a cache made for
@@ -347,6 +416,10 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
       ((-1, 5, 8), ['key', 'out', 'query', 'value'])
       >>> apply(params, state, jnp.ones((3, 5, 8)))[0].shape
       (3, 5, 8)
+      >>> gqa = MultiHeadAttention(4, num_kv_heads=2, add_zero_attn=True, need_weights=True)
+      >>> (y_shape, w_shape), params, _ = gqa.init(jax.random.key(0), (-1, 5, 8))
+      >>> y_shape, w_shape, params["key"]["W"].shape   # 5 keys and the zero one
+      ((-1, 5, 8), (-1, 5, 6), (8, 4))
     """
     num_heads = checks.positive_int("MultiHeadAttention", "num_heads", num_heads)
     name = f"MultiHeadAttention({num_heads})"
@@ -355,76 +428,159 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
     if out_dim is not None:
         out_dim = checks.positive_int(name, "out_dim", out_dim)
     dropout = checks.real(name, "dropout", dropout, low=0.0, high=1.0, high_open=True)
-    use_bias, causal, rope = (checks.flag(name, n, v) for n, v in
-                              (("use_bias", use_bias), ("causal", causal), ("rope", rope)))
+    use_bias, causal, rope, add_bias_kv, add_zero_attn, need_weights, average_attn_weights = (
+        checks.flag(name, n, v) for n, v in
+        (("use_bias", use_bias), ("causal", causal), ("rope", rope), ("add_bias_kv", add_bias_kv),
+         ("add_zero_attn", add_zero_attn), ("need_weights", need_weights),
+         ("average_attn_weights", average_attn_weights)))
     rope_base = checks.real(name, "rope_base", rope_base, low=0.0, low_open=True)
-    if implementation not in _IMPLEMENTATIONS:
-        raise ValueError(f"{name}: implementation must be one of {_IMPLEMENTATIONS}, got "
-                         f"{implementation!r}.")
-    if cache_length is not None:
-        cache_length = checks.positive_int(name, "cache_length", cache_length)
-        if not causal:
-            raise ValueError(f"{name}: cache_length (decoding) needs causal=True: a token being "
-                             f"decoded can only attend to the ones before it.")
+    _check_implementation(name, implementation, need_weights)
+    kv_heads = _check_kv_option(name, num_heads, num_kv_heads)
+    cache_length = _check_cache_option(name, cache_length, causal)
     W_init = checks.initializer(name, "W_init", W_init)
     b_init = checks.initializer(name, "b_init", b_init) or initializers.zeros
     out_W_init = checks.initializer(name, "out_W_init", out_W_init) or initializers.torch_default()
+    extra = int(add_bias_kv) + int(add_zero_attn)  # keys appended to each sequence
 
     def init(rng, input_shape):
         q_shape, k_shape, v_shape = _split_shapes(name, input_shape)
-        for what, s in (("query", q_shape), ("key", k_shape), ("value", v_shape)):
-            check_known(name, s, [-1], f"{what} feature dimension")
-        if k_shape[:-1] != v_shape[:-1]:
-            raise ValueError(f"{name}: key and value must have the same batch and length, got "
-                             f"shapes {k_shape} and {v_shape}.")
         E, kdim, vdim = q_shape[-1], k_shape[-1], v_shape[-1]
         D = _head_dim(name, E, num_heads, head_dim, rope)
         out = E if out_dim is None else out_dim
-        params = _init_params(rng, (E, kdim, vdim), num_heads * D, out, use_bias, W_init,
-                              b_init, out_W_init)
+        params = _init_params(rng, (E, kdim, vdim), (num_heads * D, kv_heads * D), out,
+                              use_bias, W_init, b_init, out_W_init, add_bias_kv)
         state = () if cache_length is None else _init_cache(name, cache_length, q_shape,
-                                                               num_heads, D)
-        return q_shape[:-1] + (out,), params, state
+                                                               kv_heads, D)
+        out_shape = q_shape[:-1] + (out,)
+        if not need_weights:
+            return out_shape, params, state
+        S = cache_length if cache_length is not None else k_shape[1]
+        heads = () if average_attn_weights else (num_heads,)
+        weights_shape = (q_shape[0],) + heads + (q_shape[1], -1 if S == -1 else S + extra)
+        return (out_shape, weights_shape), params, state
 
     def apply(params, state, inputs, *, rng=None, train=False, mask=None, bias=None):
         q_in, k_in, v_in = _split_inputs(name, inputs)
         if cache_length is not None and not (k_in is q_in and v_in is q_in):
             raise ValueError(f"{name}: decoding with a cache is for self-attention; got "
                              f"separate key/value inputs.")
-        for what, x, p in (("query", q_in, "query"), ("key", k_in, "key"),
-                           ("value", v_in, "value")):
-            _check_features(name, what, x, params[p]["W"].shape[0])
-        D = params["query"]["W"].shape[1] // num_heads
-
-        def project(x, p):
-            return _mesh.split_last(linear(x, params[p]["W"], params[p].get("b")),
-                                       (num_heads, D))
-
-        # Fused, the three kernels would be concatenated: not for kernels split over a
-        # mesh (tensor parallel), which each projection uses as they lie.
-        if q_in is k_in is v_in and not any(_is_split(params[p]["W"]) for p in
-                                            ("query", "key", "value")):
-            q, k, v = _project_together(params, q_in, num_heads, D)
-        else:
-            q, k, v = project(q_in, "query"), project(k_in, "key"), project(v_in, "value")
+        for what, x in zip(("query", "key", "value"), (q_in, k_in, v_in)):
+            _check_features(name, what, x, params[what]["W"].shape[0])
+        q, k, v = _project(params, q_in, k_in, v_in, num_heads)
         drop = dropout if train else 0.0
         if drop:
             need_rng(name, rng)
+        how = _How(add_zero_attn, need_weights, implementation)
         if cache_length is None:
             if rope:
                 q = _rope(q, base=rope_base)
                 k = _rope(k, base=rope_base)
-            y = dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal,
-                                      dropout=drop, rng=rng, train=train,
-                                      implementation=implementation)
+            y, weights = _attend(name, q, k, v, params, mask, bias, causal, drop, rng, train,
+                                 how)
             new_state = state
         else:
-            y, new_state = _decode(name, q, k, v, state, mask, bias, drop, rng, train,
-                                   rope, rope_base, implementation)
+            (y, weights), new_state = _decode(name, q, k, v, params, state, mask, bias, drop,
+                                              rng, train, rope, rope_base, how)
         y = _mesh.merge_last(y, 2)
-        return linear(y, params["out"]["W"], params["out"].get("b")), new_state
+        y = linear(y, params["out"]["W"], params["out"].get("b"))
+        if need_weights:
+            y = (y, weights.mean(axis=1) if average_attn_weights else weights)
+        return y, new_state
 
     return named(name, init, apply)
+
+
+class _How(NamedTuple):
+    """How apply attends: torch's zero key/value, the weights returned, the kernel."""
+    add_zero_attn: bool
+    need_weights: bool
+    implementation: Optional[str]
+
+
+def _check_implementation(name, implementation, need_weights):
+    if implementation not in _IMPLEMENTATIONS:
+        raise ValueError(f"{name}: implementation must be one of {_IMPLEMENTATIONS}, got "
+                         f"{implementation!r}.")
+    if need_weights and implementation in ("xla", "cudnn"):
+        raise ValueError(f"{name}: need_weights=True returns the attention weights, which "
+                         f"jax's fused implementation={implementation!r} never forms. Leave "
+                         f"implementation=None (or 'reference'), or need_weights=False.")
+
+
+def _check_cache_option(name, cache_length, causal):
+    if cache_length is None:
+        return None
+    cache_length = checks.positive_int(name, "cache_length", cache_length)
+    if not causal:
+        raise ValueError(f"{name}: cache_length (decoding) needs causal=True: a token being "
+                         f"decoded can only attend to the ones before it.")
+    return cache_length
+
+
+def _check_kv_option(name, num_heads, num_kv_heads):
+    """The number of key/value heads: ``num_heads``, or a divisor of it (grouped-query)."""
+    if num_kv_heads is None:
+        return num_heads
+    num_kv_heads = checks.positive_int(name, "num_kv_heads", num_kv_heads)
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{name}: num_kv_heads={num_kv_heads} does not divide num_heads="
+                         f"{num_heads}: in grouped-query attention each key/value head serves "
+                         f"num_heads // num_kv_heads query heads. Pick num_kv_heads among the "
+                         f"divisors of {num_heads}.")
+    return num_kv_heads
+
+
+def _project(params, q_in, k_in, v_in, num_heads):
+    """The queries ``(B, T, H, D)`` and keys, values ``(B, S, Hk, D)``."""
+    D = params["query"]["W"].shape[1] // num_heads
+    # Fused, the three kernels would be concatenated: not for kernels split over a
+    # mesh (tensor parallel), which each projection uses as they lie.
+    if q_in is k_in is v_in and not any(_is_split(params[p]["W"]) for p in
+                                        ("query", "key", "value")):
+        return _project_together(params, q_in, D)
+    return tuple(_mesh.split_last(linear(x, params[p]["W"], params[p].get("b")),
+                                  (params[p]["W"].shape[1] // D, D))
+                 for x, p in ((q_in, "query"), (k_in, "key"), (v_in, "value")))
+
+
+def _attend(name, q, k, v, params, mask, bias, causal, drop, rng, train, how):
+    """Attention after torch's extra keys, ``(y, weights or None)``: ``bias_k``/``bias_v``
+    (add_bias_kv), then a zero key/value (add_zero_attn), each appended to every sequence
+    after the projections, as ``F.multi_head_attention_forward``. torch pads its masks
+    with zeros for them (an additive 0, a boolean False = not masked out): every query may
+    attend to them, causal or not."""
+    B, T, H, _ = q.shape
+    Hk, S = k.shape[2], k.shape[1]
+    _check_kv_heads(name, q.shape, k.shape, v.shape)
+    mask = _check_mask(name, mask, (B, H, T, S))
+    bias = _check_mask(name, bias, (B, H, T, S), "bias")
+    new_k, new_v = [], []
+    if "bias_k" in params:
+        new_k.append(params["bias_k"].reshape(Hk, -1))
+        new_v.append(params["bias_v"].reshape(Hk, -1))
+    if how.add_zero_attn:
+        new_k.append(jnp.zeros(k.shape[2:], k.dtype))
+        new_v.append(jnp.zeros(v.shape[2:], v.dtype))
+    if new_k:
+        if causal:  # made here: dot_product_attention's would line up the appended keys
+            cm = causal_mask(T, S, offset=S - T)[None, None]
+            mask, causal = (cm if mask is None else mask & cm), False
+        n = len(new_k)
+        k, v = (jnp.concatenate([x, jnp.broadcast_to(jnp.stack(rows).astype(x.dtype),
+                                                     (B, n) + x.shape[2:])], axis=1)
+                for x, rows in ((k, new_k), (v, new_v)))
+        wide = ((0, 0),) * 3 + ((0, n),)
+        if mask is not None:
+            mask = jnp.pad(jnp.broadcast_to(mask, mask.shape[:3] + (S,)), wide,
+                           constant_values=True)
+        if bias is not None:
+            bias = jnp.pad(jnp.broadcast_to(bias, bias.shape[:3] + (S,)), wide)
+    if how.need_weights:
+        return _reference_attention(q, k, v, mask, bias, causal, None, drop,
+                                    rng, need_weights=True)
+    return dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal, dropout=drop,
+                                 rng=rng, train=train,
+                                 implementation=how.implementation), None
 
 
 def _head_dim(name, E, num_heads, head_dim, rope):
@@ -440,25 +596,36 @@ def _head_dim(name, E, num_heads, head_dim, rope):
     return head_dim
 
 
-def _init_params(rng, dims, inner, out, use_bias, W_init, b_init, out_W_init):
-    """The four projections' params; torch's draws unless initializers are given."""
+def _init_params(rng, dims, widths, out, use_bias, W_init, b_init, out_W_init, add_bias_kv):
+    """The four projections' params (and torch's ``bias_k``, ``bias_v``); torch's draws
+    unless initializers are given. ``widths``: the queries' ``H * D``, the keys' and
+    values' ``Hk * D``."""
     E, kdim, vdim = dims
+    inner, kv_inner = widths
     keys = jax.random.split(rng, 8)
+    cols = (inner, kv_inner, kv_inner)
     if W_init is not None:
-        w = [W_init(keys[i], (d, inner), jnp.float32) for i, d in enumerate(dims)]
-    elif kdim == vdim == E == inner:
+        w = [W_init(keys[i], (d, c), jnp.float32) for i, (d, c) in enumerate(zip(dims, cols))]
+    elif kdim == vdim == E == inner == kv_inner:
         # torch draws the packed (3E, E) in_proj_weight as one Glorot-uniform matrix
         packed = initializers.xavier_uniform()(keys[0], (E, 3 * inner), jnp.float32)
         w = jnp.split(packed, 3, axis=1)
     else:
-        w = [initializers.xavier_uniform()(keys[i], (d, inner), jnp.float32)
-             for i, d in enumerate(dims)]
+        w = [initializers.xavier_uniform()(keys[i], (d, c), jnp.float32)
+             for i, (d, c) in enumerate(zip(dims, cols))]
     params = {n: {"W": wi} for n, wi in zip(("query", "key", "value"), w)}
     params["out"] = {"W": out_W_init(keys[3], (inner, out), jnp.float32)}
     if use_bias:
         for i, n in enumerate(("query", "key", "value")):
-            params[n]["b"] = b_init(keys[4 + i], (inner,), jnp.float32)
+            params[n]["b"] = b_init(keys[4 + i], (cols[i],), jnp.float32)
         params["out"]["b"] = b_init(keys[7], (out,), jnp.float32)
+    if add_bias_kv:
+        # torch's xavier_normal_ on (1, 1, E): fan_in = fan_out = E, so std sqrt(2 / 2E).
+        # Keys of their own: the draws above stay those of a layer without the option.
+        k_key, v_key = jax.random.split(jax.random.fold_in(rng, 8))
+        std = 1.0 / math.sqrt(kv_inner)
+        params["bias_k"] = std * jax.random.normal(k_key, (kv_inner,), jnp.float32)
+        params["bias_v"] = std * jax.random.normal(v_key, (kv_inner,), jnp.float32)
     return params
 
 
@@ -473,11 +640,11 @@ def _init_cache(name, cache_length, q_shape, num_heads, D):
             "index": jnp.zeros((), jnp.int32)}
 
 
-def _decode(name, q, k, v, state, mask, bias, drop, rng, train, rope, rope_base,
-            implementation):
-    """One decoding apply: write the new keys/values at ``index``, attend to the cache."""
+def _decode(name, q, k, v, params, state, mask, bias, drop, rng, train, rope, rope_base, how):
+    """One decoding apply: write the new keys/values at ``index``, attend to the cache
+    (and to torch's appended keys after it); ``((y, weights or None), new_state)``."""
     need_state(name, state, _CACHE_KEYS)
-    _check_cache_fits(name, q.shape, state)
+    _check_cache_fits(name, k.shape, state)
     t, H = q.shape[1], q.shape[2]
     index = state["index"]
     L = state["key"].shape[1]
@@ -497,17 +664,16 @@ def _decode(name, q, k, v, state, mask, bias, drop, rng, train, rope, rope_base,
     allowed = (jnp.arange(L)[None, :] <= (index + jnp.arange(t))[:, None])[None, None]
     if mask is not None:
         allowed = allowed & _check_mask(name, mask, (q.shape[0], H, t, L))
-    y = dot_product_attention(q, cache_k.astype(q.dtype), cache_v.astype(v.dtype),
-                              mask=allowed, bias=bias, dropout=drop, rng=rng, train=train,
-                              implementation=implementation)
+    y, weights = _attend(name, q, cache_k.astype(q.dtype), cache_v.astype(v.dtype), params,
+                         allowed, bias, False, drop, rng, train, how)
     y = jnp.where(index + t > L, jnp.nan, y)  # past the cache under jit: visible, not wrong
-    return y, {"key": cache_k, "value": cache_v, "index": index + t}
+    return (y, weights), {"key": cache_k, "value": cache_v, "index": index + t}
 
 
-def _check_cache_fits(name, q_shape, state):
-    """The cache was made for these queries: same batch size, heads and head dim (at trace
+def _check_cache_fits(name, k_shape, state):
+    """The cache was made for these keys: same batch size, heads and head dim (at trace
     time; a smaller batch would otherwise fill only the cache's first rows, silently)."""
-    B, _, H, D = q_shape
+    B, _, H, D = k_shape
     cache = tuple(jnp.shape(state["key"]))
     if len(cache) != 4:
         raise ValueError(f"{name}: the decoding cache's 'key' must be (batch, cache_length, "
@@ -528,15 +694,20 @@ def _is_split(W) -> bool:
     return any(e is not None for e in getattr(jax.typeof(W).sharding, "spec", ()))
 
 
-def _project_together(params, x, H, D):
+def _project_together(params, x, D):
     """Self-attention's three projections as one product with the weights side by side
     (nanoGPT's ``c_attn``): the same values as three products, one larger matrix product
     instead of three small ones."""
     names = ("query", "key", "value")
     W = jnp.concatenate([params[n]["W"] for n in names], axis=1)
     b = (jnp.concatenate([params[n]["b"] for n in names]) if "b" in params["query"] else None)
-    y = linear(x, W, b).reshape(x.shape[:-1] + (3, H, D))
-    return y[..., 0, :, :], y[..., 1, :, :], y[..., 2, :, :]
+    widths = [params[n]["W"].shape[1] for n in names]
+    y = linear(x, W, b)
+    if len(set(widths)) == 1:
+        y = y.reshape(x.shape[:-1] + (3, widths[0] // D, D))
+        return y[..., 0, :, :], y[..., 1, :, :], y[..., 2, :, :]
+    parts = jnp.split(y, np.cumsum(widths)[:-1].tolist(), axis=-1)  # grouped-query
+    return tuple(p.reshape(x.shape[:-1] + (w // D, D)) for p, w in zip(parts, widths))
 
 
 def cache_lengths(state) -> set:
@@ -588,8 +759,14 @@ def _split_shapes(name, input_shape):
                              f"shapes, got {len(input_shape)} shapes {input_shape}.")
     else:
         shapes = (input_shape,) * 3
-    return tuple(check_shape(name, s, rank=3, what=w)
-                 for s, w in zip(shapes, ("query", "key", "value")))
+    q_shape, k_shape, v_shape = (check_shape(name, s, rank=3, what=w)
+                                 for s, w in zip(shapes, ("query", "key", "value")))
+    for what, s in (("query", q_shape), ("key", k_shape), ("value", v_shape)):
+        check_known(name, s, [-1], f"{what} feature dimension")
+    if k_shape[:-1] != v_shape[:-1]:
+        raise ValueError(f"{name}: key and value must have the same batch and length, got "
+                         f"shapes {k_shape} and {v_shape}.")
+    return q_shape, k_shape, v_shape
 
 
 def _split_inputs(name, inputs):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
@@ -105,7 +107,8 @@ def linear(x, W, b=None):
     return out if b is None else out + b
 
 
-def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Layer:
+def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True, *,
+          in_dim: Optional[int] = None) -> Layer:
     """``y = x @ W + b`` over the last axis; ``W`` has shape ``(in_dim, out_dim)``.
 
     Defaults are PyTorch's ``nn.Linear`` init: ``W_init=initializers.torch_default()``
@@ -118,6 +121,11 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
         ``initializers.torch_default()``.
       b_init: the bias's initializer; None for ``initializers.torch_default_bias(in_dim)``.
       use_bias: False drops the bias (params ``{"W"}`` only).
+      in_dim: the number of input features this layer expects (PyTorch's ``in_features``,
+        Flax's ``in_features``), checked at ``init``; None (default): whatever arrives.
+        ``Dense`` infers its input size, so a layer before it that changes the shape
+        (a ``Conv`` padding VALID where the model you port pads SAME, a pool of another
+        stride) would otherwise change the model without an error.
 
     Returns:
       The layer, an ``(init, apply)`` pair: ``init(rng, input_shape)`` with
@@ -128,8 +136,9 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
     Raises:
       ArgumentError: ``out_dim`` not a positive int, or ``W_init``/``b_init`` not an
         initializer.
-      ValueError: at ``init``, an unknown (-1) feature size; at ``apply``, inputs whose
-        feature size is not the params' ``in_dim``.
+      ValueError: at ``init``, an unknown (-1) feature size or one other than the
+        ``in_dim`` given; at ``apply``, inputs whose feature size is not the params'
+        ``in_dim``.
       MismatchError: at ``apply``, params with a ``"b"`` for ``use_bias=False``, or
         without one for ``use_bias=True``; a ``W`` without ``out_dim`` columns or a ``b``
         not of shape ``(out_dim,)`` (params of another model or configuration).
@@ -146,11 +155,19 @@ def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True) -> Laye
     name = f"Dense({out_dim})"
     W_init = checks.initializer(name, "W_init", W_init) or initializers.torch_default()
     b_init = checks.initializer(name, "b_init", b_init)
+    expected = None if in_dim is None else checks.positive_int(name, "in_dim", in_dim)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=1)
         check_known(name, shape, [-1], "feature dimension")
         in_dim = shape[-1]
+        if expected is not None and in_dim != expected:
+            raise ValueError(
+                f"{name}: in_dim={expected} but the input has {in_dim} features (input shape "
+                f"{tuple(shape)}): the layers before this one make another shape than the model "
+                f"was written for. Check their padding and strides (funcnet's Conv pads VALID "
+                f"and pools stride by their window by default; Flax and Haiku pad SAME), or "
+                f"drop in_dim to take whatever arrives.")
         k1, k2 = jax.random.split(rng)
         params = {"W": W_init(k1, (in_dim, out_dim), jnp.float32)}
         if use_bias:

@@ -11,6 +11,8 @@ Parameter layout, for ``G`` gates (RNN 1, LSTM 4, GRU 3), ``F`` input features a
     params["W_hh"]  (H, G*H)  = torch weight_hh_l0.T
     params["b_ih"]  (G*H,)    = torch bias_ih_l0
     params["b_hh"]  (G*H,)    = torch bias_hh_l0       (both absent for bias=False)
+    params["W_hr"]  (H, P)    = torch weight_hr_l0.T   (LSTM(proj_size=P) only; W_hh
+                                                        is then (P, G*H))
 
 The gate blocks sit along the last axis in torch's order: LSTM ``i, f, g, o``,
 GRU ``r, z, n``. Every entry starts from ``U(-1/sqrt(H), 1/sqrt(H))``, as torch.
@@ -48,25 +50,19 @@ class _Cell(NamedTuple):
 
 def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers: int = 1,
                bidirectional: bool = False, dropout: float = 0.0,
-               return_state: bool = False, bias: bool = True) -> Layer:
+               return_state: bool = False, bias: bool = True, proj_size: int = 0) -> Layer:
     """Builds the layer: shared init, input checks and the ``lax.scan`` over time."""
-    hidden_size, num_layers, dropout = _checked_options(
-        cell, hidden_size, return_sequences, num_layers, bidirectional, dropout, return_state, bias)
-    name = f"{cell.kind}({hidden_size})"
-    H, G = hidden_size, cell.gates
+    hidden_size, num_layers, dropout, proj_size = _checked_options(
+        cell, hidden_size, return_sequences, num_layers, bidirectional, dropout, return_state,
+        bias, proj_size)
+    name = f"{cell.kind}({hidden_size}" + (f", proj_size={proj_size})" if proj_size else ")")
+    H = hidden_size
+    P = proj_size or H   # the size of h (each step's output), torch's proj_size when given
+    sizes = (P,) + (H,) * (cell.carry_size - 1)   # h's, then c's (LSTM) last axis
     dirs = 2 if bidirectional else 1
     flat = num_layers == 1 and not bidirectional   # the layout of a one-layer, one-way RNN
     keys = [f"l{k}" + ("_reverse" if d else "") for k in range(num_layers) for d in range(dirs)]
-    uniform = initializers.uniform_symmetric(1.0 / math.sqrt(H))
-
-    def init_one(rng, features):
-        k = jax.random.split(rng, 4)
-        p = {"W_ih": uniform(k[0], (features, G * H), jnp.float32),
-             "W_hh": uniform(k[1], (H, G * H), jnp.float32)}
-        if bias:
-            p["b_ih"] = uniform(k[2], (G * H,), jnp.float32)
-            p["b_hh"] = uniform(k[3], (G * H,), jnp.float32)
-        return p
+    init_one = _direction_init(cell.gates, H, proj_size, bias)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, rank=3, what="(batch, time, features)")
@@ -75,13 +71,13 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
             params = init_one(rng, shape[-1])
         else:
             rngs = jax.random.split(rng, len(keys))
-            params = {key: init_one(r, shape[-1] if key.startswith("l0") else dirs * H)
+            params = {key: init_one(r, shape[-1] if key.startswith("l0") else dirs * P)
                       for key, r in zip(keys, rngs)}
-        width = dirs * H
+        width = dirs * P
         out_shape = (shape[0], shape[1], width) if return_sequences else (shape[0], width)
         if return_state:
-            final = (num_layers * dirs, shape[0], H)
-            out_shape = (out_shape, (final,) * cell.carry_size if cell.carry_size > 1 else final)
+            final = tuple((num_layers * dirs, shape[0], s) for s in sizes)
+            out_shape = (out_shape, final if cell.carry_size > 1 else final[0])
         return out_shape, params, ()
 
     def apply(params, state, inputs, *, rng=None, train=False, initial_state=None,
@@ -92,7 +88,7 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
         if lengths is not None:
             lengths = _checked_lengths(name, lengths, N, T)
         carries = (None if initial_state is None else
-                   _initial_carries(name, initial_state, cell.carry_size, num_layers * dirs, N, H))
+                   _initial_carries(name, initial_state, sizes, num_layers * dirs, N))
         drop = dropout if train and num_layers > 1 else 0.0
         if drop:
             need_rng(name, rng)
@@ -103,7 +99,7 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
                 index = k * dirs + d
                 p = params if flat else params[keys[index]]
                 carry0 = None if carries is None else tuple(c[index] for c in carries)
-                hs, carry = _run_direction(cell, H, p, x, carry0, lengths, reverse=bool(d))
+                hs, carry = _run_direction(cell, sizes, p, x, carry0, lengths, reverse=bool(d))
                 outs.append(hs)
                 finals.append(carry)
             x = outs[0] if dirs == 1 else jnp.concatenate(outs, axis=-1)
@@ -125,8 +121,8 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
 
 
 def _checked_options(cell, hidden_size, return_sequences, num_layers, bidirectional, dropout,
-                     return_state, bias):
-    """The layer's arguments checked: ``(hidden_size, num_layers, dropout)``."""
+                     return_state, bias, proj_size=0):
+    """The layer's arguments checked: ``(hidden_size, num_layers, dropout, proj_size)``."""
     hidden_size = checks.positive_int(cell.kind, "hidden_size", hidden_size)
     for flag, value in (("return_sequences", return_sequences), ("bidirectional", bidirectional),
                         ("return_state", return_state), ("bias", bias)):
@@ -137,11 +133,40 @@ def _checked_options(cell, hidden_size, return_sequences, num_layers, bidirectio
     if dropout >= 1.0:
         raise checks.ArgumentError(f"{cell.kind}: dropout={dropout!r} must be in [0, 1): the "
                                    f"probability of zeroing each output of a layer but the last.")
-    return hidden_size, num_layers, dropout
+    proj_size = checks.non_negative_int(cell.kind, "proj_size", proj_size)
+    if proj_size >= hidden_size:
+        raise checks.ArgumentError(
+            f"{cell.kind}: proj_size={proj_size} has to be smaller than hidden_size="
+            f"{hidden_size} (as torch requires): the projection W_hr maps each step's "
+            f"{hidden_size} hidden units down to proj_size outputs. Give a proj_size below "
+            f"{hidden_size}, or 0 (the default) for no projection.")
+    return hidden_size, num_layers, dropout, proj_size
 
 
-def _run_direction(cell: _Cell, H: int, p, x, carry0, lengths, reverse):
-    """One direction of one layer over ``x`` (N, T, F): outputs (N, T, H), last carry."""
+def _direction_init(G: int, H: int, proj_size: int, bias: bool):
+    """``init_one(rng, features)``: one layer and direction's params, every entry from
+    torch's ``U(-1/sqrt(H), 1/sqrt(H))`` (``W_hr`` too, with a projection)."""
+    uniform = initializers.uniform_symmetric(1.0 / math.sqrt(H))
+
+    def init_one(rng, features):
+        k = jax.random.split(rng, 4)
+        p = {"W_ih": uniform(k[0], (features, G * H), jnp.float32),
+             "W_hh": uniform(k[1], (proj_size or H, G * H), jnp.float32)}
+        if bias:
+            p["b_ih"] = uniform(k[2], (G * H,), jnp.float32)
+            p["b_hh"] = uniform(k[3], (G * H,), jnp.float32)
+        if proj_size:
+            # fold_in, not a fifth split: the entries above keep the values they have
+            # without a projection
+            p["W_hr"] = uniform(jax.random.fold_in(rng, 4), (H, proj_size), jnp.float32)
+        return p
+
+    return init_one
+
+
+def _run_direction(cell: _Cell, sizes, p, x, carry0, lengths, reverse):
+    """One direction of one layer over ``x`` (N, T, F): outputs (N, T, sizes[0]), last
+    carry (its entries' last axes ``sizes``)."""
     T = x.shape[1]
     if reverse:
         x = _reverse_within(x, lengths)
@@ -149,7 +174,7 @@ def _run_direction(cell: _Cell, H: int, p, x, carry0, lengths, reverse):
     if carry0 is None:
         # zeros_like, not zeros: the carry must have the type the step gives it, i.e. the
         # input's batch sharding (Explicit mesh axes) and its varying axes (shard_map).
-        carry0 = (jnp.zeros_like(xp[:, 0, :H]),) * cell.carry_size
+        carry0 = tuple(jnp.zeros_like(xp[:, 0, :s]) for s in sizes)
     else:
         carry0 = tuple(c.astype(xp.dtype) for c in carry0)
     valid = None if lengths is None else (jnp.arange(T)[None, :] < lengths[:, None])
@@ -200,20 +225,26 @@ def _checked_lengths(name, lengths, N, T):
     return jnp.clip(lengths, 0, T)
 
 
-def _initial_carries(name, initial_state, carry_size, n, N, H):
-    """The given initial carries, each (num_layers * directions, N, H), checked."""
+def _initial_carries(name, initial_state, sizes, n, N):
+    """The given initial carries, each (num_layers * directions, N, size), checked."""
+    carry_size = len(sizes)
+    want = [(n, N, s) for s in sizes]
+    if len(set(sizes)) == 1:
+        shapes = f"shape {want[0]}"
+    else:  # LSTM(proj_size=P): h_0 has P features, c_0 H
+        shapes = f"shapes {want[0]} (h_0) and {want[1]} (c_0)"
     given = initial_state if carry_size > 1 else (initial_state,)
     if isinstance(given, list):  # [h_0, c_0], as torch's LSTM also takes it
         given = tuple(given)
     if not isinstance(given, tuple) or len(given) != carry_size:
         raise ValueError(f"{name}: initial_state must be "
-                         f"{'(h_0, c_0)' if carry_size > 1 else 'h_0'}, arrays of shape "
-                         f"{(n, N, H)} (layers x directions, batch, hidden), as torch's.")
-    for g in given:
-        if tuple(jnp.shape(g)) != (n, N, H):
-            raise ValueError(f"{name}: initial_state arrays must have shape {(n, N, H)} "
+                         f"{'(h_0, c_0)' if carry_size > 1 else 'h_0'}, arrays of {shapes} "
+                         f"(layers x directions, batch, hidden), as torch's.")
+    for g, w, what in zip(given, want, ("h_0", "c_0")):
+        if tuple(jnp.shape(g)) != w:
+            raise ValueError(f"{name}: initial_state arrays must have {shapes} "
                              f"(layers x directions, batch, hidden), as torch's; got "
-                             f"{tuple(jnp.shape(g))}.")
+                             f"{tuple(jnp.shape(g))} for {what}.")
     return tuple(jnp.asarray(g) for g in given)
 
 
@@ -310,7 +341,7 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
 
 def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
          bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False,
-         bias: bool = True) -> Layer:
+         bias: bool = True, proj_size: int = 0) -> Layer:
     """LSTM, as ``torch.nn.LSTM(F, hidden_size, batch_first=True)``::
 
         i, f, g, o = split(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh, 4)
@@ -340,6 +371,18 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
     ``bias=False`` (torch's) drops ``b_ih`` and ``b_hh`` everywhere: the equations
     above without their bias terms.
 
+    ``proj_size=P`` (``0 < P < H``; torch's ``proj_size``, an LSTM with projections,
+    Sak et al. 2014) projects each step's output down to ``P`` features::
+
+        h_t = (sigmoid(o) * tanh(c_t)) @ W_hr,            W_hr (H, P) = torch weight_hr_l0.T
+
+    with one ``W_hr`` per layer and direction (torch's ``weight_hr_l{k}[_reverse]``,
+    drawn from ``U(-1/sqrt(H), 1/sqrt(H))`` as every other entry). ``h`` then has ``P``
+    features everywhere ``H`` is written above for it: the outputs ``(N, T, D * P)``,
+    ``W_hh`` ``(P, 4 * H)``, the next layer's input ``D * P``, ``h_0``/``h_n``
+    ``(num_layers * D, N, P)``; the cell state ``c`` keeps ``H`` (``c_0``/``c_n``
+    ``(num_layers * D, N, H)``).
+
     Args:
       hidden_size: the number of hidden units ``H``, a positive int.
       return_sequences: True outputs ``h`` at every step, ``(N, T, D * H)``; False only
@@ -350,6 +393,8 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
         train mode, in ``[0, 1)``.
       return_state: True also outputs torch's final states ``(h_n, c_n)``.
       bias: False drops ``b_ih`` and ``b_hh``.
+      proj_size: ``P``, the size of ``h`` after the projection ``W_hr``, an int with
+        ``0 < P < H``; 0 (the default) for no projection.
 
     Returns:
       The layer, an ``(init, apply)`` pair: ``init(rng, (N, T, F))`` gives
@@ -362,8 +407,8 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
       the first layer).
 
     Raises:
-      ArgumentError: ``hidden_size`` or ``num_layers`` not a positive int, or
-        ``dropout`` outside ``[0, 1)``.
+      ArgumentError: ``hidden_size`` or ``num_layers`` not a positive int,
+        ``dropout`` outside ``[0, 1)``, or ``proj_size`` not an int in ``[0, H)``.
       ValueError: a flag that is not a bool; ``lengths`` of the wrong
         shape or dtype, or (outside ``jit``) outside ``[0, T]``; a badly shaped
         ``initial_state``.
@@ -376,16 +421,24 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
       >>> h, (h_n, c_n) = apply(params, state, jnp.ones((2, 5, 3)))[0]
       >>> h.shape, h_n.shape, c_n.shape  # h_n: (num_layers * directions, N, H)
       ((2, 4), (1, 2, 4), (1, 2, 4))
+      >>> init, apply = LSTM(4, proj_size=2, return_state=True)   # h: 2 features, c: 4
+      >>> _, params, state = init(jax.random.key(0), (-1, 5, 3))
+      >>> params["W_hh"].shape, params["W_hr"].shape
+      ((2, 16), (4, 2))
+      >>> y, (h_n, c_n) = apply(params, state, jnp.ones((2, 5, 3)))[0]
+      >>> y.shape, h_n.shape, c_n.shape
+      ((2, 5, 2), (1, 2, 2), (1, 2, 4))
     """
 
     def step(params, carry, xp):
         h, c = carry
         i, f, g, o = jnp.split(xp + _hidden(params, h), 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        return jax.nn.sigmoid(o) * jnp.tanh(c), c
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h @ params["W_hr"] if "W_hr" in params else h), c
 
     return _recurrent(_Cell("LSTM", 4, 2, step), hidden_size, return_sequences, num_layers,
-                      bidirectional, dropout, return_state, bias)
+                      bidirectional, dropout, return_state, bias, proj_size)
 
 
 def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,

@@ -41,7 +41,23 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
     ``b_init`` (every bias; nanoGPT's are zeros). ``dropout``
     applies to the attention weights and after both residual branches, as nanoGPT.
     ``causal``, ``rope``, ``cache_length`` (decoding) and ``implementation`` go to
-    :func:`MultiHeadAttention`.
+    :func:`MultiHeadAttention`, and so do ``mask`` and ``bias`` of ``apply(params,
+    state, inputs, *, rng=None, train=False, mask=None, bias=None)``: ``mask`` boolean,
+    True = may attend, broadcastable to ``(B, H, T, S)`` (a padding mask from
+    :func:`~funcnet.layers.padding_mask`, a general one, or both joined by ``&``),
+    ``bias`` an additive float mask, both on top of ``causal``.
+
+    torch: with ``activation=Gelu`` (default), ``torch.nn.TransformerEncoderLayer(E, H,
+    dim_feedforward=round(mlp_ratio * E), dropout=0.0, activation="gelu",
+    batch_first=True, norm_first=True)`` gives the same outputs and gradients for the
+    same weights (tests/test_layers_attention_options_torch.py). Its ``src_mask`` (a
+    boolean one, True = masked out) is ``mask=~src_mask`` here, its
+    ``src_key_padding_mask`` is ``mask=padding_mask(~src_key_padding_mask)`` (join
+    both with ``&``), a float ``src_mask`` is ``bias=``; its ``is_causal=True`` (with
+    ``src_mask`` the causal mask) is ``causal=True``, funcnet's default, and
+    ``causal=False`` is torch's default. torch drops out between the MLP's activation
+    and second product too (this block does not), so compare in eval mode or with
+    ``dropout=0``.
 
     ``policy`` (a :class:`funcnet.precision.Policy` or its string) is the precision of
     the matrix products, ``torch.autocast``'s rule: the attention (its projections, the
@@ -92,10 +108,12 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
         at ``init``, a bad ``dropout``, ``cache_length`` or flag (checked by the layers
         built there).
       TypeError: a ``norm`` that is not callable, or a ``policy`` that is not a
-        :class:`funcnet.precision.Policy` or a string.
+        :class:`funcnet.precision.Policy` or a string; at ``apply``, a non-boolean
+        ``mask`` or a boolean ``bias``.
       ValueError: a ``policy`` string :func:`funcnet.precision.parse_policy` cannot read;
         at ``init``, an input not of rank 3, an unknown ``E``, or one that ``num_heads``
-        does not divide.
+        does not divide; at ``apply``, a ``mask`` or ``bias`` that does not broadcast to
+        ``(B, H, T, S)``.
 
     Examples:
       >>> block = TransformerBlock(num_heads=2)
@@ -124,12 +142,14 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
     def mixed(layer: Layer) -> Layer:
         return layer if policy is None else apply_policy(layer, policy)
 
-    def build(E: int) -> Layer:
+    def build(E: int, mask=None, bias=None) -> Layer:
         hidden = int(round(mlp_ratio * E))
         attn = MultiHeadAttention(num_heads, use_bias=use_bias, dropout=dropout, causal=causal,
                                   rope=rope, cache_length=cache_length, W_init=W_init,
                                   b_init=b_init, out_W_init=out_W_init,
                                   implementation=implementation)
+        if mask is not None or bias is not None:
+            attn = _with_masks(attn, mask, bias)
         dense = dict(use_bias=use_bias, b_init=b_init)
         return serial(
             attn=Residual(serial(norm=norm(), attn=mixed(attn), drop=Dropout(dropout))),
@@ -142,9 +162,19 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
         check_known(name, shape, [-1], "model dimension")
         return build(shape[-1]).init(rng, shape)
 
-    def apply(params, state, inputs, *, rng=None, train=False):
+    def apply(params, state, inputs, *, rng=None, train=False, mask=None, bias=None):
         check_input(name, inputs, rank=3)
         E = inputs.shape[-1]
-        return build(E).apply(params, state, inputs, rng=rng, train=train)
+        return build(E, mask, bias).apply(params, state, inputs, rng=rng, train=train)
 
     return named(name, init, apply)
+
+
+def _with_masks(attn: Layer, mask, bias) -> Layer:
+    """``attn`` with ``mask``/``bias`` bound: ``serial`` passes only ``rng`` and ``train``
+    to its layers, and the block's params, state and rng splits stay those of the
+    unmasked block."""
+    def apply(params, state, inputs, *, rng=None, train=False):
+        return attn.apply(params, state, inputs, rng=rng, train=train, mask=mask, bias=bias)
+
+    return named(attn.name, attn.init, apply)

@@ -77,7 +77,7 @@ def orbax_round_trip(jax, ts, directory):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from funcnet.checkpoint_orbax import OrbaxCheckpointer
+    from funcnet.checkpoint import OrbaxCheckpointer
 
     mesh = distributed.data_mesh()
     rows = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)

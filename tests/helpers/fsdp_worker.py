@@ -22,7 +22,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import numpy as np  # noqa: E402
 
-from funcnet import distributed  # noqa: E402
+from funcnet import distributed, sharding  # noqa: E402
 
 EPOCHS, N, BATCH = 2, 64, 16   # 8 steps
 CKPT_EVERY, KILL_AT = 3, 5
@@ -63,10 +63,10 @@ def main():
 
     ts, loss_fn, opt, arrays = build(jax)
     mesh = distributed.data_mesh()  # 4 devices, 2 per process
-    rules = distributed.fsdp_rules("data", min_size=64)
+    rules = sharding.fsdp_rules("data", min_size=64)
 
     def train(directory, resume=False, extra=()):
-        sharded = distributed.shard_params(ts, mesh, rules)
+        sharded = sharding.shard_params(ts, mesh, rules)
         halves = [x for x in jax.tree.leaves(sharded.params) if not x.sharding.is_fully_replicated]
         assert halves and all(len(x.addressable_shards) == 2 for x in halves)
         data = DeviceData(arrays, BATCH, shuffle=True, rng=0)

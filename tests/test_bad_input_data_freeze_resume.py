@@ -381,7 +381,7 @@ def test_a_late_callback_failure_keeps_the_trained_state_on_the_exception():
 
 def test_orbax_refuses_other_shapes_and_a_second_run_in_one_directory(tmp_path):
     pytest.importorskip("orbax.checkpoint")
-    from funcnet.checkpoint_orbax import OrbaxCheckpointer
+    from funcnet.checkpoint import OrbaxCheckpointer
     tree = {"w": jnp.ones((2, 3)), "rng": jax.random.key(1), "n": np.int64(3)}
     first = OrbaxCheckpointer(tmp_path, keep=3, run_id="a", async_=False)
     second = OrbaxCheckpointer(tmp_path, keep=3, run_id="b", async_=False)  # sees no step yet
