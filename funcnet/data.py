@@ -2,10 +2,12 @@
 
 ``batches`` slices aligned numpy arrays into minibatches; with ``shuffle`` the
 order is a pure function of ``(rng, epoch)``, so a resumed run can rebuild the
-order of any epoch and skip the batches it already consumed::
+order of any epoch and skip the batches it already consumed:
 
-    for x, y in batches((images, labels), 128, shuffle=True, rng=seed, epoch=e, skip=k):
-        ...
+```
+for x, y in batches((images, labels), 128, shuffle=True, rng=seed, epoch=e, skip=k):
+    ...
+```
 
 ``prefetch_to_device`` keeps a few batches already on their way to the device
 (``jax.device_put`` is asynchronous), so the copy overlaps with compute.

@@ -507,13 +507,15 @@ class InFlight:
     is never idle waiting for the host, and never more than two executions meet
     at a rendezvous. Blocking on a step's outputs waits for that step and, since
     each step consumes the previous one's state, for every step before it.
-    ``funcnet.fit`` does this for its multi-device steps on CPU::
+    ``funcnet.fit`` does this for its multi-device steps on CPU:
 
-        in_flight = distributed.InFlight()          # 2 on CPU; no-op on GPU/TPU
-        for batch in batches:
-            ts, metrics = pstep(ts, distributed.shard(batch))
-            in_flight.add(metrics)
-        in_flight.wait()
+    ```
+    in_flight = distributed.InFlight()          # 2 on CPU; no-op on GPU/TPU
+    for batch in batches:
+        ts, metrics = pstep(ts, distributed.shard(batch))
+        in_flight.add(metrics)
+    in_flight.wait()
+    ```
 
     Args:
       max_in_flight: the bound, >= 1; None never blocks.

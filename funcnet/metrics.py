@@ -12,18 +12,22 @@ A metric is a :class:`Metric` NamedTuple of three pure functions:
 Because states are plain sums, partial states **add**: the tree-sum of states
 updated on disjoint batches equals the state updated on their concatenation.
 That is what :func:`merge` uses under ``pmap`` (:func:`ROCAUC`, whose state is a buffer
-of scores, is the one exception: see its docstring)::
+of scores, is the one exception: see its docstring):
 
-    def eval_step(params, state, x, y):
-        logits = apply(params, x)
-        mstate = metric.update(metric.init(), logits, y)
-        return metrics.merge(mstate, "batch")        # inside pmap, before compute
+```
+def eval_step(params, state, x, y):
+    logits = apply(params, x)
+    mstate = metric.update(metric.init(), logits, y)
+    return metrics.merge(mstate, "batch")        # inside pmap, before compute
+```
 
-Several metrics are combined with :func:`collection` (MXNet's CompositeEvalMetric)::
+Several metrics are combined with :func:`collection` (MXNet's CompositeEvalMetric):
 
-    metric = metrics.collection(acc=metrics.Accuracy(), center=metrics.Mean())
-    s = metric.update(metric.init(), acc=(logits, labels), center=(center_loss_value,))
-    metric.compute(s)   # {"acc": ..., "center": ...}
+```
+metric = metrics.collection(acc=metrics.Accuracy(), center=metrics.Mean())
+s = metric.update(metric.init(), acc=(logits, labels), center=(center_loss_value,))
+metric.compute(s)   # {"acc": ..., "center": ...}
+```
 
 Unlike MXNet's per-batch averages, MSE/MAE/RMSE average over elements, so results
 do not depend on how the data were split into batches.
@@ -518,9 +522,11 @@ def ROCAUC(capacity=None) -> Metric:
     ``update(state, scores, labels, mask=None)``: ``scores`` (higher means class 1:
     a probability, a logit, any real score) and ``labels`` (0/1 ints or bools) of
     the same shape; ``mask`` (broadcast to ``labels``; non-zero = counted) leaves
-    out e.g. padding, and so are labels other than 0 and 1. ``compute`` gives::
+    out e.g. padding, and so are labels other than 0 and 1. ``compute`` gives:
 
-        AUC = (#{(p, q): s_p > s_q} + 0.5 * #{(p, q): s_p == s_q}) / (P * Q)
+    ```
+    AUC = (#{(p, q): s_p > s_q} + 0.5 * #{(p, q): s_p == s_q}) / (P * Q)
+    ```
 
     over the pairs of a positive ``p`` and a negative ``q`` (P and Q of them): the
     probability that a random positive outscores a random negative, ties counting

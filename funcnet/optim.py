@@ -1,12 +1,14 @@
 """Optimizers: optax transformations that follow PyTorch's recipes step for step.
 
 Every constructor returns an :class:`optax.GradientTransformation`, so the usual
-optax loop applies::
+optax loop applies:
 
-    opt = funcnet.optim.sgd(0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    opt_state = opt.init(params)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+```
+opt = funcnet.optim.sgd(0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+opt_state = opt.init(params)
+updates, opt_state = opt.update(grads, opt_state, params)
+params = optax.apply_updates(params, updates)
+```
 
 ``learning_rate`` may be a number or an optax schedule (a callable of the update
 count, which is 0 for the first update). That matches a PyTorch LR scheduler
@@ -82,11 +84,13 @@ def torch_momentum(momentum: float, dampening: float = 0.0,
                    nesterov: bool = False) -> optax.GradientTransformation:
     """Heavy-ball momentum exactly as ``torch.optim.SGD`` applies it.
 
-    With ``g`` the incoming update and ``b`` the buffer::
+    With ``g`` the incoming update and ``b`` the buffer:
 
-        b_1 = g_1                                   (first step: no dampening)
-        b_t = momentum * b_{t-1} + (1 - dampening) * g_t
-        out = g_t + momentum * b_t   if nesterov else   b_t
+    ```
+    b_1 = g_1                                   (first step: no dampening)
+    b_t = momentum * b_{t-1} + (1 - dampening) * g_t
+    out = g_t + momentum * b_t   if nesterov else   b_t
+    ```
 
     ``optax.trace`` differs on the first step when ``dampening != 0`` (it would
     give ``(1 - dampening) * g_1``) and has no dampening. When ``momentum`` is an
@@ -144,13 +148,15 @@ def sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.0,
     """Stochastic gradient descent with the trajectory of ``torch.optim.SGD``.
 
     Per parameter ``p`` with gradient ``g`` at update ``t`` (``lr_t`` from the
-    schedule when ``learning_rate`` is callable)::
+    schedule when ``learning_rate`` is callable):
 
-        g = g + weight_decay * p                    (L2, before momentum)
-        b = g                                       (t = 0)
-        b = momentum * b + (1 - dampening) * g      (t > 0)
-        g = g + momentum * b  if nesterov  else  b  (only when momentum != 0)
-        p = p - lr_t * g
+    ```
+    g = g + weight_decay * p                    (L2, before momentum)
+    b = g                                       (t = 0)
+    b = momentum * b + (1 - dampening) * g      (t > 0)
+    g = g + momentum * b  if nesterov  else  b  (only when momentum != 0)
+    p = p - lr_t * g
+    ```
 
     The learning rate multiplies the whole buffer (PyTorch), so changing it
     with a schedule does not rescale past gradients stored in the buffer.
@@ -211,12 +217,14 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
          eps: float = 1e-8, weight_decay: float = 0.0) -> optax.GradientTransformation:
     """Adam with the semantics of ``torch.optim.Adam`` (L2 weight decay, not AdamW).
 
-    Per parameter, at update ``t = 1, 2, ...``::
+    Per parameter, at update ``t = 1, 2, ...``:
 
-        g = g + weight_decay * p                    (L2 on the gradient)
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g**2
-        p = p - lr_t / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+    ```
+    g = g + weight_decay * p                    (L2 on the gradient)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g**2
+    p = p - lr_t / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+    ```
 
     ``eps`` is added to the bias-corrected ``sqrt(v_hat)``, which is where both
     PyTorch and ``optax.scale_by_adam`` (with ``eps_root=0``) put it. The chain
@@ -339,10 +347,12 @@ def _langevin(z: jax.Array) -> jax.Array:
 
 def scale_by_torch_adagrad(initial_accumulator_value: float = 0.0,
                            eps: float = 1e-10) -> optax.GradientTransformation:
-    """Adagrad's scaling as ``torch.optim.Adagrad`` computes it (``eps`` outside the root)::
+    """Adagrad's scaling as ``torch.optim.Adagrad`` computes it (``eps`` outside the root):
 
-        s = s + g**2                  (s starts at initial_accumulator_value)
-        out = g / (sqrt(s) + eps)
+    ```
+    s = s + g**2                  (s starts at initial_accumulator_value)
+    out = g / (sqrt(s) + eps)
+    ```
 
     ``optax.scale_by_rss`` computes ``g / sqrt(s + eps)`` (``eps`` inside the root,
     and 0 where ``s == 0``), so it cannot give torch's trajectory; the state is
@@ -403,10 +413,12 @@ def _adam_state_init(params) -> optax.ScaleByAdamState:
 
 def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999,
                         eps: float = 1e-8) -> optax.GradientTransformation:
-    """Adam's scaling as ``torch.optim.Adam`` computes it. At update ``t = 1, 2, ...``::
+    """Adam's scaling as ``torch.optim.Adam`` computes it. At update ``t = 1, 2, ...``:
 
-        m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g**2
-        out = m / (1 - b1**t) / (sqrt(v) / sqrt(1 - b2**t) + eps)
+    ```
+    m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g**2
+    out = m / (1 - b1**t) / (sqrt(v) / sqrt(1 - b2**t) + eps)
+    ```
 
     ``optax.scale_by_adam(eps_root=0)`` is the same formula, but it computes
     ``1 - b**t`` in the parameters' dtype, which in float32 keeps only a few
@@ -449,14 +461,16 @@ def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999,
 
 def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
                          eps: float = 1e-8) -> optax.GradientTransformation:
-    """RAdam's scaling as ``torch.optim.RAdam`` computes it. At update ``t = 1, 2, ...``::
+    """RAdam's scaling as ``torch.optim.RAdam`` computes it. At update ``t = 1, 2, ...``:
 
-        m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g**2
-        m_hat = m / (1 - b1**t)
-        rho_inf = 2 / (1 - b2) - 1 ;  rho_t = rho_inf - 2 t b2**t / (1 - b2**t)
-        out = m_hat * r_t * sqrt(1 - b2**t) / (sqrt(v) + eps)   if rho_t > 5
-        out = m_hat                                             otherwise
-        r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))
+    ```
+    m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g**2
+    m_hat = m / (1 - b1**t)
+    rho_inf = 2 / (1 - b2) - 1 ;  rho_t = rho_inf - 2 t b2**t / (1 - b2**t)
+    out = m_hat * r_t * sqrt(1 - b2**t) / (sqrt(v) + eps)   if rho_t > 5
+    out = m_hat                                             otherwise
+    r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))
+    ```
 
     ``optax.scale_by_radam`` differs in two places: it adds ``eps`` to the
     bias-corrected ``sqrt(v / (1 - b2**t))`` (torch adds it to ``sqrt(v)`` before
@@ -507,14 +521,16 @@ def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: flo
             centered: bool = False) -> optax.GradientTransformation:
     """RMSprop with the trajectory of ``torch.optim.RMSprop``.
 
-    Per parameter (``v``, ``gbar`` and ``b`` start at zero)::
+    Per parameter (``v``, ``gbar`` and ``b`` start at zero):
 
-        g = g + weight_decay * p                    (L2, coupled)
-        v = alpha * v + (1 - alpha) * g**2
-        gbar = alpha * gbar + (1 - alpha) * g       (only when centered)
-        d = sqrt(v - gbar**2) + eps  if centered  else  sqrt(v) + eps
-        b = momentum * b + g / d ;  p = p - lr_t * b    (momentum > 0)
-        p = p - lr_t * g / d                            (momentum == 0)
+    ```
+    g = g + weight_decay * p                    (L2, coupled)
+    v = alpha * v + (1 - alpha) * g**2
+    gbar = alpha * gbar + (1 - alpha) * g       (only when centered)
+    d = sqrt(v - gbar**2) + eps  if centered  else  sqrt(v) + eps
+    b = momentum * b + g / d ;  p = p - lr_t * b    (momentum > 0)
+    p = p - lr_t * g / d                            (momentum == 0)
+    ```
 
     Built as ``add_decayed_weights -> scale_by_rms / scale_by_stddev
     (eps_in_sqrt=False) -> trace(momentum) -> scale_by_learning_rate``. Unlike
@@ -570,12 +586,14 @@ def adagrad(learning_rate: optax.ScalarOrSchedule, lr_decay: float = 0.0,
     """Adagrad with the trajectory of ``torch.optim.Adagrad``.
 
     Per parameter at update ``t = 1, 2, ...`` (``s`` starts at
-    ``initial_accumulator_value``)::
+    ``initial_accumulator_value``):
 
-        g = g + weight_decay * p                    (L2, coupled)
-        clr = lr_t / (1 + (t - 1) * lr_decay)
-        s = s + g**2
-        p = p - clr * g / (sqrt(s) + eps)
+    ```
+    g = g + weight_decay * p                    (L2, coupled)
+    clr = lr_t / (1 + (t - 1) * lr_decay)
+    s = s + g**2
+    p = p - clr * g / (sqrt(s) + eps)
+    ```
 
     A schedule gives ``lr_t`` (as a torch LR scheduler changes ``lr``) and
     ``lr_decay`` still divides it. Unlike ``optax.adagrad``: ``eps`` is outside
@@ -626,12 +644,14 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
           mask=None) -> optax.GradientTransformation:
     """AdamW with the trajectory of ``torch.optim.AdamW`` (decoupled weight decay).
 
-    Per parameter at update ``t = 1, 2, ...``::
+    Per parameter at update ``t = 1, 2, ...``:
 
-        p = p - lr_t * weight_decay * p             (decoupled, before the Adam step)
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g**2
-        p = p - lr_t / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+    ```
+    p = p - lr_t * weight_decay * p             (decoupled, before the Adam step)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g**2
+    p = p - lr_t / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+    ```
 
     The Adam step does not read ``p``, so decaying first (torch) equals adding
     ``weight_decay * p`` to the Adam direction before the learning rate, which
@@ -732,13 +752,15 @@ def adadelta(learning_rate: optax.ScalarOrSchedule = 1.0, rho: float = 0.9, eps:
              weight_decay: float = 0.0) -> optax.GradientTransformation:
     """Adadelta with the trajectory of ``torch.optim.Adadelta``.
 
-    Per parameter (``v`` and ``u`` start at zero)::
+    Per parameter (``v`` and ``u`` start at zero):
 
-        g = g + weight_decay * p                    (L2, coupled)
-        v = rho * v + (1 - rho) * g**2
-        d = sqrt(u + eps) / sqrt(v + eps) * g
-        u = rho * u + (1 - rho) * d**2
-        p = p - lr_t * d
+    ```
+    g = g + weight_decay * p                    (L2, coupled)
+    v = rho * v + (1 - rho) * g**2
+    d = sqrt(u + eps) / sqrt(v + eps) * g
+    u = rho * u + (1 - rho) * d**2
+    p = p - lr_t * d
+    ```
 
     ``optax.scale_by_adadelta`` is this formula (``u`` accumulates the step
     before the learning rate, as in torch), so the recipe is

@@ -147,12 +147,14 @@ def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float 
     Forward: ``out = softmax(data)`` along the class axis.
 
     Backward for integer labels, with ``k = trunc(label)`` (labels outside
-    ``[0, C)`` hit no class) and ``t`` the target distribution::
+    ``[0, C)`` hit no class) and ``t`` the target distribution:
 
-        t_c  = 1[c == k]                                   (smooth_alpha == 0)
-        t_c  = 1 - alpha if c == k else alpha / (C - 1)    (label smoothing)
-        grad = (out - t) * grad_scale / norm
-        grad = 0 on every position with k == trunc(ignore_label)   if use_ignore
+    ```
+    t_c  = 1[c == k]                                   (smooth_alpha == 0)
+    t_c  = 1 - alpha if c == k else alpha / (C - 1)    (label smoothing)
+    grad = (out - t) * grad_scale / norm
+    grad = 0 on every position with k == trunc(ignore_label)   if use_ignore
+    ```
 
     ``norm`` (``L`` = number of labels, ``valid = max(1, #{k != trunc(ignore_label)})``;
     ``valid`` counts ignore_label even when ``use_ignore`` is False, as MXNet does):
@@ -476,15 +478,19 @@ def svm_output(data, label, *, margin: float = 1.0, regularization_coefficient: 
     ``out = data``. Per score ``o`` (no ``grad_scale``, no normalization):
 
     * L2-SVM (default), loss ``r * sum(max(0, m - y*o)**2)`` with ``y = +1`` for the
-      label class and ``-1`` elsewhere::
+      label class and ``-1`` elsewhere:
 
-          label class:  grad = -2 r (m - o)   if m > o   else 0
-          other class:  grad = +2 r (m + o)   if m > -o  else 0
+      ```
+      label class:  grad = -2 r (m - o)   if m > o   else 0
+      other class:  grad = +2 r (m + o)   if m > -o  else 0
+      ```
 
-    * L1-SVM (``use_linear=True``), loss ``r * sum(max(0, m - y*o))``::
+    * L1-SVM (``use_linear=True``), loss ``r * sum(max(0, m - y*o))``:
 
-          label class:  grad = -r   if m > o   else 0
-          other class:  grad = +r   if m > -o  else 0
+    ```
+    label class:  grad = -r   if m > o   else 0
+    other class:  grad = +r   if m > -o  else 0
+    ```
 
     Labels outside ``[0, C)`` make every score an "other class" score. ``label`` gets
     a zero gradient; the incoming cotangent is ignored.

@@ -110,9 +110,11 @@ def fsdp(axis: str = "data", min_size: int = 2 ** 14) -> Callable:
 def fsdp_rules(axis: str = "data", min_size: int = 2 ** 14) -> List[Tuple[str, Spec]]:
     """ZeRO-3 / FSDP as rules: every leaf through :func:`fsdp` (``[(".*", fsdp(...))]``).
 
-    Put your own rules before these to give some leaves another layout::
+    Put your own rules before these to give some leaves another layout:
 
-        rules = [("pos/E", P())] + fsdp_rules("data")
+    ```
+    rules = [("pos/E", P())] + fsdp_rules("data")
+    ```
 
     Args:
       axis: the mesh axis to split over.

@@ -7,9 +7,11 @@ it does can be written by hand with the step, and the examples show both.
 
 The loss function
 -----------------
-One convention::
+One convention:
 
-    loss_fn(params, state, batch, rng, loss_state) -> (loss, Aux(state=..., loss_state=..., metrics={...}))
+```
+loss_fn(params, state, batch, rng, loss_state) -> (loss, Aux(state=..., loss_state=..., metrics={...}))
+```
 
 ``state`` is the layer state (e.g. BatchNorm statistics), ``loss_state`` the state
 the loss keeps (e.g. center-loss centers; ``()`` when there is none), and the
@@ -222,10 +224,12 @@ def _unknown_fields_message(unknown, fields) -> str:
 class EMA(NamedTuple):
     """An exponential moving average of the params, PyTorch's
     ``AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))`` updated after
-    every optimizer step::
+    every optimizer step:
 
-        count == 0:  ema = params                      (the first update copies)
-        otherwise:   ema = ema + (1 - decay) * (params - ema)
+    ```
+    count == 0:  ema = params                      (the first update copies)
+    otherwise:   ema = ema + (1 - decay) * (params - ema)
+    ```
 
     That is ``make_train_step(..., ema_start="first_update")``, the default. Where the
     average starts is the one thing the common EMAs differ in; ``ema_start`` picks it

@@ -122,3 +122,23 @@ def test_readme_links_resolve():
     for link in links:
         if "://" not in link:
             assert os.path.exists(os.path.join(ROOT, link)), f"README links to missing {link}"
+
+
+def test_docstrings_use_markdown_code_blocks_not_rst_literal_blocks():
+    """The API reference renders docstrings as Markdown: a reStructuredText literal block
+    (a line ending in ``::``, then an indented block) shows there as a stray ``::`` and
+    a paragraph. Code and formulas go in fenced blocks."""
+    import ast
+
+    bad = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "funcnet", "**", "*.py"), recursive=True)):
+        tree = ast.parse(open(path).read())
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                     ast.AsyncFunctionDef)):
+                continue
+            for line in (ast.get_docstring(node, clean=False) or "").splitlines():
+                if line.rstrip().endswith("::") and not line.lstrip().startswith((">>>", "...")):
+                    where = getattr(node, "name", "module")
+                    bad.append(f"{os.path.relpath(path, ROOT)}:{where}: {line.strip()}")
+    assert bad == [], "reStructuredText literal blocks in docstrings:\n" + "\n".join(bad)

@@ -1,10 +1,12 @@
 """Checkpoints: save and restore a training-state pytree, atomically.
 
-A directory holds one file per step, ``ckpt-<step>.npz``::
+A directory holds one file per step, ``ckpt-<step>.npz``:
 
-    checkpoint.save("runs/mnist", state, step, keep=3, run_id=rid)  # this run's 3 newest stay
-    state = checkpoint.restore("runs/mnist", target=state)  # latest step, validated
-    checkpoint.latest_step("runs/mnist", finite_only=True), checkpoint.all_steps("runs/mnist")
+```
+checkpoint.save("runs/mnist", state, step, keep=3, run_id=rid)  # this run's 3 newest stay
+state = checkpoint.restore("runs/mnist", target=state)  # latest step, validated
+checkpoint.latest_step("runs/mnist", finite_only=True), checkpoint.all_steps("runs/mnist")
+```
 
 Safety: every header records the run that wrote it (``run_id``) and whether its
 float values were finite (``finite``). A directory belongs to the run of its

@@ -1,13 +1,15 @@
 """Checkpoints at scale: an orbax-checkpoint backend behind :class:`funcnet.checkpoint.Checkpointer`.
 
 Use it when the train state is sharded (over devices, or over processes in a
-multi-process run) or large enough that a step should not wait for the write::
+multi-process run) or large enough that a step should not wait for the write:
 
-    from funcnet.checkpoint import OrbaxCheckpointer
-    ckptr = OrbaxCheckpointer("runs/big", keep=3)        # async by default
-    ckptr.save(step, train_state)       # returns once the arrays are copied off the device
-    ...                                 # training goes on while the files are written
-    ckptr.wait()                        # or close() at the end
+```
+from funcnet.checkpoint import OrbaxCheckpointer
+ckptr = OrbaxCheckpointer("runs/big", keep=3)        # async by default
+ckptr.save(step, train_state)       # returns once the arrays are copied off the device
+...                                 # training goes on while the files are written
+ckptr.wait()                        # or close() at the end
+```
 
 Every process calls ``save``; each writes only the shards it holds (nothing is
 gathered to one host), and orbax commits a step by renaming its temporary

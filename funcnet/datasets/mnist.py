@@ -1,12 +1,14 @@
 """MNIST: the four idx files, found, checked and (when allowed) downloaded.
 
-``load(split)`` finds the four idx files (gzip or raw) in this order::
+``load(split)`` finds the four idx files (gzip or raw) in this order:
 
-    1. the ``data_dir`` argument          (the directory itself, then data_dir/mnist)
-    2. ``$FUNCNET_DATA_DIR``              (the directory itself, then .../mnist)
-    3. the repository's ``data/mnist/``   (shipped with the source checkout)
-    4. the user cache                     ($XDG_CACHE_HOME/funcnet/mnist or ~/.cache/funcnet/mnist)
-    5. a download from the public mirrors into the user cache
+```
+1. the ``data_dir`` argument          (the directory itself, then data_dir/mnist)
+2. ``$FUNCNET_DATA_DIR``              (the directory itself, then .../mnist)
+3. the repository's ``data/mnist/``   (shipped with the source checkout)
+4. the user cache                     ($XDG_CACHE_HOME/funcnet/mnist or ~/.cache/funcnet/mnist)
+5. a download from the public mirrors into the user cache
+```
 
 The first directory that holds both files of a split wins (images and labels
 never come from different places). Every file's *uncompressed* content is

@@ -9,13 +9,15 @@ the transpose of the patch extraction (the documentation's performance page,
 ``funcnet.layers.Conv`` uses this formulation for such layers on CPU.
 
 For a channels-last input ``x`` of shape ``(N, *spatial, C)`` and a kernel
-``W`` of shape ``(*window, C, O)``, with ``K = prod(window)`` kernel offsets::
+``W`` of shape ``(*window, C, O)``, with ``K = prod(window)`` kernel offsets:
 
-    y               = lax.conv_general_dilated(x, W)      (XLA's forward: fastest here)
-    Q[k, n, p, c]   = x_padded[n, p * s + k * d, c]       (the patches, kernel offset major)
-    dW[k, c, o]     = sum_{n, p} Q[k, n, p, c] * dy[n, p, o]   (one matmul, K*C x M x O)
-    P[n, p, (k, c)] = Q[k, n, p, c]                       (the same patches, example major)
-    dx              = (the transpose of the patch extraction P)(dy W^T)
+```
+y               = lax.conv_general_dilated(x, W)      (XLA's forward: fastest here)
+Q[k, n, p, c]   = x_padded[n, p * s + k * d, c]       (the patches, kernel offset major)
+dW[k, c, o]     = sum_{n, p} Q[k, n, p, c] * dy[n, p, o]   (one matmul, K*C x M x O)
+P[n, p, (k, c)] = Q[k, n, p, c]                       (the same patches, example major)
+dx              = (the transpose of the patch extraction P)(dy W^T)
+```
 
 The forward used to be ``P @ W`` too; on jaxlib 0.10 (where XLA:CPU runs
 convolutions and dots through YNNPACK) XLA's forward convolution is about 4x

@@ -295,11 +295,13 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
     Inputs: ``x`` (self-attention, ``(B, T, E)``), ``(q, kv)`` or ``(q, k, v)``
     (cross-attention; ``k``/``v`` ``(B, S, kdim)``/``(B, S, vdim)``, torch's
     ``kdim``/``vdim``). With ``H = num_heads`` and ``D = head_dim`` (default
-    ``E // H``)::
+    ``E // H``):
 
-        Q = q W_q + b_q,  K = k W_k + b_k,  V = v W_v + b_v      (split into H heads of D)
-        head_h = softmax(Q_h K_h^T / sqrt(D) + mask) V_h
-        y = concat_h(head_h) W_out + b_out                       (B, T, out_dim)
+    ```
+    Q = q W_q + b_q,  K = k W_k + b_k,  V = v W_v + b_v      (split into H heads of D)
+    head_h = softmax(Q_h K_h^T / sqrt(D) + mask) V_h
+    y = concat_h(head_h) W_out + b_out                       (B, T, out_dim)
+    ```
 
     ``out_dim`` defaults to ``E``. params ``{"query", "key", "value", "out"}``, each
     ``{"W": (in, out), "b": (out,)}`` like :func:`~funcnet.layers.Dense` (``use_bias=False``

@@ -16,9 +16,11 @@ def Dropout(rate: float) -> Layer:
     """Inverted dropout, as ``torch.nn.Dropout(p=rate)`` and ``flax.linen.Dropout``.
 
     With ``train=True`` every element is kept independently with probability
-    ``1 - rate`` and the kept ones are multiplied by ``1 / (1 - rate)``::
+    ``1 - rate`` and the kept ones are multiplied by ``1 / (1 - rate)``:
 
-        y = where(mask, x * (1 / (1 - rate)), 0),   mask ~ Bernoulli(1 - rate)
+    ```
+    y = where(mask, x * (1 / (1 - rate)), 0),   mask ~ Bernoulli(1 - rate)
+    ```
 
     so ``E[y] = x`` and nothing needs rescaling at evaluation time: ``train=False``
     is the identity. The mask comes from the ``rng`` passed to ``apply``; train mode
@@ -74,10 +76,12 @@ def SpatialDropout(rate: float) -> Layer:
     On channels-last inputs ``(N, *spatial, C)`` (1 to 3 spatial axes, e.g. the
     ``(N, H, W, C)`` output of a ``Conv``), ``train=True`` keeps or drops each
     channel of each example as a whole: one draw per ``(n, c)``, shared by every
-    spatial position::
+    spatial position:
 
-        y[n, ..., c] = where(mask[n, c], x[n, ..., c] * (1 / (1 - rate)), 0),
-        mask ~ Bernoulli(1 - rate)
+    ```
+    y[n, ..., c] = where(mask[n, c], x[n, ..., c] * (1 / (1 - rate)), 0),
+    mask ~ Bernoulli(1 - rate)
+    ```
 
     Neighbouring positions of a feature map are strongly correlated, so dropping
     single elements (:func:`Dropout`) regularises them little; dropping whole

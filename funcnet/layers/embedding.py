@@ -49,10 +49,12 @@ def embedding_renorm(params, ids, max_norm: float, norm_type: float = 2.0):
     returns the renormalised rows but cannot change its params. To follow torch's
     training exactly, renormalise the params with this function before each step's
     forward pass (the lookup then returns the rows unchanged) and apply the optimizer's
-    update to the result, as torch's optimizer updates the renormalised weight::
+    update to the result, as torch's optimizer updates the renormalised weight:
 
-        params["embed"] = embedding_renorm(params["embed"], ids, max_norm=1.0)
-        loss, grads = jax.value_and_grad(loss_fn)(params, ids)
+    ```
+    params["embed"] = embedding_renorm(params["embed"], ids, max_norm=1.0)
+    loss, grads = jax.value_and_grad(loss_fn)(params, ids)
+    ```
 
     Ids outside ``[0, vocab_size)`` are ignored here.
 
@@ -252,10 +254,10 @@ def _check_concrete_ids(layer: str, ids, n: int) -> None:
 def TiedEmbedding(vocab_size: int, dim: int, body=None, E_init=None) -> Layer:
     """Token embedding, ``body``, and an output head that reuses the embedding table.
 
-    ::
-
-        h = body(E[ids])              ids: integers S -> h: S + (dim,)
-        logits = h @ E^T              -> S + (vocab_size,)
+    ```
+    h = body(E[ids])              ids: integers S -> h: S + (dim,)
+    logits = h @ E^T              -> S + (vocab_size,)
+    ```
 
     One parameter used in two places (weight tying, Press & Wolf 2017; nanoGPT sets
     ``transformer.wte.weight = lm_head.weight``): params are ``{"E": (vocab_size, dim),

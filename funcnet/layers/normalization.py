@@ -127,12 +127,14 @@ def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 
     ``torch.nn.BatchNorm1d/2d/3d``.
 
     ``train=True`` normalises with the statistics of the batch, over the ``n`` values
-    per feature (all axes but ``axis``, and every device's with ``axis_name``)::
+    per feature (all axes but ``axis``, and every device's with ``axis_name``):
 
-        mean = E[x],  var = E[(x - mean)^2]          (biased: the one used to normalise)
-        y    = (x - mean) / sqrt(var + epsilon) * scale + bias
-        running_mean <- momentum * running_mean + (1 - momentum) * mean
-        running_var  <- momentum * running_var  + (1 - momentum) * var * n / (n - 1)
+    ```
+    mean = E[x],  var = E[(x - mean)^2]          (biased: the one used to normalise)
+    y    = (x - mean) / sqrt(var + epsilon) * scale + bias
+    running_mean <- momentum * running_mean + (1 - momentum) * mean
+    running_var  <- momentum * running_var  + (1 - momentum) * var * n / (n - 1)
+    ```
 
     and returns the updated running statistics as the new state. ``train=False``
     normalises with the running statistics and returns the state unchanged.
@@ -315,10 +317,12 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
 
     Input ``(N, *spatial, C)`` with the channels on ``axis`` (-1, channels-last, the
     default; ``axis=1`` for torch's ``(N, C, *spatial)``) and at least one spatial
-    axis::
+    axis:
 
-        mean = E[x],  var = E[(x - mean)^2]     (biased, over the spatial axes)
-        y    = (x - mean) / sqrt(var + epsilon) * scale + bias
+    ```
+    mean = E[x],  var = E[(x - mean)^2]     (biased, over the spatial axes)
+    y    = (x - mean) / sqrt(var + epsilon) * scale + bias
+    ```
 
     torch's defaults: ``affine=False`` (``True`` adds params ``{"scale", "bias"}`` of
     shape ``(C,)``, ones and zeros: torch's ``weight``/``bias``) and
@@ -444,10 +448,10 @@ def LayerNorm(axis=-1, epsilon: float = 1e-5, center: Optional[bool] = None, sca
               use_bias: Optional[bool] = None) -> Layer:
     """Layer normalization, as ``torch.nn.LayerNorm``: per example, over ``axis``.
 
-    ::
-
-        mean = E[x],  var = E[(x - mean)^2]          (biased, over `axis`)
-        y    = (x - mean) / sqrt(var + epsilon) * scale + bias
+    ```
+    mean = E[x],  var = E[(x - mean)^2]          (biased, over `axis`)
+    y    = (x - mean) / sqrt(var + epsilon) * scale + bias
+    ```
 
     ``axis`` is an int or a tuple of ints. ``torch.nn.LayerNorm(normalized_shape)``
     normalises the last ``len(normalized_shape)`` axes: that is ``axis=-1`` (the
@@ -538,9 +542,9 @@ def LayerNorm(axis=-1, epsilon: float = 1e-5, center: Optional[bool] = None, sca
 def RMSNorm(axis=-1, epsilon: Optional[float] = None, scale: bool = True) -> Layer:
     """Root-mean-square normalization, as ``torch.nn.RMSNorm``: per example, over ``axis``.
 
-    ::
-
-        y = x / sqrt(E[x^2] + epsilon) * scale           (the mean over `axis`)
+    ```
+    y = x / sqrt(E[x^2] + epsilon) * scale           (the mean over `axis`)
+    ```
 
     ``epsilon=None`` is torch's default: the machine epsilon of the dtype the statistics
     are computed in, at least float32 -- ``finfo(float32).eps`` = 1.19e-7 for bfloat16,
@@ -622,9 +626,11 @@ def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bo
     The ``C`` channels (on ``axis``; -1 is channels-last, funcnet's conv layout; use
     ``axis=1`` for torch's ``NCHW``) split into ``num_groups`` contiguous groups of
     ``C / num_groups``; each group is normalised over its channels and every axis but
-    the batch (axis 0)::
+    the batch (axis 0):
 
-        y = (x - E_g[x]) / sqrt(Var_g[x] + epsilon) * scale_c + bias_c
+    ```
+    y = (x - E_g[x]) / sqrt(Var_g[x] + epsilon) * scale_c + bias_c
+    ```
 
     with the biased variance; params ``{"scale", "bias"}`` of shape ``(C,)`` (ones,
     zeros; torch's ``weight``/``bias``). ``num_groups=1`` normalises every channel

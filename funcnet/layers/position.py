@@ -50,10 +50,12 @@ def rope(x, positions=None, *, base: float = 10000.0):
 
     Feature ``i < D/2`` is paired with ``i + D/2`` (the "rotate-half" convention of
     GPT-NeoX and Hugging Face's Llama) and the pair is rotated by the angle
-    ``p * base^(-2i/D)``, ``p`` the token's position::
+    ``p * base^(-2i/D)``, ``p`` the token's position:
 
-        y_i       = x_i cos(a) - x_{i+D/2} sin(a)
-        y_{i+D/2} = x_{i+D/2} cos(a) + x_i sin(a)
+    ```
+    y_i       = x_i cos(a) - x_{i+D/2} sin(a)
+    y_{i+D/2} = x_{i+D/2} cos(a) + x_i sin(a)
+    ```
 
     so ``<rope(q, m), rope(k, n)>`` depends on ``m - n`` only. ``positions``: ints
     broadcastable to ``x.shape[:-2]`` (``(T,)`` or ``(B, T)``), default ``arange(T)``.

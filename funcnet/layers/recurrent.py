@@ -5,14 +5,16 @@ All three share one driver (:func:`_recurrent`): the input projection
 runs the cell over time (no Python loop, so it traces once and is jit/pmap clean).
 
 Parameter layout, for ``G`` gates (RNN 1, LSTM 4, GRU 3), ``F`` input features and
-``H`` hidden units, chosen so that loading torch weights is a transpose::
+``H`` hidden units, chosen so that loading torch weights is a transpose:
 
-    params["W_ih"]  (F, G*H)  = torch weight_ih_l0.T
-    params["W_hh"]  (H, G*H)  = torch weight_hh_l0.T
-    params["b_ih"]  (G*H,)    = torch bias_ih_l0
-    params["b_hh"]  (G*H,)    = torch bias_hh_l0       (both absent for bias=False)
-    params["W_hr"]  (H, P)    = torch weight_hr_l0.T   (LSTM(proj_size=P) only; W_hh
-                                                        is then (P, G*H))
+```
+params["W_ih"]  (F, G*H)  = torch weight_ih_l0.T
+params["W_hh"]  (H, G*H)  = torch weight_hh_l0.T
+params["b_ih"]  (G*H,)    = torch bias_ih_l0
+params["b_hh"]  (G*H,)    = torch bias_hh_l0       (both absent for bias=False)
+params["W_hr"]  (H, P)    = torch weight_hr_l0.T   (LSTM(proj_size=P) only; W_hh
+                                                    is then (P, G*H))
+```
 
 The gate blocks sit along the last axis in torch's order: LSTM ``i, f, g, o``,
 GRU ``r, z, n``. Every entry starts from ``U(-1/sqrt(H), 1/sqrt(H))``, as torch.
@@ -262,9 +264,11 @@ def _reverse_within(x, lengths):
 def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = True, *,
         num_layers: int = 1, bidirectional: bool = False, dropout: float = 0.0,
         return_state: bool = False, bias: bool = True) -> Layer:
-    """Elman RNN, as ``torch.nn.RNN(F, hidden_size, nonlinearity, batch_first=True)``::
+    """Elman RNN, as ``torch.nn.RNN(F, hidden_size, nonlinearity, batch_first=True)``:
 
-        h_t = act(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh),   h_0 = 0
+    ```
+    h_t = act(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh),   h_0 = 0
+    ```
 
     Input ``(N, T, F)`` (batch first); output ``(N, T, H)`` every step, or ``(N, H)``
     the last step when ``return_sequences=False``. ``nonlinearity`` is ``"tanh"``
@@ -342,11 +346,13 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
 def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
          bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False,
          bias: bool = True, proj_size: int = 0) -> Layer:
-    """LSTM, as ``torch.nn.LSTM(F, hidden_size, batch_first=True)``::
+    """LSTM, as ``torch.nn.LSTM(F, hidden_size, batch_first=True)``:
 
-        i, f, g, o = split(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh, 4)
-        c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
-        h_t = sigmoid(o) * tanh(c_t),                      h_0 = c_0 = 0
+    ```
+    i, f, g, o = split(x_t @ W_ih + b_ih + h_{t-1} @ W_hh + b_hh, 4)
+    c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
+    h_t = sigmoid(o) * tanh(c_t),                      h_0 = c_0 = 0
+    ```
 
     Input ``(N, T, F)``; output ``h``: ``(N, T, H)`` or, with
     ``return_sequences=False``, ``(N, H)``. Parameter layout: see
@@ -372,9 +378,11 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
     above without their bias terms.
 
     ``proj_size=P`` (``0 < P < H``; torch's ``proj_size``, an LSTM with projections,
-    Sak et al. 2014) projects each step's output down to ``P`` features::
+    Sak et al. 2014) projects each step's output down to ``P`` features:
 
-        h_t = (sigmoid(o) * tanh(c_t)) @ W_hr,            W_hr (H, P) = torch weight_hr_l0.T
+    ```
+    h_t = (sigmoid(o) * tanh(c_t)) @ W_hr,            W_hr (H, P) = torch weight_hr_l0.T
+    ```
 
     with one ``W_hr`` per layer and direction (torch's ``weight_hr_l{k}[_reverse]``,
     drawn from ``U(-1/sqrt(H), 1/sqrt(H))`` as every other entry). ``h`` then has ``P``
@@ -444,12 +452,14 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
 def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
         bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False,
         bias: bool = True) -> Layer:
-    """GRU, as ``torch.nn.GRU(F, hidden_size, batch_first=True)``::
+    """GRU, as ``torch.nn.GRU(F, hidden_size, batch_first=True)``:
 
-        r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
-        z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
-        n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
-        h_t = (1 - z) * n + z * h_{t-1},                   h_0 = 0
+    ```
+    r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
+    z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+    n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+    h_t = (1 - z) * n + z * h_{t-1},                   h_0 = 0
+    ```
 
     (``b_hn`` sits inside the ``r *`` product, which is why the two biases are kept
     apart.) Input ``(N, T, F)``; output ``(N, T, H)`` or ``(N, H)``. Parameter

@@ -22,10 +22,12 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
                      W_init=None, out_W_init=None, b_init=None, rope: bool = False,
                      cache_length: Optional[int] = None,
                      implementation: Optional[str] = None, policy=None) -> Layer:
-    """A pre-norm transformer block (GPT-2, nanoGPT's ``Block``) on ``(B, T, E)``::
+    """A pre-norm transformer block (GPT-2, nanoGPT's ``Block``) on ``(B, T, E)``:
 
-        x = x + Dropout(Attention(norm_1(x)))
-        x = x + Dropout(W_2 act(W_1 norm_2(x)))          W_1: E -> mlp_ratio*E, W_2: back to E
+    ```
+    x = x + Dropout(Attention(norm_1(x)))
+    x = x + Dropout(W_2 act(W_1 norm_2(x)))          W_1: E -> mlp_ratio*E, W_2: back to E
+    ```
 
     It is ``serial(attn=Residual(serial(norm, attn, drop)), mlp=Residual(serial(norm,
     fc, act, proj, drop)))``, so params read ``attn/norm``, ``attn/attn/{query,key,value,

@@ -75,14 +75,20 @@ def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None
     With :math:`B` samples :math:`x_i` of classes :math:`y_i` and centers :math:`c`
     (held under ``stop_gradient``):
 
-    .. math::
-        L = \frac{1}{2B}\sum_i \lVert x_i - c_{y_i}\rVert^2, \qquad
-        \frac{\partial L}{\partial x_i} = \frac{x_i - c_{y_i}}{B},
+    .. math:
+
+    ```
+    L = \frac{1}{2B}\sum_i \lVert x_i - c_{y_i}\rVert^2, \qquad
+    \frac{\partial L}{\partial x_i} = \frac{x_i - c_{y_i}}{B},
+    ```
 
     and the centers follow MXNet's center-loss rule, computed from the centers passed in:
 
-    .. math::
-        c_j \leftarrow c_j + \alpha\,\frac{\sum_{i: y_i = j} (x_i - c_j)}{1 + n_j},
+    .. math:
+
+    ```
+    c_j \leftarrow c_j + \alpha\,\frac{\sum_{i: y_i = j} (x_i - c_j)}{1 + n_j},
+    ```
 
     :math:`n_j` the number of samples of class :math:`j`. ``centers`` never receive a
     gradient (and ``new_centers`` carry none): they are state, not parameters. Use it

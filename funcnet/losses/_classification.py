@@ -23,9 +23,11 @@ __all__ = ["nll_loss", "cross_entropy", "sigmoid_binary_cross_entropy", "binary_
 def _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, label_smoothing):
     """torch's nll_loss (plus cross_entropy's smoothing term), classes on the last axis.
 
-    Per element n with target y_n (w = weight, ε = label_smoothing, C classes)::
+    Per element n with target y_n (w = weight, ε = label_smoothing, C classes):
 
-        l_n = valid_n * ((1 - ε) * (-w[y_n] log p_n[y_n]) + ε/C * Σ_c (-w[c] log p_n[c]))
+    ```
+    l_n = valid_n * ((1 - ε) * (-w[y_n] log p_n[y_n]) + ε/C * Σ_c (-w[c] log p_n[c]))
+    ```
 
     ``"mean"`` divides Σ l_n by Σ_n valid_n * w[y_n], as torch does for both terms.
     """
@@ -57,9 +59,12 @@ def nll_loss(inputs, labels, *, weight=None, ignore_index: int = -100, reduction
     default (pass ``axis=1`` for torch's ``(N, C, d1, ...)`` layout). ``inputs`` are
     log-probabilities (e.g. ``jax.nn.log_softmax`` output); no log is taken here.
 
-    .. math::
-        l_n = -w_{y_n}\, x_{n, y_n} \cdot [y_n \ne \text{ignore\_index}], \qquad
-        \text{mean} = \frac{\sum_n l_n}{\sum_n w_{y_n} [y_n \ne \text{ignore\_index}]}
+    .. math:
+
+    ```
+    l_n = -w_{y_n}\, x_{n, y_n} \cdot [y_n \ne \text{ignore\_index}], \qquad
+    \text{mean} = \frac{\sum_n l_n}{\sum_n w_{y_n} [y_n \ne \text{ignore\_index}]}
+    ```
 
     so a weighted mean divides by the summed weights of the non-ignored targets (NaN
     when every target is ignored, as in torch). ``"sum_mean"`` is not weight-normalised:
@@ -137,9 +142,12 @@ def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
     **Integer labels** (class ids, ``logits``' shape without ``axis``), with
     :math:`\log p = \text{log\_softmax}(x)`, :math:`\varepsilon` = ``label_smoothing``:
 
-    .. math::
-        l_n = [y_n \ne \text{ignore}]\Big((1-\varepsilon)(-w_{y_n}\log p_{n,y_n})
-              + \frac{\varepsilon}{C}\sum_c -w_c \log p_{n,c}\Big)
+    .. math:
+
+    ```
+    l_n = [y_n \ne \text{ignore}]\Big((1-\varepsilon)(-w_{y_n}\log p_{n,y_n})
+          + \frac{\varepsilon}{C}\sum_c -w_c \log p_{n,c}\Big)
+    ```
 
     and ``"mean"`` is :math:`\sum_n l_n / \sum_n w_{y_n}[y_n \ne \text{ignore}]` — torch
     divides the smoothing term by the same target-weight sum. ``"sum_mean"`` divides the
@@ -210,8 +218,11 @@ def sigmoid_binary_cross_entropy(logits, labels, *, pos_weight=None, weight=None
                                  reduction: str = "mean"):
     r"""Binary cross-entropy on logits, matching ``torch.nn.functional.binary_cross_entropy_with_logits``.
 
-    .. math::
-        l = -w\,\big(p\, y \log\sigma(x) + (1-y)\log(1-\sigma(x))\big)
+    .. math:
+
+    ```
+    l = -w\,\big(p\, y \log\sigma(x) + (1-y)\log(1-\sigma(x))\big)
+    ```
 
     computed stably with ``log_sigmoid``. ``labels`` (0/1 or probabilities, any real or
     bool dtype) must have ``logits``' shape; ``weight`` (per element) and ``pos_weight``
@@ -318,8 +329,11 @@ _bce.defvjp(_bce_fwd, _bce_bwd)
 def binary_cross_entropy(probs, labels, *, weight=None, reduction: str = "mean"):
     r"""Binary cross-entropy of probabilities, as ``torch.nn.functional.binary_cross_entropy``.
 
-    .. math::
-        l = -w\,\big(y \max(\log p, -100) + (1 - y) \max(\log(1 - p), -100)\big)
+    .. math:
+
+    ```
+    l = -w\,\big(y \max(\log p, -100) + (1 - y) \max(\log(1 - p), -100)\big)
+    ```
 
     The logs are clamped at -100 as torch clamps them, so ``p = 0`` or ``1`` gives a finite
     loss (100 per element) rather than inf; the gradient is torch's,
@@ -377,9 +391,12 @@ def kl_div(inputs, targets, *, reduction: str = "mean", log_target: bool = False
     r"""Kullback-Leibler divergence, as ``torch.nn.functional.kl_div``: ``inputs`` are
     log-probabilities, ``targets`` probabilities (log-probabilities with ``log_target=True``).
 
-    .. math::
-        l = y\,(\log y - x) \quad(0 \text{ where } y = 0), \qquad
-        l = e^{y}\,(y - x) \quad (\texttt{log\_target=True})
+    .. math:
+
+    ```
+    l = y\,(\log y - x) \quad(0 \text{ where } y = 0), \qquad
+    l = e^{y}\,(y - x) \quad (\texttt{log\_target=True})
+    ```
 
     ``reduction="batchmean"`` is :math:`\sum l / N` with ``N`` the size of axis 0, the
     mathematical KL divergence of a batch of distributions (torch recommends it);

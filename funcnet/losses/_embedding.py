@@ -26,9 +26,12 @@ def cosine_embedding_loss(x1, x2, labels, *, margin: float = 0.0, reduction: str
     ``(N,)`` (or ``()``) in ``{1, -1}``, with torch's :math:`\epsilon` = ``float32(1e-12)``
     (a float constant, also for float64 inputs: it sets the gradient at a zero vector):
 
-    .. math::
-        \cos = \frac{\sum x_1 x_2}{\sqrt{(\sum x_1^2 + \epsilon)(\sum x_2^2 + \epsilon)}}, \qquad
-        l = \begin{cases} 1 - \cos & y = 1 \\ \max(0, \cos - \text{margin}) & y = -1 \end{cases}
+    .. math:
+
+    ```
+    \cos = \frac{\sum x_1 x_2}{\sqrt{(\sum x_1^2 + \epsilon)(\sum x_2^2 + \epsilon)}}, \qquad
+    l = \begin{cases} 1 - \cos & y = 1 \\ \max(0, \cos - \text{margin}) & y = -1 \end{cases}
+    ```
 
     Concrete labels other than 1 and -1 raise ValueError (torch gives them a loss of 0).
 
@@ -127,8 +130,11 @@ def triplet_margin_loss(anchor, positive, negative, *, margin: float = 1.0, p: f
     Rows of shape ``(N, D)`` (or ``(D,)``), with :math:`d(a, b) = \lVert a - b +
     \epsilon\rVert_p` over the last axis (torch's ``pairwise_distance``):
 
-    .. math::
-        l = \max(d(a, p) - d(a, n) + \text{margin}, 0)
+    .. math:
+
+    ```
+    l = \max(d(a, p) - d(a, n) + \text{margin}, 0)
+    ```
 
     ``swap=True`` (the distance swap of Balntas et al. 2016) uses
     :math:`\min(d(a, n), d(p, n))` for the negative distance. ``margin`` must be > 0 and
@@ -186,8 +192,11 @@ def hinge_embedding_loss(inputs, labels, *, margin: float = 1.0, reduction: str 
     ``inputs`` are usually distances between pairs (e.g. an L1 distance), ``labels`` 1
     for a similar pair and -1 for a dissimilar one:
 
-    .. math::
-        l = \begin{cases} x & y = 1 \\ \max(0, \text{margin} - x) & y = -1 \end{cases}
+    .. math:
+
+    ```
+    l = \begin{cases} x & y = 1 \\ \max(0, \text{margin} - x) & y = -1 \end{cases}
+    ```
 
     The three arrays have one shape. Concrete labels other than 1 and -1 raise
     ValueError; under jit such a label gets both terms, as torch computes it. Where

@@ -71,8 +71,11 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
 
     For scores :math:`x` ``(..., C)`` (classes last) and class ids :math:`y` ``(...)``:
 
-    .. math::
-        l = \frac{1}{C}\sum_{i \ne y} w_y \max(0, \text{margin} - x_y + x_i)^p
+    .. math:
+
+    ```
+    l = \frac{1}{C}\sum_{i \ne y} w_y \max(0, \text{margin} - x_y + x_i)^p
+    ```
 
     ``p`` is 1 (the default) or 2 (the squared hinge), as torch allows.
 
@@ -134,8 +137,11 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
 def soft_margin_loss(inputs, targets, *, reduction: str = "mean"):
     r"""Two-class logistic loss, as ``torch.nn.functional.soft_margin_loss``.
 
-    .. math::
-        l = \log(1 + e^{-y x})
+    .. math:
+
+    ```
+    l = \log(1 + e^{-y x})
+    ```
 
     elementwise, for targets :math:`y` (usually 1 or -1; any real value is used as given,
     as in torch) of ``inputs``' shape; ``"mean"`` averages over every element. The value
@@ -207,8 +213,11 @@ def multilabel_margin_loss(inputs, targets, *, reduction: str = "mean"):
     ``>= C`` makes that row's loss NaN. With :math:`J` the listed classes (a class
     listed twice counts twice, as in torch):
 
-    .. math::
-        l = \frac1C \sum_{j \in J} \sum_{i \notin J} \max(0, 1 - (x_j - x_i))
+    .. math:
+
+    ```
+    l = \frac1C \sum_{j \in J} \sum_{i \notin J} \max(0, 1 - (x_j - x_i))
+    ```
 
     A hinge exactly at 0 has gradient 0, as in torch.
 
@@ -251,8 +260,11 @@ def multilabel_soft_margin_loss(inputs, targets, *, weight=None, reduction: str 
     For scores :math:`x` ``(..., C)`` and 0/1 targets :math:`y` (or probabilities) of the
     same shape, with per-class weights :math:`w` (``weight``, broadcast to ``inputs``):
 
-    .. math::
-        l = -\frac1C \sum_c w_c \big(y_c \log\sigma(x_c) + (1 - y_c) \log\sigma(-x_c)\big)
+    .. math:
+
+    ```
+    l = -\frac1C \sum_c w_c \big(y_c \log\sigma(x_c) + (1 - y_c) \log\sigma(-x_c)\big)
+    ```
 
     one value per sample (``inputs``' shape without the class axis); ``"mean"`` averages
     over the samples, as torch's does.

@@ -89,9 +89,12 @@ def mae(predictions, targets, *, reduction: str = "mean"):
 def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
     r"""Huber loss, matching ``torch.nn.functional.huber_loss``.
 
-    .. math::
-        l = \begin{cases} \tfrac12 (x-y)^2 & |x-y| < \delta \\
-                          \delta\,(|x-y| - \tfrac12\delta) & \text{otherwise} \end{cases}
+    .. math:
+
+    ```
+    l = \begin{cases} \tfrac12 (x-y)^2 & |x-y| < \delta \\
+                      \delta\,(|x-y| - \tfrac12\delta) & \text{otherwise} \end{cases}
+    ```
 
     Args:
       predictions: float predictions.
@@ -120,9 +123,12 @@ def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
 def smooth_l1(data, *, scalar: float = 1.0, reduction: str = "none"):
     r"""MXNet's elementwise ``smooth_l1``, with :math:`\sigma` = ``scalar``:
 
-    .. math::
-        f(x) = \begin{cases} \tfrac12 (\sigma x)^2 & |x| < 1/\sigma^2 \\
-                             |x| - \tfrac{1}{2\sigma^2} & \text{otherwise} \end{cases}
+    .. math:
+
+    ```
+    f(x) = \begin{cases} \tfrac12 (\sigma x)^2 & |x| < 1/\sigma^2 \\
+                         |x| - \tfrac{1}{2\sigma^2} & \text{otherwise} \end{cases}
+    ```
 
     With ``scalar=1`` this is :func:`huber` with ``delta=1`` applied to ``data``. The
     default ``reduction="none"`` is MXNet's (the elementwise values); the other
@@ -157,9 +163,12 @@ def poisson_nll_loss(inputs, targets, *, log_input: bool = True, full: bool = Fa
                      eps: float = 1e-8, reduction: str = "mean"):
     r"""Poisson negative log-likelihood, as ``torch.nn.functional.poisson_nll_loss``.
 
-    .. math::
-        l = e^{x} - y x \quad (\texttt{log\_input=True}), \qquad
-        l = x - y \log(x + \text{eps}) \quad (\texttt{log\_input=False})
+    .. math:
+
+    ```
+    l = e^{x} - y x \quad (\texttt{log\_input=True}), \qquad
+    l = x - y \log(x + \text{eps}) \quad (\texttt{log\_input=False})
+    ```
 
     ``full=True`` adds Stirling's approximation of :math:`\log y!`,
     :math:`y \log y - y + \tfrac12 \log(2\pi y)`, for targets :math:`y > 1` (0 for the
@@ -211,9 +220,12 @@ def gaussian_nll_loss(inputs, targets, var, *, full: bool = False, eps: float = 
                       reduction: str = "mean"):
     r"""Gaussian negative log-likelihood, as ``torch.nn.functional.gaussian_nll_loss``.
 
-    .. math::
-        l = \tfrac12\Big(\log \max(\sigma^2, \text{eps}) + \frac{(x - y)^2}{\max(\sigma^2,
-            \text{eps})}\Big) \;(+\, \tfrac12 \log 2\pi \text{ with full=True})
+    .. math:
+
+    ```
+    l = \tfrac12\Big(\log \max(\sigma^2, \text{eps}) + \frac{(x - y)^2}{\max(\sigma^2,
+        \text{eps})}\Big) \;(+\, \tfrac12 \log 2\pi \text{ with full=True})
+    ```
 
     The clamp at ``eps`` is torch's: it changes the value but not the gradient's path
     (``var``'s gradient is taken at the clamped value, as if unclamped). ``var`` has

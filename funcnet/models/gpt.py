@@ -23,11 +23,11 @@ def GPT(vocab_size: int, block_size: int, *, n_layer: int = 12, n_head: int = 12
         scan: bool = False, remat: bool = False, implementation=None, policy=None) -> Layer:
     """nanoGPT's ``GPT``: token ids ``(B, T)`` -> logits ``(B, T, vocab_size)``.
 
-    ::
-
-        x = wte[ids] + wpe[0:T];  x = Dropout(x)
-        x = Block(x)  n_layer times                      (TransformerBlock: pre-norm, GELU MLP 4x)
-        logits = LayerNorm(x) @ wte^T                    (the head tied to the token table)
+    ```
+    x = wte[ids] + wpe[0:T];  x = Dropout(x)
+    x = Block(x)  n_layer times                      (TransformerBlock: pre-norm, GELU MLP 4x)
+    logits = LayerNorm(x) @ wte^T                    (the head tied to the token table)
+    ```
 
     nanoGPT's init: every weight ``N(0, 0.02)`` (embeddings too), the two projections
     into the residual stream ``N(0, 0.02 / sqrt(2 n_layer))``, biases zero, LayerNorms
