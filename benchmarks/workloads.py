@@ -203,6 +203,10 @@ WORKLOADS: List[Workload] = [
                Peer("jax-scan", "benchmarks.fit:run",
                     note="the hand-written step in one jitted lax.scan over the epoch's "
                          "pre-shuffled batches, stacked on the device: one dispatch per epoch"),
+               Peer("jax-scan-shuffle", "benchmarks.fit:run",
+                    note="jax-scan that reshuffles as fit does: each epoch's order sent to the "
+                         "device, the epoch's batches gathered there in one gather, then the "
+                         "lax.scan; one dispatch per epoch"),
                Peer("pipeline", "benchmarks.fit:run",
                     note="no step: data.batches shuffle-gather + device_put of every batch")],
         cases=[dict(MLP_CASE, name="784-400-100-10, b128, Adam"),

@@ -13,7 +13,9 @@ _ROLE = re.compile(r":(?:func|meth|class|mod|attr|data|obj|exc):<code>~?([A-Za-z
 
 def on_page_content(html, page, config, files):
     module = None
-    if page.file.src_uri.startswith("api/") and page.file.src_uri != "api/index.md":
+    if page.file.src_uri.startswith("api/layers/"):  # the family pages render funcnet.layers
+        module = "funcnet.layers"
+    elif page.file.src_uri.startswith("api/") and page.file.src_uri != "api/index.md":
         module = "funcnet." + page.file.src_uri[len("api/"):-len(".md")]
 
     def link(m):

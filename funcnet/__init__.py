@@ -7,8 +7,8 @@ function that ``jax.jit`` and ``jax.pmap`` accept. The API reference's index
 
 from funcnet import (callbacks, checkpoint, combinators, core, data, datasets,
                      decoding, distributed, errors, inference, initializers, interop, introspect,
-                     layers, loop, losses, metrics, models, optim, outputs, params, precision,
-                     sharding, testing, train, xla)
+                     layers, loop, losses, metrics, models, onnx, optim, outputs, params,
+                     precision, sharding, testing, train, xla)
 from funcnet.combinators import (FanInConcat, FanInSum, FanOut, Identity, Remat, Residual, Scan,
                                  parallel, serial, stack_params, unstack_params)
 from funcnet.core import Layer, named
@@ -32,5 +32,5 @@ __all__ = ["Layer", "named", "serial", "parallel", "FanOut", "FanInSum", "FanInC
            # modules
            "callbacks", "checkpoint", "combinators", "core", "data",
            "datasets", "decoding", "distributed", "errors", "inference", "initializers",
-           "interop", "introspect", "layers", "loop", "losses", "metrics", "models", "optim",
+           "interop", "introspect", "layers", "loop", "losses", "metrics", "models", "onnx", "optim",
            "outputs", "params", "precision", "sharding", "testing", "train", "xla"]

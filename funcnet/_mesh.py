@@ -46,7 +46,7 @@ def data_axis(mesh: jax.sharding.Mesh) -> str:
 # split an axis. These helpers give that layout and are no-ops everywhere else.
 # --------------------------------------------------------------------------- #
 
-def explicit_spec(x) -> Optional[tuple]:
+def explicit_spec(x: jax.Array) -> Optional[tuple]:
     """``x``'s ``PartitionSpec``, one entry per axis, when ``x`` is split over Explicit mesh axes.
 
     None when no axis of ``x`` is split in its type: one device, the body of
@@ -58,7 +58,7 @@ def explicit_spec(x) -> Optional[tuple]:
     return spec if any(p is not None for p in spec) else None
 
 
-def on_global_mesh(x) -> bool:
+def on_global_mesh(x: jax.Array) -> bool:
     """Whether ``x``, being traced, is a global value the compiler may split over a mesh.
 
     True under ``jax.set_mesh`` with Auto or Explicit axes, and for ``x`` split over
@@ -73,7 +73,7 @@ def on_global_mesh(x) -> bool:
     return on_mesh or explicit_spec(x) is not None
 
 
-def explicit_sharding(like, *spec) -> Optional[jax.sharding.NamedSharding]:
+def explicit_sharding(like: jax.Array, *spec) -> Optional[jax.sharding.NamedSharding]:
     """``NamedSharding(mesh of like, PartitionSpec(*spec))`` when ``like`` is split over Explicit
     mesh axes (see :func:`explicit_spec`), else None.
 
@@ -85,7 +85,7 @@ def explicit_sharding(like, *spec) -> Optional[jax.sharding.NamedSharding]:
     return jax.typeof(like).sharding.update(spec=jax.sharding.PartitionSpec(*spec))
 
 
-def gather(table, indices, **kwargs):
+def gather(table: jax.Array, indices: jax.Array, **kwargs) -> jax.Array:
     """``table[indices]`` (rows of a global table, one per index), also over Explicit mesh axes.
 
     Same as ``table.at[indices].get(**kwargs)``. When ``indices`` are split over
@@ -115,7 +115,7 @@ def spec_of(x) -> Optional[tuple]:
     return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec)
 
 
-def at_use(param, x, dims: Sequence[Optional[int]]):
+def at_use(param: jax.Array, x: jax.Array, dims: Sequence[Optional[int]]) -> jax.Array:
     """``param`` resharded for an operation with ``x`` (Explicit mesh axes; a no-op
     otherwise).
 
@@ -148,7 +148,7 @@ def at_use(param, x, dims: Sequence[Optional[int]]):
     return jax.sharding.reshard(param, P(*keep))
 
 
-def matmul_sharding(x, W) -> Optional[NamedSharding]:
+def matmul_sharding(x: jax.Array, W: jax.Array) -> Optional[NamedSharding]:
     """The layout of ``x @ W`` (``x``: ``(..., in)``, ``W``: ``(in, out)``) to state under
     Explicit mesh axes: ``x``'s leading splits and ``W``'s split of ``out``. None when
     neither is split (the product needs no telling). Stating it settles the case
@@ -163,7 +163,7 @@ def matmul_sharding(x, W) -> Optional[NamedSharding]:
     return _named_like(x if spec_of(x) is not None else W, list(xs[:-1]) + [ws[-1]])
 
 
-def split_last(x, sizes: Sequence[int]):
+def split_last(x: jax.Array, sizes: Sequence[int]) -> jax.Array:
     """``x.reshape(x.shape[:-1] + sizes)``, stating under Explicit mesh axes that a
     split of the last dimension goes to the first new one (heads split over the
     model axis: ``(B, T, H*D)`` to ``(B, T, H, D)``)."""
@@ -175,7 +175,7 @@ def split_last(x, sizes: Sequence[int]):
     return jax.lax.reshape(x, x.shape[:-1] + sizes, out_sharding=_named_like(x, entries))
 
 
-def merge_last(x, n: int):
+def merge_last(x: jax.Array, n: int) -> jax.Array:
     """``x``'s last ``n`` dimensions merged into one, stating under Explicit mesh axes
     that the first one's split becomes the merged dimension's (the inverse of
     :func:`split_last`)."""

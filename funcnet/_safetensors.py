@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet._version import __version__
+from funcnet.core import PyTree
 from funcnet.errors import ArgumentError, CheckpointMismatchError
 from funcnet.fileio import atomic_write
 from funcnet.params import path_str, paths
@@ -74,8 +75,8 @@ def _host(name: str, x) -> np.ndarray:
     return arr
 
 
-def save_safetensors(path, params, state=None, *, metadata: Optional[Mapping[str, str]] = None
-                     ) -> None:
+def save_safetensors(path: str | os.PathLike, params: PyTree, state: Optional[PyTree] = None, *,
+                     metadata: Optional[Mapping[str, str]] = None) -> None:
     """Write ``params`` (and ``state``) to one ``.safetensors`` file.
 
     Tensor names are funcnet's paths: ``params/<path>`` and ``state/<path>``, i.e.
@@ -124,7 +125,7 @@ def save_safetensors(path, params, state=None, *, metadata: Optional[Mapping[str
         st.numpy.save_file(tensors, tmp, metadata=header)
 
 
-def read_safetensors(path) -> Dict[str, np.ndarray]:
+def read_safetensors(path: str | os.PathLike) -> Dict[str, np.ndarray]:
     """Every tensor of a ``.safetensors`` file, by name, as NumPy arrays (bfloat16 as
     ``ml_dtypes.bfloat16``).
 
@@ -171,7 +172,8 @@ def read_safetensors(path) -> Dict[str, np.ndarray]:
     return out
 
 
-def load_safetensors(path, params, state=None) -> Tuple[Any, Any]:
+def load_safetensors(path: str | os.PathLike, params: PyTree,
+                     state: Optional[PyTree] = None) -> Tuple[Any, Any]:
     """``(params, state)`` from a file `save_safetensors` wrote, in the trees given.
 
     ``params`` (and ``state``) are the trees to fill, e.g. a fresh ``layer.init``'s: the

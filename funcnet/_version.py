@@ -3,3 +3,4 @@
 __all__ = ["__version__"]
 
 __version__ = "0.2.0.dev0"
+"""funcnet's version, a PEP 440 string."""

@@ -12,7 +12,7 @@ import importlib.util
 import json
 import os
 import warnings
-from typing import Optional
+from typing import Any, Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -158,10 +158,11 @@ class Checkpoint(Callback):
     log_keys = ()
     epoch_end_phase = 2
 
-    def __init__(self, target, *, every_steps: Optional[int] = None,
+    def __init__(self, target: str | os.PathLike | ckpt.Checkpointer, *,
+                 every_steps: Optional[int] = None,
                  every_epochs: Optional[int] = 1, keep: Optional[int] = 3, backend: str = "npz",
                  overwrite: bool = False, best: Optional[str] = None, mode: str = "min",
-                 min_delta: float = 0.0):
+                 min_delta: float = 0.0) -> None:
         for what, every in (("every_steps", every_steps), ("every_epochs", every_epochs)):
             if every is not None:  # 0 never saved; -1 saved at every step (step % -1 == 0)
                 checks.positive_int("Checkpoint", f"{what} (or None)", every)
@@ -453,7 +454,7 @@ class EarlyStopping(Callback):
     log_keys = ()
 
     def __init__(self, monitor: str = "eval_loss", *, patience: int = 3, mode: str = "min",
-                 min_delta: float = 0.0, restore_best: bool = False):
+                 min_delta: float = 0.0, restore_best: bool = False) -> None:
         self._watch = _Monitor("EarlyStopping", monitor, mode, min_delta)
         checks.non_negative_int("EarlyStopping", "patience", patience)
         self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
@@ -552,7 +553,7 @@ class ReduceLROnPlateau(Callback):
 
     def __init__(self, monitor: str = "eval_loss", *, factor: float = 0.1, patience: int = 10,
                  mode: str = "min", min_delta: float = 1e-4, cooldown: int = 0,
-                 min_lr: float = 0.0, hyperparam: str = "learning_rate"):
+                 min_lr: float = 0.0, hyperparam: str = "learning_rate") -> None:
         self._watch = _Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
         self.factor = checks.real("ReduceLROnPlateau", "factor (the rate's multiplier)", factor,
                                   low=0.0, high=1.0, low_open=True, high_open=True)
@@ -654,7 +655,7 @@ class LearningRateLogger(Callback):
 
     log_keys = ("lr",)
 
-    def __init__(self, schedule):
+    def __init__(self, schedule: Callable[[int], Any] | float) -> None:
         self.schedule = schedule
 
     def on_epoch_end(self, ctx, epoch, logs):
@@ -700,7 +701,7 @@ class TensorBoardLogger(Callback):
 
     log_keys = ()
 
-    def __init__(self, logdir, *, every_steps: Optional[int] = None):
+    def __init__(self, logdir: str | os.PathLike, *, every_steps: Optional[int] = None) -> None:
         if every_steps is not None:
             every_steps = checks.positive_int("TensorBoardLogger", "every_steps (or None)",
                                               every_steps)
@@ -781,7 +782,7 @@ class Profile(Callback):
 
     log_keys = ()
 
-    def __init__(self, logdir, steps=(1, 3)):
+    def __init__(self, logdir: str | os.PathLike, steps: Tuple[int, int] = (1, 3)) -> None:
         if not (isinstance(steps, (tuple, list)) and len(steps) == 2
                 and all(checks.is_int(s) for s in steps) and 0 <= steps[0] < steps[1]):
             raise checks.ArgumentError(f"Profile: steps must be (start, stop) with "

@@ -12,6 +12,8 @@ expands ``()`` into one ``()`` per child, however deep the nesting, and gives
 
 from __future__ import annotations
 
+from typing import Callable, Optional, Sequence
+
 import jax
 import jax.numpy as jnp
 
@@ -209,7 +211,9 @@ def _fan_in_sum():
     return named("FanInSum", init, apply)
 
 
-FanInSum = _fan_in_sum()  # sums a tuple of same-shaped inputs
+FanInSum = _fan_in_sum()
+"""Sums a tuple of same-shaped inputs (the branches of a `FanOut` or `parallel`), as stax's
+`FanInSum`; branches of different shapes are an error at `init`."""
 
 
 def FanInConcat(axis: int = -1) -> Layer:
@@ -270,10 +274,11 @@ def _identity():
     return named("Identity", init, apply)
 
 
-Identity = _identity()  # returns its input unchanged
+Identity = _identity()
+"""Returns its input unchanged, as ``torch.nn.Identity``: no params, no state."""
 
 
-def Residual(layer) -> Layer:
+def Residual(layer: Layer) -> Layer:
     """``x + f(x)``; ``f`` must preserve the shape of its input.
 
     Args:
@@ -312,7 +317,8 @@ def Residual(layer) -> Layer:
     return named(f"Residual({inner.name})", init, apply)
 
 
-def Remat(layer, *, policy=None, prevent_cse: bool = True) -> Layer:
+def Remat(layer: Layer, *, policy: Optional[Callable[..., bool]] = None,
+          prevent_cse: bool = True) -> Layer:
     """The same layer, its intermediates recomputed in the backward pass (``jax.checkpoint``).
 
     Same init, same outputs and gradients; the backward pass re-runs ``apply`` instead
@@ -359,7 +365,7 @@ def Remat(layer, *, policy=None, prevent_cse: bool = True) -> Layer:
     return named(f"Remat({inner.name})", inner.init, apply)
 
 
-def Scan(layer, n: int, *, unroll: int = 1) -> Layer:
+def Scan(layer: Layer, n: int, *, unroll: int = 1) -> Layer:
     """``n`` copies of a shape-keeping layer in sequence, run by ``lax.scan``.
 
     The same network as ``serial(*[layer] * n)`` -- the same init keys, the same
@@ -473,7 +479,7 @@ def _scan_copies(name, body, inputs, per_copy, n, unroll):
     return y, jax.tree.map(lambda a: a[None], s0)
 
 
-def stack_params(trees) -> PyTree:
+def stack_params(trees: Sequence[PyTree]) -> PyTree:
     """One tree from a sequence of same-structured trees, each leaf stacked on a new axis 0.
 
     Turns the params (or state) of ``serial(*[layer] * n)`` into those of
@@ -524,7 +530,7 @@ def _check_same_shapes(first, tree, i):
                              f"same sizes and input shape.")
 
 
-def unstack_params(tree, n: int) -> tuple:
+def unstack_params(tree: PyTree, n: int) -> tuple[PyTree, ...]:
     """The ``n`` trees stacked on axis 0 of every leaf of ``tree``, as a tuple.
 
     Turns the params (or state) of ``Scan(layer, n)`` into those of

@@ -23,9 +23,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import Any, Callable, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, Collection, Iterator, NamedTuple, Optional, Sequence, Tuple
 
 import jax
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
 from funcnet.errors import MismatchError
@@ -36,9 +37,13 @@ __all__ = ["Layer", "named", "as_layer", "InitRecord", "record_inits", "Mismatch
            "ApplyFn"]
 
 Shape = Tuple[int, ...]
+"""A shape with its batch axis first, as ``init`` takes it; ``-1`` marks an unknown size."""
 PyTree = Any
+"""Any JAX pytree: nested tuples, lists and dicts of arrays (params, state, batches)."""
 InitFn = Callable[[jax.Array, Shape], Tuple[Any, PyTree, PyTree]]
+"""``init(rng, input_shape) -> (output_shape, params, state)``."""
 ApplyFn = Callable[..., Tuple[Any, PyTree]]
+"""``apply(params, state, inputs, *, rng=None, train=False) -> (outputs, new_state)``."""
 
 
 class Layer(NamedTuple):
@@ -108,7 +113,7 @@ _RECORDER: contextvars.ContextVar = contextvars.ContextVar("funcnet_init_recorde
 
 
 @contextlib.contextmanager
-def record_inits():
+def record_inits() -> Iterator[list[InitRecord]]:
     """Collects an :class:`InitRecord` for every named layer initialised inside.
 
     Used by :func:`funcnet.summary`: the table comes from running ``init`` once,
@@ -218,7 +223,7 @@ def as_layer(layer: Any, where: str = "combinator") -> Layer:
 # --------------------------------------------------------------------------- #
 
 
-def check_shape(layer: str, input_shape, *, min_rank: int = 1, max_rank: int | None = None,
+def check_shape(layer: str, input_shape: Sequence[int], *, min_rank: int = 1, max_rank: int | None = None,
                 rank: int | None = None, what: str = "input") -> Shape:
     """Validates an ``input_shape`` given to ``init`` and returns it as a tuple of ints.
 
@@ -293,7 +298,7 @@ def check_known(layer: str, shape: Shape, axes: Sequence[int], what: str) -> Non
                              f"to create parameters, got {shape}. Only batch entries may be -1.")
 
 
-def check_input(layer: str, inputs, *, rank: int | None = None, min_rank: int | None = None,
+def check_input(layer: str, inputs: ArrayLike, *, rank: int | None = None, min_rank: int | None = None,
                 axis: int | None = None, size: int | None = None, what: str = "features") -> None:
     """Trace-time check of an ``apply`` input against what the params expect.
 
@@ -359,7 +364,7 @@ def normalize_axis(layer: str, axis: int, rank: int) -> int:
     return int(axis) % rank
 
 
-def as_tuple(layer: str, value, n: int, what: str) -> Tuple[int, ...]:
+def as_tuple(layer: str, value: int | Sequence[int], n: int, what: str) -> Tuple[int, ...]:
     """An int or a length-``n`` sequence of positive ints, as a tuple.
 
     Args:
@@ -387,7 +392,7 @@ def as_tuple(layer: str, value, n: int, what: str) -> Tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def need_rng(layer: str, rng) -> jax.Array:
+def need_rng(layer: str, rng: Optional[jax.Array]) -> jax.Array:
     """``rng`` itself, or an error naming ``layer`` when it is None (train mode needs one).
 
     Args:
@@ -411,7 +416,7 @@ def need_rng(layer: str, rng) -> jax.Array:
     return rng
 
 
-def need_state(layer: str, state, keys) -> None:
+def need_state(layer: str, state: PyTree, keys: Collection[str]) -> None:
     """Raises unless ``state`` is the dict of ``keys`` a stateful layer keeps.
 
     Stateful layers call it first in ``apply``, so ``state=()`` (accepted for
@@ -443,7 +448,7 @@ def need_state(layer: str, state, keys) -> None:
                          f"is accepted only by networks whose layers are all stateless.{swapped}")
 
 
-def describe_tree(tree, limit: int = 300) -> str:
+def describe_tree(tree: PyTree, limit: int = 300) -> str:
     """A short picture of a params/state pytree: ``{'W': float32[4, 3], 'b': float32[3]}``.
 
     Args:
@@ -473,7 +478,7 @@ def describe_tree(tree, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def split_rng(rng, n: int):
+def split_rng(rng: Optional[jax.Array], n: int) -> Tuple[Optional[jax.Array], ...]:
     """``n`` independent keys, or ``n`` Nones when there is no key.
 
     Args:

@@ -22,10 +22,11 @@ import collections
 import itertools
 import queue
 import threading
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
 from funcnet._mesh import data_axis
@@ -45,7 +46,8 @@ def _is_jax_key(rng) -> bool:
     return rng.dtype == np.uint32 and rng.shape == (2,)
 
 
-def epoch_order(n: int, rng, epoch: Optional[int] = None) -> np.ndarray:
+def epoch_order(n: int, rng: int | jax.Array | np.random.Generator,
+                epoch: Optional[int] = None) -> np.ndarray:
     """A permutation of ``range(n)`` that depends only on ``(rng, epoch)``.
 
     Args:
@@ -142,7 +144,8 @@ def _aligned(fn: str, arrays, to_numpy: bool = True):
     return pack, values, values[0].shape[0]
 
 
-def batches(arrays, batch_size: int, *, shuffle: bool = False, rng=None,
+def batches(arrays: ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike], batch_size: int, *,
+            shuffle: bool = False, rng: Optional[int | jax.Array | np.random.Generator] = None,
             drop_remainder: bool = True, epoch: Optional[int] = None,
             skip: int = 0) -> "Batches":
     """Minibatches of aligned arrays (one pass, i.e. one epoch).
@@ -270,8 +273,9 @@ class Batches:
       []
     """
 
-    def __init__(self, generator, *, n: int, batch_size: int, shuffle: bool, rng,
-                 drop_remainder: bool, skip: int = 0, rows: Optional[_Rows] = None):
+    def __init__(self, generator: Iterator[Any], *, n: int, batch_size: int, shuffle: bool,
+                 rng: Optional[int | jax.Array | np.random.Generator], drop_remainder: bool,
+                 skip: int = 0, rows: Optional[_Rows] = None) -> None:
         self._generator = generator
         self.n, self.batch_size, self.shuffle = n, batch_size, shuffle
         self.rng, self.drop_remainder, self.skip = rng, drop_remainder, skip
@@ -412,7 +416,10 @@ class DeviceData:
       arrays: a tuple/list or dict of arrays sharing their leading size, or one
         array (NumPy or jax); batches come back in the same container type.
         Boolean, integer and floating dtypes.
-      batch_size, shuffle, rng, drop_remainder: as for :func:`batches`.
+      batch_size: examples per batch, as for :func:`batches`.
+      shuffle: visit the examples in a shuffled order, as for :func:`batches`.
+      rng: the seed of the shuffle, as for :func:`batches`.
+      drop_remainder: drop the last, smaller batch, as for :func:`batches`.
       device: where to keep the arrays: ``None`` (the default device), a
         ``jax.Device``, or a 1-D ``jax.sharding.Mesh``
         (:func:`funcnet.distributed.data_mesh`) to split them over.
@@ -436,8 +443,11 @@ class DeviceData:
       True
     """
 
-    def __init__(self, arrays, batch_size: int, *, shuffle: bool = False, rng=None,
-                 drop_remainder: bool = True, device=None):
+    def __init__(self, arrays: ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike],
+                 batch_size: int, *, shuffle: bool = False,
+                 rng: Optional[int | jax.Array | np.random.Generator] = None,
+                 drop_remainder: bool = True,
+                 device: Optional[jax.Device | jax.sharding.Mesh] = None) -> None:
         pack, values, n = _aligned("DeviceData", arrays, to_numpy=False)
         bad = [str(v.dtype) for v in values if not _gatherable(v.dtype)]
         if bad:
@@ -633,7 +643,8 @@ def _placement(device):
                     f"jax.sharding.Sharding or a list of devices, got {device!r}.")
 
 
-def prefetch_to_device(iterator: Iterable, size: int = 2, device=None,
+def prefetch_to_device(iterator: Iterable, size: int = 2,
+                       device: Optional[jax.Device | jax.sharding.Sharding | Sequence[jax.Device]] = None,
                        transform: Optional[Callable[[Any], Any]] = None) -> Iterator:
     """Yields the items of ``iterator`` already on device, ``size`` ahead.
 
@@ -704,7 +715,9 @@ class Background:
     the item it is computing (a blocking ``next`` of the source finishes first).
 
     Args:
-      iterable, size, transform: as for :func:`background`.
+      iterable: the iterable to read ahead, as for :func:`background`.
+      size: how many items may wait in the queue, as for :func:`background`.
+      transform: applied in the thread to every item, as for :func:`background`.
 
     Examples:
       >>> items = Background(range(3), size=2, transform=lambda i: i * i)
@@ -713,7 +726,7 @@ class Background:
       >>> items.close()  # already ended: a no-op
     """
 
-    def __init__(self, iterable: Iterable, size: int, transform: Optional[Callable]):
+    def __init__(self, iterable: Iterable, size: int, transform: Optional[Callable]) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=size)
         self._stop = threading.Event()
         self._done = False

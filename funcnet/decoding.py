@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
-from funcnet.core import as_layer
+from funcnet.core import Layer, PyTree, as_layer
 from funcnet.layers.attention import cache_lengths
 
 __all__ = ["generate", "sample_logits"]
@@ -35,7 +36,8 @@ __all__ = ["generate", "sample_logits"]
 INVALID = -1  # the token of a row that could not be sampled
 
 
-def sample_logits(rng, logits, *, temperature: float = 1.0, top_k: Optional[int] = None):
+def sample_logits(rng: Optional[jax.Array], logits: ArrayLike, *, temperature: float = 1.0,
+                  top_k: Optional[int] = None) -> jax.Array:
     """One token per row of ``logits`` ``(..., vocab)``, as nanoGPT samples.
 
     ``logits / temperature``, then (``top_k``) every logit below the k-th largest set
@@ -150,8 +152,9 @@ def _logits(where: str, logits):
     return logits
 
 
-def generate(net, params, state, prompt, max_new_tokens: int, *, rng, temperature: float = 1.0,
-             top_k: Optional[int] = None, window: Optional[int] = None):
+def generate(net: Layer, params: PyTree, state: PyTree, prompt: ArrayLike, max_new_tokens: int, *,
+             rng: Optional[jax.Array], temperature: float = 1.0, top_k: Optional[int] = None,
+             window: Optional[int] = None) -> jax.Array:
     """``prompt`` ``(B, P)`` ints followed by ``max_new_tokens`` sampled tokens: ``(B, P + N)``.
 
     ``net`` maps ids ``(B, T)`` to logits ``(B, T, vocab)``. Without ``window`` it is a

@@ -35,6 +35,7 @@ import numpy as np
 
 from funcnet import _checks as checks
 from funcnet._deprecation import moved_names
+from funcnet.core import PyTree
 # The explicit-axis helpers layers use live below layers and this module (funcnet._mesh);
 # this module is their public path.
 from funcnet._mesh import data_axis, explicit_sharding, explicit_spec, gather, on_global_mesh
@@ -128,7 +129,8 @@ def _env_address(name: str, text: str) -> str:
     return text.strip()
 
 
-def data_mesh(devices=None, axis_name: str = "data", *, explicit: bool = True) -> jax.sharding.Mesh:
+def data_mesh(devices: Optional[int | Sequence[jax.Device]] = None, axis_name: str = "data", *,
+              explicit: bool = True) -> jax.sharding.Mesh:
     """A 1-D mesh over ``devices`` (default: every device of every process), axis ``axis_name``.
 
     ``devices`` is a device count (the first ones of ``jax.devices()``) or a list of
@@ -165,7 +167,7 @@ def data_mesh(devices=None, axis_name: str = "data", *, explicit: bool = True) -
     return jax.make_mesh((len(devices),), (axis_name,), axis_types=(kind,), devices=devices)
 
 
-def replicate_on(mesh: jax.sharding.Mesh, tree):
+def replicate_on(mesh: jax.sharding.Mesh, tree: PyTree) -> PyTree:
     """Every leaf of ``tree`` whole on every device of ``mesh`` (e.g. the train state).
 
     Always new buffers (a jitted step may donate them without touching ``tree``'s).
@@ -202,7 +204,7 @@ def replicate_on(mesh: jax.sharding.Mesh, tree):
     return jax.tree.map(put, tree)
 
 
-def shard_batch(mesh: jax.sharding.Mesh, batch):
+def shard_batch(mesh: jax.sharding.Mesh, batch: PyTree) -> PyTree:
     """Splits the leading (batch) axis of every leaf of the global ``batch`` over ``mesh``'s axis.
 
     Every process passes the whole global batch and places only its own devices'
@@ -239,7 +241,7 @@ def shard_batch(mesh: jax.sharding.Mesh, batch):
     return jax.tree.map(put, batch)
 
 
-def shard_local_batch(mesh: jax.sharding.Mesh, batch):
+def shard_local_batch(mesh: jax.sharding.Mesh, batch: PyTree) -> PyTree:
     """Global arrays from this process's part of a batch (``jax.make_array_from_process_local_data``).
 
     Each process passes its own consecutive rows (e.g. ``global_batch[process_slice(n)]``)
@@ -331,7 +333,7 @@ def local_device_count(devices: Optional[int] = None) -> int:
     return devices
 
 
-def replicate(tree, devices=None):
+def replicate(tree: PyTree, devices: Optional[int | Sequence[jax.Device]] = None) -> PyTree:
     """Puts one copy of every leaf on each local device (leading axis = device).
 
     ``devices`` is a device count or a list of devices (default: all local ones).
@@ -367,7 +369,7 @@ def replicate(tree, devices=None):
     return jax.tree.map(put, tree)
 
 
-def unreplicate(tree):
+def unreplicate(tree: PyTree) -> PyTree:
     """The first replica of every leaf (inverse of :func:`replicate`).
 
     ``tree`` is what :func:`replicate` or a ``jax.pmap``-ed function returned (or a
@@ -434,7 +436,7 @@ def _check_fits_x32(fn: str, tree) -> None:
     checks.fits_x32(fn, tree)
 
 
-def shard(batch, n_devices: Optional[int] = None):
+def shard(batch: PyTree, n_devices: Optional[int] = None) -> PyTree:
     """Splits every leaf's leading (batch) axis into ``(n_devices, batch // n_devices, ...)``.
 
     A batch that does not divide evenly raises a ValueError that gives the sizes:
@@ -533,7 +535,7 @@ class InFlight:
       [5.0, 5.0, 5.0]
     """
 
-    def __init__(self, max_in_flight: Optional[int] = 2, *, cpu_only: bool = True):
+    def __init__(self, max_in_flight: Optional[int] = 2, *, cpu_only: bool = True) -> None:
         if max_in_flight is not None:
             max_in_flight = checks.positive_int("InFlight", "max_in_flight", max_in_flight)
         if cpu_only and jax.local_devices()[0].platform != "cpu":

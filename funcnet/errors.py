@@ -21,6 +21,8 @@ keep working. This module imports nothing from funcnet: every other module may u
 
 from __future__ import annotations
 
+from typing import Iterable
+
 __all__ = ["ArgumentError", "MismatchError", "MetricStateError", "StateDictMismatchError",
            "CheckpointError", "CheckpointCorruptError", "CheckpointMismatchError",
            "CheckpointVersionError", "CheckpointOwnershipError", "CorruptFileError",
@@ -69,7 +71,7 @@ class MismatchError(ValueError, TypeError):
     """
 
     def __init__(self, where: str, what: str, layer: str, expected: str, given: str,
-                 hint: str = "", message: str = ""):
+                 hint: str = "", message: str = "") -> None:
         self.where, self.what, self.layer = where, what, layer
         self.expected, self.given, self.hint = expected, given, hint
         self.path: list = []
@@ -119,7 +121,8 @@ class StateDictMismatchError(MismatchError):
       unexpected: the ``state_dict``'s keys that no parameter takes, a list.
     """
 
-    def __init__(self, message: str, missing=(), unexpected=()):
+    def __init__(self, message: str, missing: Iterable[str] = (),
+                 unexpected: Iterable[str] = ()) -> None:
         self.missing, self.unexpected = list(missing), list(unexpected)
         # MismatchError's fields describe a layer's place in a network; this error has
         # none (the loader pairs whole trees), so its message stands as given.

@@ -13,11 +13,12 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Iterator, Tuple
 
 __all__ = ["atomic_write", "fsync_dir"]
 
 
-def fsync_dir(directory) -> None:
+def fsync_dir(directory: str | os.PathLike) -> None:
     """Makes a rename in ``directory`` durable (best effort where unsupported).
 
     Args:
@@ -50,7 +51,8 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_write(dest, *, prefix: str | None = None, suffix: str = ".tmp"):
+def atomic_write(dest: str | os.PathLike, *, prefix: str | None = None,
+                 suffix: str = ".tmp") -> Iterator[Tuple[BinaryIO, Path]]:
     """Yields ``(file, temp_path)`` opened for binary writing; on success it becomes ``dest``.
 
     Verify the content inside the ``with`` block (flush first) to keep a bad

@@ -3,17 +3,21 @@
 * :func:`make_predict_fn` -- in this process, with the model's code: ``predict(x)``.
 * :func:`export` / :func:`load_exported` -- for serving: one file holding the
   eval-mode network as StableHLO (:mod:`jax.export`) with its params and state,
-  loaded in any process that has jax, without the model's code.
+  loaded in any process that has jax, without the model's code. The file is a zip of
+  standard parts (the serialized ``jax.export`` program, a ``.safetensors`` file of the
+  weights, a JSON header), so plain JAX and safetensors open it without funcnet too.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import json
 import math
 import os
 import struct
 import warnings
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -28,6 +32,7 @@ from funcnet import precision
 from funcnet._version import __version__
 from funcnet.core import as_layer
 from funcnet.fileio import atomic_write
+from funcnet.params import path_str
 
 __all__ = ["make_predict_fn", "export", "load_exported"]
 
@@ -130,9 +135,15 @@ def _policy_text(policy) -> str:
 # --------------------------------------------------------------------------- #
 
 _MAGIC = b"funcnet-export\n"
-# 2: a CRC32 of everything before it (the magic line, the header's length, the header)
-# follows the header; 1 (read still, with a warning) had the body's checksum only.
-_FORMAT_VERSION = 2
+# 3: a zip of standard parts (_HEADER_NAME, _PROGRAM_NAME, _WEIGHTS_NAME), each covered by
+# the zip's own CRC32. 2 (still written on request, and read): one funcnet-specific file, a
+# CRC32 of everything before it (the magic line, the header's length, the header) follows
+# the header; 1 (read still, with a warning) had the body's checksum only.
+_FORMAT_VERSION = 3
+_HEADER_NAME, _PROGRAM_NAME, _WEIGHTS_NAME = "funcnet.json", "program.jaxexport", "weights.safetensors"
+_ZIP_LOCAL = b"PK\x03\x04"
+_ZIP_NAME_AT = 30  # where a zip's first local file header holds the member's name
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same export gives the same bytes
 _HEADER_LEN = struct.Struct("<Q")
 _HEADER_CRC = struct.Struct("<I")
 _BATCH = "batch"
@@ -140,7 +151,7 @@ _PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
 def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.float32,
-           platforms: Optional[Sequence[str]] = None) -> Path:
+           platforms: Optional[Sequence[str]] = None, format_version: int = 3) -> Path:
     """Writes the eval-mode network, with its params and state, to one file for serving.
 
     The file holds ``predict = make_predict_fn(layer, params, state, policy=policy)``
@@ -151,7 +162,8 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
 
     Args:
       layer: the network (a :class:`funcnet.Layer`).
-      params, state: its trained params and state (``()`` for a stateless network).
+      params: its trained params.
+      state: its trained state (``()`` for a stateless network).
       input_spec: the inputs' shapes, as ``init``'s ``input_shape``: ``(-1, 784)``
         for one float input whose batch size may vary, where ``-1`` marks the batch
         dimension (it may stand on any axis; every ``-1``, in every input, is the
@@ -173,16 +185,27 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
         here). Layers that pick an implementation by ``jax.default_backend()``
         (``Conv(implementation="auto")``) pick it for *this* process's backend, for
         every platform exported.
+      format_version: 3 (default) writes the zip below; 2 the single funcnet-specific
+        file of earlier funcnet versions, for a server whose funcnet reads no format 3.
 
-    The file (format 2): the line ``funcnet-export``, an 8-byte little-endian header
-    length, a JSON header (format version, funcnet and jax versions, layer name,
-    policy, platforms, each input's path, shape -- ``null`` for the batch -- and
-    dtype, the outputs' shapes, where the weights and the program lie, and the CRC32
-    of the weights and program), the 4-byte little-endian CRC32 of everything before
-    it (magic line, length and header), then the params and state leaves (raw
-    little-endian bytes), then ``Exported.serialize()``'s bytes. Every byte is
-    covered by a checksum: :func:`load_exported` refuses a file with any of them
-    changed. It checks call-time inputs against the header's input spec.
+    The file (format 3) is a zip (members stored, not compressed) of standard parts:
+
+    * ``funcnet.json``: the header -- format version, funcnet and jax versions, layer
+      name, policy, platforms, each input's path, shape (``null`` for the batch) and
+      dtype, the outputs' shapes, and each weight's name, shape and dtype in the order
+      the program takes them;
+    * ``program.jaxexport``: ``Exported.serialize()``'s bytes, which any jax reads
+      back with ``jax.export.deserialize``; the program is ``f(weights, inputs)``,
+      ``weights`` the list of arrays named in the header;
+    * ``weights.safetensors``: the params and state leaves, named by their
+      :func:`funcnet.paths` under ``params/`` and ``state/`` (as
+      :func:`funcnet.interop.save_safetensors` names them).
+
+    The zip's CRC32 covers every member: :func:`load_exported` refuses a file with any
+    of their bytes changed. It checks call-time inputs against the header's input spec.
+    The guide (docs/guides/export.md) shows how to run the file with jax and safetensors
+    alone. Format 2, for comparison: the line ``funcnet-export``, an 8-byte little-endian
+    header length, the JSON header, its CRC32, the raw little-endian weights, the program.
 
     Params and state are stored in the file and handed to the program as arguments
     rather than folded into it as XLA constants: XLA would then precompute parts of
@@ -196,7 +219,8 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
     tracing (``if x.shape[0] > 32``) cannot be exported with a symbolic batch:
     export a fixed batch instead (no ``-1``). Exported programs hold no gradient
     (serving only). jax's serialization needs the ``flatbuffers`` package; params
-    and state must be arrays (a PRNG key in the state is refused).
+    and state must be arrays (a PRNG key in the state is refused). Format 3 needs the
+    ``safetensors`` package too; ``pip install "funcnet[export]"`` installs both.
 
     Returns:
       The path written, a ``pathlib.Path``.
@@ -205,7 +229,8 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
       ArgumentError: a malformed ``input_spec``, ``dtype``, ``platforms`` or
         ``path``, or params/state leaves that are not arrays.
       FileNotFoundError: ``path``'s directory does not exist.
-      ImportError: the ``flatbuffers`` package is missing.
+      ImportError: the ``flatbuffers`` package is missing (or, for format 3,
+        ``safetensors``).
 
     Examples:
       >>> import os, tempfile
@@ -224,8 +249,12 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
     dtype = _dtype(where, "dtype", dtype)
     specs, structs = _input_specs(where, input_spec, dtype)
     platforms = _platforms(where, platforms)
+    if format_version not in (2, 3) or isinstance(format_version, bool):
+        raise checks.ArgumentError(
+            f"{where}: format_version must be 3 (the zip of standard parts) or 2 (the single "
+            f"file earlier funcnet versions wrote and read), got {format_version!r}.")
     path = _dest(where, path)
-    leaves, weights_tree = _weight_leaves(where, params, state)
+    leaves, names, weights_tree = _weight_leaves(where, params, state)
 
     def predict(weights, inputs):
         p, s = jax.tree.unflatten(weights_tree, weights)
@@ -247,16 +276,10 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
         raise
     blob = _serialize(where, exported)
 
-    weights_meta, offset, crc = [], 0, 0
-    for x in leaves:
-        weights_meta.append({"shape": list(x.shape), "dtype": x.dtype.name, "offset": offset,
-                             "nbytes": x.nbytes})
-        offset += x.nbytes
-        crc = zlib.crc32(_le_bytes(x), crc)
     out_paths = jax.tree_util.tree_flatten_with_path(
         jax.tree.unflatten(exported.out_tree, range(len(exported.out_avals))))[0]
     header = {
-        "format": "funcnet-export", "version": _FORMAT_VERSION,
+        "format": "funcnet-export", "version": format_version,
         "funcnet_version": _funcnet_version(), "jax_version": jax.__version__,
         "name": layer.name, "policy": None if policy is None else _policy_text(policy),
         "platforms": list(exported.platforms),
@@ -264,9 +287,24 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
         "outputs": [{"path": jax.tree_util.keystr(keys),
                      "shape": [_dim_json(d) for d in exported.out_avals[i].shape],
                      "dtype": exported.out_avals[i].dtype.name} for keys, i in out_paths],
-        "weights": weights_meta, "module": {"offset": offset, "nbytes": len(blob)},
-        "crc32": zlib.crc32(blob, crc),
     }
+    if format_version == 2:
+        _write_v2(path, header, leaves, blob)
+    else:
+        _write_v3(where, path, header, names, leaves, blob)
+    return path
+
+
+def _write_v2(path: Path, header: dict, leaves: list, blob: bytes) -> None:
+    """Format 2: magic line, header length, JSON header, its CRC32, raw weights, program."""
+    weights_meta, offset, crc = [], 0, 0
+    for x in leaves:
+        weights_meta.append({"shape": list(x.shape), "dtype": x.dtype.name, "offset": offset,
+                             "nbytes": x.nbytes})
+        offset += x.nbytes
+        crc = zlib.crc32(_le_bytes(x), crc)
+    header = {**header, "weights": weights_meta, "module": {"offset": offset, "nbytes": len(blob)},
+              "crc32": zlib.crc32(blob, crc)}
     head = json.dumps(header).encode("utf-8")
     lead = _MAGIC + _HEADER_LEN.pack(len(head)) + head
     with atomic_write(path) as (f, _):
@@ -275,16 +313,51 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
         for x in leaves:
             f.write(_le_bytes(x))
         f.write(blob)
-    return path
+
+
+def _write_v3(where: str, path: Path, header: dict, names: list, leaves: list,
+              blob: bytes) -> None:
+    """Format 3: a zip, members stored uncompressed (loading is a read, not an inflate),
+    the header first so that a damaged file is still recognised as an export."""
+    if len(set(names)) != len(names):  # safetensors keys weights by name
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise checks.ArgumentError(
+            f"{where}: params/state paths {twice} name more than one leaf (a dict key holding "
+            f"'/'); rename those keys, or export with format_version=2 (weights by position).")
+    st = _safetensors(where)
+    header = {**header, "weights": [{"name": n, "shape": list(x.shape), "dtype": x.dtype.name}
+                                    for n, x in zip(names, leaves)],
+              "files": {"program": _PROGRAM_NAME, "weights": _WEIGHTS_NAME}}
+    tensors = st.numpy.save(dict(zip(names, leaves)),
+                            metadata={"funcnet.version": _funcnet_version()})
+    members = ((_HEADER_NAME, json.dumps(header, indent=1).encode("utf-8")),
+               (_PROGRAM_NAME, blob), (_WEIGHTS_NAME, tensors))
+    with atomic_write(path) as (f, _), zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members:
+            info = zipfile.ZipInfo(name, _ZIP_TIME)
+            info.external_attr = 0o644 << 16  # -rw-r--r-- when unzipped
+            z.writestr(info, data)
+
+
+def _safetensors(where: str):
+    try:
+        import safetensors.numpy
+    except ImportError:
+        raise ImportError(
+            f"{where}: export files (format {_FORMAT_VERSION}) hold their weights as "
+            f"safetensors, and the safetensors package is not installed. Install it with "
+            f'pip install "funcnet[export]" (or pip install safetensors).') from None
+    return safetensors
 
 
 def load_exported(path) -> Callable:
     """Loads a file written by :func:`export`: returns ``predict(inputs) -> outputs``.
 
-    Needs jax only (and ``flatbuffers``, which jax's deserializer imports): not the
-    model's code. ``inputs`` has the structure of the exported ``input_spec`` (one
-    array for ``(-1, 784)``); any batch size >= 1 runs, each new one compiling
-    once. Before running, every input is checked against the stored spec: its rank
+    Needs jax only (and ``flatbuffers``, which jax's deserializer imports, and
+    ``safetensors`` for format 3: the ``export`` extra): not the model's code.
+    ``inputs`` has the structure of the exported ``input_spec`` (one array for
+    ``(-1, 784)``); any batch size >= 1 runs, each new one compiling once.
+    Before running, every input is checked against the stored spec: its rank
     and every dimension but the batch must match, or a ValueError names the
     expected shape. An input of another dtype is converted to the exported one
     when that does not change its kind for the worse (float64 -> float32,
@@ -295,9 +368,11 @@ def load_exported(path) -> Callable:
     int64 values int32 cannot hold. Outputs are ``jax.Array``s, as
     ``make_predict_fn`` gives.
 
-    Integrity: the file's header, weights and program are covered by checksums
-    (export format 2); a changed byte anywhere is refused as corrupt, naming the
-    file. Files of format 1 (funcnet before format 2) still load, with a warning:
+    Integrity: the file's header, weights and program are covered by checksums (the
+    zip's CRC32 of each member in export format 3, funcnet's own in format 2); a changed
+    byte in them is refused as corrupt, naming the file, and so are weights that differ
+    from the header's list. Files of format 2 load as they did; files of format 1
+    (funcnet before format 2) still load, with a warning:
     their header is not covered, so re-export them. A file exported with
     ``jax_enable_x64`` on whose inputs, weights or outputs are 64-bit loads only
     with it on (jax would otherwise truncate them to 32 bits).
@@ -321,7 +396,8 @@ def load_exported(path) -> Callable:
         match the stored spec, or whose values the exported dtype cannot hold.
       ValueError: the file is not an export, is truncated or corrupt (header
         included), was exported for another platform, or needs ``jax_enable_x64``.
-      ImportError: the ``flatbuffers`` package is missing.
+      ImportError: the ``flatbuffers`` package is missing (or, for format 3,
+        ``safetensors``).
 
     Examples:
       >>> import os, tempfile
@@ -339,16 +415,12 @@ def load_exported(path) -> Callable:
                                    f"got {checks.got(path)}.")
     path = Path(os.fspath(path))
     data = path.read_bytes()
-    header, body = _read_header(where, path, data)
-    module = header["module"]
-    if len(body) != module["offset"] + module["nbytes"]:
-        raise ValueError(f"{where}: {path} is {len(data)} bytes, not the size its header "
-                         f"describes: the file is truncated or was changed. Export it again.")
-    if zlib.crc32(body) != header["crc32"]:
-        raise ValueError(f"{where}: {path} is corrupt (its checksum does not match). "
-                         f"Export it again.")
+    if data.startswith(_MAGIC):
+        header, blob, weights = _read_v2(where, path, data)
+    else:
+        header, blob, weights = _read_v3(where, path, data)
     try:
-        exported = jax.export.deserialize(bytearray(body[module["offset"]:]))
+        exported = jax.export.deserialize(bytearray(blob))
     except ImportError as e:
         raise ImportError(f"{where}: jax's deserializer needs the 'flatbuffers' package: "
                           f"pip install flatbuffers ({e}).") from e
@@ -364,12 +436,91 @@ def load_exported(path) -> Callable:
             f"runs on {here!r}. Export with platforms=({', '.join(map(repr, exported.platforms))}"
             f", {here!r}), or run this process on one of those (e.g. JAX_PLATFORMS=cpu).")
     _check_x64(where, path, header)
+    weights = [jax.device_put(w) for w in weights]
+    return _Loaded(path, header, exported, weights)
+
+
+def _read_v2(where: str, path: Path, data: bytes):
+    """A format 1 or 2 file's header, program bytes and weights (host arrays), checked."""
+    header, body = _read_header(where, path, data)
+    module = header["module"]
+    if len(body) != module["offset"] + module["nbytes"]:
+        raise ValueError(f"{where}: {path} is {len(data)} bytes, not the size its header "
+                         f"describes: the file is truncated or was changed. Export it again.")
+    if zlib.crc32(body) != header["crc32"]:
+        raise ValueError(f"{where}: {path} is corrupt (its checksum does not match). "
+                         f"Export it again.")
     weights = []
     for w in header["weights"]:
         dt = jnp.dtype(w["dtype"])
         raw = np.frombuffer(body, dt.newbyteorder("<"), math.prod(w["shape"]), w["offset"])
-        weights.append(jax.device_put(raw.astype(dt).reshape(w["shape"])))
-    return _Loaded(path, header, exported, weights)
+        weights.append(raw.astype(dt).reshape(w["shape"]))
+    return header, body[module["offset"]:], weights
+
+
+# What a damaged zip raises in zipfile (a changed CRC, size, offset, flag or method byte).
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, EOFError,
+               KeyError, OSError, struct.error, ValueError)
+
+
+def _read_v3(where: str, path: Path, data: bytes):
+    """A format 3 file's header, program bytes and weights (host arrays), checked."""
+    first = data[_ZIP_NAME_AT:_ZIP_NAME_AT + len(_HEADER_NAME)]  # a prefix, if truncated
+    ours = data.startswith(_ZIP_LOCAL) and first and _HEADER_NAME.encode().startswith(first)
+    if not ours and not zipfile.is_zipfile(io.BytesIO(data)):
+        raise ValueError(f"{where}: {path} is not a file written by funcnet.inference.export "
+                         f"(neither a zip holding {_HEADER_NAME} nor a file starting with "
+                         f"{_MAGIC!r}).")
+    damaged = f"{where}: {path} is truncated or corrupt"
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            names = z.namelist()
+            if _HEADER_NAME not in names:
+                members = None
+            else:  # read() checks each member's CRC32: a changed byte is refused here
+                members = {n: z.read(n) for n in (_HEADER_NAME, _PROGRAM_NAME, _WEIGHTS_NAME)
+                           if n in names}
+    except _ZIP_ERRORS as e:
+        raise ValueError(f"{damaged} ({type(e).__name__}: {e}). Export it again.") from e
+    if members is None:
+        raise ValueError(f"{where}: {path} is a zip but not a file written by "
+                         f"funcnet.inference.export: it has no {_HEADER_NAME} (it holds "
+                         f"{', '.join(names[:8]) or 'nothing'}).")
+    try:
+        header = json.loads(members[_HEADER_NAME].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{where}: {path} has an unreadable {_HEADER_NAME} ({e}). "
+                         f"Export it again.") from e
+    _check_header(where, path, header, ("inputs", "outputs", "weights"))
+    lost = [n for n in (_PROGRAM_NAME, _WEIGHTS_NAME) if n not in members]
+    if lost:
+        raise ValueError(f"{where}: {path} lacks {', '.join(lost)}: the zip was changed after "
+                         f"export. Export it again.")
+    return header, members[_PROGRAM_NAME], _v3_weights(where, path, header,
+                                                       members[_WEIGHTS_NAME])
+
+
+def _v3_weights(where: str, path: Path, header: dict, blob: bytes) -> list:
+    """The weights the header lists, in its order, from the safetensors bytes."""
+    try:
+        tensors = _safetensors(where).numpy.load(blob)
+    except ImportError:
+        raise
+    except Exception as e:  # safetensors' own error type for a malformed file
+        raise ValueError(f"{where}: {path}'s {_WEIGHTS_NAME} is unreadable ({e}). Export it "
+                         f"again.") from e
+    weights, wrong = [], []
+    for w in header["weights"]:
+        x = tensors.get(w["name"])
+        if x is None or list(x.shape) != w["shape"] or x.dtype.name != w["dtype"]:
+            wrong.append(w["name"])
+        weights.append(x)
+    if wrong or len(tensors) != len(weights):
+        raise ValueError(
+            f"{where}: {path}'s {_WEIGHTS_NAME} does not hold the weights its {_HEADER_NAME} "
+            f"lists (missing or of another shape or dtype: {wrong[:8]}; {len(tensors)} tensors "
+            f"for {len(weights)} names): the zip was changed after export. Export it again.")
+    return weights
 
 
 _EXPIRED_FLAG = "jax_export_deserialize_expired_versions"
@@ -648,11 +799,14 @@ def _dest(where: str, path) -> Path:
 
 
 def _weight_leaves(where: str, params, state):
-    """The leaves of ``(params, state)`` as host NumPy arrays, and their treedef."""
+    """The leaves of ``(params, state)`` as host NumPy arrays, their names (funcnet.paths of
+    ``{"params": params, "state": state}``: the same leaf order) and their treedef."""
     flat, tree = jax.tree_util.tree_flatten_with_path((params, state))
-    leaves = []
+    leaves, names = [], []
     for keys, x in flat:
-        at = ("params", "state")[keys[0].idx] + jax.tree_util.keystr(keys[1:])
+        top = ("params", "state")[keys[0].idx]
+        at = top + jax.tree_util.keystr(keys[1:])
+        names.append(f"{top}/{path_str(keys[1:])}" if len(keys) > 1 else top)
         if hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
             raise checks.ArgumentError(
                 f"{where}: {at} is a {x.dtype} array; only numeric params and state can be "
@@ -661,7 +815,7 @@ def _weight_leaves(where: str, params, state):
             raise checks.ArgumentError(f"{where}: {at} must be an array, got {checks.got(x)}.")
         a = np.asarray(x)  # gathers a sharded array onto the host
         leaves.append(a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False))
-    return leaves, tree
+    return leaves, names, tree
 
 
 def _le_bytes(x: np.ndarray) -> bytes:
@@ -678,6 +832,23 @@ def _serialize(where: str, exported) -> bytes:
 
 def _funcnet_version() -> str:
     return __version__
+
+
+def _check_header(where: str, path: Path, header, keys) -> None:
+    """A format 3 header: ours, not newer than this funcnet, with ``keys``."""
+    if not isinstance(header, dict) or header.get("format") != "funcnet-export" \
+            or not isinstance(header.get("version"), int) or header["version"] < 3:
+        raise ValueError(f"{where}: {path}'s {_HEADER_NAME} is no funcnet export header "
+                         f"(format 3 or later). Export it again.")
+    if header["version"] > _FORMAT_VERSION:
+        raise ValueError(
+            f"{where}: {path} is export format {header['version']}, written by funcnet "
+            f"{header.get('funcnet_version')}; this funcnet reads formats 1 to "
+            f"{_FORMAT_VERSION}. Upgrade funcnet to load it.")
+    missing = [k for k in ("name", "platforms") + tuple(keys) if k not in header]
+    if missing:
+        raise ValueError(f"{where}: {path}'s header lacks {', '.join(missing)}; the file was not "
+                         f"written by funcnet.inference.export or was changed. Export it again.")
 
 
 def _read_header(where: str, path: Path, data: bytes):
@@ -705,7 +876,8 @@ def _read_header(where: str, path: Path, data: bytes):
                          f"{where}: {path} has an unreadable header ({e}). Export it "
                          f"again.") from e
     if not isinstance(header, dict) or header.get("format") != "funcnet-export" \
-            or not isinstance(header.get("version"), int) or header["version"] < 1:
+            or not isinstance(header.get("version"), int) or header["version"] < 1 \
+            or header["version"] == 3:  # format 3 files are zips: this header is not right
         raise ValueError(corrupt if not intact else
                          f"{where}: {path} has no funcnet export header. Export it again.")
     version = header["version"]
@@ -721,7 +893,7 @@ def _read_header(where: str, path: Path, data: bytes):
         warnings.warn(f"{where}: {path} is export format 1, whose header no checksum covers "
                       f"(a changed byte there would go unnoticed). Export it again with this "
                       f"funcnet (format {_FORMAT_VERSION}) to protect it.", UserWarning,
-                      stacklevel=3)
+                      stacklevel=4)
         body = data[end:]
     elif not intact:
         raise ValueError(corrupt)

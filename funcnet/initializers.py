@@ -22,6 +22,7 @@ Defaults in funcnet's layers, and why:
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +48,11 @@ __all__ = [
     "lecun_uniform", "normal", "ones", "orthogonal", "truncated_normal", "uniform",
     "variance_scaling", "zeros", "xavier_uniform", "xavier_normal", "kaiming_uniform",
     "kaiming_normal", "torch_default", "torch_default_bias", "uniform_symmetric", "calculate_gain",
+    "Initializer",
 ]
+
+Initializer = Callable[..., jax.Array]
+"""A weight initializer, ``init(key, shape, dtype=jnp.float32) -> array``, as in ``jax.nn.initializers``."""
 
 
 def calculate_gain(nonlinearity: str = "leaky_relu", negative_slope: float = 0.0) -> float:
@@ -82,7 +87,7 @@ def calculate_gain(nonlinearity: str = "leaky_relu", negative_slope: float = 0.0
                      f"linear, sigmoid, tanh, relu, leaky_relu, selu.")
 
 
-def xavier_uniform(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
+def xavier_uniform(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1) -> Initializer:
     """``U(-a, a)``, ``a = gain * sqrt(6 / (fan_in + fan_out))``.
 
     tinynn's default and ``torch.nn.init.xavier_uniform_``; with ``gain=1`` it is
@@ -104,7 +109,7 @@ def xavier_uniform(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
     return variance_scaling(gain ** 2, "fan_avg", "uniform", in_axis=in_axis, out_axis=out_axis)
 
 
-def xavier_normal(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
+def xavier_normal(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1) -> Initializer:
     """``N(0, std²)``, ``std = gain * sqrt(2 / (fan_in + fan_out))`` (``torch.nn.init.xavier_normal_``).
 
     Args:
@@ -124,7 +129,8 @@ def xavier_normal(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1):
 
 
 def kaiming_uniform(negative_slope: float = 0.0, mode: str = "fan_in",
-                    nonlinearity: str = "leaky_relu", in_axis: int = -2, out_axis: int = -1):
+                    nonlinearity: str = "leaky_relu", in_axis: int = -2,
+                    out_axis: int = -1) -> Initializer:
     """``U(-b, b)``, ``b = gain * sqrt(3 / fan)``, ``gain = calculate_gain(nonlinearity, negative_slope)``.
 
     Matches ``torch.nn.init.kaiming_uniform_(w, a=negative_slope, mode, nonlinearity)``.
@@ -152,7 +158,8 @@ def kaiming_uniform(negative_slope: float = 0.0, mode: str = "fan_in",
 
 
 def kaiming_normal(negative_slope: float = 0.0, mode: str = "fan_in",
-                   nonlinearity: str = "leaky_relu", in_axis: int = -2, out_axis: int = -1):
+                   nonlinearity: str = "leaky_relu", in_axis: int = -2,
+                   out_axis: int = -1) -> Initializer:
     """``N(0, std²)``, ``std = gain / sqrt(fan)`` (not truncated), as ``torch.nn.init.kaiming_normal_``.
 
     Args:
@@ -177,7 +184,7 @@ def kaiming_normal(negative_slope: float = 0.0, mode: str = "fan_in",
     return variance_scaling(gain ** 2, mode, "normal", in_axis=in_axis, out_axis=out_axis)
 
 
-def torch_default(in_axis: int = -2, out_axis: int = -1):
+def torch_default(in_axis: int = -2, out_axis: int = -1) -> Initializer:
     """PyTorch's ``nn.Linear``/``nn.Conv*`` weight init: ``kaiming_uniform(a=sqrt(5))``.
 
     The gain is ``sqrt(2 / (1 + 5)) = sqrt(1/3)``, so the bound is
@@ -198,7 +205,7 @@ def torch_default(in_axis: int = -2, out_axis: int = -1):
     return kaiming_uniform(math.sqrt(5.0), "fan_in", "leaky_relu", in_axis, out_axis)
 
 
-def uniform_symmetric(bound: float):
+def uniform_symmetric(bound: float) -> Initializer:
     """``U(-bound, bound)``.
 
     Args:
@@ -219,7 +226,7 @@ def uniform_symmetric(bound: float):
     return init
 
 
-def torch_default_bias(fan_in: int):
+def torch_default_bias(fan_in: int) -> Initializer:
     """PyTorch's ``nn.Linear``/``nn.Conv*`` bias init: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
 
     The bias has no fan of its own, so the layer passes the weight's ``fan_in``.

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
 
-from funcnet.core import InitRecord, as_layer, record_inits
+from funcnet.core import InitRecord, Layer, PyTree, as_layer, record_inits
 
 __all__ = ["count", "Summary", "summary"]
 
 
-def count(tree) -> int:
+def count(tree: PyTree) -> int:
     """Number of scalars in a pytree of arrays (typed PRNG keys count as one each).
 
     Args:
@@ -56,7 +56,8 @@ class Summary(NamedTuple):
         return self.table
 
 
-def summary(layer, input_shape, *, rng=None, print_fn: Optional[Callable[[str], None]] = print) -> Summary:
+def summary(layer: Layer, input_shape: Sequence[Any], *, rng: Optional[jax.Array] = None,
+            print_fn: Optional[Callable[[str], None]] = print) -> Summary:
     """Tabulates every layer: name, output shape, parameter count, state count, and totals.
 
     Like Keras' ``model.summary()`` and MXNet's ``print_summary``. Runs ``init``

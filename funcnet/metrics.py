@@ -35,7 +35,7 @@ do not depend on how the data were split into batches.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Hashable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +44,7 @@ from jax import lax
 
 from funcnet import _checks as checks
 from funcnet import _mesh
-from funcnet.core import describe_tree
+from funcnet.core import PyTree, describe_tree
 from funcnet.errors import MetricStateError
 
 __all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
@@ -347,7 +347,7 @@ def _zero_division(fn: str, value) -> float:
     return float(value)
 
 
-def F1(average="binary", num_classes=None, *, threshold: float = 0.5,
+def F1(average: Optional[str] = "binary", num_classes: Optional[int] = None, *, threshold: float = 0.5,
        zero_division: float = 0.0) -> Metric:
     """F1 score, ``2 tp / (2 tp + fp + fn)``, as scikit-learn's ``f1_score(y_true, y_pred,
     average=average)``.
@@ -516,7 +516,7 @@ def _binary_labels(fn: str, predictions, labels, extra=()):
                      f"shape {labels.shape}: expected {want}.{hint}")
 
 
-def ROCAUC(capacity=None) -> Metric:
+def ROCAUC(capacity: Optional[int] = None) -> Metric:
     """Area under the ROC curve of a binary classifier, as scikit-learn's ``roc_auc_score``.
 
     ``update(state, scores, labels, mask=None)``: ``scores`` (higher means class 1:
@@ -840,7 +840,7 @@ def collection(**metrics: Metric) -> Metric:
     return Metric(init, update, compute)
 
 
-def merge(state, axis_name):
+def merge(state: PyTree, axis_name: Hashable) -> PyTree:
     """Sums a metric state over the devices of a ``pmap`` axis (``lax.psum`` of the tree).
 
     Call it inside ``pmap`` on each device's partial state, then ``compute``: every

@@ -40,13 +40,14 @@ Why not plain ``optax.sgd`` / ``optax.adam``?
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from funcnet import _checks as checks
+from funcnet.core import PyTree
 
 __all__ = ["sgd", "adam", "adamw", "radam", "rmsprop", "adagrad", "adadelta", "torch_momentum",
            "TorchMomentumState", "scale_by_torch_adam", "scale_by_torch_adagrad",
@@ -240,7 +241,8 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
 
     Args:
       learning_rate: a number or an optax schedule of the update count.
-      b1, b2: the decay rates of the first and second moment estimates.
+      b1: the decay rate of the first moment estimate (the mean of the gradients).
+      b2: the decay rate of the second moment estimate (the mean of their squares).
       eps: added to the bias-corrected ``sqrt(v)``.
       weight_decay: the L2 coefficient added to the gradient as ``weight_decay * p``.
 
@@ -427,7 +429,8 @@ def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999,
     The state is optax's own :class:`optax.ScaleByAdamState`.
 
     Args:
-      b1, b2: the decay rates of the first and second moment estimates.
+      b1: the decay rate of the first moment estimate (the mean of the gradients).
+      b2: the decay rate of the second moment estimate (the mean of their squares).
       eps: added to the bias-corrected ``sqrt(v)``.
 
     Returns:
@@ -481,7 +484,8 @@ def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
     them in Python double. The state is optax's own :class:`optax.ScaleByAdamState`.
 
     Args:
-      b1, b2: the decay rates of the first and second moment estimates.
+      b1: the decay rate of the first moment estimate (the mean of the gradients).
+      b2: the decay rate of the second moment estimate (the mean of their squares).
       eps: added to ``sqrt(v)`` before the bias correction.
 
     Returns:
@@ -641,7 +645,7 @@ def adagrad(learning_rate: optax.ScalarOrSchedule, lr_decay: float = 0.0,
 
 def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
           eps: float = 1e-8, weight_decay: float = 0.01,
-          mask=None) -> optax.GradientTransformation:
+          mask: Optional[PyTree | Callable[[PyTree], PyTree]] = None) -> optax.GradientTransformation:
     """AdamW with the trajectory of ``torch.optim.AdamW`` (decoupled weight decay).
 
     Per parameter at update ``t = 1, 2, ...``:
@@ -672,7 +676,8 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
 
     Args:
       learning_rate: a number or an optax schedule of the update count.
-      b1, b2: the decay rates of the first and second moment estimates.
+      b1: the decay rate of the first moment estimate (the mean of the gradients).
+      b2: the decay rate of the second moment estimate (the mean of their squares).
       eps: added to the bias-corrected ``sqrt(v)``.
       weight_decay: the decoupled decay: each step multiplies ``p`` by
         ``1 - lr_t * weight_decay``.
@@ -722,7 +727,8 @@ def radam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
 
     Args:
       learning_rate: a number or an optax schedule of the update count.
-      b1, b2: the decay rates of the first and second moment estimates.
+      b1: the decay rate of the first moment estimate (the mean of the gradients).
+      b2: the decay rate of the second moment estimate (the mean of their squares).
       eps: added to ``sqrt(v)`` before the bias correction.
       weight_decay: the L2 coefficient added to the gradient as ``weight_decay * p``.
 

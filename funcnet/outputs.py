@@ -39,8 +39,10 @@ from typing import Callable, NamedTuple, Sequence, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
+from funcnet.core import PyTree
 
 __all__ = [
     "softmax_output",
@@ -128,10 +130,10 @@ def _check_normalization(fn: str, normalization) -> None:
 # SoftmaxOutput.
 # --------------------------------------------------------------------------- #
 
-def softmax_output(data, label, *, grad_scale: float = 1.0, ignore_label: float = -1.0,
-                   use_ignore: bool = False, normalization: str = "null",
-                   multi_output: bool = False, preserve_shape: bool = False,
-                   smooth_alpha: float = 0.0):
+def softmax_output(data: ArrayLike, label: ArrayLike, *, grad_scale: float = 1.0,
+                   ignore_label: float = -1.0, use_ignore: bool = False,
+                   normalization: str = "null", multi_output: bool = False,
+                   preserve_shape: bool = False, smooth_alpha: float = 0.0) -> jax.Array:
     r"""Softmax forward with the softmax-cross-entropy gradient (MXNet ``SoftmaxOutput``).
 
     Layouts (``C`` classes; MXNet's label-shape rules):
@@ -370,7 +372,8 @@ def _regression(fn: str, forward: Callable, residual_grad: Callable, data, label
     return _loss_op(forward, data_grad, data, label)
 
 
-def linear_regression_output(data, label, *, grad_scale: float = 1.0):
+def linear_regression_output(data: ArrayLike, label: ArrayLike, *,
+                             grad_scale: float = 1.0) -> jax.Array:
     r"""Identity forward with the squared-error gradient (MXNet ``LinearRegressionOutput``).
 
     ``out = data``;  ``grad = (out - label) * grad_scale / num_output`` with
@@ -402,7 +405,8 @@ def linear_regression_output(data, label, *, grad_scale: float = 1.0):
                        lambda out, lab: out - lab, data, label, grad_scale)
 
 
-def logistic_regression_output(data, label, *, grad_scale: float = 1.0):
+def logistic_regression_output(data: ArrayLike, label: ArrayLike, *,
+                               grad_scale: float = 1.0) -> jax.Array:
     r"""Sigmoid forward with the logistic-loss gradient (MXNet ``LogisticRegressionOutput``).
 
     ``out = sigmoid(data)``;  ``grad = (out - label) * grad_scale / num_output`` with
@@ -433,7 +437,8 @@ def logistic_regression_output(data, label, *, grad_scale: float = 1.0):
                        lambda out, lab: out - lab, data, label, grad_scale)
 
 
-def mae_regression_output(data, label, *, grad_scale: float = 1.0):
+def mae_regression_output(data: ArrayLike, label: ArrayLike, *,
+                          grad_scale: float = 1.0) -> jax.Array:
     r"""Identity forward with the absolute-error gradient (MXNet ``MAERegressionOutput``).
 
     ``out = data``;  ``grad = s * grad_scale / num_output`` with
@@ -469,8 +474,8 @@ def mae_regression_output(data, label, *, grad_scale: float = 1.0):
 # SVMOutput.
 # --------------------------------------------------------------------------- #
 
-def svm_output(data, label, *, margin: float = 1.0, regularization_coefficient: float = 1.0,
-               use_linear: bool = False):
+def svm_output(data: ArrayLike, label: ArrayLike, *, margin: float = 1.0,
+               regularization_coefficient: float = 1.0, use_linear: bool = False) -> jax.Array:
     r"""Identity forward with a one-vs-all hinge gradient (MXNet ``SVMOutput``).
 
     ``data (..., C)`` scores with classes on the last axis, ``label data.shape[:-1]``
@@ -547,8 +552,8 @@ def svm_output(data, label, *, margin: float = 1.0, regularization_coefficient: 
 # MakeLoss and BlockGrad.
 # --------------------------------------------------------------------------- #
 
-def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
-              valid_thresh: float = 0.0):
+def make_loss(data: ArrayLike, *, grad_scale: float = 1.0, normalization: str = "null",
+              valid_thresh: float = 0.0) -> jax.Array:
     r"""Marks ``data`` as a loss (MXNet ``MakeLoss``): identity forward, constant gradient.
 
     ``out = data``;  ``grad = grad_scale / norm`` for every element, where
@@ -599,7 +604,7 @@ def make_loss(data, *, grad_scale: float = 1.0, normalization: str = "null",
     return _loss_op(lambda x: x, data_grad, data)
 
 
-def block_grad(x):
+def block_grad(x: PyTree) -> PyTree:
     """Identity forward, zero gradient (MXNet ``BlockGrad`` = ``jax.lax.stop_gradient``).
 
     Args:

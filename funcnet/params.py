@@ -25,13 +25,14 @@ routes the frozen leaves to ``optax.set_to_zero()`` with
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Sequence
 
 import jax
 import numpy as np
 import optax
 
 from funcnet import _checks as checks
+from funcnet.core import PyTree
 
 __all__ = ["paths", "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze",
            "KERNEL_NAMES"]
@@ -41,7 +42,7 @@ KERNEL_NAMES = frozenset({"W", "E"})
 Keys starting with ``W_`` (the RNN/LSTM/GRU ``W_ih``/``W_hh``) count too."""
 
 
-def path_str(key_path) -> str:
+def path_str(key_path: Sequence[Any]) -> str:
     """A key path from ``jax.tree_util.tree_flatten_with_path`` as ``"a/0/W"``.
 
     Args:
@@ -58,7 +59,7 @@ def path_str(key_path) -> str:
     return jax.tree_util.keystr(tuple(key_path), simple=True, separator="/")
 
 
-def paths(tree) -> Dict[str, Any]:
+def paths(tree: PyTree) -> Dict[str, Any]:
     """``{path: leaf}`` for every leaf of ``tree``, in the pytree's leaf order.
 
     E.g. for ``serial(encoder=serial(Dense(4), Relu), decoder=Dense(2))``:
@@ -83,7 +84,7 @@ def paths(tree) -> Dict[str, Any]:
     return {path_str(path): leaf for path, leaf in leaves}
 
 
-def mask_where(params, predicate: Callable[[str, Any], bool]):
+def mask_where(params: PyTree, predicate: Callable[[str, Any], bool]) -> PyTree:
     """The bool pytree ``predicate(path, leaf)`` for every leaf of ``params``.
 
     E.g. ``mask_where(params, lambda path, x: path.endswith("/b"))`` selects biases.
@@ -104,7 +105,7 @@ def mask_where(params, predicate: Callable[[str, Any], bool]):
         lambda path, leaf: bool(predicate(path_str(path), leaf)), params)
 
 
-def kernel_mask(params):
+def kernel_mask(params: PyTree) -> PyTree:
     """True for kernels, False for everything else (biases, norm scales and shifts).
 
     A leaf is a kernel when its own key is ``W`` (Dense, Conv, ConvTranspose), ``E``
@@ -131,7 +132,7 @@ def _is_kernel(key: str) -> bool:
     return key in KERNEL_NAMES or key.startswith("W_")
 
 
-def subtree_mask(params, *prefixes: str):
+def subtree_mask(params: PyTree, *prefixes: str) -> PyTree:
     """True for the leaves under any of ``prefixes`` (paths such as ``"encoder"``, ``"gen/0"``).
 
     A prefix matches whole path components: ``"enc"`` does not select ``"encoder/W"``.
@@ -174,7 +175,7 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def freeze(optimizer: optax.GradientTransformation, mask, *,
+def freeze(optimizer: optax.GradientTransformation, mask: PyTree | Callable[[PyTree], PyTree], *,
            allow_empty: bool = False) -> optax.GradientTransformation:
     """``optimizer`` for the leaves where ``mask`` is False; zero updates where it is True.
 

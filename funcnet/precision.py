@@ -56,8 +56,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike, DTypeLike
 
-from funcnet.core import Layer, as_layer, named
+from funcnet.core import Layer, PyTree, as_layer, named
 
 __all__ = ["Policy", "parse_policy", "as_policy", "apply_policy", "cast_floating", "LossScale",
            "static_loss_scale", "dynamic_loss_scale", "scale_loss", "unscale_grads",
@@ -156,7 +157,7 @@ def parse_policy(spec: str) -> Policy:
     return Policy.make(**fields)
 
 
-def cast_floating(tree, dtype):
+def cast_floating(tree: PyTree, dtype: DTypeLike) -> PyTree:
     """Casts the floating-point leaves of ``tree`` to ``dtype``; other leaves are kept.
 
     Examples:
@@ -171,7 +172,7 @@ def cast_floating(tree, dtype):
     return jax.tree.map(cast, tree)
 
 
-def as_policy(policy, where: str = "funcnet.precision.as_policy") -> Policy:
+def as_policy(policy: Policy | str, where: str = "funcnet.precision.as_policy") -> Policy:
     """``policy`` as a validated :class:`Policy`: a Policy, or a string for
     :func:`parse_policy`. For layers that take a ``policy=`` argument (``where`` names
     the layer in the error).
@@ -202,7 +203,7 @@ def as_policy(policy, where: str = "funcnet.precision.as_policy") -> Policy:
                     f"{type(policy).__name__}.")
 
 
-def apply_policy(layer, policy) -> Layer:
+def apply_policy(layer: Layer, policy: Policy | str) -> Layer:
     """``layer`` following ``policy`` (a :class:`Policy` or a string for :func:`parse_policy`).
 
     * ``init``: the layer's params, cast to ``param_dtype``; its state unchanged.
@@ -329,7 +330,7 @@ def _check_scale(where: str, other: str, loss_scale) -> None:
                         f"(arguments swapped?).")
 
 
-def scale_loss(loss_scale: LossScale, loss):
+def scale_loss(loss_scale: LossScale, loss: ArrayLike) -> jax.Array:
     """``loss * S``, computed in float32 at least (a float16 loss times ``2**15`` overflows).
 
     Examples:
@@ -342,7 +343,7 @@ def scale_loss(loss_scale: LossScale, loss):
     return loss.astype(jnp.promote_types(loss.dtype, jnp.float32)) * loss_scale.scale
 
 
-def unscale_grads(loss_scale: LossScale, grads):
+def unscale_grads(loss_scale: LossScale, grads: PyTree) -> PyTree:
     """``grads / S``, leaf by leaf, divided in float32 and returned in each leaf's dtype.
 
     Examples:
@@ -360,7 +361,7 @@ def unscale_grads(loss_scale: LossScale, grads):
     return jax.tree.map(unscale, grads)
 
 
-def all_finite(tree) -> jax.Array:
+def all_finite(tree: PyTree) -> jax.Array:
     """A bool scalar: True when no floating leaf of ``tree`` holds an inf or a NaN.
 
     Examples:
@@ -372,7 +373,7 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
-def update_loss_scale(loss_scale: LossScale, grads_finite) -> LossScale:
+def update_loss_scale(loss_scale: LossScale, grads_finite: ArrayLike) -> LossScale:
     """The next state after a step whose (unscaled) gradients were ``grads_finite``.
 
     Non-finite: ``S <- max(S / factor, min_scale)``, ``good_steps <- 0``. Finite:

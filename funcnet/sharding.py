@@ -47,6 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from funcnet import _checks as checks
 from funcnet._mesh import at_use, data_axis, matmul_sharding, merge_last, split_last
+from funcnet.core import PyTree
 from funcnet.params import path_str
 
 __all__ = ["Spec", "Rules", "data_axis", "fsdp", "fsdp_rules", "megatron_rules", "param_specs",
@@ -242,7 +243,7 @@ def _check_heads(shape, spec, mesh, axis, num_heads, dim) -> None:
 # Placing a tree
 # --------------------------------------------------------------------------- #
 
-def param_specs(tree, mesh: jax.sharding.Mesh, rules: Rules):
+def param_specs(tree: PyTree, mesh: jax.sharding.Mesh, rules: Rules) -> PyTree:
     """The ``PartitionSpec`` of every leaf of ``tree`` under ``rules`` (what
     :func:`shard_params` places it with), checked against ``mesh``: a tree of specs
     with ``tree``'s structure. ``tree`` may hold arrays or ``jax.ShapeDtypeStruct``
@@ -290,7 +291,7 @@ def param_specs(tree, mesh: jax.sharding.Mesh, rules: Rules):
     return specs
 
 
-def shard_params(tree, mesh: jax.sharding.Mesh, rules: Rules):
+def shard_params(tree: PyTree, mesh: jax.sharding.Mesh, rules: Rules) -> PyTree:
     """``tree`` (params, or a whole TrainState) placed on ``mesh`` by ``rules``.
 
     Each leaf becomes a ``jax.Array`` with ``NamedSharding(mesh, spec)``, spec from
@@ -329,7 +330,7 @@ def shard_params(tree, mesh: jax.sharding.Mesh, rules: Rules):
                         is_leaf=lambda s: isinstance(s, P))
 
 
-def state_shardings(tree):
+def state_shardings(tree: PyTree) -> PyTree:
     """The sharding of every array leaf of ``tree`` (None for other leaves): pass it
     as ``jax.jit(step, out_shardings=(state_shardings(ts), None))`` to keep the
     state's layout on a mesh with Auto axes, where the compiler otherwise picks
@@ -589,7 +590,7 @@ def _spec_text(spec) -> str:
     return "P(" + ", ".join(repr(entry) for entry in spec) + ")"
 
 
-def explain(tree, *, print_fn: Optional[Callable[[str], None]] = print) -> Explained:
+def explain(tree: PyTree, *, print_fn: Optional[Callable[[str], None]] = print) -> Explained:
     """Each array leaf's path, shape, dtype, ``PartitionSpec`` and bytes per device.
 
     Bytes are read from the arrays' shards as placed (``sharding.shard_shape``), so

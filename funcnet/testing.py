@@ -18,18 +18,21 @@
 
 from __future__ import annotations
 
+from typing import Any, Optional, Sequence, Tuple
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.test_util import check_grads
+from jax.typing import DTypeLike
 
-from funcnet.core import Layer, as_layer
+from funcnet.core import Layer, PyTree, as_layer
 
 __all__ = ["check_layer", "fill_batch", "random_inputs"]
 
 
-def fill_batch(shape, batch: int = 2):
+def fill_batch(shape: Sequence[Any], batch: int = 2) -> tuple:
     """Replaces -1 entries of a shape (or a pytree of shapes) by ``batch``.
 
     Args:
@@ -48,7 +51,8 @@ def fill_batch(shape, batch: int = 2):
     return type(shape)(fill_batch(s, batch) for s in shape)
 
 
-def random_inputs(rng, input_shape, dtype=jnp.float32, batch: int = 2):
+def random_inputs(rng: jax.Array, input_shape: Sequence[Any], dtype: DTypeLike = jnp.float32,
+                  batch: int = 2) -> jax.Array | Tuple[jax.Array, ...]:
     """Standard-normal inputs of ``input_shape`` (a shape or a tuple of shapes).
 
     Args:
@@ -73,9 +77,10 @@ def random_inputs(rng, input_shape, dtype=jnp.float32, batch: int = 2):
     return tuple(random_inputs(k, s, dtype, batch) for k, s in zip(keys, input_shape))
 
 
-def check_layer(layer: Layer, input_shape, *, rng=None, train_modes=(False, True),
-                grad_check: bool = True, inputs=None, batch: int = 2, atol: float = 1e-5,
-                rtol: float = 1e-5, grad_eps: float = 1e-4):
+def check_layer(layer: Layer, input_shape: Sequence[Any], *, rng: Optional[jax.Array] = None,
+                train_modes: Sequence[bool] = (False, True), grad_check: bool = True,
+                inputs: Optional[PyTree] = None, batch: int = 2, atol: float = 1e-5,
+                rtol: float = 1e-5, grad_eps: float = 1e-4) -> Tuple[Any, PyTree, PyTree]:
     """Asserts that ``layer`` honours funcnet's layer contract; raises AssertionError if not.
 
     Args:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from functools import partial
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -85,6 +86,17 @@ class TrainState(NamedTuple):
       loss_scale: a :class:`funcnet.precision.LossScale` when created with
         ``loss_scale=`` (float16 training: the step scales the loss, unscales the
         gradients, skips non-finite steps and updates the scale), ``()`` otherwise.
+
+    Why eight fields: the first five are read and written by every step. The last
+    three are optional and default to ``()``, an empty pytree (no leaves: nothing is
+    stored, traced or transferred for them, and the step adds no operation for them).
+    They live here rather than next to the state because each changes at every step
+    that uses it and must come back at a resume: in the TrainState they are
+    checkpointed and restored with the params, a non-finite float16 step keeps the
+    old loss state and EMA as it keeps the old params, and ``make_train_step`` needs
+    no extra argument (the 0.1 ``make_scaled_train_step`` passed the loss scale
+    separately). They stay fields even when empty because checkpoints store the
+    TrainState by its fields.
 
     Examples:
       >>> from funcnet.layers import Dense
@@ -159,11 +171,12 @@ class TrainState(NamedTuple):
           optimizer: an optax ``GradientTransformation``, or a dict ``{name: optimizer}``
             for several models.
           rng: a JAX PRNG key; split into the init key and the steps' key.
-          input_shape: the input shape for ``layer`` (``-1`` for the batch); left out
-            with a dict of models.
-          loss_state: the loss's initial state, ``()`` if none.
-          ema: keep an :class:`EMA` of the params.
-          loss_scale: a :class:`funcnet.precision.LossScale`, or None (no loss scaling).
+          input_shape: the input shape for ``layer`` (``-1`` for the batch); default
+            None, the value for a dict of models (which leaves it out).
+          loss_state: the loss's initial state; default ``()``, none.
+          ema: keep an :class:`EMA` of the params; default False.
+          loss_scale: a :class:`funcnet.precision.LossScale`; default None, no loss
+            scaling.
 
         Returns:
           The train state, a :class:`TrainState` at step 0.
@@ -356,23 +369,33 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     returns ``Aux(outputs=...)`` with any array in it, the step returns
     ``(train_state, metrics, outputs)``.
 
-    Options:
-      clip_grad_norm: rescale the gradients as PyTorch's
+    Args:
+      loss_fn: ``loss_fn(params, state, batch, rng[, loss_state]) -> (loss, Aux(...))``
+        (see the module docstring).
+      optimizer: an optax ``GradientTransformation``, or the dict ``{name: optimizer}``
+        the TrainState was created with (several models).
+      update: the model name, or a sequence of names, that this step trains (several
+        models; see below). Default None: every model in the optimizer dict, or the
+        whole params with one optimizer.
+      axis_name: the ``jax.pmap``/``jax.shard_map`` axis to average over (see above).
+        Default None: one device.
+      clip_grad_norm: default None. Rescale the gradients as PyTorch's
         ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` does: with ``n`` the
         global norm over every trained parameter (after the cross-device mean),
         ``g * min(1, max_norm / (n + 1e-6))``. None: no clipping.
-      microbatches: ``k`` accumulates the gradient over ``k`` micro-batches inside the
-        one step (a ``lax.scan``), for a batch too large for memory at once: one
-        update per step, with the mean of the micro-batches' gradients, so for a
-        loss that is a mean over examples the step equals the full-batch step. The
-        batch's leading axis must be a multiple of ``k``; micro-batch ``i`` takes rows
-        ``i, i + k, i + 2k, ...`` (on a mesh each micro-batch stays split over the
-        devices as the batch was). Layer state (BatchNorm statistics) and loss state
-        thread through the micro-batches in order; each gets its own dropout key
-        (``fold_in`` of its index); ``loss`` and the ``Aux.metrics`` are the means
-        over the micro-batches, ``outputs`` come back in the batch's row order.
-      ema_decay: update ``train_state.ema`` (create the state with ``ema=True``) after
-        every step: see :class:`EMA` for the formula, PyTorch's
+      microbatches: default None (one pass over the whole batch). ``k`` accumulates the
+        gradient over ``k`` micro-batches inside the one step (a ``lax.scan``), for a
+        batch too large for memory at once: one update per step, with the mean of the
+        micro-batches' gradients, so for a loss that is a mean over examples the step
+        equals the full-batch step. The batch's leading axis must be a multiple of
+        ``k``; micro-batch ``i`` takes rows ``i, i + k, i + 2k, ...`` (on a mesh each
+        micro-batch stays split over the devices as the batch was). Layer state
+        (BatchNorm statistics) and loss state thread through the micro-batches in order;
+        each gets its own dropout key (``fold_in`` of its index); ``loss`` and the
+        ``Aux.metrics`` are the means over the micro-batches, ``outputs`` come back in
+        the batch's row order.
+      ema_decay: default None (no average). Update ``train_state.ema`` (create the state
+        with ``ema=True``) after every step: see :class:`EMA` for the formula, PyTorch's
         ``get_ema_multi_avg_fn(decay)``. ``make_eval_step(..., ema=True)`` evaluates
         with it.
       ema_start: where that average starts (see :class:`EMA`): ``"first_update"``
@@ -382,11 +405,11 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
       grad_norm: report ``metrics["grad_norm"]``, the global 2-norm of the gradients the
         update sees (after the cross-device mean and loss unscaling, before clipping).
         ``None`` (default): only with ``clip_grad_norm``, which computes it anyway;
-        ``True``: always; ``False``: never. It is off by default because it costs a
-        pass of its own over every gradient: on XLA:CPU the square is not fused into
-        the sum, and on the MNIST MLP (784-400-100-10, Adam, batch 128) it took 13 %
-        of the step (BENCHMARKS.md, workload 6); neither PyTorch nor a hand-written
-        optax loop computes it unasked.
+        ``True``: always; ``False``: never. It is off by default because it costs a pass
+        of its own over every gradient: on XLA:CPU the square is not fused into the sum,
+        and on the MNIST MLP (784-400-100-10, Adam, batch 128) it took 13 % of the step
+        (BENCHMARKS.md, workload 6); neither PyTorch nor a hand-written optax loop
+        computes it unasked.
 
     Loss scaling (float16 compute; bfloat16 needs none): for a ``train_state`` created
     with ``loss_scale=`` (a :class:`funcnet.precision.LossScale`), the step
@@ -414,6 +437,10 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     bit-identical. ``update=`` needs one optimizer state per model (a dict of
     optimizers at create, the same optimizer under several names if you like).
 
+    Returns:
+      ``step(train_state, batch) -> (train_state, metrics)`` (or ``(train_state,
+      metrics, outputs)``, see above), pure and unjitted.
+
     Examples:
       >>> from funcnet import losses
       >>> from funcnet.layers import Dense
@@ -433,74 +460,22 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     clip_grad_norm, k, ema_decay, report_norm = _checked_options(
         clip_grad_norm, microbatches, ema_decay, grad_norm)
     ema_start = _checked_ema_start(ema_start, ema_decay)
+    # The stages, innermost first: each wraps the one before, as optax.chain composes.
+    objective = _loss_scaled(_objective(loss_fn, takes_loss_state, updater.merge))
+    gradient = _microbatched(_gradient(objective, updater.select), updater.select, k)
+    gradient = _clipped(_unscaled(_cross_device(_measured(gradient), axis_name)),
+                        clip_grad_norm, report_norm)
+    apply = _skip_nonfinite(_ema(_updated(updater), ema_decay, ema_start))
 
     def step(train_state: TrainState, batch):
         rng, key = jax.random.split(train_state.rng)
-        if axis_name is not None:
-            key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
-        has_loss_state = not _is_empty(train_state.loss_state)
-        _check_state_fits(train_state, has_loss_state, takes_loss_state, loss_fn, ema_decay)
-
-        loss_scale = train_state.loss_scale
-        scaling = isinstance(loss_scale, precision.LossScale)
-
-        def objective(trained, state, loss_state, batch, key):
-            params = updater.merge(train_state.params, trained)
-            if takes_loss_state:
-                out = loss_fn(params, state, batch, key, loss_state=loss_state)
-            else:
-                out = loss_fn(params, state, batch, key)
-            loss, aux = _check_loss_output(out, loss_fn)
-            return (precision.scale_loss(loss_scale, loss) if scaling else loss), aux
-
-        def one(state, loss_state, batch, key):
-            (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(
-                trained, state, loss_state, batch, key)
-            aux = _checked_aux(aux, has_loss_state)
-            return loss, aux._replace(loss_state=aux.loss_state if has_loss_state
-                                      else loss_state), grads
-
-        trained = updater.select(train_state)
-        if k == 1:
-            loss, aux, grads = one(train_state.state, train_state.loss_state, batch, key)
-        else:
-            loss, aux, grads = _accumulate(one, train_state, trained, batch, key, k)
-        if scaling:
-            loss = loss / loss_scale.scale
-        metrics = {"loss": loss, **aux.metrics}
-        new_state = aux.state
-        new_loss_state = aux.loss_state
-        if axis_name is not None:
-            grads = _mean_gradients(grads, axis_name)
-            metrics = jax.lax.pmean(metrics, axis_name)
-            # Keeps replicas identical when a stateful layer or loss was not synced itself
-            # (e.g. center_loss called without axis_name); a no-op for synced state.
-            new_state = _pmean_floating(new_state, axis_name)
-            if has_loss_state:
-                new_loss_state = _pmean_floating(new_loss_state, axis_name)
-        if scaling:
-            grads = precision.unscale_grads(loss_scale, grads)
-            finite = precision.all_finite(grads)
-        grads, metrics = _clip_and_report_norm(grads, metrics, clip_grad_norm, report_norm)
-        params, opt_state = updater.apply(grads, train_state, metrics["loss"])
-        average = train_state.ema
-        if ema_decay is not None:
-            average = _ema_update(average, params, ema_decay, ema_start)
-        if not has_loss_state:
-            new_loss_state = train_state.loss_state
-        if scaling:
-            kept = (params, new_state, opt_state, new_loss_state, average)
-            old = (train_state.params, train_state.state, train_state.opt_state,
-                   train_state.loss_state, train_state.ema)
-            params, new_state, opt_state, new_loss_state, average = jax.tree.map(
-                lambda a, b: jnp.where(finite, a, b), kept, old)
-            metrics = dict(metrics, loss_scale=loss_scale.scale, grads_finite=finite)
-            loss_scale = precision.update_loss_scale(loss_scale, finite)
-        new = TrainState(params, new_state, opt_state, train_state.step + 1, rng,
-                         new_loss_state, average, loss_scale)
-        if jax.tree.leaves(aux.outputs):
-            return new, metrics, aux.outputs
-        return new, metrics
+        _check_state_fits(train_state, not _is_empty(train_state.loss_state), takes_loss_state,
+                          loss_fn, ema_decay)
+        out = gradient(train_state, batch, key)
+        new = apply(train_state, out)._replace(step=train_state.step + 1, rng=rng)
+        if jax.tree.leaves(out.outputs):
+            return new, out.metrics, out.outputs
+        return new, out.metrics
 
     return step
 
@@ -515,7 +490,9 @@ def make_scaled_train_step(loss_fn: Callable, optimizer, *,
     put into the train state for the step (the ``train_state`` returned holds none).
 
     Args:
-      loss_fn, optimizer, axis_name: as for :func:`make_train_step`.
+      loss_fn: as for :func:`make_train_step`.
+      optimizer: as for :func:`make_train_step`.
+      axis_name: as for :func:`make_train_step`; default None (one device).
 
     Returns:
       ``step(train_state, loss_scale, batch) -> (train_state, loss_scale, metrics)``,
@@ -560,6 +537,179 @@ def make_scaled_train_step(loss_fn: Callable, optimizer, *,
     return step
 
 
+# --------------------------------------------------------------------------- #
+# make_train_step's stages. The gradient side maps (train_state, batch, key) to
+# a _Gradients record; the update side maps (train_state, _Gradients) to the new
+# TrainState. Each stage is built once, when the step is built, and wraps the
+# stage before it; whatever depends on the TrainState (loss scaling, loss state)
+# is decided at trace time from its structure, so a stage that has nothing to do
+# adds no operation to the step.
+# --------------------------------------------------------------------------- #
+
+class _Gradients(NamedTuple):
+    """What the gradient stages hand to the update stages."""
+
+    grads: Any       # of the trained params (updater.select)
+    metrics: dict    # {"loss": ..., [grad_norm], **Aux.metrics, [loss_scale, grads_finite]}
+    state: Any       # the new layer state
+    loss_state: Any  # the new loss state (whatever came in when the TrainState holds none)
+    outputs: Any     # Aux.outputs, never averaged
+    finite: Any = None  # under loss scaling: whether every gradient is finite
+
+
+def _scaling(train_state) -> bool:
+    """Whether the step scales the loss: the TrainState was created with ``loss_scale=``."""
+    return isinstance(train_state.loss_scale, precision.LossScale)
+
+
+def _objective(loss_fn, takes_loss_state, merge):
+    """``loss_fn`` called as its signature asks (``loss_state=`` by keyword or not at all) on
+    the full params: ``(ts, trained, state, loss_state, batch, key) -> (loss, aux)``."""
+    def objective(ts, trained, state, loss_state, batch, key):
+        params = merge(ts.params, trained)
+        if takes_loss_state:
+            out = loss_fn(params, state, batch, key, loss_state=loss_state)
+        else:
+            out = loss_fn(params, state, batch, key)
+        return _check_loss_output(out, loss_fn)
+    return objective
+
+
+def _loss_scaled(objective):
+    """Loss scaling's first part, torch's ``GradScaler.scale(loss)``: the loss times ``S``
+    (:func:`funcnet.precision.scale_loss`) before differentiation; a no-op without one."""
+    def scaled(ts, *args):
+        loss, aux = objective(ts, *args)
+        return (precision.scale_loss(ts.loss_scale, loss) if _scaling(ts) else loss), aux
+    return scaled
+
+
+def _gradient(objective, select):
+    """``jax.value_and_grad`` of ``objective`` with respect to the trained params (torch's
+    ``loss.backward()``): ``(ts, state, loss_state, batch, key) -> (loss, aux, grads)``."""
+    def one(ts, state, loss_state, batch, key):
+        has_loss_state = not _is_empty(ts.loss_state)
+        (loss, aux), grads = jax.value_and_grad(partial(objective, ts), has_aux=True)(
+            select(ts), state, loss_state, batch, key)
+        aux = _checked_aux(aux, has_loss_state)
+        return loss, aux._replace(loss_state=aux.loss_state if has_loss_state
+                                  else loss_state), grads
+    return one
+
+
+def _microbatched(one, select, k):
+    """The gradient stage over ``k`` micro-batches (``_accumulate``; torch's gradient
+    accumulation with ``loss / k``), or over the whole batch when ``k == 1``:
+    ``(ts, batch, key) -> (loss, aux, grads)``."""
+    if k == 1:
+        return lambda ts, batch, key: one(ts, ts.state, ts.loss_state, batch, key)
+    return lambda ts, batch, key: _accumulate(one, ts, select(ts), batch, key, k)
+
+
+def _measured(gradient):
+    """The gradient stage's results as a :class:`_Gradients`, with ``metrics = {"loss":
+    loss, **aux.metrics}`` and the loss divided by the loss scale ``S`` again."""
+    def measured(ts, batch, key):
+        loss, aux, grads = gradient(ts, batch, key)
+        if _scaling(ts):
+            loss = loss / ts.loss_scale.scale
+        return _Gradients(grads, {"loss": loss, **aux.metrics}, aux.state, aux.loss_state,
+                          aux.outputs)
+    return measured
+
+
+def _cross_device(gradient, axis_name):
+    """Data parallelism under ``axis_name`` (torch's DDP): a dropout key per device, then the
+    mean over devices of the gradients (:func:`_mean_gradients`, the ``check_vma`` rule),
+    the metrics and the floating layer and loss state. A no-op without ``axis_name``."""
+    if axis_name is None:
+        return gradient
+
+    def averaged(ts, batch, key):
+        out = gradient(ts, batch, jax.random.fold_in(key, jax.lax.axis_index(axis_name)))
+        # Keeps replicas identical when a stateful layer or loss was not synced itself
+        # (e.g. center_loss called without axis_name); a no-op for synced state.
+        loss_state = out.loss_state
+        if not _is_empty(ts.loss_state):
+            loss_state = _pmean_floating(loss_state, axis_name)
+        return out._replace(grads=_mean_gradients(out.grads, axis_name),
+                            metrics=jax.lax.pmean(out.metrics, axis_name),
+                            state=_pmean_floating(out.state, axis_name), loss_state=loss_state)
+    return averaged
+
+
+def _unscaled(gradient):
+    """Loss scaling's second part, torch's ``GradScaler.unscale_``: the gradients divided by
+    ``S`` (after the cross-device mean, so every device sees the same ``finite``), and
+    ``metrics["loss_scale"]``, ``metrics["grads_finite"]``. A no-op without loss scaling."""
+    def unscaled(ts, batch, key):
+        out = gradient(ts, batch, key)
+        if not _scaling(ts):
+            return out
+        grads = precision.unscale_grads(ts.loss_scale, out.grads)
+        finite = precision.all_finite(grads)
+        metrics = dict(out.metrics, loss_scale=ts.loss_scale.scale, grads_finite=finite)
+        return out._replace(grads=grads, metrics=metrics, finite=finite)
+    return unscaled
+
+
+def _clipped(gradient, clip_grad_norm, report_norm):
+    """torch's ``clip_grad_norm_(params, clip_grad_norm)`` and ``metrics["grad_norm"]``
+    (:func:`_clip_and_report_norm`); a no-op when neither is asked for."""
+    if clip_grad_norm is None and not report_norm:
+        return gradient
+
+    def clipped(ts, batch, key):
+        out = gradient(ts, batch, key)
+        grads, metrics = _clip_and_report_norm(out.grads, out.metrics, clip_grad_norm,
+                                               report_norm)
+        return out._replace(grads=grads, metrics=metrics)
+    return clipped
+
+
+def _updated(updater):
+    """The optimizer step, torch's ``optimizer.step()`` (optax ``update`` and
+    ``apply_updates``, per model under ``update=``): ``(ts, gradients) -> TrainState``
+    with the new params, optimizer state, layer state and loss state (``step`` and ``rng``
+    are the step's to advance)."""
+    def apply(ts, out):
+        params, opt_state = updater.apply(out.grads, ts, out.metrics["loss"])
+        loss_state = out.loss_state if not _is_empty(ts.loss_state) else ts.loss_state
+        return TrainState(params, out.state, opt_state, ts.step, ts.rng, loss_state, ts.ema,
+                          ts.loss_scale)
+    return apply
+
+
+def _ema(apply, decay, start):
+    """The update stage followed by one :class:`EMA` update of the new params
+    (:func:`_ema_update`, torch's ``AveragedModel.update_parameters``); a no-op without
+    ``ema_decay``."""
+    if decay is None:
+        return apply
+
+    def averaged(ts, out):
+        new = apply(ts, out)
+        return new._replace(ema=_ema_update(ts.ema, new.params, decay, start))
+    return averaged
+
+
+def _skip_nonfinite(apply):
+    """Loss scaling's last part, torch's ``GradScaler.step`` and ``update``: when a gradient
+    is inf/NaN the params, layer state, optimizer state, loss state and EMA stay as they
+    were; then :func:`funcnet.precision.update_loss_scale`. A no-op without loss scaling."""
+    def guarded(ts, out):
+        new = apply(ts, out)
+        if out.finite is None:
+            return new
+        fields = ("params", "state", "opt_state", "loss_state", "ema")
+        kept = jax.tree.map(lambda a, b: jnp.where(out.finite, a, b),
+                            tuple(getattr(new, f) for f in fields),
+                            tuple(getattr(ts, f) for f in fields))
+        return new._replace(**dict(zip(fields, kept)),
+                            loss_scale=precision.update_loss_scale(ts.loss_scale, out.finite))
+    return guarded
+
+
 def _accumulate(one, train_state, trained, batch, key, k):
     """``one`` over ``k`` micro-batches of ``batch`` in a ``lax.scan``: the mean loss,
     the last Aux (state and loss state threaded through; metrics averaged; outputs
@@ -570,7 +720,7 @@ def _accumulate(one, train_state, trained, batch, key, k):
     def body(carry, xs):
         state, loss_state, total = carry
         chunk, i = xs
-        loss, aux, grads = one(state, loss_state, chunk, jax.random.fold_in(key, i))
+        loss, aux, grads = one(train_state, state, loss_state, chunk, jax.random.fold_in(key, i))
         total = jax.tree.map(jnp.add, total, grads)
         return (aux.state, aux.loss_state, total), (loss, aux.metrics, aux.outputs)
 

@@ -11,8 +11,8 @@ import optax
 import pytest
 
 from funcnet import callbacks, checkpoint, data, distributed, optim, sharding
-from funcnet import loop as loop_module
-from funcnet._loop_resume import checkpoint_extras
+from funcnet.loop import _fit as loop_module
+from funcnet.loop._resume import checkpoint_extras
 from funcnet import serial
 from funcnet.inference import make_predict_fn
 from funcnet.layers import Dense, Embedding, Relu

@@ -1,5 +1,9 @@
 """funcnet.datasets.mnist: the search order, checksums, download (only through file://
 URLs: tests never touch the network), and the shipped copy."""
+import socket
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -14,6 +18,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setattr(mnist, "REPO_DATA_DIR", tmp_path / "repo")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("FUNCNET_DATA_DIR", raising=False)
+    monkeypatch.delenv("FUNCNET_MNIST_MIRRORS", raising=False)
     monkeypatch.setattr(mnist, "MNIST_MIRRORS", ((tmp_path / "no-mirror").as_uri() + "/",))
     monkeypatch.setattr(mnist, "MNIST_MD5", {})
     return tmp_path
@@ -116,6 +121,69 @@ def test_mnist_download_with_bad_checksum_leaves_nothing(isolated, monkeypatch):
         mnist.load("test")
     cache = isolated / "xdg" / "funcnet" / "mnist"
     assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def test_mnist_mirrors_from_environment(isolated, monkeypatch):
+    _, labels, md5 = make_mnist_dir(isolated / "mirror", 7, split="test")
+    monkeypatch.setattr(mnist, "MNIST_MD5", md5)
+    # the module's mirror (isolated's) is unreachable: only the variable's second URL has the files
+    monkeypatch.setenv("FUNCNET_MNIST_MIRRORS", f"file:///definitely/not/here/, {(isolated / 'mirror').as_uri()}")
+    np.testing.assert_array_equal(mnist.load("test")[1], labels)
+    assert (isolated / "xdg" / "funcnet" / "mnist" / "t10k-labels-idx1-ubyte.gz").is_file()
+
+
+def _closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mnist_offline_error_is_fast_and_says_how_to_fix(isolated, monkeypatch):
+    mirror = f"http://127.0.0.1:{_closed_port()}/mnist/"
+    monkeypatch.setenv("FUNCNET_MNIST_MIRRORS", mirror)
+    start = time.perf_counter()
+    with pytest.raises(datasets.MNISTNotFoundError) as info:
+        mnist.load("test")
+    assert time.perf_counter() - start < 5
+    msg = str(info.value)
+    cache = isolated / "xdg" / "funcnet" / "mnist"
+    # the URL that failed, where to put a manual download, and the two other ways out
+    assert f"download {mirror}t10k-images-idx3-ubyte.gz and {mirror}t10k-labels-idx1-ubyte.gz into {cache}" in msg
+    assert "FUNCNET_MNIST_MIRRORS" in msg and "load(data_dir=...)" in msg and "FUNCNET_DATA_DIR" in msg
+
+
+def test_mnist_download_timeout_bounds_the_offline_wait():
+    # a network that drops packets costs the timeout once per mirror before the error: keep it short
+    assert mnist._DOWNLOAD_TIMEOUT_S * len(mnist.MNIST_MIRRORS) <= 30
+
+
+def test_mnist_mirror_that_is_not_http_is_a_download_failure(isolated, monkeypatch):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def answer_garbage():  # e.g. a port that belongs to another service
+        conn, _ = server.accept()  # one file, one mirror: load() stops at the first failed file
+        with conn:
+            conn.recv(1024)
+            conn.sendall(b"SSH-2.0-OpenSSH\r\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    monkeypatch.setenv("FUNCNET_MNIST_MIRRORS", f"http://127.0.0.1:{server.getsockname()[1]}/")
+    try:
+        with pytest.raises(datasets.MNISTNotFoundError, match="127.0.0.1"):
+            mnist.load("test")
+    finally:
+        server.close()
+
+
+def test_mnist_installed_without_a_checkout_does_not_list_a_repository_copy(isolated, monkeypatch):
+    # installed from a wheel, REPO_DATA_DIR points at <prefix>/lib/python3.X/data/mnist, which never exists
+    monkeypatch.setattr(mnist, "REPO_DATA_DIR", isolated / "site" / "data" / "mnist")
+    with pytest.raises(datasets.MNISTNotFoundError) as info:
+        mnist.load("test")
+    assert "repository copy" not in str(info.value) and "site" not in str(info.value)
 
 
 def test_mnist_bad_split():

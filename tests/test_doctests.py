@@ -33,6 +33,9 @@ EXEMPT = {
     "funcnet.errors": {"StateDictMismatchError", "CheckpointError", "CheckpointCorruptError",
                        "CheckpointMismatchError", "CheckpointVersionError",
                        "CheckpointOwnershipError", "CorruptFileError", "MNISTNotFoundError"},
+    # needs the optional jax2onnx and onnxruntime (the onnx extra, not in the test extra: ~500 MB);
+    # tests/test_onnx.py runs it against onnxruntime where they are installed
+    "funcnet.onnx": {"to_onnx"},
 }
 
 

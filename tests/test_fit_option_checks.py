@@ -13,7 +13,7 @@ import funcnet
 from funcnet import callbacks, data, metrics
 from funcnet.errors import ArgumentError
 from funcnet.layers import Dense
-from funcnet.loop import _dispatch_plan
+from funcnet.loop._epoch import _dispatch_plan
 from funcnet.train import Aux, TrainState
 
 X = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)

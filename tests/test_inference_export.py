@@ -283,7 +283,7 @@ def rewrite_header(data: bytes, change, *, version: int = 2) -> bytes:
 
 def test_damaged_and_foreign_files_are_refused(tmp_path):
     net, params, state = _linear()
-    path = export(net, params, state, (-1, 4), tmp_path / "m.export")
+    path = export(net, params, state, (-1, 4), tmp_path / "m.export", format_version=2)
     data = path.read_bytes()
     (tmp_path / "flipped").write_bytes(data[:-20] + bytes([data[-20] ^ 1]) + data[-19:])
     with pytest.raises(ValueError, match="corrupt"):

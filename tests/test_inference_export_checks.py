@@ -117,15 +117,16 @@ def test_conversions_that_would_wrap_or_overflow_are_refused(tmp_path, exported,
 # ------------------------------------------------------------------ the header's checksum
 
 
-def _linear(tmp_path):
+def _linear(tmp_path, format_version=3):
     net = Dense(3)
     _, params, state = net.init(jax.random.key(0), (-1, 4))
-    path = export(net, params, state, (-1, 4), tmp_path / "m.export")
+    path = export(net, params, state, (-1, 4), tmp_path / "m.export",
+                  format_version=format_version)
     return path, make_predict_fn(net, params, state)
 
 
 def test_a_changed_header_byte_is_refused_as_corruption(tmp_path):
-    path, _ = _linear(tmp_path)
+    path, _ = _linear(tmp_path, 2)
     data = path.read_bytes()
     end = _header_end(data)
     head = data[N:end]
@@ -143,7 +144,7 @@ def test_a_changed_header_byte_is_refused_as_corruption(tmp_path):
 
 
 def test_every_single_bit_flip_before_the_weights_is_refused(tmp_path):
-    path, _ = _linear(tmp_path)
+    path, _ = _linear(tmp_path, 2)
     data = path.read_bytes()
     end = _header_end(data)
     target = tmp_path / "bad.export"
@@ -159,7 +160,7 @@ def test_every_single_bit_flip_before_the_weights_is_refused(tmp_path):
 
 
 def test_format_1_files_still_load_with_a_warning(tmp_path):
-    path, predict = _linear(tmp_path)
+    path, predict = _linear(tmp_path, 2)
     data = path.read_bytes()
     assert b'"version": 2' in data[N:_header_end(data)]
     old = tmp_path / "v1.export"
@@ -185,7 +186,7 @@ def test_format_1_files_still_load_with_a_warning(tmp_path):
 def test_a_64_bit_export_needs_x64_to_load(tmp_path):
     if jax.config.jax_enable_x64:
         pytest.skip("the check is for processes with jax_enable_x64 off")
-    path, _ = _linear(tmp_path)
+    path, _ = _linear(tmp_path, 2)
     # the header of a file exported with x64 on: float64 weights (its checksum right)
     wide = tmp_path / "x64.export"
     wide.write_bytes(_rewrite_header(path.read_bytes(),

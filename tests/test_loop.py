@@ -276,7 +276,7 @@ def test_stacked_host_batches_errors_name_the_batches():
 
 
 def test_steps_per_dispatch_default_and_checks():
-    from funcnet.loop import _check_dispatch
+    from funcnet.loop._fit import _check_dispatch
     ckpt4 = callbacks.Checkpoint("unused", every_steps=4, every_epochs=None)
     assert _check_dispatch(None, True, [], 50) == 50             # log_every
     assert _check_dispatch(None, True, [ckpt4, callbacks.EarlyStopping()], 50) == 2

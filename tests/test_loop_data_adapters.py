@@ -1,5 +1,5 @@
 """fit's host batches from any framework: every leaf goes through np.asarray once, at the
-host boundary (funcnet._loop_checks.host_arrays), or fails naming its type and batch."""
+host boundary (funcnet.loop._checks.host_arrays), or fails naming its type and batch."""
 import re
 
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from funcnet import losses
-from funcnet._loop_checks import host_arrays
+from funcnet.loop._checks import host_arrays
 from funcnet.loop import fit
 from funcnet.train import Aux
 from helpers.torch_ref import torch

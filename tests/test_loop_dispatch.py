@@ -9,8 +9,9 @@ import optax
 import pytest
 
 import funcnet
-from funcnet import data, loop, xla
+from funcnet import data, xla
 from funcnet.layers import Conv, ConvTranspose, Dense, Flatten, Relu
+from funcnet.loop import _fit as loop
 from funcnet.train import Aux, TrainState, make_train_step
 
 CPU = jax.default_backend() == "cpu"

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import funcnet
 from funcnet import callbacks, checkpoint, data, distributed, losses, sharding
-from funcnet._loop_resume import EpochSums
+from funcnet.loop._resume import EpochSums
 from funcnet.layers import Dense, LayerNorm, Relu
 from funcnet.models import GPT
 from funcnet.train import Aux, TrainState, make_train_step

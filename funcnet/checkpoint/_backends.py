@@ -3,6 +3,7 @@ backend, and the choice of backend by name."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, List, Optional, Protocol, runtime_checkable
 
@@ -57,15 +58,17 @@ class NpzCheckpointer:
     Args:
       directory: the checkpoint directory.
       keep: ``keep=`` of :func:`save`.
-      run_id, overwrite: as for :func:`save`.
+      run_id: the run the checkpoints belong to, as for :func:`save`.
+      overwrite: write into another run's directory, as for :func:`save`.
       max_gather_bytes: the largest sharded state to gather (default 2 GiB; None:
         no limit).
     """
 
     every_process_saves = False
 
-    def __init__(self, directory, *, keep: Optional[int] = None, run_id: Optional[str] = None,
-                 overwrite: bool = False, max_gather_bytes: Optional[int] = 2 ** 31):
+    def __init__(self, directory: str | os.PathLike, *, keep: Optional[int] = None,
+                 run_id: Optional[str] = None, overwrite: bool = False,
+                 max_gather_bytes: Optional[int] = 2 ** 31) -> None:
         if keep is not None:
             keep = checks.positive_int("NpzCheckpointer", "keep (or None)", keep)
         if max_gather_bytes is not None:
@@ -126,8 +129,9 @@ def _check_gatherable(tree, limit: Optional[int]) -> None:
                          f"gathering, or raise max_gather_bytes.")
 
 
-def checkpointer_for(target, *, backend: str = "npz", keep: Optional[int] = None,
-                     overwrite: bool = False, where: str = "checkpointer_for"):
+def checkpointer_for(target: str | os.PathLike | Checkpointer, *, backend: str = "npz",
+                     keep: Optional[int] = None, overwrite: bool = False,
+                     where: str = "checkpointer_for") -> Checkpointer:
     """``target`` itself if it is a :class:`funcnet.checkpoint.Checkpointer`, else the
     ``backend`` (``"npz"`` or ``"orbax"``) checkpointer of the directory ``target``."""
     if isinstance(target, Checkpointer):

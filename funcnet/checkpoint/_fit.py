@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet._loop_position import LoopPosition
+from funcnet.core import PyTree
 from funcnet.checkpoint._npz import all_steps, restore_within
 from funcnet.checkpoint._backends import Checkpointer, NpzCheckpointer
 from funcnet.checkpoint._orbax import OrbaxCheckpointer
@@ -45,7 +46,8 @@ class FitCheckpoint(NamedTuple):
     extras: dict
 
 
-def restore_fit_checkpoint(source, target, step: Optional[int] = None) -> FitCheckpoint:
+def restore_fit_checkpoint(source: str | os.PathLike | Checkpointer, target: PyTree,
+                           step: Optional[int] = None) -> FitCheckpoint:
     """Reads a checkpoint ``fit`` wrote, with a target for its train state only.
 
     Args:
@@ -81,7 +83,8 @@ def restore_fit_checkpoint(source, target, step: Optional[int] = None) -> FitChe
     return FitCheckpoint(_on_device(restored["train_state"], target), position, step, rest)
 
 
-def restore_train_state(source, target, step: Optional[int] = None):
+def restore_train_state(source: str | os.PathLike | Checkpointer, target: PyTree,
+                        step: Optional[int] = None) -> PyTree:
     """The :class:`funcnet.train.TrainState` of a checkpoint ``fit`` wrote: for
     inference, evaluation or fine-tuning from it, whatever else the checkpoint holds.
     ``restore_fit_checkpoint(source, target, step).train_state``; the arguments are

@@ -23,6 +23,7 @@ from funcnet.checkpoint._ownership import (CheckpointInfo, host, owner_for_save,
                                            steps_to_rotate)
 from funcnet.errors import (CheckpointCorruptError, CheckpointError, CheckpointMismatchError,
                             CheckpointVersionError)
+from funcnet.core import PyTree
 from funcnet.fileio import atomic_write
 
 __all__ = ["save", "restore", "latest_step", "all_steps", "info", "is_prng_key"]
@@ -55,7 +56,7 @@ def _check_step(step) -> int:
     return step
 
 
-def all_steps(directory, *, finite_only: bool = False) -> List[int]:
+def all_steps(directory: str | os.PathLike, *, finite_only: bool = False) -> List[int]:
     """The steps that have a complete checkpoint in ``directory``, ascending.
 
     Temporary files of unfinished saves are not listed. A missing directory
@@ -74,14 +75,14 @@ def all_steps(directory, *, finite_only: bool = False) -> List[int]:
     return steps
 
 
-def latest_step(directory, *, finite_only: bool = False) -> Optional[int]:
+def latest_step(directory: str | os.PathLike, *, finite_only: bool = False) -> Optional[int]:
     """The highest saved step in ``directory`` (with ``finite_only``, the highest
     finite one: what a resume after a diverged run wants), or ``None``."""
     steps = all_steps(directory, finite_only=finite_only)
     return steps[-1] if steps else None
 
 
-def info(directory, step=None) -> CheckpointInfo:
+def info(directory: str | os.PathLike, step: Optional[int] = None) -> CheckpointInfo:
     """The :class:`CheckpointInfo` of ``step`` (default: the latest) in ``directory``.
 
     Raises ``FileNotFoundError`` when there is no such checkpoint and the
@@ -249,8 +250,9 @@ def _clean_stale_tmp(directory: Path) -> None:
             pass
 
 
-def save(directory, train_state, step, *, keep: Optional[int] = None, run_id: Optional[str] = None,
-         finite: Optional[bool] = None, overwrite: bool = False) -> Path:
+def save(directory: str | os.PathLike, train_state: PyTree, step: int, *, keep: Optional[int] = None,
+         run_id: Optional[str] = None, finite: Optional[bool] = None,
+         overwrite: bool = False) -> Path:
     """Writes ``train_state`` as the checkpoint of ``step`` (atomically).
 
     Args:
@@ -479,7 +481,8 @@ def _place(value, like):
     return value
 
 
-def restore(directory, target=None, step=None):
+def restore(directory: str | os.PathLike, target: Optional[PyTree] = None,
+            step: Optional[int] = None) -> PyTree:
     """Loads a checkpoint written by :func:`save`.
 
     Args:

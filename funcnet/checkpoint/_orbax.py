@@ -31,6 +31,7 @@ when an :class:`OrbaxCheckpointer` is made.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -126,13 +127,16 @@ class OrbaxCheckpointer:
         :func:`funcnet.checkpoint.save`); ``None`` keeps all.
       async_: ``True`` (default): ``save`` returns once the arrays are on the
         host and the files are written in the background; ``False`` waits.
-      run_id, overwrite: as for :func:`funcnet.checkpoint.save`.
+      run_id: the run the checkpoints belong to, as for :func:`funcnet.checkpoint.save`.
+      overwrite: write into another run's directory, as for
+        :func:`funcnet.checkpoint.save`.
     """
 
     every_process_saves = True
 
-    def __init__(self, directory, *, keep: Optional[int] = None, async_: bool = True,
-                 run_id: Optional[str] = None, overwrite: bool = False):
+    def __init__(self, directory: str | os.PathLike, *, keep: Optional[int] = None,
+                 async_: bool = True, run_id: Optional[str] = None,
+                 overwrite: bool = False) -> None:
         ocp = _orbax()
         if keep is not None:
             keep = checks.positive_int("OrbaxCheckpointer", "keep (or None)", keep)

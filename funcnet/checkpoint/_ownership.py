@@ -53,7 +53,7 @@ def host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
 
 
-def owner_for_save(where: str, directory, infos: Dict[int, CheckpointInfo], step: int,
+def owner_for_save(where: str, directory: str | os.PathLike, infos: Dict[int, CheckpointInfo], step: int,
                    run_id: Optional[str], *, overwrite: bool = False) -> str:
     """The run id a new checkpoint of ``step`` is saved under (the rule of :func:`save`'s
     ``run_id``, shared by the backends), or :class:`CheckpointOwnershipError`.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import gzip
 import hashlib
+import os
 import threading
 import zlib
 from pathlib import Path
@@ -59,7 +60,7 @@ def _parse_idx(data: bytes, path) -> np.ndarray:
     return arr.astype(dtype.newbyteorder("="), copy=False)
 
 
-def read_idx(path, *, md5: Optional[str] = None) -> np.ndarray:
+def read_idx(path: str | os.PathLike, *, md5: Optional[str] = None) -> np.ndarray:
     """Reads an idx file (gzip-compressed or raw; detected from the content).
 
     Args:

@@ -5,9 +5,11 @@
 ```
 1. the ``data_dir`` argument          (the directory itself, then data_dir/mnist)
 2. ``$FUNCNET_DATA_DIR``              (the directory itself, then .../mnist)
-3. the repository's ``data/mnist/``   (shipped with the source checkout)
+3. the repository's ``data/mnist/``   (a source checkout only; an installed wheel has no data/)
 4. the user cache                     ($XDG_CACHE_HOME/funcnet/mnist or ~/.cache/funcnet/mnist)
-5. a download from the public mirrors into the user cache
+5. a download from the mirrors into the user cache: ``$FUNCNET_MNIST_MIRRORS`` if set
+   (base URLs separated by spaces or commas, e.g. an internal mirror or a local
+   ``python -m http.server``), else :data:`MNIST_MIRRORS`
 ```
 
 The first directory that holds both files of a split wins (images and labels
@@ -20,6 +22,7 @@ size and modification time.
 
 from __future__ import annotations
 
+import http.client
 import os
 import urllib.error
 import urllib.request
@@ -57,7 +60,15 @@ MNIST_MIRRORS = (
 #: The copy shipped with a source checkout: ``<repo>/data/mnist``.
 REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "mnist"
 
-_DOWNLOAD_TIMEOUT_S = 60
+# Seconds without a byte before a mirror counts as unreachable. Offline, a firewall that drops packets
+# costs this once per mirror (30 s for the two), instead of minutes, before the error says what to do.
+_DOWNLOAD_TIMEOUT_S = 15
+
+
+def _mirrors() -> tuple:
+    """``$FUNCNET_MNIST_MIRRORS`` (spaces or commas between URLs) if set, else :data:`MNIST_MIRRORS`."""
+    env = os.environ.get("FUNCNET_MNIST_MIRRORS", "").replace(",", " ").split()
+    return tuple(env) or MNIST_MIRRORS
 
 
 def _cache_dir() -> Path:
@@ -73,7 +84,8 @@ def _search_dirs(data_dir) -> list:
         if root is not None:
             root = Path(root).expanduser()
             dirs += [(what, root), (what, root / "mnist")]
-    dirs.append(("repository copy", REPO_DATA_DIR))
+    if REPO_DATA_DIR.parent.is_dir():  # the checkout's data/: an installed wheel has none
+        dirs.append(("repository copy", REPO_DATA_DIR))
     dirs.append(("user cache", _cache_dir()))
     return dirs
 
@@ -100,14 +112,31 @@ def _download(url: str, dest: Path, md5: Optional[str]) -> None:
 
 
 def _fetch(name: str, cache: Path, errors: list) -> bool:
-    for mirror in MNIST_MIRRORS:
+    for mirror in _mirrors():
         url = mirror.rstrip("/") + "/" + name + ".gz"
         try:
             _download(url, cache / (name + ".gz"), MNIST_MD5.get(name))
             return True
-        except (OSError, urllib.error.URLError, CorruptFileError, ValueError) as e:
+        # HTTPException (BadStatusLine: the port speaks something other than HTTP) is not an OSError
+        except (OSError, urllib.error.URLError, http.client.HTTPException, CorruptFileError,
+                ValueError) as e:
             errors.append(f"{url}: {e}")
     return False
+
+
+def _not_found(split, names, places, errors, cache) -> MNISTNotFoundError:
+    """The error of a failed search: the files, every place searched, every download tried, the fixes."""
+    looked = "\n".join(f"  - {d} ({what})" for what, d in places)
+    tried = "\n".join(f"  - {e}" for e in errors) if errors is not None else "  (download=False)"
+    mirrors = _mirrors()
+    fetch = (f"download {' and '.join(mirrors[0].rstrip('/') + '/' + n + '.gz' for n in names)} into {cache}"
+             if mirrors else f"put {' and '.join(names)} (.gz or raw) into {cache}")
+    return MNISTNotFoundError(
+        f"mnist.load: could not find the {split} files {', '.join(n + '[.gz]' for n in names)}.\n"
+        f"Searched:\n{looked}\nDownload attempts:\n{tried}\n"
+        f"To fix: {fetch} (or into any directory, then pass load(data_dir=...) or set FUNCNET_DATA_DIR to "
+        f"it); or, if a mirror is reachable from here, set FUNCNET_MNIST_MIRRORS to its base URL "
+        f"and call load(download=True).")
 
 
 def load(split: str = "train", data_dir=None, flatten: bool = False, *,
@@ -119,8 +148,8 @@ def load(split: str = "train", data_dir=None, flatten: bool = False, *,
       data_dir: a directory holding the idx files (``.gz`` or uncompressed),
         searched first; see the module docstring for the full search order.
       flatten: return images as ``(N, 784)`` instead of ``(N, 28, 28, 1)``.
-      download: allow fetching from :data:`MNIST_MIRRORS` into the user cache
-        when no local copy is found.
+      download: allow fetching from the mirrors (``$FUNCNET_MNIST_MIRRORS``,
+        else :data:`MNIST_MIRRORS`) into the user cache when no local copy is found.
 
     Returns:
       ``(images, labels)``: float32 images in ``[0, 1]`` (pixel / 255) and int32
@@ -162,14 +191,7 @@ def load(split: str = "train", data_dir=None, flatten: bool = False, *,
             else:
                 found = [_find(cache, n) for n in names]
         if found is None:
-            looked = "\n".join(f"  - {d} ({what})" for what, d in places)
-            tried = ("\n".join(f"  - {e}" for e in errors) if download
-                     else "  (download=False)")
-            raise MNISTNotFoundError(
-                f"mnist.load: could not find the {split} files {', '.join(n + '[.gz]' for n in names)}.\n"
-                f"Searched:\n{looked}\nDownload attempts:\n{tried}\n"
-                f"Put the four idx files in a directory and pass load(data_dir=...) or set "
-                f"FUNCNET_DATA_DIR to it.")
+            raise _not_found(split, names, places, errors if download else None, cache)
     image_path, label_path = found
     images = read_idx_cached(image_path, MNIST_MD5.get(names[0]))
     labels = read_idx_cached(label_path, MNIST_MD5.get(names[1]))

@@ -125,35 +125,38 @@ def _name(layer: str, **options) -> str:
 # Layers without arguments.
 # --------------------------------------------------------------------------- #
 
-# max(x, 0): torch.nn.ReLU; gradient 0 at 0 in both.
 Relu = elementwise("Relu", jax.nn.relu)
-# min(max(x, 0), 6): torch.nn.ReLU6; gradient 0 at 0 and 6 in both.
+"""ReLU, ``max(x, 0)``, as ``torch.nn.ReLU``; gradient 0 at 0 in both."""
 Relu6 = elementwise("Relu6", jax.nn.relu6)
-# scale * elu(x, alpha) with the self-normalising constants: torch.nn.SELU; gradient
-# scale * alpha at 0 in both.
+"""ReLU6, ``min(max(x, 0), 6)``, as ``torch.nn.ReLU6``; gradient 0 at 0 and 6 in both."""
 Selu = elementwise("Selu", jax.nn.selu)
-# 1 / (1 + exp(-x)): torch.nn.Sigmoid.
+"""SELU, ``scale * elu(x, alpha)`` with the self-normalising constants, as ``torch.nn.SELU``;
+gradient ``scale * alpha`` at 0 in both."""
 Sigmoid = elementwise("Sigmoid", jax.nn.sigmoid)
-# torch.nn.Tanh.
+"""The logistic sigmoid, ``1 / (1 + exp(-x))``, as ``torch.nn.Sigmoid``."""
 Tanh = elementwise("Tanh", jnp.tanh)
-# relu6(x + 3) / 6: torch.nn.Hardsigmoid; gradient 0 at -3 and 3 in both.
+"""``tanh(x)``, as ``torch.nn.Tanh``."""
 Hardsigmoid = elementwise("Hardsigmoid", jax.nn.hard_sigmoid)
-# x * relu6(x + 3) / 6: torch.nn.Hardswish; gradient 0 at -3 and 1 at 3 in both.
+"""``relu6(x + 3) / 6``, as ``torch.nn.Hardsigmoid``; gradient 0 at -3 and 3 in both."""
 Hardswish = elementwise("Hardswish", jax.nn.hard_swish)
-# x * sigmoid(x): torch.nn.SiLU. Swish is the same layer (the same object), not a copy.
+"""``x * relu6(x + 3) / 6``, as ``torch.nn.Hardswish``; gradient 0 at -3 and 1 at 3 in both."""
 Silu = elementwise("Silu", jax.nn.silu)
+"""SiLU, ``x * sigmoid(x)``, as ``torch.nn.SiLU``. ``Swish`` is the same layer (the same
+object), not a copy."""
 Swish = Silu
-# x * tanh(softplus(x)): torch.nn.Mish. jax's softplus is the stable form, so large x
-# give x where torch's float32 kernel also gives x.
+"""Swish, the same layer object as ``Silu``: ``x * sigmoid(x)``, as ``torch.nn.SiLU``."""
 Mish = elementwise("Mish", jax.nn.mish)
-# log(sigmoid(x)) = -softplus(-x): torch.nn.LogSigmoid. Both use the stable form
-# min(x, 0) - log1p(exp(-|x|)), finite where log(sigmoid(x)) would give log(0).
+"""Mish, ``x * tanh(softplus(x))``, as ``torch.nn.Mish``. jax's softplus is the stable form,
+so large ``x`` give ``x`` where torch's float32 kernel also gives ``x``."""
 LogSigmoid = elementwise("LogSigmoid", jax.nn.log_sigmoid)
-# x / (1 + |x|): torch.nn.Softsign; gradient 1 at 0 in both (abs's gradient there is 0).
+"""``log(sigmoid(x)) = -softplus(-x)``, as ``torch.nn.LogSigmoid``. Both use the stable form
+``min(x, 0) - log1p(exp(-|x|))``, finite where ``log(sigmoid(x))`` would give ``log(0)``."""
 Softsign = elementwise("Softsign", jax.nn.soft_sign)
-# x - tanh(x): torch.nn.Tanhshrink, written as torch's composite is, so the gradient is
-# 1 - (1 - tanh(x)^2) in both, with the same rounding near 0.
+"""``x / (1 + |x|)``, as ``torch.nn.Softsign``; gradient 1 at 0 in both (abs's gradient there
+is 0)."""
 Tanhshrink = elementwise("Tanhshrink", lambda x: x - jnp.tanh(x))
+"""``x - tanh(x)``, as ``torch.nn.Tanhshrink``, written as torch's composite is, so the gradient
+is ``1 - (1 - tanh(x)^2)`` in both, with the same rounding near 0."""
 
 
 # --------------------------------------------------------------------------- #

@@ -17,11 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet import _mesh
 from funcnet.core import Layer, check_known, check_shape, named, need_rng, need_state
+from funcnet.initializers import Initializer
 from funcnet.layers.dense import linear
 from funcnet.layers.position import rope as _rope
 
@@ -63,7 +65,7 @@ def causal_mask(q_len: int, k_len: Optional[int] = None, *, offset: int = 0) -> 
     return jnp.arange(k_len)[None, :] <= jnp.arange(q_len)[:, None] + offset
 
 
-def padding_mask(valid) -> jax.Array:
+def padding_mask(valid: ArrayLike) -> jax.Array:
     """``(batch, k_len)`` booleans (``True`` = a real token) -> a ``(batch, 1, 1, k_len)`` mask.
 
     torch's ``key_padding_mask`` is ``True`` at *padding*: pass ``padding_mask(~kpm)``.
@@ -117,9 +119,12 @@ def _check_mask(where: str, mask, target: tuple, what: str = "mask"):
     return mask.reshape((1,) * (4 - len(shape)) + shape)
 
 
-def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bool = False,
-                          dropout: float = 0.0, rng=None, train: bool = False,
-                          implementation: Optional[str] = None, scale: Optional[float] = None):
+def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
+                          mask: Optional[ArrayLike] = None, bias: Optional[ArrayLike] = None,
+                          causal: bool = False, dropout: float = 0.0,
+                          rng: Optional[jax.Array] = None, train: bool = False,
+                          implementation: Optional[str] = None,
+                          scale: Optional[float] = None) -> jax.Array:
     """``softmax(q k^T * scale + bias, masked) v`` per head, on ``(B, T, H, D)`` arrays.
 
     The values may have their own head size ``Dv`` (``(B, S, H, Dv)``), as in
@@ -161,8 +166,10 @@ def dot_product_attention(query, key, value, *, mask=None, bias=None, causal: bo
         (the same when ``S == T``): with ``S != T`` it is ``mask=causal_mask(T, S)``
         here, and this ``causal=True`` is torch's ``attn_mask=torch.ones(T, S,
         dtype=torch.bool).tril(S - T)`` (docs/porting.md).
-      dropout, rng, train: dropout on the attention weights, applied only with
+      dropout: the dropout rate on the attention weights, applied only with
         ``train=True`` and ``dropout > 0``.
+      rng: the PRNG key of that dropout (needed only when it applies).
+      train: apply the dropout (inference leaves the weights as they are).
       implementation: None, ``"xla"``, ``"cudnn"`` or ``"reference"`` (above).
       scale: the factor of the logits, default ``1/sqrt(D)``.
 
@@ -285,7 +292,8 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
                        out_dim: Optional[int] = None, use_bias: bool = True,
                        dropout: float = 0.0, causal: bool = False, rope: bool = False,
                        rope_base: float = 10000.0, cache_length: Optional[int] = None,
-                       W_init=None, b_init=None, out_W_init=None,
+                       W_init: Optional[Initializer] = None, b_init: Optional[Initializer] = None,
+                       out_W_init: Optional[Initializer] = None,
                        implementation: Optional[str] = None,
                        num_kv_heads: Optional[int] = None, add_bias_kv: bool = False,
                        add_zero_attn: bool = False, need_weights: bool = False,

@@ -26,6 +26,7 @@ wrapped around.
 from __future__ import annotations
 
 import math
+from typing import Optional, Sequence, Tuple
 
 import jax
 import jax.export  # a submodule jax before 0.8 does not import by itself
@@ -38,6 +39,7 @@ from funcnet import initializers
 from funcnet import xla
 from funcnet.errors import ArgumentError
 from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
+from funcnet.initializers import Initializer
 from funcnet.layers._patches import patch_conv
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
 from funcnet.layers.dense import check_param_shapes
@@ -119,8 +121,12 @@ def _add_bias(out, params, out_spec: str):
 # Conv
 # --------------------------------------------------------------------------- #
 
-def Conv(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=None,
-         feature_group_count: int = 1, dimension_numbers=None, W_init=None, b_init=None,
+def Conv(out_chan: int, filter_shape: Sequence[int],
+         strides: Optional[int | Sequence[int]] = None,
+         padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
+         dilation: Optional[int | Sequence[int]] = None, feature_group_count: int = 1,
+         dimension_numbers: Optional[Tuple[str, str, str]] = None,
+         W_init: Optional[Initializer] = None, b_init: Optional[Initializer] = None,
          use_bias: bool = True, implementation: str = "auto",
          padding_mode: str = "zeros") -> Layer:
     """N-d convolution (cross-correlation), as ``torch.nn.Conv{1,2,3}d`` / ``lax.conv_general_dilated``.
@@ -425,9 +431,14 @@ def _transpose_pads(k: int, s: int, pad) -> tuple:
     return low, total - low
 
 
-def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", dilation=None,
-                  dimension_numbers=None, W_init=None, b_init=None, use_bias: bool = True,
-                  output_padding=0, feature_group_count: int = 1,
+def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
+                  strides: Optional[int | Sequence[int]] = None,
+                  padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
+                  dilation: Optional[int | Sequence[int]] = None,
+                  dimension_numbers: Optional[Tuple[str, str, str]] = None,
+                  W_init: Optional[Initializer] = None, b_init: Optional[Initializer] = None,
+                  use_bias: bool = True, output_padding: int | Sequence[int] = 0,
+                  feature_group_count: int = 1,
                   padding_mode: str = "zeros") -> Layer:
     """N-d transposed convolution, as ``torch.nn.ConvTranspose{1,2,3}d``.
 
@@ -468,8 +479,12 @@ def ConvTranspose(out_chan: int, filter_shape, strides=None, padding="VALID", di
       ``s - k`` extra positions (bias only), as Keras/lax do.
 
     Args:
-      out_chan, filter_shape, strides, dilation, dimension_numbers, use_bias:
-        as in :func:`Conv`.
+      out_chan: number of output channels, as in :func:`Conv`.
+      filter_shape: spatial kernel size, as in :func:`Conv`.
+      strides: int or one int per spatial axis, as in :func:`Conv`.
+      dilation: int or one int per spatial axis, as in :func:`Conv`.
+      dimension_numbers: ``(lhs, rhs, out)`` lax spec strings, as in :func:`Conv`.
+      use_bias: whether to add the bias ``b``, as in :func:`Conv`.
       padding: ``"VALID"``, ``"SAME"``, an int, or per-axis ints or
         ``(low, high)`` pairs, all as forward-conv padding (see above).
       output_padding: int or one int per spatial axis, added to the end of each

@@ -12,6 +12,7 @@ from funcnet import initializers
 from funcnet import _mesh
 from funcnet.errors import MismatchError
 from funcnet.core import Layer, check_input, check_known, check_shape, describe_tree, named
+from funcnet.initializers import Initializer
 
 __all__ = ["Dense", "linear"]
 
@@ -107,7 +108,8 @@ def linear(x, W, b=None):
     return out if b is None else out + b
 
 
-def Dense(out_dim: int, W_init=None, b_init=None, use_bias: bool = True, *,
+def Dense(out_dim: int, W_init: Optional[Initializer] = None,
+          b_init: Optional[Initializer] = None, use_bias: bool = True, *,
           in_dim: Optional[int] = None) -> Layer:
     """``y = x @ W + b`` over the last axis; ``W`` has shape ``(in_dim, out_dim)``.
 

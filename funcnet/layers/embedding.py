@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet import initializers
-from funcnet.core import Layer, as_layer, check_input, check_shape, named
+from funcnet.core import Layer, PyTree, as_layer, check_input, check_shape, named
+from funcnet.initializers import Initializer
 from funcnet.layers.dense import check_param_shapes, linear
 
 __all__ = ["Embedding", "TiedEmbedding", "embedding_renorm"]
@@ -39,7 +43,8 @@ def _check_max_norm(where, max_norm, norm_type):
     return max_norm, float(norm_type)
 
 
-def embedding_renorm(params, ids, max_norm: float, norm_type: float = 2.0):
+def embedding_renorm(params: PyTree, ids: ArrayLike, max_norm: float,
+                     norm_type: float = 2.0) -> PyTree:
     """The params of an :func:`Embedding` whose rows named in ``ids`` are renormalised as
     ``torch.nn.functional.embedding(..., max_norm=, norm_type=)`` renormalises them in
     place: each such row whose ``norm_type``-norm exceeds ``max_norm`` is multiplied by
@@ -106,8 +111,8 @@ def _freq_bwd(counts, g):
 _grad_by_inverse_freq.defvjp(_freq_fwd, _freq_bwd)
 
 
-def Embedding(vocab_size: int, dim: int, E_init=None, padding_idx=None, *,
-              max_norm=None, norm_type: float = 2.0,
+def Embedding(vocab_size: int, dim: int, E_init: Optional[Initializer] = None,
+              padding_idx: Optional[int] = None, *, max_norm: Optional[float] = None, norm_type: float = 2.0,
               scale_grad_by_freq: bool = False) -> Layer:
     """``y[..., :] = E[ids[...], :]``: integer ids of any shape ``S`` -> ``S + (dim,)``.
 
@@ -251,7 +256,8 @@ def _check_concrete_ids(layer: str, ids, n: int) -> None:
                          f"checked and give rows of NaN.")
 
 
-def TiedEmbedding(vocab_size: int, dim: int, body=None, E_init=None) -> Layer:
+def TiedEmbedding(vocab_size: int, dim: int, body: Optional[Layer] = None,
+                  E_init: Optional[Initializer] = None) -> Layer:
     """Token embedding, ``body``, and an output head that reuses the embedding table.
 
     ```

@@ -4,7 +4,7 @@ RMSNorm and GroupNorm."""
 from __future__ import annotations
 
 import math
-from typing import Hashable, Optional
+from typing import Hashable, Optional, Sequence
 
 import jax.numpy as jnp
 from jax import lax
@@ -444,7 +444,7 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
     return named(name, init, apply)
 
 
-def LayerNorm(axis=-1, epsilon: float = 1e-5, center: Optional[bool] = None, scale: bool = True,
+def LayerNorm(axis: int | Sequence[int] = -1, epsilon: float = 1e-5, center: Optional[bool] = None, scale: bool = True,
               use_bias: Optional[bool] = None) -> Layer:
     """Layer normalization, as ``torch.nn.LayerNorm``: per example, over ``axis``.
 
@@ -539,7 +539,8 @@ def LayerNorm(axis=-1, epsilon: float = 1e-5, center: Optional[bool] = None, sca
     return named(name, init, apply)
 
 
-def RMSNorm(axis=-1, epsilon: Optional[float] = None, scale: bool = True) -> Layer:
+def RMSNorm(axis: int | Sequence[int] = -1, epsilon: Optional[float] = None,
+            scale: bool = True) -> Layer:
     """Root-mean-square normalization, as ``torch.nn.RMSNorm``: per example, over ``axis``.
 
     ```

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -209,7 +210,9 @@ def _select_max(patches, mask, flat, return_indices):
     return out, jnp.sum(jnp.where(pick, flat, 0), axis=-2, dtype=jnp.int32)
 
 
-def MaxPool(window_shape, strides=None, padding="VALID", *, dilation=1, ceil_mode: bool = False,
+def MaxPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] = None,
+            padding: str | int | Sequence[int | Tuple[int, int]] = "VALID", *,
+            dilation: int | Sequence[int] = 1, ceil_mode: bool = False,
             return_indices: bool = False) -> Layer:
     """Max over each window, as ``torch.nn.MaxPool{1,2,3}d`` (on channels-last input).
 
@@ -326,8 +329,10 @@ def _spatially_split(x) -> bool:
     return spec is not None and any(p is not None for p in spec[1:-1])
 
 
-def AvgPool(window_shape, strides=None, padding="VALID", count_include_pad: bool = True, *,
-            ceil_mode: bool = False, divisor_override=None) -> Layer:
+def AvgPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] = None,
+            padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
+            count_include_pad: bool = True, *, ceil_mode: bool = False,
+            divisor_override: Optional[int] = None) -> Layer:
     """Mean over each window, as ``torch.nn.AvgPool{1,2,3}d`` (on channels-last input).
 
     ``y[n, o, c] = sum_k x_pad[n, o * stride + k - pad_lo, c] / D`` with zero
@@ -422,10 +427,12 @@ def _global_avg_apply(params, state, inputs, *, rng=None, train=False):
     return jnp.mean(inputs, axis=tuple(range(1, inputs.ndim - 1))), state
 
 
-# Mean over every axis but the first and the last: (N, *spatial, C) -> (N, C). A layer
-# value (use GlobalAvgPool, not GlobalAvgPool()); on channels-last input it equals
-# torch.nn.AdaptiveAvgPool2d(1) followed by flattening.
 GlobalAvgPool: Layer = named("GlobalAvgPool", _global_avg_init, _global_avg_apply)
+"""The mean over every axis but the first and the last: ``(N, *spatial, C) -> (N, C)``.
+
+A layer value (use ``GlobalAvgPool``, not ``GlobalAvgPool()``); on channels-last input it
+equals ``torch.nn.AdaptiveAvgPool2d(1)`` (1d, 3d) followed by flattening.
+"""
 
 
 def _global_max_init(rng, input_shape):
@@ -450,13 +457,15 @@ def _global_max_apply(params, state, inputs, *, rng=None, train=False):
                    dtype=inputs.dtype), state
 
 
-# Max over every axis but the first and the last: (N, *spatial, C) -> (N, C). A layer
-# value (use GlobalMaxPool, not GlobalMaxPool()); on channels-last input it equals
-# torch.nn.AdaptiveMaxPool2d(1) (1d, 3d) followed by flattening, gradients included:
-# with ties the whole gradient goes to the first maximum in row-major order, as torch's
-# adaptive max pooling and MaxPool do (jnp.max would split it between the ties). Integer
-# inputs keep their dtype.
 GlobalMaxPool: Layer = named("GlobalMaxPool", _global_max_init, _global_max_apply)
+"""The max over every axis but the first and the last: ``(N, *spatial, C) -> (N, C)``.
+
+A layer value (use ``GlobalMaxPool``, not ``GlobalMaxPool()``); on channels-last input it
+equals ``torch.nn.AdaptiveMaxPool2d(1)`` (1d, 3d) followed by flattening, gradients included:
+with ties the whole gradient goes to the first maximum in row-major order, as torch's
+adaptive max pooling and ``MaxPool`` do (``jnp.max`` would split it between the ties).
+Integer inputs keep their dtype.
+"""
 
 
 def _scatter_planes(size, v, idx, add):
@@ -510,7 +519,9 @@ def _unpool_shape(name: str, shape, window, strides, padding, output_size):
     return (shape[0],) + tuple(spatial) + (shape[-1],)
 
 
-def MaxUnpool(window_shape, strides=None, padding=0, output_size=None) -> Layer:
+def MaxUnpool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] = None,
+              padding: int | Sequence[int | Tuple[int, int]] = 0,
+              output_size: Optional[Sequence[int]] = None) -> Layer:
     """The inverse of :func:`MaxPool` with ``return_indices``, as ``torch.nn.MaxUnpool{1,2,3}d``.
 
     Takes ``(values, indices)``, both ``(N, *spatial, C)`` (channels-last), and
@@ -650,7 +661,7 @@ def _make_adaptive(name, output_size, reduce, two_outputs=False):
     return named(name, init, apply)
 
 
-def AdaptiveAvgPool(output_size) -> Layer:
+def AdaptiveAvgPool(output_size: Sequence[Optional[int]]) -> Layer:
     """Mean over adaptive bins, as ``torch.nn.AdaptiveAvgPool{1,2,3}d`` (channels-last).
 
     Output ``o`` along an axis of size ``in`` averages the input positions
@@ -692,7 +703,8 @@ def AdaptiveAvgPool(output_size) -> Layer:
     return _make_adaptive(name, output_size, reduce)
 
 
-def AdaptiveMaxPool(output_size, return_indices: bool = False) -> Layer:
+def AdaptiveMaxPool(output_size: Sequence[Optional[int]],
+                    return_indices: bool = False) -> Layer:
     """Max over adaptive bins, as ``torch.nn.AdaptiveMaxPool{1,2,3}d`` (channels-last).
 
     The bins are :func:`AdaptiveAvgPool`'s (PyTorch's). Ties and NaNs as in

@@ -4,18 +4,24 @@ and learned position tables. Sequences are (batch, time, features); attention he
 
 from __future__ import annotations
 
+from typing import Optional
+
+import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike, DTypeLike
 
 from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet import _mesh
 from funcnet.core import Layer, check_input, check_shape, named, need_state
+from funcnet.initializers import Initializer
 
 __all__ = ["sinusoidal_table", "rope", "LearnedPositions", "SinusoidalPositions"]
 
 
-def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, dtype=jnp.float32):
+def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0,
+                     dtype: DTypeLike = jnp.float32) -> jax.Array:
     """``(length, dim)``: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(p / base^(2i/dim)).
 
     Args:
@@ -45,7 +51,8 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, dtype=jnp.
     return table.astype(dtype)
 
 
-def rope(x, positions=None, *, base: float = 10000.0):
+def rope(x: ArrayLike, positions: Optional[ArrayLike] = None, *,
+         base: float = 10000.0) -> jax.Array:
     """Rotary position embedding (RoPE, Su et al. 2021) on ``x`` of shape ``(..., T, H, D)``.
 
     Feature ``i < D/2`` is paired with ``i + D/2`` (the "rotate-half" convention of
@@ -123,7 +130,8 @@ def _positions_layer(name, max_length, table_fn, params_fn, decode):
     return named(name, init, apply)
 
 
-def LearnedPositions(max_length: int, dim=None, E_init=None, *, decode: bool = False) -> Layer:
+def LearnedPositions(max_length: int, dim: Optional[int] = None,
+                     E_init: Optional[Initializer] = None, *, decode: bool = False) -> Layer:
     """``x + E[0:T]`` on ``(B, T, dim)``: a learned position table, nanoGPT's ``wpe``.
 
     params ``{"E": (max_length, dim)}``, torch ``nn.Embedding``'s ``weight`` layout

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Optional, Sequence, Tuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -252,7 +253,8 @@ def _resize(name: str, x, mode: str, scale_factor, size, align_corners: bool):
     return _interpolate(x, spatial, outs, factors, taps, copy_same=not cubic)
 
 
-def Upsample(scale_factor=None, size=None, mode: str = "nearest",
+def Upsample(scale_factor: Optional[float | Sequence[float]] = None,
+             size: Optional[int | Sequence[int]] = None, mode: str = "nearest",
              align_corners: bool = False) -> Layer:
     """Resizes the spatial axes of ``(N, *spatial, C)`` inputs, as ``torch.nn.Upsample``.
 
@@ -390,7 +392,7 @@ def _pad_spec(name: str, padding):
     return len(pairs), tuple(pairs)
 
 
-def ZeroPad(padding) -> Layer:
+def ZeroPad(padding: int | Sequence[int | Tuple[int, int]]) -> Layer:
     """Zero padding of the spatial axes of ``(N, *spatial, C)``, as ``torch.nn.ZeroPad{1,2,3}d``.
 
     ``y[n, p + before, c] = x[n, p, c]``, zeros elsewhere; the batch and channel

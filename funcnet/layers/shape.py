@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import jax.numpy as jnp
 
@@ -24,12 +25,14 @@ def _flatten_apply(params, state, inputs, *, rng=None, train=False):
     return inputs.reshape(inputs.shape[0], math.prod(inputs.shape[1:])), state
 
 
-# (N, d1, ..., dk) -> (N, d1 * ... * dk), in row-major (C) order like torch.nn.Flatten().
-# A layer value: use Flatten, not Flatten().
 Flatten: Layer = named("Flatten", _flatten_init, _flatten_apply)
+"""``(N, d1, ..., dk) -> (N, d1 * ... * dk)``, in row-major (C) order, as ``torch.nn.Flatten()``.
+
+A layer value: use ``Flatten``, not ``Flatten()``.
+"""
 
 
-def Reshape(shape) -> Layer:
+def Reshape(shape: int | Sequence[int]) -> Layer:
     """``(N, ...) -> (N, *shape)`` in row-major order, as ``x.reshape(x.shape[0], *shape)``.
 
     ``shape`` excludes the batch axis; at most one entry may be -1, inferred from

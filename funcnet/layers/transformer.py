@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from funcnet import _checks as checks
 from funcnet.combinators import Residual, serial
 from funcnet.core import Layer, check_input, check_known, check_shape, named
+from funcnet.initializers import Initializer
 from funcnet.layers.activations import Gelu
 from funcnet.layers.attention import MultiHeadAttention
 from funcnet.layers.dense import Dense
 from funcnet.layers.dropout import Dropout
 from funcnet.layers.normalization import LayerNorm
-from funcnet.precision import apply_policy, as_policy
+from funcnet.precision import Policy, apply_policy, as_policy
 
 __all__ = ["TransformerBlock"]
 
 
 def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float = 0.0,
-                     use_bias: bool = True, causal: bool = True, norm=None, activation=None,
-                     W_init=None, out_W_init=None, b_init=None, rope: bool = False,
+                     use_bias: bool = True, causal: bool = True,
+                     norm: Optional[Callable[[], Layer]] = None,
+                     activation: Optional[Layer] = None, W_init: Optional[Initializer] = None,
+                     out_W_init: Optional[Initializer] = None,
+                     b_init: Optional[Initializer] = None, rope: bool = False,
                      cache_length: Optional[int] = None,
-                     implementation: Optional[str] = None, policy=None) -> Layer:
+                     implementation: Optional[str] = None,
+                     policy: Optional[Policy | str] = None) -> Layer:
     """A pre-norm transformer block (GPT-2, nanoGPT's ``Block``) on ``(B, T, E)``:
 
     ```

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Hashable, Optional, Tuple
+
+import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike, DTypeLike
 
 from funcnet import _mesh
 from funcnet import _checks as checks
@@ -12,7 +16,8 @@ from funcnet.losses._args import _check_label_range, _check_number, _float_array
 __all__ = ["center_loss_init", "center_loss"]
 
 
-def center_loss_init(num_classes: int, feature_dim: int, dtype=jnp.float32):
+def center_loss_init(num_classes: int, feature_dim: int,
+                     dtype: DTypeLike = jnp.float32) -> jax.Array:
     """Initial class centers: zeros of shape ``(num_classes, feature_dim)``.
 
     Args:
@@ -69,7 +74,8 @@ def _center_args(fn, centers, features, labels, alpha):
     return centers, features, labels, alpha
 
 
-def center_loss(centers, features, labels, *, alpha: float = 0.5, axis_name=None):
+def center_loss(centers: ArrayLike, features: ArrayLike, labels: ArrayLike, *, alpha: float = 0.5,
+                axis_name: Optional[Hashable] = None) -> Tuple[jax.Array, jax.Array]:
     r"""Center loss and the updated centers: ``(loss, new_centers)``.
 
     With :math:`B` samples :math:`x_i` of classes :math:`y_i` and centers :math:`c`

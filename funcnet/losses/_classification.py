@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.typing import ArrayLike
 
 from funcnet import _mesh
 from funcnet import _checks as checks
@@ -51,8 +54,8 @@ def _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, 
     return _reduce(fn, loss, reduction)
 
 
-def nll_loss(inputs, labels, *, weight=None, ignore_index: int = -100, reduction: str = "mean",
-             axis: int = -1):
+def nll_loss(inputs: ArrayLike, labels: ArrayLike, *, weight: Optional[ArrayLike] = None,
+             ignore_index: int = -100, reduction: str = "mean", axis: int = -1) -> jax.Array:
     r"""Negative log-likelihood of integer labels under log-probabilities.
 
     Matches ``torch.nn.functional.nll_loss`` except that classes are on ``axis=-1`` by
@@ -132,8 +135,9 @@ def _soft_cross_entropy(fn, logits, labels, weight, ignore_index, reduction,
     return _reduce(fn, loss, reduction)
 
 
-def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
-                  reduction: str = "mean", label_smoothing: float = 0.0, axis: int = -1):
+def cross_entropy(logits: ArrayLike, labels: ArrayLike, *, weight: Optional[ArrayLike] = None,
+                  ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                  axis: int = -1) -> jax.Array:
     r"""Softmax cross-entropy, matching ``torch.nn.functional.cross_entropy``.
 
     The one difference from torch is the class axis: ``axis=-1`` by default
@@ -214,8 +218,10 @@ def cross_entropy(logits, labels, *, weight=None, ignore_index: int = -100,
                                label_smoothing)
 
 
-def sigmoid_binary_cross_entropy(logits, labels, *, pos_weight=None, weight=None,
-                                 reduction: str = "mean"):
+def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike, *,
+                                 pos_weight: Optional[ArrayLike] = None,
+                                 weight: Optional[ArrayLike] = None,
+                                 reduction: str = "mean") -> jax.Array:
     r"""Binary cross-entropy on logits, matching ``torch.nn.functional.binary_cross_entropy_with_logits``.
 
     .. math:
@@ -326,7 +332,8 @@ def _bce_bwd(res, g):
 _bce.defvjp(_bce_fwd, _bce_bwd)
 
 
-def binary_cross_entropy(probs, labels, *, weight=None, reduction: str = "mean"):
+def binary_cross_entropy(probs: ArrayLike, labels: ArrayLike, *, weight: Optional[ArrayLike] = None,
+                         reduction: str = "mean") -> jax.Array:
     r"""Binary cross-entropy of probabilities, as ``torch.nn.functional.binary_cross_entropy``.
 
     .. math:
@@ -387,7 +394,8 @@ def binary_cross_entropy(probs, labels, *, weight=None, reduction: str = "mean")
     return _reduce(fn, loss, reduction)
 
 
-def kl_div(inputs, targets, *, reduction: str = "mean", log_target: bool = False):
+def kl_div(inputs: ArrayLike, targets: ArrayLike, *, reduction: str = "mean",
+           log_target: bool = False) -> jax.Array:
     r"""Kullback-Leibler divergence, as ``torch.nn.functional.kl_div``: ``inputs`` are
     log-probabilities, ``targets`` probabilities (log-probabilities with ``log_target=True``).
 

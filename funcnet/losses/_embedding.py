@@ -3,8 +3,10 @@ ranking and triplet margin losses."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
 from funcnet.losses._args import (_check_number, _float_array, _real_array, _same_shape,
@@ -19,7 +21,8 @@ __all__ = ["cosine_embedding_loss", "margin_ranking_loss", "triplet_margin_loss"
 _COSINE_EPSILON = float(np.float32(1e-12))
 
 
-def cosine_embedding_loss(x1, x2, labels, *, margin: float = 0.0, reduction: str = "mean"):
+def cosine_embedding_loss(x1: ArrayLike, x2: ArrayLike, labels: ArrayLike, *, margin: float = 0.0,
+                          reduction: str = "mean") -> jax.Array:
     r"""Cosine embedding loss, as ``torch.nn.functional.cosine_embedding_loss``.
 
     For rows ``x1``, ``x2`` of shape ``(N, D)`` (or ``(D,)``) and labels ``y`` of
@@ -75,7 +78,8 @@ def cosine_embedding_loss(x1, x2, labels, *, margin: float = 0.0, reduction: str
     return _reduce(fn, loss, reduction)
 
 
-def margin_ranking_loss(x1, x2, labels, *, margin: float = 0.0, reduction: str = "mean"):
+def margin_ranking_loss(x1: ArrayLike, x2: ArrayLike, labels: ArrayLike, *, margin: float = 0.0,
+                        reduction: str = "mean") -> jax.Array:
     r"""Margin ranking loss, as ``torch.nn.functional.margin_ranking_loss``:
     :math:`l = \max(0, -y (x_1 - x_2) + \text{margin})`, ``y = 1`` when ``x1`` should
     rank higher and ``-1`` when ``x2`` should. The three arrays have one shape.
@@ -123,8 +127,9 @@ def _pairwise_distance(a, b, p, eps):
     return jnp.sum(d ** p, -1) ** (1.0 / p)
 
 
-def triplet_margin_loss(anchor, positive, negative, *, margin: float = 1.0, p: float = 2.0,
-                        eps: float = 1e-6, swap: bool = False, reduction: str = "mean"):
+def triplet_margin_loss(anchor: ArrayLike, positive: ArrayLike, negative: ArrayLike, *,
+                        margin: float = 1.0, p: float = 2.0, eps: float = 1e-6, swap: bool = False,
+                        reduction: str = "mean") -> jax.Array:
     r"""Triplet margin loss, as ``torch.nn.functional.triplet_margin_loss``.
 
     Rows of shape ``(N, D)`` (or ``(D,)``), with :math:`d(a, b) = \lVert a - b +
@@ -186,7 +191,8 @@ def triplet_margin_loss(anchor, positive, negative, *, margin: float = 1.0, p: f
     return _reduce(fn, jnp.maximum(d_pos - d_neg + margin, 0.0), reduction)
 
 
-def hinge_embedding_loss(inputs, labels, *, margin: float = 1.0, reduction: str = "mean"):
+def hinge_embedding_loss(inputs: ArrayLike, labels: ArrayLike, *, margin: float = 1.0,
+                         reduction: str = "mean") -> jax.Array:
     r"""Hinge embedding loss, as ``torch.nn.functional.hinge_embedding_loss``.
 
     ``inputs`` are usually distances between pairs (e.g. an L1 distance), ``labels`` 1

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.typing import ArrayLike
 
 from funcnet import _mesh
 from funcnet import _checks as checks
@@ -20,7 +23,7 @@ __all__ = ["hinge", "multiclass_hinge", "soft_margin_loss", "multilabel_margin_l
            "multilabel_soft_margin_loss"]
 
 
-def hinge(scores, labels, *, reduction: str = "mean"):
+def hinge(scores: ArrayLike, labels: ArrayLike, *, reduction: str = "mean") -> jax.Array:
     r"""Binary hinge loss :math:`\max(0, 1 - y\,s)` (``optax.losses.hinge_loss``).
 
     ``labels`` have ``scores``' shape and may use either convention, ``{-1, 1}`` or
@@ -64,8 +67,9 @@ def hinge(scores, labels, *, reduction: str = "mean"):
     return _reduce(fn, optax.losses.hinge_loss(scores, signs), reduction)
 
 
-def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
-                     reduction: str = "mean", p: int = 1):
+def multiclass_hinge(scores: ArrayLike, labels: ArrayLike, *, margin: float = 1.0,
+                     weight: Optional[ArrayLike] = None, reduction: str = "mean",
+                     p: int = 1) -> jax.Array:
     r"""Multi-class hinge loss, as ``torch.nn.functional.multi_margin_loss`` (``p``,
     ``margin``, ``weight``).
 
@@ -134,7 +138,8 @@ def multiclass_hinge(scores, labels, *, margin: float = 1.0, weight=None,
     return _reduce(fn, loss, reduction)
 
 
-def soft_margin_loss(inputs, targets, *, reduction: str = "mean"):
+def soft_margin_loss(inputs: ArrayLike, targets: ArrayLike, *,
+                     reduction: str = "mean") -> jax.Array:
     r"""Two-class logistic loss, as ``torch.nn.functional.soft_margin_loss``.
 
     .. math:
@@ -203,7 +208,8 @@ def _multilabel_targets(fn: str, inputs, targets):
     return in_list, safe, is_target, valid
 
 
-def multilabel_margin_loss(inputs, targets, *, reduction: str = "mean"):
+def multilabel_margin_loss(inputs: ArrayLike, targets: ArrayLike, *,
+                           reduction: str = "mean") -> jax.Array:
     r"""Multi-label hinge loss, as ``torch.nn.functional.multilabel_margin_loss``.
 
     ``targets`` are torch's index lists: each row of ``inputs``' shape ``(N, C)`` (or
@@ -253,7 +259,9 @@ def multilabel_margin_loss(inputs, targets, *, reduction: str = "mean"):
     return _reduce(fn, jnp.where(valid, loss, jnp.nan), reduction)
 
 
-def multilabel_soft_margin_loss(inputs, targets, *, weight=None, reduction: str = "mean"):
+def multilabel_soft_margin_loss(inputs: ArrayLike, targets: ArrayLike, *,
+                                weight: Optional[ArrayLike] = None,
+                                reduction: str = "mean") -> jax.Array:
     r"""Multi-label one-versus-all logistic loss, as
     ``torch.nn.functional.multilabel_soft_margin_loss``.
 

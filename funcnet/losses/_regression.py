@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numbers
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
 from funcnet.losses._args import (_array, _check_number, _concrete, _float_array,
@@ -28,7 +30,7 @@ def _regression_args(fn, predictions, targets, reduction):
     return predictions, targets.astype(predictions.dtype)
 
 
-def mse(predictions, targets, *, reduction: str = "mean"):
+def mse(predictions: ArrayLike, targets: ArrayLike, *, reduction: str = "mean") -> jax.Array:
     r"""Squared error :math:`(x - y)^2`, matching ``torch.nn.functional.mse_loss``.
 
     Unlike torch, shapes must be equal (no silent broadcasting). ``reduction="sum_mean"``
@@ -60,7 +62,7 @@ def mse(predictions, targets, *, reduction: str = "mean"):
     return _reduce(fn, optax.losses.squared_error(predictions, targets), reduction)
 
 
-def mae(predictions, targets, *, reduction: str = "mean"):
+def mae(predictions: ArrayLike, targets: ArrayLike, *, reduction: str = "mean") -> jax.Array:
     r"""Absolute error :math:`|x - y|`, matching ``torch.nn.functional.l1_loss``.
 
     Args:
@@ -86,7 +88,8 @@ def mae(predictions, targets, *, reduction: str = "mean"):
     return _reduce(fn, jnp.abs(predictions - targets), reduction)
 
 
-def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
+def huber(predictions: ArrayLike, targets: ArrayLike, *, delta: float = 1.0,
+          reduction: str = "mean") -> jax.Array:
     r"""Huber loss, matching ``torch.nn.functional.huber_loss``.
 
     .. math:
@@ -120,7 +123,7 @@ def huber(predictions, targets, *, delta: float = 1.0, reduction: str = "mean"):
     return _reduce(fn, optax.losses.huber_loss(predictions, targets, delta=delta), reduction)
 
 
-def smooth_l1(data, *, scalar: float = 1.0, reduction: str = "none"):
+def smooth_l1(data: ArrayLike, *, scalar: float = 1.0, reduction: str = "none") -> jax.Array:
     r"""MXNet's elementwise ``smooth_l1``, with :math:`\sigma` = ``scalar``:
 
     .. math:
@@ -159,8 +162,8 @@ def smooth_l1(data, *, scalar: float = 1.0, reduction: str = "none"):
     return _reduce(fn, loss, reduction)
 
 
-def poisson_nll_loss(inputs, targets, *, log_input: bool = True, full: bool = False,
-                     eps: float = 1e-8, reduction: str = "mean"):
+def poisson_nll_loss(inputs: ArrayLike, targets: ArrayLike, *, log_input: bool = True,
+                     full: bool = False, eps: float = 1e-8, reduction: str = "mean") -> jax.Array:
     r"""Poisson negative log-likelihood, as ``torch.nn.functional.poisson_nll_loss``.
 
     .. math:
@@ -216,8 +219,8 @@ def poisson_nll_loss(inputs, targets, *, log_input: bool = True, full: bool = Fa
     return _reduce(fn, loss, reduction)
 
 
-def gaussian_nll_loss(inputs, targets, var, *, full: bool = False, eps: float = 1e-6,
-                      reduction: str = "mean"):
+def gaussian_nll_loss(inputs: ArrayLike, targets: ArrayLike, var: ArrayLike, *, full: bool = False,
+                      eps: float = 1e-6, reduction: str = "mean") -> jax.Array:
     r"""Gaussian negative log-likelihood, as ``torch.nn.functional.gaussian_nll_loss``.
 
     .. math:

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
 from funcnet.losses._args import _concrete, _float_array, _int_labels
@@ -76,8 +77,9 @@ def _nan_gradient_jvp(primals, tangents):
     return _nan_gradient(log_probs, where), jnp.sum(nan_at * tangents[0], axis=(1, 2))
 
 
-def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0,
-             reduction: str = "mean", zero_infinity: bool = False):
+def ctc_loss(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike,
+             target_lengths: ArrayLike, *, blank: int = 0, reduction: str = "mean",
+             zero_infinity: bool = False) -> jax.Array:
     r"""Connectionist temporal classification loss, as ``torch.nn.CTCLoss``, computed by
     ``optax.ctc_loss``.
 

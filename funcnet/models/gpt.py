@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from funcnet import _checks as checks
 from funcnet import initializers
@@ -20,7 +21,8 @@ __all__ = ["GPT"]
 
 def GPT(vocab_size: int, block_size: int, *, n_layer: int = 12, n_head: int = 12,
         n_embd: int = 768, dropout: float = 0.0, bias: bool = True, decode: bool = False,
-        scan: bool = False, remat: bool = False, implementation=None, policy=None) -> Layer:
+        scan: bool = False, remat: bool = False, implementation: Optional[str] = None,
+        policy: Optional[Policy | str] = None) -> Layer:
     """nanoGPT's ``GPT``: token ids ``(B, T)`` -> logits ``(B, T, vocab_size)``.
 
     ```

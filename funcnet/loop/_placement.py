@@ -1,0 +1,378 @@
+"""Where the steps run: the placement that holds the train state, and the compiled steps.
+
+Three placements, one class each with the same small interface (``_OneDevice``'s):
+one device (``jax.jit``), ``n`` local devices (``_Replicas``: ``jax.pmap``,
+``fit(devices=n)``), or a mesh (``_OnMesh``: ``jax.jit`` over inputs sharded on it,
+``fit(mesh=)``). A placement holds the state between steps, puts batches where the
+step reads them, compiles the step and reads results back; ``_compile`` asks it for
+the steps, with ``funcnet.xla``'s compiler options.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from funcnet import _checks as checks
+from funcnet import data as data_lib
+from funcnet import distributed
+from funcnet import sharding
+from funcnet import xla
+from funcnet.train import make_eval_step, make_train_step
+
+__all__: list = []
+
+
+class _OneDevice:
+    """A placement: where the train state lives between steps and where batches go.
+
+    This one (and the base of the others): the default device, ``jax.jit`` steps. Each
+    placement answers the same questions, so the epoch loop never asks which it has:
+    ``hold`` the state, ``replace``/``host_state`` it, ``put_batch``/``put_order`` the
+    inputs, ``compile`` and ``wrap`` a step, and read results back (``first``,
+    ``fetched``). A new placement is one subclass.
+
+    Attributes:
+      axis_name: the step's collective axis (pmap), else None.
+      gathers_device_data: a :class:`funcnet.data.DeviceData` is gathered inside the step
+        (several steps per dispatch); else iterated as a host pipeline.
+      stacks_host_batches: a host pipeline of :func:`funcnet.data.batches` may run several
+        steps per dispatch (pmap and mesh placements split each batch on the host).
+      multi: several devices take part in each step.
+    """
+
+    axis_name: Optional[str] = None
+    gathers_device_data = True
+    stacks_host_batches = True
+    n: Optional[int] = None   # pmap replicas
+    mesh = None
+
+    @property
+    def multi(self) -> bool:
+        return False
+
+    def hold(self, train_state, prefetch: int):
+        """Places ``train_state`` (a copy: the step donates its input buffers, and the
+        caller's state stays alive); returns this placement, which holds it as ``state``."""
+        self.prefetch = prefetch
+        self.state = self._placed(train_state)
+        # At most two multi-device steps in flight on CPU, where many queued executions
+        # can stall XLA:CPU's collectives (distributed.InFlight says what happens).
+        self.throttle = self.multi and jax.local_devices()[0].platform == "cpu"
+        return self
+
+    def _placed(self, train_state):
+        return jax.tree.map(jnp.copy, train_state)
+
+    def replace(self, train_state):
+        self.state = jax.tree.map(jnp.copy, train_state)
+
+    def host_state(self):
+        # A copy: the next step donates self.state's buffers, and a callback may keep this.
+        return jax.tree.map(jnp.copy, self.state)
+
+    def place_data(self, data):
+        """A :class:`funcnet.data.DeviceData` placed where the steps run (anything else as
+        it is): whole on the default device, or split over a mesh."""
+        return data.placed(self.mesh) if isinstance(data, data_lib.DeviceData) else data
+
+    def put_batch(self, batch):
+        # jit would store int64 values int32 cannot hold (x64 off) wrapped, without a
+        # word; shard and shard_batch check the same on the other two placements.
+        checks.fits_x32("fit", batch)
+        return batch
+
+    def _thread_put(self):
+        # The copy starts in the thread on an accelerator, where device_put is an
+        # asynchronous DMA. Not on CPU: there device_put costs ~150 us of Python per
+        # batch (GIL held), several times the copy jit makes of a NumPy argument.
+        return _checked_device_put if jax.default_backend() != "cpu" else None
+
+    def host_batches(self, batches, convert=None):
+        """A context manager over an epoch's batches (an iterable) from a host pipeline:
+        assembled ``prefetch`` ahead in a background thread
+        (:func:`funcnet.data.background`), on one device also copied there
+        (``device_put``), so both overlap with the steps. ``prefetch=0``: iterated
+        here, one at a time. ``convert`` (``_epoch._converter``) is applied to each batch
+        first, in the thread when there is one."""
+        if not self.prefetch:
+            batches = iter(batches)
+            return contextlib.nullcontext(batches if convert is None else map(convert, batches))
+        put = self._thread_put()
+        if convert is not None:
+            put = convert if put is None else (lambda batch: _checked_device_put(convert(batch)))
+        return data_lib.background(batches, self.prefetch, transform=put)
+
+    def put_order(self, order):
+        """An epoch's index matrix (or the last batch's indices) where the step runs."""
+        return jax.device_put(order)
+
+    def first(self, tree):
+        """One replica's value of a per-device result (the value itself on one device)."""
+        return tree
+
+    def fetched(self, step_metrics: list) -> list:
+        """An epoch's per-step metrics, read back (:func:`_fetch_stacked`) or left for
+        ``jax.device_get``."""
+        return _fetch_stacked(step_metrics)
+
+    def state_shardings(self):
+        """The train state's layout a step keeps (a mesh's), else None."""
+        return None
+
+    def compile(self, fn, jit, donate: bool):
+        """``fn`` (a train or eval step) compiled for this placement by ``jit``."""
+        return jit(fn, donate_argnums=0) if donate else jit(fn)
+
+    def wrap(self, fn):
+        """A compiled step as the epoch loop calls it (on a mesh: with the mesh set)."""
+        return fn
+
+
+class _Replicas(_OneDevice):
+    """``n`` local devices (``fit(devices=n)``): the state replicated, ``jax.pmap`` steps,
+    every batch split over the devices on the host."""
+
+    axis_name = "batch"
+    gathers_device_data = False
+    stacks_host_batches = False
+
+    def __init__(self, n: int):
+        self.n = n
+
+    @property
+    def multi(self) -> bool:
+        return True
+
+    def _placed(self, train_state):
+        return distributed.replicate(train_state, self.n)
+
+    def replace(self, train_state):
+        self.state = distributed.replicate(train_state, self.n)
+
+    def host_state(self):
+        return distributed.unreplicate(self.state)
+
+    def put_batch(self, batch):
+        return distributed.shard(batch, self.n)
+
+    def _thread_put(self):
+        return None  # split on this thread (put_batch)
+
+    def first(self, tree):
+        return jax.tree.map(lambda x: x[0], tree)
+
+    def fetched(self, step_metrics: list) -> list:
+        return step_metrics
+
+    def compile(self, fn, jit, donate: bool):
+        if donate:
+            return jax.pmap(fn, axis_name=self.axis_name, donate_argnums=0)
+        return jax.pmap(fn, axis_name=self.axis_name)
+
+
+class _OnMesh(_OneDevice):
+    """A mesh (``fit(mesh=)``): the state as given when it already lies on the mesh
+    (sharded by :func:`funcnet.sharding.shard_params`), else whole on every device;
+    each batch split over the data axis; the one-device steps, which the inputs'
+    shardings make XLA partition, run with the mesh set (``jax.set_mesh``)."""
+
+    stacks_host_batches = False
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    @property
+    def multi(self) -> bool:
+        return self.mesh.size > 1
+
+    def _placed(self, train_state):
+        if _lies_on(train_state, self.mesh):
+            return _copy_placed(train_state)
+        return distributed.replicate_on(self.mesh, train_state)
+
+    def replace(self, train_state):
+        self.state = jax.jit(lambda t: jax.tree.map(jnp.copy, t),
+                             out_shardings=sharding.state_shardings(self.state))(train_state)
+
+    def put_batch(self, batch):
+        return distributed.shard_batch(self.mesh, batch)
+
+    def _thread_put(self):
+        return None  # on this thread (put_batch): it may read the thread's jax.set_mesh
+
+    def put_order(self, order):
+        """Whole on every device of the mesh, where each device picks the rows it holds."""
+        # Every process computes the same order and places its own devices' copies.
+        whole = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return jax.make_array_from_callback(order.shape, whole, lambda index: order[index])
+
+    def fetched(self, step_metrics: list) -> list:
+        return step_metrics
+
+    def state_shardings(self):
+        return sharding.state_shardings(self.state)
+
+    def wrap(self, fn):
+        return _on_mesh(self.mesh, fn)
+
+
+def _placement(devices, mesh) -> _OneDevice:
+    """``fit(devices=, mesh=)``: the placement, still without a state (``hold``)."""
+    if mesh is not None and devices is not None:
+        raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a "
+                         f"mesh), not both.")
+    n = distributed.local_device_count(devices) if devices else None
+    if n:
+        return _Replicas(n)
+    return _OneDevice() if mesh is None else _OnMesh(mesh)
+
+
+def _checked_device_put(batch):
+    """``jax.device_put`` of a host batch after the int32 check ``put_batch`` makes:
+    device_put would wrap the values as silently as jit."""
+    checks.fits_x32("fit", batch)
+    return jax.device_put(batch)
+
+
+def _lies_on(tree, mesh) -> bool:
+    """Whether every array of ``tree`` is placed on ``mesh`` (a NamedSharding over it)."""
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and all(
+        isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.NamedSharding)
+        and x.sharding.mesh.devices.shape == mesh.devices.shape
+        and (x.sharding.mesh.devices == mesh.devices).all()
+        and x.sharding.mesh.axis_names == mesh.axis_names for x in leaves)
+
+
+def _copy_placed(tree):
+    """A copy of ``tree`` with the same shardings (new buffers a donating step may
+    consume); each process copies its own shards."""
+    return jax.jit(lambda t: jax.tree.map(jnp.copy, t),
+                   out_shardings=sharding.state_shardings(tree))(tree)
+
+
+class _Steps(NamedTuple):
+    train: Callable
+    eval: Optional[Callable]
+    add: Callable
+    on_device: Optional[Callable] = None      # up to k steps over a DeviceData, one dispatch
+    on_device_one: Optional[Callable] = None  # one step over given rows (the last, smaller batch)
+    steps_per_dispatch: int = 1
+    on_stacked: Optional[Callable] = None     # up to k steps over k stacked host batches
+    several_asked: bool = False               # steps_per_dispatch > 1 given explicitly
+
+
+def _compile(loss_fn, optimizer, eval_fn, placement, take, step_options, steps_per_dispatch,
+             eval_on_ema=False, several_asked=False, compiler_options=None) -> _Steps:
+    """The train and eval steps, compiled by ``placement`` (``jax.jit`` on one device or a
+    mesh, ``jax.pmap`` over replicas).
+
+    On a mesh the steps are the one-device steps: their inputs' shardings make XLA
+    partition them and insert the all-reduces, and they run with the mesh set
+    (``jax.set_mesh``) so that arrays they create land on it too. ``take`` (a
+    :meth:`funcnet.data.DeviceData.take`) adds the steps that gather their batches
+    from a data set on the device. The placement's ``state_shardings`` (on a mesh)
+    keeps the train state's layout from step to step: on Auto mesh axes the compiler
+    would otherwise choose the outputs' layout, e.g. gather a sharded parameter whole.
+    ``compiler_options``: XLA's options for the jitted steps (None: none, plain ``jax.jit``).
+    """
+    axis = placement.axis_name
+    jit = functools.partial(xla.jit, options=dict(compiler_options or {}))
+    step = make_train_step(loss_fn, optimizer, axis_name=axis, **(step_options or {}))
+    state_shardings = placement.state_shardings()
+
+    def raw_step(state, batch):
+        # fit consumes metrics only; Aux(outputs=...) arrays are for hand-written loops.
+        state, metrics = step(state, batch)[:2]
+        if state_shardings is not None:
+            state = jax.lax.with_sharding_constraint(state, state_shardings)
+        return state, metrics
+
+    train = placement.compile(raw_step, jit, donate=True)
+    evaluate = None
+    if eval_fn is not None:
+        raw_eval = make_eval_step(eval_fn, axis_name=axis, ema=eval_on_ema)
+        evaluate = placement.compile(raw_eval, jit, donate=False)
+    add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+    on_device = on_device_one = on_stacked = None
+    if take is not None and placement.gathers_device_data:
+        on_device, on_device_one = _device_steps(raw_step, take, steps_per_dispatch, jit)
+    elif placement.stacks_host_batches and steps_per_dispatch > 1:
+        on_stacked = _device_steps(raw_step, _take_stacked, steps_per_dispatch, jit)[0]
+    train, evaluate, add, on_device, on_device_one = (
+        None if f is None else placement.wrap(f)
+        for f in (train, evaluate, add, on_device, on_device_one))
+    return _Steps(train, evaluate, add, on_device, on_device_one, steps_per_dispatch,
+                  on_stacked, several_asked)
+
+
+def _take_stacked(arrays, j):
+    """Batch ``j`` of stacked batches (``Batches.stacked``), inside the jitted loop."""
+    return jax.tree.map(lambda a: a[j], arrays)
+
+
+def _device_steps(raw_step, take, k: int, jit=jax.jit):
+    """The steps over a data set on the device, jitted (by ``jit``), donating the train state.
+
+    ``several(state, arrays, order, pos, n) -> (state, metrics)`` runs ``n <= k`` steps
+    in one dispatch, step ``j`` on the batch ``take(arrays, order[pos + j])``;
+    ``metrics`` holds ``k`` rows, the first ``n`` written. ``n`` is traced (a
+    ``fori_loop``), so every dispatch runs the same compiled program whatever its
+    length, and a resumed run computes exactly what the uninterrupted one did. For
+    ``k == 1`` it is ``several(state, arrays, order, pos)``: one step, no loop.
+    ``one(state, arrays, idx)`` is one step on the rows ``idx`` (the last, smaller batch).
+    """
+    def one(state, arrays, idx):
+        return raw_step(state, take(arrays, idx))
+
+    def single(state, arrays, order, pos):
+        state, metrics = one(state, arrays, order[pos])
+        return state, jax.tree.map(lambda m: m[None], metrics)
+
+    def several(state, arrays, order, pos, n):
+        metric_shapes = jax.eval_shape(one, state, arrays, order[0])[1]
+        rows = jax.tree.map(lambda m: jnp.zeros((k, *m.shape), m.dtype), metric_shapes)
+
+        def body(j, carry):
+            state, rows = carry
+            state, metrics = one(state, arrays, order[pos + j])
+            return state, jax.tree.map(lambda r, m: r.at[j].set(m), rows, metrics)
+
+        return jax.lax.fori_loop(0, n, body, (state, rows))
+
+    return (jit(single if k == 1 else several, donate_argnums=0),
+            jit(one, donate_argnums=0))
+
+
+def _on_mesh(mesh, fn):
+    def run(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+    return run
+
+
+_FETCH_GROUP = 64
+
+
+@jax.jit
+def _stack_metrics(group):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *group)
+
+
+def _fetch_stacked(step_metrics: list) -> list:
+    """``jax.device_get(step_metrics)`` (a list of per-step metric dicts on one device)
+    in one transfer per group of ``_FETCH_GROUP`` steps, stacked on the device: on CPU
+    a transfer costs ~70 us of host time, once per scalar, which was the larger part
+    of the host pipeline's per-step cost. The values are the same (a stack is exact);
+    the last group is padded with its last entry, so one compiled stack serves all."""
+    out = []
+    for start in range(0, len(step_metrics), _FETCH_GROUP):
+        group = step_metrics[start:start + _FETCH_GROUP]
+        rows = jax.device_get(_stack_metrics(group + group[-1:] * (_FETCH_GROUP - len(group))))
+        out += [{k: v[j] for k, v in rows.items()} for j in range(len(group))]
+    return out
