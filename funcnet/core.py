@@ -33,6 +33,7 @@ from funcnet.errors import MismatchError
 
 __all__ = ["Layer", "named", "as_layer", "InitRecord", "record_inits", "MismatchError",
            "describe_tree", "split_rng", "check_shape", "check_known", "check_input",
+           "check_param_shapes",
            "normalize_axis", "as_tuple", "need_rng", "need_state", "Shape", "PyTree", "InitFn",
            "ApplyFn"]
 
@@ -269,6 +270,74 @@ def check_shape(layer: str, input_shape: Sequence[int], *, min_rank: int = 1, ma
             want = f"rank >= {min_rank}"
         raise ValueError(f"{layer}: expected an {what} of {want}, got rank {len(shape)} shape {shape}.")
     return shape
+
+
+_PARAMS_HINT = ("These params were made for another model, or another configuration of this "
+                "one: pass the params this layer's init returned (re-run init), or load the "
+                "checkpoint saved from this architecture.")
+
+
+def check_param_shapes(layer: str, params: PyTree, expected: dict) -> None:
+    """Trace-time check that the params ``layer`` reads have the shapes it was built for.
+
+    ``expected`` maps each param name to its shape, None standing for a size the input
+    decides (a Dense kernel's rows, which :func:`funcnet.core.check_input` compares
+    with the input). Without this, params of a wider or narrower layer run and give
+    an output of their width, not the layer's (a ``(32, 65)`` kernel makes ``Dense(50)``
+    return 65 features): ``matmul`` and broadcasting accept them. Shapes are static, so
+    the check costs no step. Only names present are looked at: params that are not a
+    dict, or lack a name, fail as the layer reads them, where the combinators tell
+    params of another network, or params and state swapped, from the layer's own bug.
+
+    Args:
+      layer: the layer's name, for the message.
+      params: the params the layer's apply was given.
+      expected: param name -> the shape it was built for (None: any size on that axis).
+
+    Raises:
+      MismatchError: a param of another shape; inside a combinator it also names the
+        layer's place in the network.
+
+    Examples:
+      >>> check_param_shapes("Dense", {"W": jnp.ones((4, 3)), "b": jnp.ones(3)},
+      ...                    {"W": (None, 3), "b": (3,)})        # fits: no error
+      >>> try:
+      ...     check_param_shapes("Dense", {"W": jnp.ones((4, 5))}, {"W": (None, 3)})
+      ... except MismatchError as e:
+      ...     print(str(e).split(".")[0])
+      Dense: params['W'] has shape (4, 5), but Dense was built for (4, 3): 5 on axis 1 where Dense has 3
+    """
+    if not isinstance(params, dict):
+        return
+    for key, want in expected.items():
+        got = tuple(getattr(params[key], "shape", ())) if key in params else want
+        if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
+            raise _params_mismatch(layer, params, expected, key, got)
+
+
+def _params_mismatch(layer, params, expected, key, got) -> MismatchError:
+    def known(k):  # sizes the input decides shown as given, where the rank agrees
+        want, has = expected[k], tuple(getattr(params.get(k), "shape", ()))
+        return tuple(h if w is None else w for w, h in zip(want, has)) if len(has) == len(
+            want) else want
+
+    def text(shape):
+        inner = ", ".join("?" if d is None else str(d) for d in shape)
+        return f"({inner},)" if len(shape) == 1 else f"({inner})"
+
+    want = known(key)
+    if len(got) != len(want):
+        where = f": rank {len(got)} where it needs rank {len(want)}"
+    else:
+        i = next(i for i, (w, g) in enumerate(zip(want, got)) if w is not None and w != g)
+        where = f": {got[i]} on axis {i} where {layer} has {want[i]}"
+    message = (f"{layer}: params[{key!r}] has shape {got}, but {layer} was built for "
+               f"{text(want)}{where}. {_PARAMS_HINT}")
+    expected_text = "{" + ", ".join(
+        f"{k!r}: {getattr(params.get(k), 'dtype', 'float32')}[{text(known(k))[1:-1].rstrip(',')}]"
+        for k in sorted(expected)) + "}"
+    return MismatchError(layer, "params", layer, expected_text, describe_tree(params),
+                         hint=_PARAMS_HINT, message=message)
 
 
 def check_known(layer: str, shape: Shape, axes: Sequence[int], what: str) -> None:

@@ -38,11 +38,11 @@ from funcnet import _mesh
 from funcnet import initializers
 from funcnet import xla
 from funcnet.errors import ArgumentError
-from funcnet.core import Layer, as_tuple, check_input, check_known, check_shape, named
+from funcnet.core import (Layer, as_tuple, check_input, check_known, check_param_shapes, check_shape,
+                          named)
 from funcnet.initializers import Initializer
 from funcnet.layers._patches import patch_conv
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
-from funcnet.layers.dense import check_param_shapes
 
 __all__ = ["Conv", "ConvTranspose"]
 

@@ -11,64 +11,10 @@ from funcnet import _checks as checks
 from funcnet import initializers
 from funcnet import _mesh
 from funcnet.errors import MismatchError
-from funcnet.core import Layer, check_input, check_known, check_shape, describe_tree, named
+from funcnet.core import Layer, check_input, check_known, check_param_shapes, check_shape, named
 from funcnet.initializers import Initializer
 
 __all__ = ["Dense", "linear"]
-
-
-_PARAMS_HINT = ("These params were made for another model, or another configuration of this "
-                "one: pass the params this layer's init returned (re-run init), or load the "
-                "checkpoint saved from this architecture.")
-
-
-def check_param_shapes(layer: str, params, expected: dict) -> None:
-    """Trace-time check that the params ``layer`` reads have the shapes it was built for.
-
-    ``expected`` maps each param name to its shape, None standing for a size the input
-    decides (a Dense kernel's rows, which :func:`funcnet.core.check_input` compares
-    with the input). Without this, params of a wider or narrower layer run and give
-    an output of their width, not the layer's (a ``(32, 65)`` kernel makes ``Dense(50)``
-    return 65 features): ``matmul`` and broadcasting accept them. Shapes are static, so
-    the check costs no step. Only names present are looked at: params that are not a
-    dict, or lack a name, fail as the layer reads them, where the combinators tell
-    params of another network, or params and state swapped, from the layer's own bug.
-
-    Raises:
-      MismatchError: a param of another shape; inside a combinator it also names the
-        layer's place in the network.
-    """
-    if not isinstance(params, dict):
-        return
-    for key, want in expected.items():
-        got = tuple(getattr(params[key], "shape", ())) if key in params else want
-        if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
-            raise _params_mismatch(layer, params, expected, key, got)
-
-
-def _params_mismatch(layer, params, expected, key, got) -> MismatchError:
-    def known(k):  # sizes the input decides shown as given, where the rank agrees
-        want, has = expected[k], tuple(getattr(params.get(k), "shape", ()))
-        return tuple(h if w is None else w for w, h in zip(want, has)) if len(has) == len(
-            want) else want
-
-    def text(shape):
-        inner = ", ".join("?" if d is None else str(d) for d in shape)
-        return f"({inner},)" if len(shape) == 1 else f"({inner})"
-
-    want = known(key)
-    if len(got) != len(want):
-        where = f": rank {len(got)} where it needs rank {len(want)}"
-    else:
-        i = next(i for i, (w, g) in enumerate(zip(want, got)) if w is not None and w != g)
-        where = f": {got[i]} on axis {i} where {layer} has {want[i]}"
-    message = (f"{layer}: params[{key!r}] has shape {got}, but {layer} was built for "
-               f"{text(want)}{where}. {_PARAMS_HINT}")
-    expected_text = "{" + ", ".join(
-        f"{k!r}: {getattr(params.get(k), 'dtype', 'float32')}[{text(known(k))[1:-1].rstrip(',')}]"
-        for k in sorted(expected)) + "}"
-    return MismatchError(layer, "params", layer, expected_text, describe_tree(params),
-                         hint=_PARAMS_HINT, message=message)
 
 
 def linear(x, W, b=None):

@@ -14,7 +14,8 @@ from funcnet import _mesh
 from funcnet import initializers
 from funcnet.core import Layer, PyTree, as_layer, check_input, check_shape, named
 from funcnet.initializers import Initializer
-from funcnet.layers.dense import check_param_shapes, linear
+from funcnet.core import check_param_shapes
+from funcnet.layers.dense import linear
 
 __all__ = ["Embedding", "TiedEmbedding", "embedding_renorm"]
 

@@ -13,7 +13,7 @@ from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet.core import (Layer, check_input, check_known, check_shape, named, need_state,
                           normalize_axis)
-from funcnet.layers.dense import check_param_shapes
+from funcnet.core import check_param_shapes
 
 __all__ = ["BatchNorm", "InstanceNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
 
