@@ -4,19 +4,19 @@ Each is also reachable where it is raised (``funcnet.checkpoint.CheckpointError`
 ``funcnet.errors.CheckpointError``), so ``except`` clauses written against either name
 keep working. This module imports nothing from funcnet: every other module may use it.
 
-=============================  ==========================================================
-``ArgumentError``              a bad argument to any funcnet function (ValueError and TypeError)
-``MismatchError``              params or state that do not fit the layer given them
-``MetricStateError``           a metric given another metric's state
-``StateDictMismatchError``     a PyTorch ``state_dict`` that does not fit (a MismatchError)
-``CheckpointError``            base of the checkpoint errors:
-``CheckpointCorruptError``     truncated, failed checksum, or not a funcnet checkpoint
-``CheckpointMismatchError``    a checkpoint that does not fit the restore target
-``CheckpointVersionError``     written by a newer funcnet in a format this one cannot read
-``CheckpointOwnershipError``   a directory that holds another run's checkpoints
-``CorruptFileError``           a data file that exists but is not what it should be
-``MNISTNotFoundError``         MNIST in none of the searched places
-=============================  ==========================================================
+| exception | raised for |
+|---|---|
+| ``ArgumentError`` | a bad argument to any funcnet function (ValueError and TypeError) |
+| ``MismatchError`` | params or state that do not fit the layer given them |
+| ``MetricStateError`` | a metric given another metric's state |
+| ``StateDictMismatchError`` | a PyTorch ``state_dict`` that does not fit (a MismatchError) |
+| ``CheckpointError`` | the base of the four checkpoint errors below |
+| ``CheckpointCorruptError`` | truncated, failed checksum, or not a funcnet checkpoint |
+| ``CheckpointMismatchError`` | a checkpoint that does not fit the restore target |
+| ``CheckpointVersionError`` | written by a newer funcnet in a format this one cannot read |
+| ``CheckpointOwnershipError`` | a directory that holds another run's checkpoints |
+| ``CorruptFileError`` | a data file that exists but is not what it should be |
+| ``MNISTNotFoundError`` | MNIST in none of the searched places |
 """
 
 from __future__ import annotations

@@ -161,13 +161,11 @@ def softmax_output(data: ArrayLike, label: ArrayLike, *, grad_scale: float = 1.0
     ``norm`` (``L`` = number of labels, ``valid = max(1, #{k != trunc(ignore_label)})``;
     ``valid`` counts ignore_label even when ``use_ignore`` is False, as MXNet does):
 
-    ============  ==========================  =========================
-    normalization  default / preserve_shape     multi_output
-    ============  ==========================  =========================
-    ``"null"``     1                            D
-    ``"batch"``    L  (N, or prod(shape[:-1]))  N * D
-    ``"valid"``    valid                        valid
-    ============  ==========================  =========================
+    | normalization | default / preserve_shape | multi_output |
+    |---|---|---|
+    | ``"null"`` | 1 | D |
+    | ``"batch"`` | L (N, or prod(shape[:-1])) | N * D |
+    | ``"valid"`` | valid | valid |
 
     Note MXNet's ``multi_output`` divides by ``D`` even with ``"null"``.
 

@@ -142,3 +142,24 @@ def test_docstrings_use_markdown_code_blocks_not_rst_literal_blocks():
                     where = getattr(node, "name", "module")
                     bad.append(f"{os.path.relpath(path, ROOT)}:{where}: {line.strip()}")
     assert bad == [], "reStructuredText literal blocks in docstrings:\n" + "\n".join(bad)
+
+
+def test_docstrings_use_markdown_tables_not_rst_tables_or_directives():
+    """A reStructuredText simple table (rows between ``=====  =====`` rules) or a directive
+    (``.. math::``) shows in the API reference as raw text; Markdown tables render."""
+    import ast
+    import re
+
+    rule, directive = re.compile(r"^\s*=+(\s{2,}=+)+\s*$"), re.compile(r"^\s*\.\. \w+::")
+    bad = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "funcnet", "**", "*.py"), recursive=True)):
+        tree = ast.parse(open(path).read())
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                     ast.AsyncFunctionDef)):
+                continue
+            for line in (ast.get_docstring(node, clean=False) or "").splitlines():
+                if rule.match(line) or directive.match(line):
+                    where = getattr(node, "name", "module")
+                    bad.append(f"{os.path.relpath(path, ROOT)}:{where}: {line.strip()}")
+    assert bad == [], "reStructuredText tables or directives in docstrings:\n" + "\n".join(bad)

@@ -4,13 +4,11 @@ Both wrap ``jax.lax`` (``conv_general_dilated`` / ``conv_transpose``). The numbe
 of spatial dimensions is ``len(filter_shape)``. Layouts are channels-last by
 default, as in stax and flax:
 
-==========  ===========  ===========
-dims        input/output kernel
-==========  ===========  ===========
-1           ``NWC``      ``WIO``
-2           ``NHWC``     ``HWIO``
-3           ``NDHWC``    ``DHWIO``
-==========  ===========  ===========
+| dims | input/output | kernel |
+|---|---|---|
+| 1 | ``NWC`` | ``WIO`` |
+| 2 | ``NHWC`` | ``HWIO`` |
+| 3 | ``NDHWC`` | ``DHWIO`` |
 
 ``dimension_numbers=(lhs, rhs, out)`` overrides them with lax's spec strings, e.g.
 ``("NCHW", "OIHW", "NCHW")`` for PyTorch's layout. As in lax, the order of the
@@ -18,7 +16,7 @@ spatial letters in the *kernel* spec is the order in which ``filter_shape``,
 ``strides``, ``dilation`` and ``padding`` list the spatial axes.
 
 Padding and window arguments are read as in :mod:`funcnet.layers.pooling`
-(the shared rules live in ``funcnet.layers._windows``). ``Conv``'s ``padding_mode``
+(the same rules for both). ``Conv``'s ``padding_mode``
 (PyTorch's) says what the padding holds: zeros, or the input reflected, replicated or
 wrapped around.
 """
