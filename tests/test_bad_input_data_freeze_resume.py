@@ -19,7 +19,7 @@ from funcnet.layers import Dense, Embedding, Relu
 from funcnet.loop import fit
 from funcnet.params import freeze, subtree_mask
 from funcnet.train import TrainState, copy_params, polyak_update
-from helpers.training import X, Y, fit_setup, params_equal
+from helpers.training import X, Y, Crash, CrashAt, fit_setup, params_equal
 
 KEY = jax.random.key(0)
 BIG = np.array([1, 2 ** 40, 3, 4], np.int64)  # int32 cannot hold 2**40 (x64 is off in tests)
@@ -142,19 +142,6 @@ def test_freeze_allow_empty_opts_out_and_a_real_mask_still_works():
 
 
 # --- resuming from a checkpoint taken at an epoch's last step --------------------------
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt(callbacks.Callback):
-    def __init__(self, at):
-        self.at = at
-
-    def on_step_end(self, ctx, step):
-        if step == self.at:
-            raise Crash
-
 
 @pytest.mark.parametrize("pipeline", ["host", "device"])
 def test_resume_from_a_checkpoint_at_an_epochs_last_step(tmp_path, pipeline):

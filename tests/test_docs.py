@@ -124,42 +124,37 @@ def test_readme_links_resolve():
             assert os.path.exists(os.path.join(ROOT, link)), f"README links to missing {link}"
 
 
-def test_docstrings_use_markdown_code_blocks_not_rst_literal_blocks():
-    """The API reference renders docstrings as Markdown: a reStructuredText literal block
-    (a line ending in ``::``, then an indented block) shows there as a stray ``::`` and
-    a paragraph. Code and formulas go in fenced blocks."""
+def _docstring_lines():
+    """``(place, line)`` for every line of every docstring in funcnet's source, ``place``
+    being ``path:function`` (or ``path:module``)."""
     import ast
 
-    bad = []
     for path in sorted(glob.glob(os.path.join(ROOT, "funcnet", "**", "*.py"), recursive=True)):
         tree = ast.parse(open(path).read())
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
                                      ast.AsyncFunctionDef)):
                 continue
+            place = f"{os.path.relpath(path, ROOT)}:{getattr(node, 'name', 'module')}"
             for line in (ast.get_docstring(node, clean=False) or "").splitlines():
-                if line.rstrip().endswith("::") and not line.lstrip().startswith((">>>", "...")):
-                    where = getattr(node, "name", "module")
-                    bad.append(f"{os.path.relpath(path, ROOT)}:{where}: {line.strip()}")
+                yield place, line
+
+
+def test_docstrings_use_markdown_code_blocks_not_rst_literal_blocks():
+    """The API reference renders docstrings as Markdown: a reStructuredText literal block
+    (a line ending in ``::``, then an indented block) shows there as a stray ``::`` and
+    a paragraph. Code and formulas go in fenced blocks."""
+    bad = [f"{place}: {line.strip()}" for place, line in _docstring_lines()
+           if line.rstrip().endswith("::") and not line.lstrip().startswith((">>>", "..."))]
     assert bad == [], "reStructuredText literal blocks in docstrings:\n" + "\n".join(bad)
 
 
 def test_docstrings_use_markdown_tables_not_rst_tables_or_directives():
     """A reStructuredText simple table (rows between ``=====  =====`` rules) or a directive
     (``.. math::``) shows in the API reference as raw text; Markdown tables render."""
-    import ast
     import re
 
     rule, directive = re.compile(r"^\s*=+(\s{2,}=+)+\s*$"), re.compile(r"^\s*\.\. \w+::")
-    bad = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "funcnet", "**", "*.py"), recursive=True)):
-        tree = ast.parse(open(path).read())
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                     ast.AsyncFunctionDef)):
-                continue
-            for line in (ast.get_docstring(node, clean=False) or "").splitlines():
-                if rule.match(line) or directive.match(line):
-                    where = getattr(node, "name", "module")
-                    bad.append(f"{os.path.relpath(path, ROOT)}:{where}: {line.strip()}")
+    bad = [f"{place}: {line.strip()}" for place, line in _docstring_lines()
+           if rule.match(line) or directive.match(line)]
     assert bad == [], "reStructuredText tables or directives in docstrings:\n" + "\n".join(bad)

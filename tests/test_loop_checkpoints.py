@@ -8,23 +8,10 @@ import pytest
 
 from funcnet import callbacks, checkpoint, data
 from funcnet.loop import fit
-from helpers.training import X, Y, fit_setup, params_equal
+from helpers.training import X, Y, Crash, CrashAt, fit_setup, params_equal
 
 BACKENDS = ["npz", pytest.param("orbax", marks=pytest.mark.skipif(
     not __import__("importlib").util.find_spec("orbax"), reason="orbax-checkpoint not installed"))]
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt(callbacks.Callback):
-    def __init__(self, at):
-        self.at = at
-
-    def on_step_end(self, ctx, step):
-        if step == self.at:
-            raise Crash
 
 
 def checkpointer(backend, directory, keep):

@@ -10,7 +10,7 @@ import pytest
 
 from funcnet import callbacks
 from funcnet.loop import fit
-from helpers.training import fit_setup
+from helpers.training import Crash, CrashAt, fit_setup
 
 _LINE = re.compile(r"^epoch (\d)/2: 8 steps, \d+\.\d\d s, loss=\S+ acc=\S+ eval_acc=\S+ "
                    r"eval_loss=\S+$", re.M)
@@ -78,17 +78,9 @@ def test_the_line_has_what_callbacks_add_and_counts_a_resumed_epochs_steps(capsy
     assert re.search(r"^epoch 1/1: 8 steps, .* eval_loss=\S+ lr=0\.01$", capsys.readouterr().err,
                      re.M)
 
-    class Stop(Exception):
-        pass
-
-    class Crash(callbacks.Callback):
-        def on_step_end(self, ctx, step):
-            if step == 3:
-                raise Stop
-
     saver = callbacks.Checkpoint(tmp_path, every_steps=3)
-    with pytest.raises(Stop):
-        fit(ts, loss_fn, opt, train_data, epochs=1, **dict(base, callbacks=[saver, Crash()]))
+    with pytest.raises(Crash):
+        fit(ts, loss_fn, opt, train_data, epochs=1, **dict(base, callbacks=[saver, CrashAt(3)]))
     capsys.readouterr()
     fit(ts, loss_fn, opt, train_data, epochs=1, resume_from=tmp_path, **dict(base, progress=None))
     assert re.search(r"^epoch 1/1: 5 steps, ", capsys.readouterr().err, re.M)
@@ -98,18 +90,10 @@ def test_a_fit_that_fails_mid_epoch_closes_its_bar(capsys):
     pytest.importorskip("tqdm.auto")
     ts, loss_fn, opt, train_data, base = fit_setup()
 
-    class Stop(Exception):
-        pass
-
-    class Crash(callbacks.Callback):
-        def on_step_end(self, ctx, step):
-            if step == 3:
-                raise Stop
-
     capsys.readouterr()
-    with pytest.raises(Stop) as failed:  # its traceback keeps fit's frame, and the bar, alive
+    with pytest.raises(Crash) as failed:  # its traceback keeps fit's frame, and the bar, alive
         fit(ts, loss_fn, opt, train_data, epochs=2, **dict(base, progress=True,
-                                                           callbacks=[Crash()]))
+                                                           callbacks=[CrashAt(3)]))
     # Closed where it stood (left open, it would stay half drawn, holding tqdm's line 0).
     assert re.search(r"epoch 1/2: \d+step \[[^\r\n]*\] *\n$", capsys.readouterr().err)
     assert failed.value.train_state is not None

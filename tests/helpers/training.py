@@ -5,7 +5,7 @@ import numpy as np
 import optax
 
 import funcnet
-from funcnet import data, losses, metrics
+from funcnet import callbacks, data, losses, metrics
 from funcnet.layers import Dense, Dropout, Relu
 from funcnet.train import Aux, TrainState
 
@@ -51,3 +51,18 @@ def params_equal(a, b):
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+class Crash(Exception):
+    """What :class:`CrashAt` raises: a run killed mid-epoch, for the resume tests."""
+
+
+class CrashAt(callbacks.Callback):
+    """Raises :class:`Crash` at the end of global step ``at``."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_step_end(self, ctx, step):
+        if step == self.at:
+            raise Crash
