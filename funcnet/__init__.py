@@ -1,8 +1,8 @@
 """funcnet: a functional deep-learning framework on JAX.
 
 Layers are ``(init, apply)`` pairs, state is explicit, every step is a pure
-function that ``jax.jit`` and ``jax.pmap`` accept. The API reference's index
-(docs/api/index.md) says which module holds which concept.
+function that ``jax.jit`` and ``jax.pmap`` accept. The
+[API reference's index](docs/api/index.md) says which module holds which concept.
 """
 
 from funcnet import (callbacks, checkpoint, combinators, core, data, datasets,

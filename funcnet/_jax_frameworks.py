@@ -28,7 +28,8 @@ import numpy as np
 
 from funcnet.core import PyTree
 from funcnet.errors import StateDictMismatchError
-from funcnet._torch_state_dict import load_torch_state_dict
+# _is_array: the torch loader's test for an array leaf, one definition for both loaders
+from funcnet._torch_state_dict import _is_array, load_torch_state_dict
 
 __all__ = ["load_flax_params", "load_haiku_params", "load_equinox_params"]
 
@@ -210,10 +211,6 @@ def _flat_modules(tree, prefix: str = "") -> Dict[str, Dict[str, np.ndarray]]:
         if hasattr(v, "items") and not _is_array(v):
             out.update(_flat_modules(v, f"{prefix}/{k}" if prefix else str(k)))
     return out
-
-
-def _is_array(x) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
 def _torch_kernel(k: np.ndarray) -> np.ndarray:

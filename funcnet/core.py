@@ -1,18 +1,17 @@
 """The layer contract: a layer is a pair of pure functions.
 
-``init(rng, input_shape) -> (output_shape, params, state)``
-    Computes the output shape from the input shape alone (the layer is never
-    run), draws the parameters from ``rng`` and builds the initial state.
-    ``input_shape`` is a tuple of ints whose leading (batch) entries may be -1.
-
-``apply(params, state, inputs, *, rng=None, train=False) -> (outputs, new_state)``
-    Runs the layer. ``params`` and ``state`` are plain pytrees (dicts and tuples
-    of arrays). A layer without state has ``state == ()`` and returns it
-    unchanged; a combinator's state has one entry per child, and ``()`` is
-    accepted for a network whose layers are all stateless (stateful layers check
-    their state with :func:`need_state`, so ``()`` reaching one names it).
-    Layers that need randomness (Dropout) read ``rng``; combinators split it so
-    every sub-layer gets an independent key.
+- ``init(rng, input_shape) -> (output_shape, params, state)`` computes the output
+  shape from the input shape alone (the layer is never run), draws the parameters
+  from ``rng`` and builds the initial state. ``input_shape`` is a tuple of ints whose
+  leading (batch) entries may be -1.
+- ``apply(params, state, inputs, *, rng=None, train=False) -> (outputs, new_state)``
+  runs the layer. ``params`` and ``state`` are plain pytrees (dicts and tuples of
+  arrays). A layer without state has ``state == ()`` and returns it unchanged; a
+  combinator's state has one entry per child, and ``()`` is accepted for a network
+  whose layers are all stateless (stateful layers check their state with
+  :func:`need_state`, so ``()`` reaching one names it). Layers that need randomness
+  (Dropout) read ``rng``; combinators split it so every sub-layer gets an
+  independent key.
 
 This module holds the ``Layer`` NamedTuple and the small shape-checking helpers
 that every layer family uses to turn bad input into an error a person can act on.

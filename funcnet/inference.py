@@ -20,24 +20,27 @@ import warnings
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.export  # a submodule jax before 0.8 does not import by itself
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from funcnet import _checks as checks
 from funcnet import precision
+from funcnet._export_args import BATCH, InputSpec, check_dtype, dest_path, input_specs
 from funcnet._version import __version__
-from funcnet.core import as_layer
+from funcnet.core import Layer, PyTree, as_layer
 from funcnet.fileio import atomic_write
 from funcnet.params import path_str
 
 __all__ = ["make_predict_fn", "export", "load_exported"]
 
 
-def make_predict_fn(layer, params, state: Any = (), *, policy=None) -> Callable:
+def make_predict_fn(layer: Layer, params: PyTree, state: PyTree = (), *,
+                    policy: Optional[precision.Policy | str] = None) -> Callable[[PyTree], PyTree]:
     """Returns ``predict(inputs) -> outputs``: ``layer.apply`` in eval mode, jitted.
 
     ``predict(x)`` is ``layer.apply(params, state, x, rng=None, train=False)[0]``
@@ -146,11 +149,12 @@ _ZIP_NAME_AT = 30  # where a zip's first local file header holds the member's na
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same export gives the same bytes
 _HEADER_LEN = struct.Struct("<Q")
 _HEADER_CRC = struct.Struct("<I")
-_BATCH = "batch"
 _PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
-def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.float32,
+def export(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
+           path: str | os.PathLike, *, policy: Optional[precision.Policy | str] = None,
+           dtype: DTypeLike = jnp.float32,
            platforms: Optional[Sequence[str]] = None, format_version: int = 3) -> Path:
     """Writes the eval-mode network, with its params and state, to one file for serving.
 
@@ -203,7 +207,7 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
 
     The zip's CRC32 covers every member: :func:`load_exported` refuses a file with any
     of their bytes changed. It checks call-time inputs against the header's input spec.
-    The guide (docs/guides/export.md) shows how to run the file with jax and safetensors
+    [The export guide](../guides/export.md) shows how to run the file with jax and safetensors
     alone. Format 2, for comparison: the line ``funcnet-export``, an 8-byte little-endian
     header length, the JSON header, its CRC32, the raw little-endian weights, the program.
 
@@ -246,14 +250,14 @@ def export(layer, params, state, input_spec, path, *, policy=None, dtype=jnp.flo
     if policy is not None:
         policy = _policy(where, policy)
         layer = _with_policy(layer, policy)
-    dtype = _dtype(where, "dtype", dtype)
-    specs, structs = _input_specs(where, input_spec, dtype)
+    dtype = check_dtype(where, "dtype", dtype)
+    specs, structs = input_specs(where, input_spec, dtype)
     platforms = _platforms(where, platforms)
     if format_version not in (2, 3) or isinstance(format_version, bool):
         raise checks.ArgumentError(
             f"{where}: format_version must be 3 (the zip of standard parts) or 2 (the single "
             f"file earlier funcnet versions wrote and read), got {format_version!r}.")
-    path = _dest(where, path)
+    path = dest_path(where, path)
     leaves, names, weights_tree = _weight_leaves(where, params, state)
 
     def predict(weights, inputs):
@@ -350,7 +354,7 @@ def _safetensors(where: str):
     return safetensors
 
 
-def load_exported(path) -> Callable:
+def load_exported(path: str | os.PathLike) -> Callable[[PyTree], PyTree]:
     """Loads a file written by :func:`export`: returns ``predict(inputs) -> outputs``.
 
     Needs jax only (and ``flatbuffers``, which jax's deserializer imports, and
@@ -684,7 +688,7 @@ def _label(spec: dict) -> str:
 
 
 def _spec_text(spec: dict, batch: Optional[int] = None) -> str:
-    b = _BATCH if batch is None else str(batch)
+    b = BATCH if batch is None else str(batch)
     dims = ", ".join(b if d is None else str(d) for d in spec["shape"])
     return f"({dims}{',' if len(spec['shape']) == 1 else ''}) {spec['dtype']}"
 
@@ -693,78 +697,7 @@ def _dim_json(d):
     """An output dimension for the header: an int, None for the batch, else its formula."""
     if not jax.export.is_symbolic_dim(d):
         return int(d)
-    return None if str(d) == _BATCH else str(d)
-
-
-def _dtype(where: str, name: str, dtype) -> np.dtype:
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt is None or not (jnp.issubdtype(dt, jnp.number) or jnp.issubdtype(dt, jnp.bool_)):
-        raise checks.ArgumentError(f"{where}: {name} must be a numeric dtype (jnp.float32, "
-                                   f"'int32', ...), got {checks.got(dtype)}.")
-    return jax.dtypes.canonicalize_dtype(dt)
-
-
-_SPEC_FORMS = ("a shape like (-1, 784) (-1: the batch), a jax.ShapeDtypeStruct, or a "
-               "tuple, list or dict of those")
-
-
-def _input_specs(where: str, input_spec, dtype):
-    """The JSON leaf specs and the pytree of ShapeDtypeStructs (batch symbolic) to export."""
-    batch = jax.export.symbolic_shape(_BATCH)[0]
-    specs, structs = [], []
-
-    def bad(x, at, why=""):
-        return checks.ArgumentError(
-            f"{where}: input_spec{at} must be {_SPEC_FORMS}, got {checks.got(x)}{why}.")
-
-    def leaf(shape, dt, at):
-        if any(d < 1 and d != -1 for d in shape):
-            raise checks.ArgumentError(
-                f"{where}: input_spec{at} dimensions must be positive, or -1 for the batch, "
-                f"got {tuple(shape)}.")
-        specs.append({"path": at, "shape": [None if d == -1 else int(d) for d in shape],
-                      "dtype": dt.name})
-        structs.append(jax.ShapeDtypeStruct(tuple(batch if d == -1 else int(d) for d in shape),
-                                            dt))
-        return len(structs) - 1
-
-    def walk(x, at):
-        # Containers are checked here, not left to jax.tree: a spec is a shape or a
-        # ShapeDtypeStruct, in tuples, lists and string-keyed dicts, and nothing else.
-        if isinstance(x, jax.ShapeDtypeStruct):
-            if not all(checks.is_int(d) for d in x.shape):
-                raise checks.ArgumentError(
-                    f"{where}: input_spec{at} must have int dimensions (-1 for the batch), got "
-                    f"shape {x.shape!r}; spell the batch as -1, not as a symbolic dimension.")
-            return leaf(x.shape, _dtype(where, f"input_spec{at}.dtype", x.dtype), at)
-        if isinstance(x, (tuple, list)) and not _is_namedtuple(x):
-            if all(checks.is_int(d) for d in x):
-                return leaf(x, dtype, at)
-            if not any(isinstance(d, (tuple, list, dict, jax.ShapeDtypeStruct)) for d in x):
-                if any(d is None for d in x):  # a shape, Keras-style
-                    raise bad(x, at, " (the batch dimension is -1, not None)")
-                raise checks.ArgumentError(
-                    f"{where}: input_spec{at} must have int dimensions (-1 for the batch), "
-                    f"got {tuple(x)!r}.")
-            return type(x)(walk(c, f"{at}[{i}]") for i, c in enumerate(x))
-        if isinstance(x, dict) and x and all(isinstance(k, str) for k in x):
-            return {k: walk(c, f"{at}[{k!r}]") for k, c in x.items()}
-        raise bad(x, at, " (dict keys must be strings)" if isinstance(x, dict) and x else "")
-
-    indices = walk(input_spec, "")
-    if not specs:
-        raise bad(input_spec, "", " (no inputs)")
-    # Leaves in jax's flattening order (dicts sorted by key), which the call checks use.
-    order, tree = jax.tree.flatten(indices)
-    specs = [specs[i] for i in order]
-    return specs, jax.tree.unflatten(tree, [structs[i] for i in order])
-
-
-def _is_namedtuple(x) -> bool:
-    return isinstance(x, tuple) and hasattr(x, "_fields")
+    return None if str(d) == BATCH else str(d)
 
 
 def _platforms(where: str, platforms):
@@ -782,20 +715,6 @@ def _platforms(where: str, platforms):
             f"among {', '.join(map(repr, _PLATFORMS))}, e.g. ('cpu', 'cuda'), got "
             f"{platforms!r}{hint}.")
     return tuple(platforms)
-
-
-def _dest(where: str, path) -> Path:
-    if not isinstance(path, (str, os.PathLike)):
-        raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), "
-                                   f"got {checks.got(path)}.")
-    path = Path(os.fspath(path))
-    if path.is_dir():
-        raise checks.ArgumentError(f"{where}: path {str(path)!r} is a directory; give a file "
-                                   f"name inside it, e.g. {str(path / 'model.export')!r}.")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"{where}: the directory of {str(path)!r} does not exist; "
-                                f"create it first.")
-    return path
 
 
 def _weight_leaves(where: str, params, state):

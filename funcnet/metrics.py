@@ -2,12 +2,10 @@
 
 A metric is a :class:`Metric` NamedTuple of three pure functions:
 
-``init() -> state``
-    A pytree of running sums and counts (float32 / int32 arrays).
-``update(state, ...) -> state``
-    Folds one batch in. Jit-able; call it inside your eval/train step.
-``compute(state) -> value``
-    The metric value (NaN while nothing has been counted).
+- ``init() -> state``: a pytree of running sums and counts (float32 / int32 arrays).
+- ``update(state, ...) -> state``: folds one batch in. Jit-able; call it inside your
+  eval/train step.
+- ``compute(state) -> value``: the metric value (NaN while nothing has been counted).
 
 Because states are plain sums, partial states **add**: the tree-sum of states
 updated on disjoint batches equals the state updated on their concatenation.

@@ -5,21 +5,34 @@ A thin wrapper over [jax2onnx](https://github.com/enpasos/jax2onnx) (``pip insta
 "funcnet[onnx]"``), imported only when :func:`to_onnx` runs: the network in eval mode
 (``train=False``, no rng: Dropout off, BatchNorm's running statistics) with its params and
 state folded into the model as initializers. What jax2onnx cannot convert is an error from
-jax2onnx naming the JAX primitive; docs/guides/export.md lists what is known to convert.
+jax2onnx naming the JAX primitive; [Export for serving](../guides/export.md#onnx) lists what
+is known to convert.
 For a JAX-to-JAX route (bit for bit, every layer), use :func:`funcnet.inference.export`.
+
+JAX versions: jax2onnx 0.17.1, the newest release, converts on jax 0.10 and 0.11 but not on
+jax 0.12 and later, where networks holding a nested ``jax.jit`` (Dense, Conv, ... most
+networks) fail inside jax2onnx: it reads ``jax._src.core.ClosedJaxpr``, which jax 0.12
+removed. :func:`to_onnx` then raises a RuntimeError that says so. Export with
+:func:`funcnet.inference.export` instead, or convert in an environment with ``jax<0.12``,
+until a jax2onnx release supports jax 0.12.
+
+``input_spec``, ``dtype`` and ``path`` are checked as :func:`funcnet.inference.export`
+checks them (the same code).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from funcnet import _checks as checks
-from funcnet.core import as_layer
+from funcnet._export_args import InputSpec, check_dtype, dest_path, input_specs
+from funcnet.core import Layer, PyTree, as_layer
 from funcnet.fileio import atomic_write
-from funcnet.inference import _dest, _dtype, _input_specs
 
 __all__ = ["to_onnx"]
 
@@ -37,7 +50,8 @@ def _jax2onnx():
     return jax2onnx
 
 
-def to_onnx(layer, params, state, input_spec, path=None, *, dtype=jnp.float32,
+def to_onnx(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
+            path: Optional[str | os.PathLike] = None, *, dtype: DTypeLike = jnp.float32,
             input_names: Optional[Sequence[str]] = None,
             output_names: Optional[Sequence[str]] = None, opset: Optional[int] = None) -> Any:
     """The eval-mode network, params and state included, as an ONNX model.
@@ -75,6 +89,8 @@ def to_onnx(layer, params, state, input_spec, path=None, *, dtype=jnp.float32,
       ImportError: jax2onnx is not installed (``pip install "funcnet[onnx]"``).
       ArgumentError: a malformed ``input_spec`` (or a dict), ``dtype`` or names.
       FileNotFoundError: ``path``'s directory does not exist.
+      RuntimeError: jax2onnx failed inside its own code on this jax (jax2onnx 0.17.1 on
+        jax >= 0.12); the message names both versions and the way out.
       Exception: jax2onnx's own error for a JAX primitive it cannot convert.
 
     Examples:
@@ -91,7 +107,7 @@ def to_onnx(layer, params, state, input_spec, path=None, *, dtype=jnp.float32,
             f"{_WHERE}: input_spec must be one input's shape or a tuple/list of them (ONNX "
             f"inputs are positional), got a dict with keys {sorted(input_spec)}; wrap the "
             f"layer to take a tuple instead.")
-    _, structs = _input_specs(_WHERE, input_spec, _dtype(_WHERE, "dtype", dtype))
+    _, structs = input_specs(_WHERE, input_spec, check_dtype(_WHERE, "dtype", dtype))
     several = isinstance(structs, (tuple, list))
     structs = list(structs) if several else [structs]
     if any(not isinstance(s, jax.ShapeDtypeStruct) for s in structs):
@@ -102,7 +118,7 @@ def to_onnx(layer, params, state, input_spec, path=None, *, dtype=jnp.float32,
     if len(input_names) != len(structs) or not all(isinstance(n, str) for n in input_names):
         raise checks.ArgumentError(f"{_WHERE}: input_names must be {len(structs)} strings (one "
                                    f"per input), got {input_names!r}.")
-    dest = None if path is None else _dest(_WHERE, path)
+    dest = None if path is None else dest_path(_WHERE, path)
     j2o = _jax2onnx()
 
     def model(*inputs):
@@ -119,20 +135,26 @@ def to_onnx(layer, params, state, input_spec, path=None, *, dtype=jnp.float32,
                             output_names=None if output_names is None else list(output_names),
                             **kwargs)
     except AttributeError as e:  # jax2onnx reads jax internals that move between versions
-        e.add_note(f"{_WHERE}: jax2onnx {_version(j2o)} failed inside its own code on jax "
-                   f"{jax.__version__}; jax2onnx 0.17.1 works with jax 0.10 but not 0.12 (it "
-                   f"reads jax._src.core.ClosedJaxpr). Use a jax2onnx release that supports "
-                   f"this jax, or a jax it supports.")
-        raise
+        raise RuntimeError(_incompatible(layer.name, _version(j2o), e)) from e
     if dest is not None:
         with atomic_write(dest) as (f, _):
             f.write(proto.SerializeToString())
     return proto
 
 
+def _incompatible(name: str, j2o_version: str, error: AttributeError) -> str:
+    """What to tell when jax2onnx fails inside its own code: a jax it does not support."""
+    return (f"{_WHERE}: jax2onnx {j2o_version} cannot convert {name} on jax {jax.__version__}: "
+            f"it failed inside its own code ({type(error).__name__}: {error}). jax2onnx 0.17.1 "
+            f"(the newest release) supports jax 0.10 and 0.11, not jax 0.12 or later: it reads "
+            f"jax._src.core.ClosedJaxpr, which jax 0.12 removed, so every network with a nested "
+            f"jax.jit (Dense, Conv, ...) fails there. Export with funcnet.inference.export instead "
+            f"(StableHLO, served with jax alone), or convert in an environment with jax<0.12 "
+            f"(pip install \"jax<0.12\" \"jaxlib<0.12\"), or upgrade jax2onnx once a release "
+            f"supports this jax.")
 
 
-def _version(module) -> str:
+def _version(module: Any) -> str:
     from importlib import metadata
     try:
         return metadata.version(module.__name__)

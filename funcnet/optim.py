@@ -34,7 +34,8 @@ Why not plain ``optax.sgd`` / ``optax.adam``?
   moment estimates, which is AdamW, not ``torch.optim.Adam(weight_decay=...)``).
 * ``optax.rmsprop``, ``optax.adagrad`` and ``optax.radam`` put ``eps`` elsewhere
   than PyTorch and have no (or no coupled) weight decay; ``optax.adagrad`` has no
-  ``lr_decay``. docs/optimizers.md lists every difference.
+  ``lr_decay``. [Optimizers against torch and optax](../optimizers.md) lists every
+  difference.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from functools import partial
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -62,10 +62,13 @@ from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet import metrics as metrics_lib
 from funcnet import precision
-from funcnet.core import as_layer
+from funcnet.core import Layer, PyTree, Shape, as_layer
 
 __all__ = ["TrainState", "Aux", "EMA", "make_train_step", "make_eval_step", "copy_params",
            "polyak_update", "make_scaled_train_step"]
+
+# What ``optimizer`` takes: one optax optimizer, or {model name: optimizer} for several models.
+Optimizers = Union[optax.GradientTransformation, Mapping[str, optax.GradientTransformation]]
 
 
 class TrainState(NamedTuple):
@@ -117,7 +120,7 @@ class TrainState(NamedTuple):
     ema: Any = ()
     loss_scale: Any = ()
 
-    def replace(self, **changes) -> "TrainState":
+    def replace(self, **changes: Any) -> TrainState:
         """A copy with the named fields replaced, as Flax's ``TrainState.replace``.
 
         The same as the NamedTuple's ``_replace`` (which keeps working), with an error
@@ -147,8 +150,9 @@ class TrainState(NamedTuple):
         return self._replace(**changes)
 
     @classmethod
-    def create(cls, layer, optimizer, rng, input_shape=None, *, loss_state=(),
-               ema: bool = False, loss_scale=None) -> "TrainState":
+    def create(cls, layer: Union[Layer, Mapping[str, tuple[Layer, Shape]]], optimizer: Optimizers,
+               rng: jax.Array, input_shape: Optional[Shape] = None, *, loss_state: PyTree = (),
+               ema: bool = False, loss_scale: Optional[precision.LossScale] = None) -> TrainState:
         """Initialises ``layer`` for ``input_shape`` and the optimizer on its params.
 
         ``ema=True`` also keeps an exponential moving average of the params
@@ -349,7 +353,8 @@ def _as_aux(aux, where) -> Aux:
                     f"return loss, Aux(state=new_state).")
 
 
-def make_train_step(loss_fn: Callable, optimizer, *, update=None,
+def make_train_step(loss_fn: Callable, optimizer: Optimizers, *,
+                    update: Union[str, Sequence[str], None] = None,
                     axis_name: Optional[str] = None, clip_grad_norm: Optional[float] = None,
                     microbatches: Optional[int] = None,
                     ema_decay: Optional[float] = None,
@@ -480,7 +485,7 @@ def make_train_step(loss_fn: Callable, optimizer, *, update=None,
     return step
 
 
-def make_scaled_train_step(loss_fn: Callable, optimizer, *,
+def make_scaled_train_step(loss_fn: Callable, optimizer: Optimizers, *,
                            axis_name: Optional[str] = None) -> Callable:
     """Deprecated (until 0.3): create the state with ``TrainState.create(...,
     loss_scale=...)`` and use :func:`make_train_step`, which scales the loss then.
@@ -1131,7 +1136,7 @@ def copy_params(train_state: TrainState, src: str, dst: str) -> TrainState:
     return train_state._replace(params=params, state=state)
 
 
-def polyak_update(train_state: TrainState, src: str, dst: str, tau) -> TrainState:
+def polyak_update(train_state: TrainState, src: str, dst: str, tau: Union[float, jax.Array]) -> TrainState:
     """``train_state`` with ``params[dst] = tau * params[src] + (1 - tau) * params[dst]``.
 
     The soft target update of DDPG/SAC/DQN variants (Stable-Baselines3's

@@ -6,10 +6,9 @@ and ``**kwargs`` aside) and its return, and ``typing.get_type_hints`` resolves t
 so no forward reference is broken and the API reference's Type column is filled.
 
 Not yet annotated, so not in ``ANNOTATED`` (add each once it is): ``funcnet.loop``
-(the ``funcnet/loop/`` package), ``funcnet.train``, ``funcnet.inference``,
-``funcnet.datasets.mnist``, ``funcnet.onnx`` (new, still being written), and the
-top-level ``funcnet`` namespace, which re-exports
-``fit``, ``make_train_step``, ``polyak_update`` and ``make_predict_fn`` from them.
+(the ``funcnet/loop/`` package, being rewritten), and the top-level ``funcnet``
+namespace, which re-exports ``fit`` from it (and ``make_train_step``, ``polyak_update``
+and ``make_predict_fn``, annotated in ``funcnet.train`` and ``funcnet.inference``).
 """
 
 import importlib
@@ -28,6 +27,7 @@ ANNOTATED = [
     "funcnet.distributed", "funcnet.precision", "funcnet.xla", "funcnet.decoding", "funcnet.models",
     "funcnet.models.gpt", "funcnet.interop", "funcnet.introspect", "funcnet.testing",
     "funcnet.fileio", "funcnet.errors", "funcnet.datasets", "funcnet.datasets.idx",
+    "funcnet.train", "funcnet.inference", "funcnet.datasets.mnist", "funcnet.onnx",
 ]
 
 

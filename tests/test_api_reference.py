@@ -241,3 +241,28 @@ def test_no_public_text_names_a_private_module():
 def test_the_private_module_pattern():
     assert _PRIVATE.findall("see funcnet._mesh and funcnet.layers._windows, not funcnet.layers") == [
         "funcnet._mesh", "funcnet.layers._windows"]
+
+
+def _intro(page_text):
+    """The prose between a page's ``# title`` and its first ``::: target`` block."""
+    lines = page_text.split("\n")
+    first = next(i for i, line in enumerate(lines) if line.startswith(":::"))
+    return "\n".join(lines[1:first]).strip()
+
+
+def test_a_module_page_shows_its_summary_once():
+    """``::: funcnet.x`` renders the module docstring right below the page title, its first
+    line being the module's summary; a summary of the page's own above it read as the same
+    sentence twice, in other words. A module page adds at most a "See also:" line."""
+    pages = sorted(glob.glob(os.path.join(ROOT, "docs", "api", "*.md")))
+    bad = []
+    for page in pages:
+        if page.endswith("index.md"):
+            continue
+        intro = _intro(open(page).read())
+        if intro and not intro.startswith("See also:"):
+            bad.append(f"{os.path.relpath(page, ROOT)}: {intro.splitlines()[0]}")
+    assert len(pages) >= 25, pages
+    assert not bad, ("API pages with a summary of their own above the module docstring's (say "
+                     "it in the docstring; a link goes on a 'See also:' line):\n  " + "\n  ".join(bad))
+    assert _intro("# funcnet.x\n\nThe x module.\n\n::: funcnet.x\n") == "The x module."

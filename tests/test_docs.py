@@ -158,3 +158,61 @@ def test_docstrings_use_markdown_tables_not_rst_tables_or_directives():
     bad = [f"{place}: {line.strip()}" for place, line in _docstring_lines()
            if rule.match(line) or directive.match(line)]
     assert bad == [], "reStructuredText tables or directives in docstrings:\n" + "\n".join(bad)
+
+
+# Code blocks on the site's pages stay within this many columns: docs/stylesheets/extra.css
+# sizes block code so that 88 fit the content column beside both sidebars at 1280 px wide
+# (tools/screenshots.py shows it); a longer line is cut off behind a sideways scroll bar.
+CODE_COLUMNS = 88
+# (page, the line's start) -> why it cannot wrap: a shell command or a URL, never Python.
+LONG_CODE_LINES = {}
+
+_ANY_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
+
+
+def _long_code_lines(text, limit=CODE_COLUMNS):
+    """``(line number, line)`` of each line inside a fenced block that is over ``limit``."""
+    long, fence = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        m = _ANY_FENCE.match(line)
+        if m and fence is None:
+            fence = m[1]
+        elif m and m[1].startswith(fence) and not line[m.end():].strip():
+            fence = None
+        elif fence and len(line) > limit:
+            long.append((number, line))
+    return long
+
+
+def test_code_blocks_fit_the_content_column():
+    assert _long_code_lines("x" * 99 + "\n  ```\n  " + "y" * 89 + "\n  ```\n" + "z" * 99) == [
+        (3, "  " + "y" * 89)]
+    bad, allowed = [], set()
+    for page in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True):
+        page = os.path.relpath(page, ROOT)
+        for number, line in _long_code_lines(open(os.path.join(ROOT, page)).read()):
+            key = next((k for k in LONG_CODE_LINES
+                        if k[0] == page and line.strip().startswith(k[1])), None)
+            if key:
+                allowed.add(key)
+            else:
+                bad.append(f"{page}:{number}: {len(line)} columns")
+    assert bad == [], (f"code lines over {CODE_COLUMNS} columns (wrap them; only a line that "
+                       f"cannot wrap goes in LONG_CODE_LINES, with why):\n" + "\n".join(bad))
+    assert allowed == set(LONG_CODE_LINES), f"stale LONG_CODE_LINES: {set(LONG_CODE_LINES) - allowed}"
+
+
+def test_no_docstring_names_a_docs_page_as_text():
+    """The API reference renders docstrings as Markdown: "docs/porting.md has the code" is a
+    dead end there. A page is a relative link from the API page that shows the docstring,
+    e.g. ``[the porting guide](../../porting.md)`` on api/layers/attention (mkdocs resolves
+    it, and `mkdocs build --strict` fails on a broken one)."""
+    docs = {}
+    for place, line in _docstring_lines():
+        docs[place] = docs.get(place, "") + line + "\n"
+    found = {}
+    for place, doc in docs.items():
+        for path in re.findall(r"docs/[\w/.-]+\.md", re.sub(r"\]\([^)]*\)", "]()", doc)):
+            found.setdefault(place, set()).add(path)
+    assert found == {}, (
+        "make these page paths Markdown links (relative to the docs/api/ page that renders them)")

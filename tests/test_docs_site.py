@@ -146,3 +146,46 @@ def test_the_home_page_installs_and_trains():
     start = _read("docs/getting-started.md")
     for detail in ["passed and", "| seed |", "FUNCNET_TEST_DEVICES"]:
         assert detail not in start and detail in _read("docs/contributing.md"), detail
+
+
+def test_the_site_stylesheet_keeps_code_and_api_tables_in_the_column():
+    """docs/stylesheets/extra.css (mkdocs.yml's extra_css) keeps two things inside the content
+    column, both seen on tools/screenshots.py's pages at 1280 px: 88 columns of block code
+    (the limit tests/test_docs.py holds the pages to; Material's size fits about 82), and
+    the API reference's Parameters tables, whose descriptions hold unbreakable code
+    ("params=float32,compute=bfloat16,output=float32" in funcnet.inference.export) that
+    otherwise widened the table past the column."""
+    assert re.search(r"^extra_css:\n  - stylesheets/extra\.css$", _read("mkdocs.yml"), re.M)
+    css = re.sub(r"/\*.*?\*/", "", _read("docs/stylesheets/extra.css"), flags=re.S)
+    rules = {}
+    for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", css):
+        for selector in selectors.split(","):
+            rules[selector.strip()] = rules.get(selector.strip(), "") + body
+    assert re.search(r"font-size:\s*\.78em", rules[".md-typeset pre > code"])
+    assert "overflow-wrap: anywhere" in rules[".md-typeset .doc-md-description code"]
+    assert "width: 100%" in rules[".md-typeset .doc-contents td:has(> .doc-md-description)"]
+
+
+def _heading_problems(text):
+    """The section titles of a page's Markdown ``text`` that are not headings, or that skip a level."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    bad = [f"{m[0]} (make it a ## heading)" for m in re.finditer(r"^\*\*[^*]+\*\*$", text, re.M)]
+    level = 1
+    for m in re.finditer(r"^(#+) .*$", text, re.M):
+        if len(m[1]) > level + 1:
+            bad.append(f"'{m[0]}' follows a level-{level} heading")
+        level = len(m[1])
+    return bad
+
+
+def test_sections_are_headings_that_nest():
+    """Material's table of contents lists `##` and `###` headings only: a section titled by
+    a bold line alone (`**Not checked**`, as docs/errors.md had) is missing from it, and a
+    `###` right under the `#` title (docs/guides/transformers.md had one) is listed as if
+    the page had no sections before it."""
+    assert _heading_problems("# T\n\n**Not checked**\n\n```\n# code\n```\n### Sub\n") == [
+        "**Not checked** (make it a ## heading)", "'### Sub' follows a level-1 heading"]
+    bad = [f"{os.path.relpath(path, ROOT)}: {problem}"
+           for path in sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+           for problem in _heading_problems(open(path).read())]
+    assert bad == [], "\n".join(bad)

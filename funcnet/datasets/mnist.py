@@ -27,7 +27,7 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -139,8 +139,8 @@ def _not_found(split, names, places, errors, cache) -> MNISTNotFoundError:
         f"and call load(download=True).")
 
 
-def load(split: str = "train", data_dir=None, flatten: bool = False, *,
-         download: bool = True):
+def load(split: str = "train", data_dir: Optional[str | os.PathLike] = None, flatten: bool = False, *,
+         download: bool = True) -> Tuple[np.ndarray, np.ndarray]:
     """The MNIST digits as numpy arrays.
 
     Args:

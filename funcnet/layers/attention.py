@@ -5,7 +5,8 @@ Layouts: sequences are ``(batch, time, features)``; inside the layer, heads are
 
 Masks are boolean and ``True`` means *may attend*, as in ``jax.nn.dot_product_attention``
 and Flax. PyTorch's boolean masks mean the opposite (``True`` = masked out): pass
-``~torch_mask`` (see docs/porting.md). An additive float mask goes in ``bias=``.
+``~torch_mask`` (see [the porting guide](../../porting.md#pytorch-attention-and-transformers)).
+An additive float mask goes in ``bias=``.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
         key/value cache needs. torch's ``is_causal=True`` lines up the *first* ones
         (the same when ``S == T``): with ``S != T`` it is ``mask=causal_mask(T, S)``
         here, and this ``causal=True`` is torch's ``attn_mask=torch.ones(T, S,
-        dtype=torch.bool).tril(S - T)`` (docs/porting.md).
+        dtype=torch.bool).tril(S - T)`` (see
+        [the porting guide](../../porting.md#pytorch-attention-and-transformers)).
       dropout: the dropout rate on the attention weights, applied only with
         ``train=True`` and ``dropout > 0``.
       rng: the PRNG key of that dropout (needed only when it applies).
@@ -317,7 +319,7 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
     ``W_k = in_proj_weight[E:2E].T``, ``W_v = in_proj_weight[2E:].T`` (or
     ``q/k/v_proj_weight.T`` when kdim/vdim differ), the biases split
     ``in_proj_bias`` the same way, ``out = out_proj.weight.T, out_proj.bias``;
-    docs/porting.md has the code.
+    [the porting guide](../../porting.md#pytorch-attention-and-transformers) has the code.
 
     Default init, as torch: ``W_q, W_k, W_v`` Glorot-uniform over the packed
     ``(E, 3E)`` matrix when ``kdim == vdim == E`` (torch draws ``in_proj_weight`` as

@@ -4,8 +4,9 @@ Mistakes that would otherwise surface only after an epoch of training (at the fi
 evaluation or the first epoch's end) are found by tracing, never running, the step
 and the evaluation: an ``eval_fn`` whose state ``metric`` cannot compute, and keys
 callbacks monitor that ``fit`` will never log (public as ``funcnet.loop.LogKeys``).
-Also the adapter every host batch passes through (:func:`host_arrays`): leaves of any
-array-like type (PyTorch tensors, tf.data and grain elements) become NumPy arrays.
+Also, from ``_sources``, the adapter every host batch passes through
+(:func:`host_arrays`): leaves of any array-like type (PyTorch tensors, tf.data and grain
+elements) become NumPy arrays.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
-from funcnet import data as data_lib
 from funcnet.callbacks import Callback, LearningRateLogger, Profile
 from funcnet.errors import MetricStateError
+from funcnet.loop._sources import host_arrays, source_for
 from funcnet.train import EMA, make_train_step
 
 __all__ = ["LogKeys", "check_before_training", "check_fit_options", "first_batch",
@@ -121,68 +122,10 @@ def check_before_training(train_state, loss_fn, optimizer, train_data, eval_data
 
 def first_batch(data, name: str = "train_data"):
     """A batch with the shapes of the data's batches, or None when taking one would use
-    up data that can be read only once (an iterator). Its leaves are NumPy or JAX
-    arrays (:func:`host_arrays`), so a leaf NumPy cannot read fails here, before training."""
-    if isinstance(data, data_lib.DeviceData):
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct((data.batch_size,) + a.shape[1:],
-                                                           a.dtype), data.arrays)
-    if callable(data):
-        data = data(0)
-    elif iter(data) is data:
-        return None
-    batch = next(iter(data), None)
-    return None if batch is None else host_arrays(batch, name, 0, 0)
-
-
-# Leaves fit passes on as they are: what jit takes without a conversion (so a NumPy
-# batch costs no copy and a JAX array stays where it is).
-_NATIVE = (np.ndarray, np.generic, jax.Array, int, float, complex)
-# NumPy dtype kinds JAX cannot hold: objects, strings, bytes, datetimes.
-_NOT_NUMBERS = frozenset("OUSMm")
-_NUMBER = np.dtype(np.float32)  # what a Python number's missing dtype counts as
-
-
-def host_arrays(batch, name: str, index: int, epoch: int):
-    """``batch`` with every leaf an array JAX takes: NumPy and JAX arrays and Python
-    numbers as they are, any other leaf through ``np.asarray`` (a PyTorch CPU tensor
-    shares its memory; tf.data and grain elements implement ``__array__``), as
-    ``torch.utils.data.DataLoader`` users expect of a PyTorch loop. A leaf that does
-    not become an array of numbers raises a ``TypeError`` naming its type, ``name``
-    (``"train_data"``, ``"eval_data"``) and the batch's ``index`` in ``epoch``."""
-    leaves, treedef = jax.tree.flatten(batch)
-    if all(isinstance(x, _NATIVE) and getattr(x, "dtype", _NUMBER).kind not in _NOT_NUMBERS
-           for x in leaves):
-        return batch  # the common case: nothing converted, nothing rebuilt
-    out = []
-    for i, x in enumerate(leaves):
-        if not isinstance(x, _NATIVE):
-            try:
-                x = np.asarray(x)
-            except Exception as e:  # noqa: BLE001 -- reported with the leaf, below
-                _unconvertible(batch, i, x, name, index, epoch, f"{type(e).__name__}: {e}")
-        if getattr(x, "dtype", _NUMBER).kind in _NOT_NUMBERS:
-            _unconvertible(batch, i, leaves[i], name, index, epoch,
-                           f"an array of dtype {x.dtype}, which JAX cannot hold")
-        out.append(x)
-    return jax.tree.unflatten(treedef, out)
-
-
-def _unconvertible(batch, i: int, leaf, name: str, index: int, epoch: int, got: str):
-    path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(batch)[0][i][0])
-    kind = type(leaf)
-    where = f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")
-    if kind.__module__.split(".")[0] == "torch":
-        fix = ("Yield tensors on the CPU without grad (tensor.detach().cpu(), in the "
-               "DataLoader's collate_fn or a generator around it), and bfloat16 ones as "
-               ".float(): NumPy has no bfloat16.")
-    else:
-        fix = ("Turn it into numbers in the pipeline (e.g. strings into token or class ids) "
-               "or give its type an __array__ method returning a NumPy array.")
-    raise TypeError(
-        f"fit: batch {index} of epoch {epoch} of {name} has a leaf {path or '(the batch)'} of "
-        f"type {where} that is not an array of numbers (np.asarray gave {got}). fit reads "
-        f"each leaf of a host batch with np.asarray: NumPy and JAX arrays, PyTorch CPU "
-        f"tensors, tf.data and grain elements work. {fix}")
+    up data that can be read only once (an iterator): its data source's
+    (``_sources._Source.first_batch``). A host batch's leaves are NumPy or JAX arrays
+    (:func:`host_arrays`), so a leaf NumPy cannot read fails here, before training."""
+    return source_for(data).first_batch(name)
 
 
 def _eval_keys(train_state, eval_fn, metric, eval_data):

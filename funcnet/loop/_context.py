@@ -29,13 +29,14 @@ class _Run:
       data_layout: what the position counts in (``_resume.data_layout``).
       resumed: what ``resume_from``'s checkpoint holds beside the state, if any.
       float16: ``() -> bool``, whether the loss computes in float16, asked only once a
-        loss is non-finite (a trace, no device work); ``batch_spec`` the shapes it traces with.
+        loss is non-finite (a trace, no device work); ``batch_spec`` the shapes it traces with
+        (the data source's ``batch_spec``, else the first batch's, recorded by the source).
       optimizer_note: ``step -> str``, what the non-finite-loss message adds when the
         optimizer (a NaN learning rate) is the cause (``_checks.optimizer_note``); asked once.
       carried: the resumed run's part of the current epoch's metric sums
         (:class:`funcnet.loop._resume.EpochSums`; None in other epochs).
-      epoch_fetch: the epoch runner's fetch of its steps' metrics from an entry on,
-        ``fetch(start) -> (host dicts, end)``.
+      epoch_fetch: the epoch loop's fetch of its steps' metrics from an entry (a step, or a
+        dispatch) on, ``fetch(start) -> (host dicts, end)`` (``_epoch._StepRecord.fetch``).
       epoch_folded: how far checkpoints have folded the epoch's metrics in,
         ``(entries, steps, sums)``, so each save fetches only the steps since the last one.
     """

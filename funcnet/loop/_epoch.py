@@ -1,30 +1,27 @@
-"""One epoch of ``fit``: the steps over a host pipeline, stacked host batches or a
-:class:`funcnet.data.DeviceData`, then the evaluation and the end-of-epoch callbacks.
+"""One epoch of ``fit``: the steps over a data source, then the evaluation and the
+end-of-epoch callbacks.
 
-Three runners share the dispatch bookkeeping (:func:`_dispatch_epoch`) and return the
-same thing, ``(per-step metrics, examples seen)``: ``_train_epoch`` over a host
-pipeline (one step per dispatch, batches from an iterable, optionally assembled in a
-background thread), ``_train_epoch_stacked`` over :func:`funcnet.data.batches` read
-several at a time, and ``_train_epoch_device`` over a ``DeviceData`` (batches gathered
-inside the step, several steps per dispatch).
+One loop (:func:`_train_epoch`, its core :func:`_dispatch_epoch`) drives every data
+source (``_sources``: a :class:`funcnet.data.DeviceData` gathered in the step,
+:func:`funcnet.data.batches` read several at a time, any other host iterable): the
+source plans the epoch as dispatches (``_sources._Epoch``; a host step is a dispatch of
+one step), the loop runs them, calls the callbacks between them, keeps their metrics
+(``_StepRecord``, ``_DispatchRecord``) and moves the progress bar (``_Bar``). What
+differs between sources is in the plan's attributes, never a type test here, so a new
+source needs no edit of this module. It returns ``(per-step metrics, examples seen)``.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from typing import Callable
 
 import jax
 import numpy as np
 
-from funcnet import data as data_lib
 from funcnet import distributed
 from funcnet.callbacks import Callback
 from funcnet.loop._checks import host_arrays
 from funcnet.loop._metrics import _check_losses
-from funcnet.loop._placement import _checked_device_put
-from funcnet.loop._resume import check_layout, data_layout
 
 __all__: list = []
 
@@ -33,167 +30,34 @@ def _iterate(data, epoch):
     return iter(data(epoch) if callable(data) else data)
 
 
-def _converter(name: str, epoch: int) -> Callable:
-    """:func:`funcnet.loop._checks.host_arrays` for an epoch's batches, taken in order
-    (on one thread), counting them for its error message: fit's host boundary, where a
-    PyTorch, tf.data or grain batch becomes NumPy, once per batch."""
-    count = itertools.count()
-    return lambda batch: host_arrays(batch, name, next(count), epoch)
-
-
-def _spec(batch):
-    """A batch's shapes and dtypes, without its values (nothing kept alive)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
-
-
-def _batch_size(batch) -> int:
-    return int(jax.tree.leaves(batch)[0].shape[0])
-
-
-def _check_host_layout(run, batches, size: int, resumed_inside: bool) -> None:
-    """Records what a checkpoint's loop position counts in for a host pipeline, from
-    this epoch's iterable (all of it for a ``data.Batches``) and first batch
-    (``size``). In the epoch a run resumes inside, refuses it when it differs from what
-    the checkpoint recorded for that epoch: the batches to skip must be the saved ones.
-    (Each epoch may have its own shuffle seed, so only that epoch is compared.)"""
-    now = data_layout(batches)
-    if int(now["batch_size"]) == -1:
-        now["batch_size"] = np.int64(size)
-    if resumed_inside:
-        check_layout(run.resumed, now)
-    # What this iterable cannot tell stays as recorded before.
-    run.data_layout = {k: v if int(v) != -1 else run.data_layout[k] for k, v in now.items()}
-
-
-def _train_epoch(run, steps, callbacks, train_data, epoch, skip, bar, log_every,
+def _train_epoch(run, steps, callbacks, source, epoch, skip, *, bar, log_every,
                  on_nonfinite):
-    """Runs one epoch's steps; returns ``(per-step metrics, examples seen)``.
+    """Runs one epoch's steps over ``source`` (``_sources._Source``); returns
+    ``(per-step metrics, examples seen)``.
 
     ``skip`` batches at the start were trained on before the checkpoint the run
     resumed from. Metrics stay on the device until the epoch ends (no sync per step).
+    Dispatches never cross a multiple of ``steps.steps_per_dispatch`` global steps nor a
+    callback's ``dispatch_edges`` (:func:`_dispatch_plan`, which the source asks for).
     """
-    loop, ctx = run.loop, run.ctx
     t0 = time.perf_counter()
-    step_metrics, seen = [], 0
-    # At most two multi-device steps in flight on CPU, where many queued executions
-    # can stall XLA:CPU's collectives (distributed.InFlight says what happens).
-    in_flight = distributed.InFlight(2 if loop.throttle else None, cpu_only=False)
-    source = train_data(epoch) if callable(train_data) else train_data
-    if steps.on_stacked is not None and callable(train_data) and (
-            isinstance(source, data_lib.Batches) and source.stackable):
-        return _train_epoch_stacked(run, steps, callbacks, source, epoch, skip, bar,
-                                    log_every, on_nonfinite)
-    if steps.several_asked:
-        raise ValueError(f"fit: steps_per_dispatch={steps.steps_per_dispatch} needs batches it "
-                         f"can read several at a time: train_data=funcnet.data.DeviceData(...), "
-                         f"or a callable returning funcnet.data.batches(...) (got "
-                         f"{type(source).__name__} from train_data). Other iterables run one "
-                         f"step per dispatch: leave steps_per_dispatch unset.")
-    starters = _step_begin_callbacks(callbacks)  # usually none: no call per step then
-    run.epoch_fetch = lambda start: (jax.device_get(step_metrics[start:]), len(step_metrics))
-    # The with block stops the background thread however the epoch ends (early stop,
-    # an exception, KeyboardInterrupt).
-    with loop.host_batches(source, _converter("train_data", epoch)) as batches:
-        for i, batch in enumerate(batches):
-            if i == 0:
-                _check_host_layout(run, source, _batch_size(batch), skip > 0)
-                run.batch_spec = _spec(batch)
-            if i < skip:
-                continue
-            for cb in starters:
-                cb.on_step_begin(ctx, ctx.host_step + 1)
-            loop.state, metrics = steps.train(loop.state, loop.put_batch(batch))
-            step_metrics.append(in_flight.add(metrics))
-            run.last = (metrics, None)
-            seen += _batch_size(batch)
-            ctx.batch_in_epoch = i + 1
-            ctx.host_step += 1
-            for cb in callbacks:
-                cb.on_step_end(ctx, ctx.host_step)
-            if bar is not None and (i + 1) % log_every == 0:
-                last = jax.device_get(loop.first(metrics))
-                _check_losses(run, [last], epoch, ctx.host_step, on_nonfinite)
-                bar.update(log_every)
-                bar.set_postfix(loss=f"{float(last['loss']):.4f}",
-                                samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
-    if not step_metrics and not skip:
+    first, k, edges = run.ctx.host_step, steps.steps_per_dispatch, _dispatch_edges(callbacks)
+
+    def cut(start, stop):
+        return _dispatch_plan(first, k, start, stop, edges)
+
+    with source.epoch(run, steps, epoch, skip, cut) as plan:
+        metrics, seen = _dispatch_epoch(run, callbacks, plan, epoch, skip, bar, log_every,
+                                        on_nonfinite, t0)
+    if not metrics and not skip:
         _no_batches(epoch)
-    return loop.fetched(step_metrics), seen
+    return metrics, seen
 
 
 def _no_batches(epoch: int):
     raise ValueError(f"fit: train_data gave no batches in epoch {epoch}. A generator or "
                      f"iterator is used up after one epoch: pass a callable "
                      f"epoch -> iterable (e.g. lambda epoch: data.batches(...)).")
-
-
-def _train_epoch_device(run, steps, callbacks, data, epoch, skip, bar, log_every,
-                        on_nonfinite):
-    """:func:`_train_epoch` over a :class:`funcnet.data.DeviceData`: batches are gathered
-    inside the step, up to ``steps.steps_per_dispatch`` steps per dispatch
-    (:func:`_dispatch_epoch`). The only host work per dispatch is the dispatch."""
-    loop, ctx = run.loop, run.ctx
-    k = steps.steps_per_dispatch
-    full, tail = data.order(epoch)
-    order = loop.put_order(full)
-
-    def dispatch(state, i, n):
-        at = (np.int32(i),) if k == 1 else (np.int32(i), np.int32(n))
-        return steps.on_device(state, data.arrays, order, *at)
-
-    def last(state):
-        return steps.on_device_one(state, data.arrays, loop.put_order(tail)), len(tail)
-
-    plan = _dispatch_plan(ctx.host_step, k, skip, len(full), _dispatch_edges(callbacks))
-    return _dispatch_epoch(run, steps, callbacks, plan, len(full), data.batch_size, dispatch,
-                           None if tail is None else last, epoch, skip, bar, log_every,
-                           on_nonfinite)
-
-
-def _train_epoch_stacked(run, steps, callbacks, source, epoch, skip, bar, log_every,
-                         on_nonfinite):
-    """:func:`_train_epoch` over a host pipeline of :func:`funcnet.data.batches`: each
-    dispatch's batches are read at once (:meth:`funcnet.data.Batches.stacked`, one gather
-    and one copy to the device) and run as up to ``steps.steps_per_dispatch`` steps on
-    the device. The next dispatch's batches are gathered while the device runs the last
-    one (dispatch is asynchronous), or ``prefetch`` ahead in a background thread."""
-    loop, ctx = run.loop, run.ctx
-    k, size = steps.steps_per_dispatch, source.batch_size
-    full = source.full_batches - source.skip   # counted as the iteration counts them
-    _check_host_layout(run, source, size, skip > 0)
-    if source.num_batches > source.skip:
-        run.batch_spec = _spec(source.batch(source.skip))
-    local = jax.device_put(np.arange(k, dtype=np.int32))
-    plan = _dispatch_plan(ctx.host_step, k, skip, full, _dispatch_edges(callbacks))
-
-    def stacked():  # what each dispatch runs on, in the plan's order
-        for i, n in plan:
-            try:
-                chunk = _checked_device_put(source.stacked(source.skip + i, n, size=k))
-            except Exception as e:
-                e.add_note(f"fit: reading batches {i}..{i + n - 1} of epoch {epoch} "
-                           f"(Batches.stacked) for one dispatch of {n} steps")
-                raise
-            yield chunk
-
-    with loop.host_batches(stacked()) as chunks:
-        def dispatch(state, i, n):
-            return steps.on_stacked(state, next(chunks), local, np.int32(0), np.int32(n))
-
-        def last(state):
-            batch = source.batch(source.num_batches - 1)
-            return steps.train(state, loop.put_batch(batch)), _batch_size(batch)
-
-        tail = source.num_batches > source.full_batches
-        # At most 2 dispatches in flight: the host gathers the next one's batches while
-        # the device runs, without queueing (and holding) a whole epoch's copies.
-        out = _dispatch_epoch(run, steps, callbacks, plan, full, size, dispatch,
-                              last if tail else None, epoch, skip, bar, log_every,
-                              on_nonfinite, max_in_flight=2)
-    source.close()  # used up, as iterating it would leave it
-    if not out[0] and not skip:
-        _no_batches(epoch)
-    return out
 
 
 def _dispatch_plan(host_step: int, k: int, start: int, stop: int, edges=()) -> list:
@@ -214,58 +78,111 @@ def _dispatch_edges(callbacks) -> tuple:
     return tuple(sorted({int(e) for cb in callbacks for e in getattr(cb, "dispatch_edges", ())}))
 
 
-def _dispatch_epoch(run, steps, callbacks, plan, full, batch_size, dispatch, last, epoch,
-                    skip, bar, log_every, on_nonfinite, max_in_flight=None):
-    """Runs the ``(i, n)`` dispatches of ``plan`` (:func:`_dispatch_plan`, over batches
-    ``skip .. full - 1``), each ``n`` steps from batch ``i`` (``dispatch(state, i, n) ->
-    (state, metric rows)``), then the last, smaller batch if
-    there is one (``last(state) -> ((state, metrics), examples)``); returns ``(per-step
-    metrics, examples seen)``.
+def _dispatch_epoch(run, callbacks, plan, epoch, skip, bar, log_every, on_nonfinite, t0):
+    """Runs the dispatches of ``plan`` (a ``_sources._Epoch``), each ``n`` steps from batch
+    ``i``, then its last, smaller batch if there is one; returns ``(per-step metrics,
+    examples seen)``.
 
     Dispatches end on multiples of ``k`` global steps (and at the epoch's end), so
     ``Checkpoint(every_steps=...)`` sees the steps it saves at; callbacks'
     ``on_step_end`` runs once per dispatch, with the step count after it. The progress
-    bar reads the metrics of the dispatch before the last one, which the device has
-    finished, so it never waits. ``max_in_flight`` bounds the dispatches queued and
-    unfinished (:class:`funcnet.distributed.InFlight`; None: no bound, except the 2 of
-    multi-device steps on CPU).
+    bar reads what ``plan.lag`` says (:class:`_Bar`). ``plan.max_in_flight`` bounds the
+    dispatches queued and unfinished (:class:`funcnet.distributed.InFlight`; 2 for
+    multi-device steps on CPU, where many queued executions can stall XLA:CPU's
+    collectives).
     """
     loop, ctx = run.loop, run.ctx
-    t0 = time.perf_counter()
-    chunks, seen = [], 0  # chunks: (metric rows, steps in them, global step after)
-    next_log = (ctx.host_step // log_every + 1) * log_every
-    if loop.throttle:  # see _train_epoch
-        max_in_flight = 2
-    in_flight = distributed.InFlight(max_in_flight, cpu_only=False)
-    starters = _step_begin_callbacks(callbacks)
-    run.epoch_fetch = lambda start: (_chunk_rows(chunks[start:]), len(chunks))
-    for i, n in plan:
+    seen = 0
+    record = (_StepRecord if plan.per_step else _DispatchRecord)(run)
+    shown = None if bar is None else _Bar(bar, run, record, plan.lag, log_every, epoch, skip,
+                                          on_nonfinite, t0)
+    in_flight = distributed.InFlight(2 if loop.throttle else plan.max_in_flight, cpu_only=False)
+    starters = _step_begin_callbacks(callbacks)  # usually none: no call per step then
+    run.epoch_fetch = record.fetch
+    dispatch, add = plan.run, record.add
+    for i, n, examples, payload in plan.dispatches:
         for cb in starters:
             cb.on_step_begin(ctx, ctx.host_step + 1)   # the dispatch's first step
-        loop.state, rows = dispatch(loop.state, i, n)
+        loop.state, rows = dispatch(loop.state, i, n, payload)
         in_flight.add(rows)
-        seen += n * batch_size
+        seen += examples
         ctx.batch_in_epoch = i + n
         ctx.host_step += n
-        chunks.append((rows, n, ctx.host_step))
-        run.last = (rows, n - 1)
+        add(rows, n, ctx.host_step)
         for cb in callbacks:
             cb.on_step_end(ctx, ctx.host_step)
-        if bar is not None and ctx.host_step >= next_log:
-            next_log = (ctx.host_step // log_every + 1) * log_every
-            _refresh_bar_lagged(bar, run, chunks, i + n - skip, seen, t0, epoch, on_nonfinite)
-    if last is not None and skip <= full:
+        if shown is not None:
+            shown.after(i + n, seen)
+    if plan.last is not None and skip <= plan.full:
         for cb in starters:
             cb.on_step_begin(ctx, ctx.host_step + 1)
-        (loop.state, metrics), examples = last(loop.state)
+        (loop.state, metrics), examples = plan.last(loop.state)
         seen += examples
-        ctx.batch_in_epoch = full + 1
+        ctx.batch_in_epoch = plan.full + 1
         ctx.host_step += 1
-        chunks.append((jax.tree.map(lambda m: m[None], metrics), 1, ctx.host_step))
-        run.last = (metrics, None)
+        record.add_step(metrics, ctx.host_step)
         for cb in callbacks:
             cb.on_step_end(ctx, ctx.host_step)
-    return _chunk_rows(chunks), seen
+    return record.all(), seen
+
+
+class _StepRecord:
+    """An epoch's metrics one step per entry, as the steps return them (a host
+    pipeline's): no device op per step; read back at the end by the placement
+    (``fetched``: on one device, one transfer per group of steps)."""
+
+    def __init__(self, run):
+        self.run, self.entries = run, []
+
+    def add(self, metrics, n, step):
+        self.entries.append(metrics)
+        self.run.last = (metrics, None)
+
+    def add_step(self, metrics, step):
+        self.add(metrics, 1, step)
+
+    def fetch(self, start):
+        """``run.epoch_fetch``: the host metrics of the entries from ``start`` on, and the end."""
+        return jax.device_get(self.entries[start:]), len(self.entries)
+
+    def all(self) -> list:
+        return self.run.loop.fetched(self.entries)
+
+    def latest(self, lag):
+        """The last step's host metrics of the entry ``lag`` before the latest, and its
+        global step; None when there is none."""
+        if len(self.entries) <= lag:
+            return None
+        return (jax.device_get(self.run.loop.first(self.entries[-1 - lag])),
+                self.run.ctx.host_step - lag)
+
+
+class _DispatchRecord:
+    """An epoch's metrics one dispatch per entry: ``(rows, steps in them, global step
+    after)``, the rows as the device loop wrote them (``k``, the first ``n`` used)."""
+
+    def __init__(self, run):
+        self.run, self.entries = run, []
+
+    def add(self, rows, n, step):
+        self.entries.append((rows, n, step))
+        self.run.last = (rows, n - 1)
+
+    def add_step(self, metrics, step):
+        self.entries.append((jax.tree.map(lambda m: m[None], metrics), 1, step))
+        self.run.last = (metrics, None)
+
+    def fetch(self, start):
+        return _chunk_rows(self.entries[start:]), len(self.entries)
+
+    def all(self) -> list:
+        return _chunk_rows(self.entries)
+
+    def latest(self, lag):
+        if len(self.entries) <= lag:
+            return None
+        rows, n, step = self.entries[-1 - lag]
+        return {key: r[n - 1] for key, r in jax.device_get(rows).items()}, step
 
 
 def _chunk_rows(chunks) -> list:
@@ -275,17 +192,46 @@ def _chunk_rows(chunks) -> list:
             for j in range(n)]
 
 
-def _refresh_bar_lagged(bar, run, chunks, done, seen, t0, epoch, on_nonfinite):
-    """Progress from the last step of the dispatch before the latest: the device has
-    finished it (or is about to), so the read does not empty its queue."""
-    bar.update(done - bar.n)
-    if len(chunks) < 2:
-        return
-    rows, n, step = chunks[-2]
-    last = {key: r[n - 1] for key, r in jax.device_get(rows).items()}
-    _check_losses(run, [last], epoch, step, on_nonfinite)
-    bar.set_postfix(loss=f"{float(last['loss']):.4f}",
-                    samples_s=f"{seen / (time.perf_counter() - t0):,.0f}")
+class _Bar:
+    """The progress bar's refreshes during an epoch, after each dispatch (``after``).
+
+    ``lag`` 0: every ``log_every`` batches of the epoch, the latest step's metrics,
+    read synchronously (one step per dispatch, where the wait is one step's). ``lag``
+    1: every ``log_every`` global steps, the last step of the dispatch before the
+    latest, which the device has finished (or is about to): the read does not empty its
+    queue. Either way the loss read is checked for NaN/inf (``on_nonfinite``).
+    """
+
+    def __init__(self, bar, run, record, lag, log_every, epoch, skip, on_nonfinite, t0):
+        self.bar, self.run, self.record, self.lag = bar, run, record, lag
+        self.log_every, self.epoch, self.skip, self.on_nonfinite = log_every, epoch, skip, on_nonfinite
+        self.t0 = t0
+        self.next_log = (run.ctx.host_step // log_every + 1) * log_every
+
+    def after(self, done: int, seen: int) -> None:
+        """After the dispatch that ends at batch ``done`` of the epoch."""
+        if self.lag == 0:
+            if done % self.log_every:
+                return
+            latest = self.record.latest(0)
+            self._check(latest)
+            self.bar.update(self.log_every)
+        else:
+            step = self.run.ctx.host_step
+            if step < self.next_log:
+                return
+            self.next_log = (step // self.log_every + 1) * self.log_every
+            self.bar.update(done - self.skip - self.bar.n)
+            latest = self.record.latest(self.lag)
+            if latest is None:
+                return
+            self._check(latest)
+        self.bar.set_postfix(loss=f"{float(latest[0]['loss']):.4f}",
+                             samples_s=f"{seen / (time.perf_counter() - self.t0):,.0f}")
+
+    def _check(self, latest) -> None:
+        metrics, step = latest
+        _check_losses(self.run, [metrics], self.epoch, step, self.on_nonfinite)
 
 
 def _evaluate(loop, steps, metric, eval_data, epoch) -> dict:

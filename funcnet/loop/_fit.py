@@ -18,20 +18,18 @@ import jax
 import optax
 
 from funcnet import _checks as checks
-from funcnet import data as data_lib
 from funcnet import xla
 from funcnet._jaxpr import any_eqn, loss_jaxpr
 from funcnet.loop._checks import (check_before_training, check_fit_options, first_batch,
                                   optimizer_note)
 from funcnet.loop._context import _Run
-from funcnet.loop._epoch import (_end_epoch, _evaluate, _per_step_callbacks, _train_epoch,
-                                 _train_epoch_device)
+from funcnet.loop._epoch import _end_epoch, _evaluate, _per_step_callbacks, _train_epoch
 from funcnet.loop._metrics import (_check_losses, _computes_in_float16, _epoch_sums_now,
                                    _mean_metrics)
 from funcnet.loop._placement import _compile, _placement
 from funcnet.loop._progress import _Shown
-from funcnet.loop._resume import (EpochSums, check_layout, checkpoint_extras, data_layout,
-                                  resume, stateful)
+from funcnet.loop._resume import EpochSums, check_layout, checkpoint_extras, resume, stateful
+from funcnet.loop._sources import placed_data, source_for
 from funcnet.train import TrainState
 
 __all__ = ["fit"]
@@ -234,7 +232,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         raise ValueError("fit: evaluation needs eval_data, eval_fn and metric together.")
     on_nonfinite = checks.one_of("fit", "on_nonfinite", on_nonfinite, ("raise", "warn", "ignore"))
     callbacks = list(callbacks)
-    layout = data_layout(train_data)
+    source = source_for(train_data)
+    layout = source.layout()
     train_state, position, run_id, resumed = resume(
         resume_from, missing_ok, train_state, checkpoint_extras(callbacks, layout, train_state))
     check_layout(resumed, layout)
@@ -244,20 +243,19 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     check_fit_options(train_state, step_options, eval_on_ema, eval_fn, callbacks, on_nonfinite)
 
     placement = _placement(devices, mesh)
-    train_data, eval_data = placement.place_data(train_data), placement.place_data(eval_data)
-    take = (train_data.take if isinstance(train_data, data_lib.DeviceData)
-            and placement.gathers_device_data else None)
+    source, eval_data = source.placed(placement), placed_data(eval_data, placement)
+    take = source.take
     log_every = checks.positive_int("fit", "log_every", log_every)
     several_asked = steps_per_dispatch not in (None, 1)
-    conv_on_cpu = functools.cache(lambda: _convolves_on_cpu(train_state, loss_fn, train_data))
+    conv_on_cpu = functools.cache(lambda: _convolves_on_cpu(train_state, loss_fn, source))
     steps_per_dispatch = _check_dispatch(
-        steps_per_dispatch, take is not None or placement.stacks_host_batches, callbacks,
+        steps_per_dispatch, source.several_per_dispatch(placement), callbacks,
         log_every, lambda: not conv_on_cpu())
     loop = placement.hold(train_state, _prefetch(prefetch))
     steps = _compile(loss_fn, optimizer, eval_fn, loop, take, step_options, steps_per_dispatch,
                      checks.flag("fit", "eval_on_ema", eval_on_ema), several_asked,
                      _compiler_options(compiler_options, conv_on_cpu))
-    run, resumed_sums = _run_record(loop, train_state, loss_fn, train_data, callbacks, layout,
+    run, resumed_sums = _run_record(loop, train_state, loss_fn, source, callbacks, layout,
                                     run_id, resumed, position, epochs)
     run.optimizer_note = lambda step: optimizer_note(optimizer, train_state, step)
     ctx = run.ctx
@@ -273,9 +271,8 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
             skip = position.batch_in_epoch if epoch == position.epoch else 0
             run.carried = resumed_sums if epoch == position.epoch and skip else None
             run.epoch_folded = (0, 0, None)
-            run_epoch = _train_epoch_device if steps.on_device is not None else _train_epoch
-            step_metrics, seen = run_epoch(run, steps, callbacks, train_data, epoch, skip, bar,
-                                           log_every, on_nonfinite)
+            step_metrics, seen = _train_epoch(run, steps, callbacks, source, epoch, skip, bar=bar,
+                                              log_every=log_every, on_nonfinite=on_nonfinite)
             host_metrics = jax.device_get(step_metrics)
             _check_losses(run, host_metrics, epoch, ctx.host_step, on_nonfinite)
             logs = {"epoch": epoch, **_mean_metrics(run, host_metrics)}
@@ -314,19 +311,18 @@ def _tell_error(callbacks, ctx, error: BaseException) -> None:
                                f"{type(inner).__name__}: {inner}")
 
 
-def _run_record(loop, train_state, loss_fn, train_data, callbacks, layout, run_id, resumed,
+def _run_record(loop, train_state, loss_fn, source, callbacks, layout, run_id, resumed,
                 position, epochs):
     """The run's record (``_context._Run``) and its :class:`FitContext`, with what a
     resumed checkpoint holds restored (data layout, callback states); also the resumed
-    epoch's metric sums, if any."""
+    epoch's metric sums, if any. ``source``: the data source (``_sources._Source``)."""
     run = _Run(loop)
     ctx = run.ctx
     ctx.run_id = run_id
     run.data_layout = layout
     ctx.checkpoint_extras = lambda ts: checkpoint_extras(
         callbacks, run.data_layout, ts, _epoch_sums_now(run))
-    if isinstance(train_data, data_lib.DeviceData):
-        run.batch_spec = first_batch(train_data)  # a host pipeline's: its first batch's
+    run.batch_spec = source.batch_spec()  # None for a host pipeline: its first batch's
     run.float16 = lambda: _computes_in_float16(train_state, loss_fn, run.batch_spec)
     run.resumed = resumed
     resumed_sums = None
@@ -338,9 +334,8 @@ def _run_record(loop, train_state, loss_fn, train_data, callbacks, layout, run_i
         for key, cb in stateful(callbacks, train_state):
             cb.restore_checkpoint_state(resumed["callbacks"][key])
     ctx.host_step = int(jax.device_get(train_state.step))
-    if isinstance(train_data, data_lib.DeviceData):
-        full, tail = train_data.order(0)
-        per_epoch = len(full) + (tail is not None)
+    per_epoch = source.steps_per_epoch
+    if per_epoch is not None:
         ctx.planned_steps = ctx.host_step + per_epoch * (epochs - position.epoch) \
             - position.batch_in_epoch
     return run, resumed_sums

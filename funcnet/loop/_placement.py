@@ -5,7 +5,9 @@ one device (``jax.jit``), ``n`` local devices (``_Replicas``: ``jax.pmap``,
 ``fit(devices=n)``), or a mesh (``_OnMesh``: ``jax.jit`` over inputs sharded on it,
 ``fit(mesh=)``). A placement holds the state between steps, puts batches where the
 step reads them, compiles the step and reads results back; ``_compile`` asks it for
-the steps, with ``funcnet.xla``'s compiler options.
+the steps, with ``funcnet.xla``'s compiler options. What the steps read is the data
+source's side (``_sources``): a source places itself on a placement, asking it only
+``gathers_device_data``, ``stacks_host_batches`` and ``mesh``.
 """
 
 from __future__ import annotations
@@ -75,11 +77,6 @@ class _OneDevice:
         # A copy: the next step donates self.state's buffers, and a callback may keep this.
         return jax.tree.map(jnp.copy, self.state)
 
-    def place_data(self, data):
-        """A :class:`funcnet.data.DeviceData` placed where the steps run (anything else as
-        it is): whole on the default device, or split over a mesh."""
-        return data.placed(self.mesh) if isinstance(data, data_lib.DeviceData) else data
-
     def put_batch(self, batch):
         # jit would store int64 values int32 cannot hold (x64 off) wrapped, without a
         # word; shard and shard_batch check the same on the other two placements.
@@ -97,7 +94,7 @@ class _OneDevice:
         assembled ``prefetch`` ahead in a background thread
         (:func:`funcnet.data.background`), on one device also copied there
         (``device_put``), so both overlap with the steps. ``prefetch=0``: iterated
-        here, one at a time. ``convert`` (``_epoch._converter``) is applied to each batch
+        here, one at a time. ``convert`` (``_sources._converter``) is applied to each batch
         first, in the thread when there is one."""
         if not self.prefetch:
             batches = iter(batches)

@@ -18,7 +18,6 @@ import numpy as np
 
 from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
-from funcnet import data as data_lib
 from funcnet._loop_position import LoopPosition
 
 __all__ = ["data_layout", "check_layout", "stateful", "checkpoint_extras", "resume",
@@ -109,15 +108,17 @@ def _step_mean(value) -> float:
     return float(value) if np.ndim(value) == 0 else float(np.asarray(value).mean())
 
 
-def data_layout(train_data) -> dict:
-    """What a loop position (batches into an epoch) means for ``train_data``, as int64
-    scalars for the checkpoint; -1 where unknown. A host pipeline is known from its
-    first epoch's iterable: all of it for a :class:`funcnet.data.Batches`, else the
-    batch size of its first batch (``_train_epoch`` fills them in)."""
+def data_layout(data=None) -> dict:
+    """What a loop position (batches into an epoch) means in ``data``, as int64 scalars
+    for the checkpoint: its ``batch_size``, ``n``, ``drop_remainder``, ``shuffle`` and
+    shuffle seed (``rng``), for data that says what it is made of (a
+    :class:`funcnet.data.DeviceData`, a :class:`funcnet.data.Batches`); -1 everywhere
+    for None, data that does not (``_sources`` asks, and fills in a host pipeline's
+    batch size from its first batch)."""
     layout = {k: np.int64(-1) for k in ("batch_size", "n", "drop_remainder", "shuffle", "seed")}
-    if isinstance(train_data, (data_lib.DeviceData, data_lib.Batches)):
-        rng = train_data.rng
-        if not train_data.shuffle:
+    if data is not None:
+        rng = data.rng
+        if not data.shuffle:
             seed = -1
         elif checks.is_int(rng):
             seed = int(rng) % 2 ** 62
@@ -127,9 +128,9 @@ def data_layout(train_data) -> dict:
             seed = int(sum(int(b) << (32 * i) for i, b in enumerate(bits[:2]))) % 2 ** 62
         else:
             seed = -1  # a numpy Generator: its state moves on, nothing fixed to compare
-        layout.update(batch_size=np.int64(train_data.batch_size), n=np.int64(train_data.n),
-                      drop_remainder=np.int64(train_data.drop_remainder),
-                      shuffle=np.int64(train_data.shuffle), seed=np.int64(seed))
+        layout.update(batch_size=np.int64(data.batch_size), n=np.int64(data.n),
+                      drop_remainder=np.int64(data.drop_remainder),
+                      shuffle=np.int64(data.shuffle), seed=np.int64(seed))
     return layout
 
 
