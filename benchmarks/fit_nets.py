@@ -123,6 +123,7 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
     import importlib.util
 
     from funcnet import data, fit, xla
+    from funcnet.loop import FitOptions
 
     if peer == "fit":
         train_data = lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)  # noqa: E731
@@ -131,10 +132,12 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
     clock = common.epoch_clock()
     with contextlib.redirect_stderr(io.StringIO()):
         fit(ts, loss_fn, opt, train_data, epochs=1 + reps, callbacks=[clock],
-            progress=importlib.util.find_spec("tqdm") is not None, log_every=LOOP_K,
-            steps_per_dispatch=LOOP_K if peer == "fit-device-loop" else None,
-            compiler_options={"fit-device-options": xla.compiler_options(),
-                              "fit-device-plain": None}.get(peer, "auto"))
+            progress=importlib.util.find_spec("tqdm") is not None,
+            options=FitOptions(
+                log_every=LOOP_K,
+                steps_per_dispatch=LOOP_K if peer == "fit-device-loop" else None,
+                compiler_options={"fit-device-options": xla.compiler_options(),
+                                  "fit-device-plain": None}.get(peer, "auto")))
     epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
     return epochs[1:], epochs[0]
 

@@ -8,12 +8,13 @@ and returned updated (MXNet's rule), never mutated. The classifier head is
 hand-written gradient (``--head cross_entropy`` uses plain autodiff instead).
 
     python examples/mnist_center_loss.py                    # one CPU device
-    python examples/mnist_center_loss.py --devices 4        # data parallel, synced centers
+    python examples/mnist_center_loss.py --devices 4        # data parallel, one set of centers
 
-With ``--devices N`` on a CPU-only machine, N CPU devices are simulated. Each
-device computes the center update from its shard, and the per-class sums are
-``psum``-ed, so every device keeps identical centers (MXNet kept one copy per
-card, and they drifted apart).
+With ``--devices N`` on a CPU-only machine, N CPU devices are simulated. ``fit`` runs
+the step with ``jax.jit`` over a data mesh: each device holds a slice of the batch,
+XLA sums the per-class center updates across them, and the centers stay one array,
+the same as one device's (MXNet kept one copy per card, and they drifted apart; a
+hand-written ``pmap`` loop gets the same with ``center_loss(..., axis_name=...)``).
 
 Writes ``--plot`` (PNG): the 2-D test features coloured by class, centers marked.
 """
@@ -49,7 +50,7 @@ def main(argv=None):
     import jax.numpy as jnp
 
     import funcnet
-    from funcnet import data, datasets, losses, metrics, optim, outputs
+    from funcnet import data, datasets, distributed, losses, metrics, optim, outputs
     from funcnet.layers import Dense, Relu
     from funcnet import fit
     from funcnet.callbacks import Callback
@@ -65,12 +66,14 @@ def main(argv=None):
     optimizer = optim.adam(args.lr)
     train_state = TrainState.create(net, optimizer, jax.random.key(args.seed), (-1, 784),
                                     loss_state=losses.center_loss_init(10, 2))
-    axis = "batch" if args.devices else None  # fit(devices=N) runs the step under this axis
+    # With --devices N, fit runs jit over a data mesh: the step sees the global batch, so
+    # center_loss needs no axis_name (the centers are one array, not one per device).
+    mesh = distributed.data_mesh(args.devices) if args.devices else None
 
     def loss_fn(params, state, batch, rng, loss_state):
         x, y = batch
         (features, logits), state = net.apply(params, state, x, rng=rng, train=True)
-        closs, centers = losses.center_loss(loss_state, features, y, alpha=args.alpha, axis_name=axis)
+        closs, centers = losses.center_loss(loss_state, features, y, alpha=args.alpha)
         ce = losses.cross_entropy(logits, y)
         if args.head == "softmax_output":
             # SoftmaxOutput ignores the incoming cotangent and injects (p - onehot) / B.
@@ -101,7 +104,7 @@ def main(argv=None):
 
     train_state, history = fit(train_state, loss_fn, optimizer, train_data, epochs=args.epochs,
                                eval_data=test_data, eval_fn=eval_fn, metric=acc,
-                               devices=args.devices, callbacks=[Report()], progress=args.progress)
+                               mesh=mesh, callbacks=[Report()], progress=args.progress)
     print(f"final test accuracy {100 * history[-1]['eval_metric']:.2f}%")
 
     if args.plot:

@@ -409,8 +409,8 @@ class DeviceData:
     passes the whole data set and places only its own devices' part.
 
     Called as ``data(epoch)`` it also yields the batches one by one as device
-    arrays (a hand-written loop, ``eval_data=``, or ``fit(devices=N)``, which splits
-    each batch over the pmap devices).
+    arrays (a hand-written loop, ``eval_data=``, or the deprecated ``fit(devices=N)``,
+    which splits each batch over the pmap devices).
 
     Args:
       arrays: a tuple/list or dict of arrays sharing their leading size, or one

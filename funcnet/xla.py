@@ -101,7 +101,7 @@ def jit(fun: Callable, *, options: Optional[dict] = None, **jit_kwargs) -> Calla
     Args:
       fun: the function to compile (a train step, an evaluation).
       options: the options to start from instead of :func:`compiler_options` (``{}``:
-        XLA's defaults, i.e. plain ``jax.jit``); ``fit(compiler_options=...)`` passes its
+        XLA's defaults, i.e. plain ``jax.jit``); ``FitOptions(compiler_options=...)`` passes its
         own here.
       **jit_kwargs: ``jax.jit``'s other arguments (``donate_argnums``, shardings, ...);
         a ``compiler_options`` given here is added to funcnet's (yours win).
@@ -156,7 +156,7 @@ def jit(fun: Callable, *, options: Optional[dict] = None, **jit_kwargs) -> Calla
 
 def traced_with_options() -> bool:
     """Whether the function being traced now is compiled by :func:`jit` with funcnet's
-    CPU option of :func:`compiler_options` (``fit(compiler_options=
+    CPU option of :func:`compiler_options` (``FitOptions(compiler_options=
     funcnet.xla.compiler_options())`` compiles its steps so): a layer's ``"auto"`` choice
     of kernels reads it (``Conv`` takes XLA's convolution then).
 

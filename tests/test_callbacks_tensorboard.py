@@ -1,5 +1,6 @@
 """TensorBoardLogger writes what JSONLLogger writes (read back from the event files), and
 Profile traces a window of steps without changing fit's dispatches."""
+
 import glob
 import json
 import os
@@ -14,6 +15,7 @@ import funcnet
 from funcnet import callbacks, data, metrics
 from funcnet.layers import Dense, Relu
 from funcnet.train import Aux, TrainState
+from funcnet.loop import FitOptions
 
 pytest.importorskip("tensorboardX")
 
@@ -22,12 +24,13 @@ def _events(logdir):
     """``{tag: {step: value}}`` from the TFRecord event files under ``logdir`` (the
     format: u64 length, u32 crc, the Event proto, u32 crc)."""
     from tensorboardX.proto import event_pb2
+
     out = {}
     for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
         raw, i = open(path, "rb").read(), 0
         while i < len(raw):
-            n = struct.unpack("<Q", raw[i:i + 8])[0]
-            event = event_pb2.Event.FromString(raw[i + 12:i + 12 + n])
+            n = struct.unpack("<Q", raw[i : i + 8])[0]
+            event = event_pb2.Event.FromString(raw[i + 12 : i + 12 + n])
             i += 12 + n + 4
             for v in event.summary.value:
                 out.setdefault(v.tag, {})[event.step] = v.simple_value
@@ -67,9 +70,18 @@ def test_tensorboard_scalars_are_the_jsonl_logs_and_the_step_metrics(tmp_path):
             if step % 2 == 0:
                 seen[step] = ctx.step_metrics
 
-    funcnet.fit(ts, loss_fn, opt, data.DeviceData(arrays, 16, shuffle=True, rng=0), epochs=3,
-                eval_data=lambda e: data.batches(arrays, 32), eval_fn=eval_fn, metric=acc,
-                callbacks=[Steps(), tb, jl], step_options={"grad_norm": True})
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        data.DeviceData(arrays, 16, shuffle=True, rng=0),
+        epochs=3,
+        eval_data=lambda e: data.batches(arrays, 32),
+        eval_fn=eval_fn,
+        metric=acc,
+        callbacks=[Steps(), tb, jl],
+        options=FitOptions(step_options={"grad_norm": True}),
+    )
     got = _events(tmp_path / "tb")
     rows = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
     assert len(rows) == 3
@@ -93,13 +105,19 @@ def test_profile_traces_its_window_and_keeps_the_dispatches(tmp_path):
             dispatches.append(step)
 
     train = data.DeviceData(arrays, 16)
-    funcnet.fit(ts, loss_fn, opt, train, epochs=4, steps_per_dispatch=None, log_every=4,
-                callbacks=[Count(), callbacks.Profile(tmp_path / "prof", steps=(4, 8))])
-    assert dispatches == [4, 8, 12, 16]   # 4 steps per dispatch, as without Profile
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        train,
+        epochs=4,
+        callbacks=[Count(), callbacks.Profile(tmp_path / "prof", steps=(4, 8))],
+        options=FitOptions(steps_per_dispatch=None, log_every=4),
+    )
+    assert dispatches == [4, 8, 12, 16]  # 4 steps per dispatch, as without Profile
     assert glob.glob(str(tmp_path / "prof" / "**" / "*.xplane.pb"), recursive=True)
     with pytest.warns(UserWarning, match="past this run's last step"):
-        funcnet.fit(ts, loss_fn, opt, train, epochs=1,
-                    callbacks=[callbacks.Profile(tmp_path / "p2", steps=(1, 100))])
+        funcnet.fit(ts, loss_fn, opt, train, epochs=1, callbacks=[callbacks.Profile(tmp_path / "p2", steps=(1, 100))])
     with pytest.raises(ValueError, match=r"0 <= start < stop"):
         callbacks.Profile(tmp_path, steps=(5, 5))
 
@@ -107,10 +125,15 @@ def test_profile_traces_its_window_and_keeps_the_dispatches(tmp_path):
 def _step_marks(logdir):
     """The ``step_num`` of every ``train`` StepTraceAnnotation in the trace under ``logdir``."""
     from jax.profiler import ProfileData
+
     (path,) = glob.glob(str(logdir / "**" / "*.xplane.pb"), recursive=True)
-    return sorted(int(dict(ev.stats)["step_num"])
-                  for plane in ProfileData.from_file(path).planes for line in plane.lines
-                  for ev in line.events if ev.name == "train")
+    return sorted(
+        int(dict(ev.stats)["step_num"])
+        for plane in ProfileData.from_file(path).planes
+        for line in plane.lines
+        for ev in line.events
+        if ev.name == "train"
+    )
 
 
 def test_profile_marks_each_dispatch_of_its_window_with_a_step_annotation(tmp_path):
@@ -124,20 +147,40 @@ def test_profile_marks_each_dispatch_of_its_window_with_a_step_annotation(tmp_pa
             started.append(step)
 
     # one step per dispatch: each step of the window marked
-    funcnet.fit(ts, loss_fn, opt, lambda e: data.batches(arrays, 16), epochs=3,
-                steps_per_dispatch=1,
-                callbacks=[Begin(), callbacks.Profile(tmp_path / "host", steps=(4, 8))])
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        lambda e: data.batches(arrays, 16),
+        epochs=3,
+        callbacks=[Begin(), callbacks.Profile(tmp_path / "host", steps=(4, 8))],
+        options=FitOptions(steps_per_dispatch=1),
+    )
     assert started == list(range(1, 13))
     assert _step_marks(tmp_path / "host") == [5, 6, 7, 8]
     # the host pipeline in dispatches of 4 stacked batches: marked by its first step
     started.clear()
-    funcnet.fit(ts, loss_fn, opt, lambda e: data.batches(arrays, 16), epochs=3, log_every=4,
-                callbacks=[Begin(), callbacks.Profile(tmp_path / "stacked", steps=(4, 8))])
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        lambda e: data.batches(arrays, 16),
+        epochs=3,
+        callbacks=[Begin(), callbacks.Profile(tmp_path / "stacked", steps=(4, 8))],
+        options=FitOptions(log_every=4),
+    )
     assert started == [1, 5, 9]
     assert _step_marks(tmp_path / "stacked") == [5]
     # a DeviceData in dispatches of 4 steps: the dispatch inside the window, by its first step
     started.clear()
-    funcnet.fit(ts, loss_fn, opt, data.DeviceData(arrays, 16), epochs=4, steps_per_dispatch=4,
-                log_every=4, callbacks=[Begin(), callbacks.Profile(tmp_path / "dev", steps=(4, 8))])
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        data.DeviceData(arrays, 16),
+        epochs=4,
+        callbacks=[Begin(), callbacks.Profile(tmp_path / "dev", steps=(4, 8))],
+        options=FitOptions(steps_per_dispatch=4, log_every=4),
+    )
     assert started == [1, 5, 9, 13]
     assert _step_marks(tmp_path / "dev") == [5]

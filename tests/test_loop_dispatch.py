@@ -2,6 +2,7 @@
 device loop (XLA:CPU runs convolutions far slower inside one) and funcnet's compiler
 options (convolutions on XLA's multi-threaded kernels); otherwise a loop and plain
 ``jax.jit``; the programs are exactly a hand-written loop's with the same options."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +14,7 @@ from funcnet import data, xla
 from funcnet.layers import Conv, ConvTranspose, Dense, Flatten, Relu
 from funcnet.loop import _fit as loop
 from funcnet.train import Aux, TrainState, make_train_step
+from funcnet.loop import FitOptions
 
 CPU = jax.default_backend() == "cpu"
 
@@ -35,7 +37,7 @@ MLP = (funcnet.serial(Flatten, Dense(8), Relu, Dense(2)), (6, 6, 1))
 DECONV = (funcnet.serial(ConvTranspose(2, (2, 2)), Flatten, Dense(2)), (3, 3, 1))
 
 
-def _steps_per_dispatch(monkeypatch, net_shape, **fit_kwargs):
+def _steps_per_dispatch(monkeypatch, net_shape, steps_per_dispatch=None, **fit_kwargs):
     """The steps per dispatch fit chose (what it passed to its compile)."""
     seen = []
     compile_ = loop._compile
@@ -47,13 +49,21 @@ def _steps_per_dispatch(monkeypatch, net_shape, **fit_kwargs):
     monkeypatch.setattr(loop, "_compile", spy)
     ts, loss_fn, opt, x = _setup(*net_shape)
     y = np.zeros((len(x), 2), np.float32)
-    funcnet.fit(ts, loss_fn, opt, fit_kwargs.pop("train_data", data.DeviceData((x, y), 8)),
-                progress=False, log_every=4, **fit_kwargs)
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        fit_kwargs.pop("train_data", data.DeviceData((x, y), 8)),
+        progress=False,
+        options=FitOptions(log_every=4, steps_per_dispatch=steps_per_dispatch),
+        **fit_kwargs,
+    )
     return seen[0]
 
 
-@pytest.mark.parametrize("net_shape,looped", [(CNN, not CPU), (DECONV, not CPU), (MLP, True)],
-                         ids=["conv", "conv-transpose", "mlp"])
+@pytest.mark.parametrize(
+    "net_shape,looped", [(CNN, not CPU), (DECONV, not CPU), (MLP, True)], ids=["conv", "conv-transpose", "mlp"]
+)
 def test_default_loops_on_the_device_except_convolutions_on_cpu(monkeypatch, net_shape, looped):
     assert _steps_per_dispatch(monkeypatch, net_shape) == (4 if looped else 1)
     # the host pipeline's stacked batches follow the same rule
@@ -68,9 +78,9 @@ def test_convolution_rule_reads_the_step_and_counts_what_it_cannot_trace_as_with
     ts, loss_fn, _, x = _setup(*CNN)
     batch = (x[:8], np.zeros((8, 2), np.float32))
     assert loop._convolves_on_cpu(ts, loss_fn, [batch]) == CPU
-    assert not loop._convolves_on_cpu(ts, loss_fn, iter([batch]))   # read-once data: not traced
+    assert not loop._convolves_on_cpu(ts, loss_fn, iter([batch]))  # read-once data: not traced
 
-    def needs_pmap(params, state, batch, rng):   # untraceable outside its step
+    def needs_pmap(params, state, batch, rng):  # untraceable outside its step
         return jax.lax.pmean(loss_fn(params, state, batch, rng)[0], "batch"), Aux()
 
     assert not loop._convolves_on_cpu(ts, needs_pmap, [batch])
@@ -89,10 +99,20 @@ def test_fit_steps_are_the_hand_written_loops_programs(options, net_shape):
     y = np.random.default_rng(1).standard_normal((len(x), 2)).astype(np.float32)
     batches = lambda e: data.batches((x, y), 8, shuffle=True, rng=0, epoch=e)  # noqa: E731
     fit_opts = xla.compiler_options() if options == "funcnet" else options
-    fitted, _ = funcnet.fit(ts, loss_fn, opt, batches, epochs=2, progress=False,
-                            steps_per_dispatch=1, compiler_options=fit_opts)
-    hand_opts = {None: {}, "funcnet": xla.compiler_options(),
-                 "auto": xla.compiler_options() if net_shape is CNN and CPU else {}}[options]
+    fitted, _ = funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        batches,
+        epochs=2,
+        progress=False,
+        options=FitOptions(steps_per_dispatch=1, compiler_options=fit_opts),
+    )
+    hand_opts = {
+        None: {},
+        "funcnet": xla.compiler_options(),
+        "auto": xla.compiler_options() if net_shape is CNN and CPU else {},
+    }[options]
     step = xla.jit(make_train_step(loss_fn, opt), options=hand_opts)
     hand = ts
     for epoch in range(2):
@@ -100,14 +120,13 @@ def test_fit_steps_are_the_hand_written_loops_programs(options, net_shape):
             hand = step(hand, b)[0]
     for a, b in zip(jax.tree.leaves(fitted.params), jax.tree.leaves(hand.params)):
         np.testing.assert_array_equal(a, b)
-    if net_shape is CNN and CPU and options != "funcnet":   # the options change the CNN's rounding
+    if net_shape is CNN and CPU and options != "funcnet":  # the options change the CNN's rounding
         other = xla.jit(make_train_step(loss_fn, opt), options={} if hand_opts else None)
         hand = ts
         for epoch in range(2):
             for b in batches(epoch):
                 hand = other(hand, b)[0]
-        assert any(np.any(p != q) for p, q in zip(jax.tree.leaves(fitted.params),
-                                                 jax.tree.leaves(hand.params)))
+        assert any(np.any(p != q) for p, q in zip(jax.tree.leaves(fitted.params), jax.tree.leaves(hand.params)))
 
 
 def test_fit_traces_layers_for_the_options_it_compiles_with():
@@ -120,20 +139,31 @@ def test_fit_traces_layers_for_the_options_it_compiles_with():
     def loss_fn(params, state, batch, rng):
         seen.append(xla.traced_with_options())
         out, state = net.apply(params, state, batch)
-        return jnp.mean(out ** 2), Aux(state=state)
+        return jnp.mean(out**2), Aux(state=state)
 
     ts = TrainState.create(net, optax.sgd(0.1), jax.random.key(0), (-1, *shape))
     x = np.ones((16, *shape), np.float32)
-    for options, inside in [("auto", CPU), (None, False), (xla.compiler_options(), CPU),
-                            ({"xla_embed_ir_in_executable": True}, False)]:
+    for options, inside in [
+        ("auto", CPU),
+        (None, False),
+        (xla.compiler_options(), CPU),
+        ({"xla_embed_ir_in_executable": True}, False),
+    ]:
         seen.clear()
-        funcnet.fit(ts, loss_fn, optax.sgd(0.1), data.DeviceData(x, 8), progress=False,
-                    compiler_options=options)
+        funcnet.fit(
+            ts,
+            loss_fn,
+            optax.sgd(0.1),
+            data.DeviceData(x, 8),
+            progress=False,
+            options=FitOptions(compiler_options=options),
+        )
         assert seen and any(seen) == inside, (options, seen)
 
 
 def test_compiler_options_must_be_auto_a_dict_or_none():
     ts, loss_fn, opt, x = _setup(*MLP)
     with pytest.raises(TypeError, match=r"compiler_options must be 'auto', a dict .* got str 'fast'"):
-        funcnet.fit(ts, loss_fn, opt, [(x, x[:, :2, 0, 0])], progress=False,
-                    compiler_options="fast")
+        funcnet.fit(
+            ts, loss_fn, opt, [(x, x[:, :2, 0, 0])], progress=False, options=FitOptions(compiler_options="fast")
+        )

@@ -25,7 +25,7 @@ def _loss(params, state, x, rng):
 
 
 def test_the_package_is_the_only_way_in():
-    assert loop.__all__ == ["fit", "FitContext", "LoopPosition", "LogKeys"]
+    assert loop.__all__ == ["fit", "FitOptions", "FitContext", "LoopPosition", "LogKeys"]
     assert funcnet.fit is loop.fit
     # the flat private modules are gone; LoopPosition stays below loop and callbacks
     for name in ("funcnet._loop_checks", "funcnet._loop_resume"):
@@ -65,6 +65,6 @@ def test_each_placement_is_one_class_with_the_same_interface():
 def test_fit_docstring_has_one_args_row_per_parameter():
     doc = inspect.getdoc(loop.fit)
     args = doc[doc.index("Args:"):doc.index("History:")]
-    rows = re.findall(r"^  (\w+(?:, \w+)*):", args, re.M)
+    rows = [r.lstrip("*") for r in re.findall(r"^  (\**\w+(?:, \w+)*):", args, re.M)]
     assert all("," not in r for r in rows), rows
     assert sorted(rows) == sorted(inspect.signature(loop.fit).parameters)

@@ -1,6 +1,7 @@
 """What fit shows: one summary line per epoch on stderr by default (terminal or not), a
 tqdm bar that stays when the epoch ends where output is interactive, nothing with
 progress=False, and the plain line when tqdm is missing."""
+
 import re
 import sys
 import types
@@ -10,17 +11,21 @@ import pytest
 
 from funcnet import callbacks
 from funcnet.loop import fit
+from funcnet.loop import FitOptions
 from helpers.training import Crash, CrashAt, fit_setup
 
-_LINE = re.compile(r"^epoch (\d)/2: 8 steps, \d+\.\d\d s, loss=\S+ acc=\S+ eval_acc=\S+ "
-                   r"eval_loss=\S+$", re.M)
+_LINE = re.compile(
+    r"^epoch (\d)/2: 8 steps, \d+\.\d\d s, loss=\S+ acc=\S+ eval_acc=\S+ "
+    r"eval_loss=\S+$",
+    re.M,
+)
 _BAR = re.compile(r"epoch (\d)/2: 8step \[[^\r\n]*\] *\n")  # a bar's last draw, kept (tqdm pads it)
 
 
-def _run(capsys, **kw):
+def _run(capsys, print_fn=None, **kw):
     ts, loss_fn, opt, train_data, base = fit_setup()
     capsys.readouterr()
-    fit(ts, loss_fn, opt, train_data, epochs=2, log_every=4, **dict(base, **kw))
+    fit(ts, loss_fn, opt, train_data, epochs=2, options=FitOptions(log_every=4, print_fn=print_fn), **dict(base, **kw))
     return capsys.readouterr()
 
 
@@ -41,8 +46,7 @@ def test_the_bar_stays_when_an_epoch_ends_and_the_line_follows_it(capsys):
     err = _run(capsys, progress=True).err
     assert _BAR.findall(err) == ["1", "2"], err  # tqdm's leave=False would erase it
     assert _LINE.findall(err) == ["1", "2"]
-    assert err.index("epoch 1/2: 8step") < err.index("epoch 1/2: 8 steps") < err.index(
-        "epoch 2/2: 8step")
+    assert err.index("epoch 1/2: 8step") < err.index("epoch 1/2: 8 steps") < err.index("epoch 2/2: 8step")
 
 
 def test_a_jupyter_kernel_gets_the_bar_though_stderr_is_not_a_terminal(capsys, monkeypatch):
@@ -75,8 +79,7 @@ def test_the_line_has_what_callbacks_add_and_counts_a_resumed_epochs_steps(capsy
     kw = dict(base, progress=None, callbacks=[callbacks.LearningRateLogger(sched)])
     capsys.readouterr()
     fit(ts, loss_fn, opt, train_data, epochs=1, **kw)
-    assert re.search(r"^epoch 1/1: 8 steps, .* eval_loss=\S+ lr=0\.01$", capsys.readouterr().err,
-                     re.M)
+    assert re.search(r"^epoch 1/1: 8 steps, .* eval_loss=\S+ lr=0\.01$", capsys.readouterr().err, re.M)
 
     saver = callbacks.Checkpoint(tmp_path, every_steps=3)
     with pytest.raises(Crash):
@@ -92,8 +95,7 @@ def test_a_fit_that_fails_mid_epoch_closes_its_bar(capsys):
 
     capsys.readouterr()
     with pytest.raises(Crash) as failed:  # its traceback keeps fit's frame, and the bar, alive
-        fit(ts, loss_fn, opt, train_data, epochs=2, **dict(base, progress=True,
-                                                           callbacks=[CrashAt(3)]))
+        fit(ts, loss_fn, opt, train_data, epochs=2, **dict(base, progress=True, callbacks=[CrashAt(3)]))
     # Closed where it stood (left open, it would stay half drawn, holding tqdm's line 0).
     assert re.search(r"epoch 1/2: \d+step \[[^\r\n]*\] *\n$", capsys.readouterr().err)
     assert failed.value.train_state is not None

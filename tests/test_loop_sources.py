@@ -1,6 +1,7 @@
 """fit's data sources (funcnet/loop/_sources.py): one class per source with one interface,
 picked by one factory; one epoch loop drives them all, so a new source is one class (here
 two, defined in the test) and fit and the epoch loop never test the data's type."""
+
 import contextlib
 import pathlib
 import re
@@ -14,7 +15,7 @@ import funcnet
 from funcnet import data
 from funcnet.callbacks import Callback
 from funcnet.layers import Dense
-from funcnet.loop import _placement, _sources
+from funcnet.loop import FitOptions, _placement, _sources
 from funcnet.train import Aux, TrainState
 
 NET, OPT = Dense(1), optax.sgd(0.1)
@@ -52,9 +53,14 @@ class ListSource(_sources._Source):
 
     def epoch(self, run, steps, epoch, skip, cut):
         put = run.loop.put_batch
-        return contextlib.nullcontext(_sources._Epoch(
-            [(i, 1, len(b["x"]), b) for i, b in enumerate(self.data) if i >= skip],
-            lambda state, i, n, batch: steps.train(state, put(batch)), per_step=True, lag=0))
+        return contextlib.nullcontext(
+            _sources._Epoch(
+                [(i, 1, len(b["x"]), b) for i, b in enumerate(self.data) if i >= skip],
+                lambda state, i, n, batch: steps.train(state, put(batch)),
+                per_step=True,
+                lag=0,
+            )
+        )
 
 
 class Counting(_sources._Source):
@@ -96,16 +102,20 @@ class Planned(Callback):
 def test_a_source_of_ones_own_trains_as_the_builtin_one():
     batches = list(data.batches(ARRAYS, 4))
     planned = Planned()
-    _same(_fit(ListSource(batches), epochs=2, log_every=2, callbacks=[planned]),
-          _fit(batches, epochs=2, log_every=2))
-    assert planned.seen == [8]   # its steps_per_epoch reached FitContext.planned_steps
+    _same(
+        _fit(ListSource(batches), epochs=2, options=FitOptions(log_every=2), callbacks=[planned]),
+        _fit(batches, epochs=2, options=FitOptions(log_every=2)),
+    )
+    assert planned.seen == [8]  # its steps_per_epoch reached FitContext.planned_steps
 
 
 def test_a_source_wrapping_a_builtin_one_runs_its_dispatches():
     counts = []
     device = data.DeviceData(ARRAYS, 4, shuffle=True, rng=0, drop_remainder=False)
-    _same(_fit(Counting(_sources.source_for(device), counts), epochs=2, steps_per_dispatch=2),
-          _fit(device, epochs=2, steps_per_dispatch=2))
+    _same(
+        _fit(Counting(_sources.source_for(device), counts), epochs=2, options=FitOptions(steps_per_dispatch=2)),
+        _fit(device, epochs=2, options=FitOptions(steps_per_dispatch=2)),
+    )
     assert counts == [(0, 2), (1, 2)]
 
 
@@ -139,7 +149,9 @@ def test_a_callable_is_read_stacked_in_the_epochs_that_allow_it():
         return it if e % 2 == 0 else list(it)
 
     device = data.DeviceData(ARRAYS, 4, shuffle=True, rng=0)
-    _same(_fit(epochs, epochs=3, log_every=2), _fit(device, epochs=3, log_every=2))
+    _same(
+        _fit(epochs, epochs=3, options=FitOptions(log_every=2)), _fit(device, epochs=3, options=FitOptions(log_every=2))
+    )
 
 
 def test_fit_and_the_epoch_loop_test_no_data_type():

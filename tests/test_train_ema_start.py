@@ -2,6 +2,7 @@
 the initial params (tf.train.ExponentialMovingAverage, timm's ModelEmaV2), "zeros_debiased" is
 optax.ema(decay, debias=True); the default, "first_update" (torch's AveragedModel), is unchanged
 bit for bit."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +13,7 @@ import funcnet
 from funcnet.errors import ArgumentError
 from funcnet.layers import Dense, Relu
 from funcnet.train import Aux, TrainState, make_train_step
+from funcnet.loop import FitOptions
 
 NET = funcnet.serial(Dense(5), Relu, Dense(2))
 DECAY = 0.5  # far from 1, so that where the average starts shows after 3 steps
@@ -29,8 +31,7 @@ def _run(steps=3, **options):
     seen = [ts.params]
     r = np.random.default_rng(0)
     for _ in range(steps):
-        ts, _ = step(ts, (r.normal(size=(8, 3)).astype(np.float32),
-                          r.normal(size=(8, 2)).astype(np.float32)))
+        ts, _ = step(ts, (r.normal(size=(8, 3)).astype(np.float32), r.normal(size=(8, 2)).astype(np.float32)))
         seen.append(ts.params)
     return ts.ema, seen
 
@@ -42,10 +43,9 @@ def _close(got, want, tol=1e-6):
 
 def test_ema_start_init_averages_from_the_initial_params():
     ema, seen = _run(ema_start="init")
-    want = jax.tree.map(lambda p: np.asarray(p, np.float64), seen[0])   # by hand, in float64
+    want = jax.tree.map(lambda p: np.asarray(p, np.float64), seen[0])  # by hand, in float64
     for p in seen[1:]:
-        want = jax.tree.map(lambda e, q: e + (1 - DECAY) * (np.asarray(q, np.float64) - e),
-                            want, p)
+        want = jax.tree.map(lambda e, q: e + (1 - DECAY) * (np.asarray(q, np.float64) - e), want, p)
     _close(ema.params, want)
     assert int(ema.count) == 3
     # the initial params weigh DECAY ** 3 = 1/8: not torch's first-update copy
@@ -62,15 +62,16 @@ def test_ema_start_zeros_debiased_is_optaxs_debiased_ema():
         want, state = reference.update(p, state)
     _close(ema.params, want)
     assert int(ema.count) == 3
-    one, one_seen = _run(steps=1, ema_start="zeros_debiased")   # the first update copies
+    one, one_seen = _run(steps=1, ema_start="zeros_debiased")  # the first update copies
     _close(one.params, one_seen[1], 0.0)
 
 
 def _torch_first_update(average, params, decay):
     """funcnet's EMA update before ema_start, verbatim: the default must stay this."""
     first = average.count == 0
-    new = jax.tree.map(lambda e, p: jnp.where(first, p, e + (1.0 - decay) * (p - e)).astype(e.dtype),
-                       average.params, params)
+    new = jax.tree.map(
+        lambda e, p: jnp.where(first, p, e + (1.0 - decay) * (p - e)).astype(e.dtype), average.params, params
+    )
     return type(average)(new, average.count + 1)
 
 
@@ -87,8 +88,11 @@ def test_default_ema_start_is_the_first_update_copy_bit_for_bit():
 
 
 def test_ema_start_is_checked():
-    with pytest.raises(ArgumentError, match=r"ema_start must be one of 'first_update', 'init', "
-                                            r"'zeros_debiased', got 'zeros'"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"ema_start must be one of 'first_update', 'init', "
+        r"'zeros_debiased', got 'zeros'",
+    ):
         make_train_step(_loss, optax.sgd(0.1), ema_decay=0.9, ema_start="zeros")
     with pytest.raises(ArgumentError, match=r"ema_start='init' is given without ema_decay"):
         make_train_step(_loss, optax.sgd(0.1), ema_start="init")
@@ -97,10 +101,15 @@ def test_ema_start_is_checked():
 def test_fit_passes_ema_start_to_its_step():
     ts = TrainState.create(NET, optax.sgd(0.3), jax.random.key(0), (-1, 3), ema=True)
     r = np.random.default_rng(0)
-    batches = [(r.normal(size=(8, 3)).astype(np.float32), r.normal(size=(8, 2)).astype(np.float32))
-               for _ in range(3)]
-    fitted, _ = funcnet.fit(ts, _loss, optax.sgd(0.3), batches, progress=False,
-                            step_options={"ema_decay": DECAY, "ema_start": "init"})
+    batches = [(r.normal(size=(8, 3)).astype(np.float32), r.normal(size=(8, 2)).astype(np.float32)) for _ in range(3)]
+    fitted, _ = funcnet.fit(
+        ts,
+        _loss,
+        optax.sgd(0.3),
+        batches,
+        progress=False,
+        options=FitOptions(step_options={"ema_decay": DECAY, "ema_start": "init"}),
+    )
     step = jax.jit(make_train_step(_loss, optax.sgd(0.3), ema_decay=DECAY, ema_start="init"))
     for b in batches:
         ts, _ = step(ts, b)

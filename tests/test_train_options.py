@@ -1,6 +1,7 @@
 """The step's options: gradient clipping (torch's clip_grad_norm_), micro-batch
 accumulation, an EMA of the params (torch's AveragedModel), optax's extra arguments
 (reduce_on_plateau), and EarlyStopping(restore_best=True)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +13,7 @@ import funcnet
 from funcnet import callbacks, data, distributed, sharding
 from funcnet.layers import BatchNorm, Dense, Relu
 from funcnet.train import EMA, Aux, TrainState, make_eval_step, make_train_step
+from funcnet.loop import FitOptions
 
 if HAVE_TORCH:
     torch.set_default_dtype(torch.float32)
@@ -25,6 +27,7 @@ def _mse(net):
     def loss_fn(params, state, batch, rng):
         out, state = net.apply(params, state, batch[0], rng=rng, train=True)
         return jnp.mean((out - batch[1]) ** 2), Aux(state=state)
+
     return loss_fn
 
 
@@ -55,13 +58,13 @@ def _close(got, want, tol):
 # clip_grad_norm
 # --------------------------------------------------------------------------- #
 
+
 @pytest.mark.parametrize("max_norm", [0.05, 100.0], ids=["clipping", "not-clipping"])
 def test_clip_grad_norm_is_torchs_and_grad_norm_is_reported(max_norm):
     net = _mlp()
     ts = TrainState.create(net, optax.sgd(1.0), jax.random.key(0), (-1, 8))
     x, y = _batch()
-    new, metrics = jax.jit(make_train_step(_mse(net), optax.sgd(1.0),
-                                           clip_grad_norm=max_norm))(ts, (x, y))
+    new, metrics = jax.jit(make_train_step(_mse(net), optax.sgd(1.0), clip_grad_norm=max_norm))(ts, (x, y))
     grads = jax.tree.map(lambda a, b: a - b, ts.params, new.params)  # lr 1: the update is -g
 
     m = _torch_mlp(ts.params)
@@ -93,7 +96,7 @@ def test_grad_norm_is_reported_when_asked_or_clipping():
     np.testing.assert_allclose(float(run(clip_grad_norm=0.05)[1]["grad_norm"]), total, rtol=1e-6)
     quiet, metrics = run(clip_grad_norm=0.05, grad_norm=False)
     assert set(metrics) == {"loss"}
-    _close(quiet.params, run(clip_grad_norm=0.05)[0].params, 0.0)   # clipped all the same
+    _close(quiet.params, run(clip_grad_norm=0.05)[0].params, 0.0)  # clipped all the same
     with pytest.raises(funcnet.errors.ArgumentError, match="grad_norm must be True or False"):
         make_train_step(_mse(net), optax.sgd(1.0), grad_norm=1)
 
@@ -103,11 +106,23 @@ def test_fit_checks_a_monitored_grad_norm_against_the_step_options():
     ts = TrainState.create(net, optax.sgd(0.1), jax.random.key(0), (-1, 8))
     train = data.DeviceData(_batch(0, 32), 16)
     with pytest.raises(ValueError, match="monitor='grad_norm' is not a key fit will log"):
-        funcnet.fit(ts, _mse(net), optax.sgd(0.1), train, progress=False,
-                    callbacks=[callbacks.EarlyStopping("grad_norm", mode="min")])
-    _, history = funcnet.fit(ts, _mse(net), optax.sgd(0.1), train, progress=False,
-                             callbacks=[callbacks.EarlyStopping("grad_norm", mode="min")],
-                             step_options={"grad_norm": True})
+        funcnet.fit(
+            ts,
+            _mse(net),
+            optax.sgd(0.1),
+            train,
+            progress=False,
+            callbacks=[callbacks.EarlyStopping("grad_norm", mode="min")],
+        )
+    _, history = funcnet.fit(
+        ts,
+        _mse(net),
+        optax.sgd(0.1),
+        train,
+        progress=False,
+        callbacks=[callbacks.EarlyStopping("grad_norm", mode="min")],
+        options=FitOptions(step_options={"grad_norm": True}),
+    )
     assert history[0]["grad_norm"] > 0
 
 
@@ -122,6 +137,7 @@ def test_clip_grad_norm_and_ema_decay_refuse_bad_values():
 # --------------------------------------------------------------------------- #
 # microbatches
 # --------------------------------------------------------------------------- #
+
 
 def test_microbatches_equal_the_full_batch_step():
     net = _mlp()
@@ -146,11 +162,13 @@ def test_microbatches_on_a_mesh_equal_one_device(layout):
     batch = _batch()
     want, _ = jax.jit(make_train_step(_mse(net), opt))(ts, batch)
     mesh = distributed.data_mesh()
-    placed = (distributed.replicate_on(mesh, ts) if layout == "replicated"
-              else sharding.shard_params(ts, mesh, sharding.fsdp_rules(min_size=0)))
+    placed = (
+        distributed.replicate_on(mesh, ts)
+        if layout == "replicated"
+        else sharding.shard_params(ts, mesh, sharding.fsdp_rules(min_size=0))
+    )
     with jax.set_mesh(mesh):
-        got, _ = jax.jit(make_train_step(_mse(net), opt, microbatches=2))(
-            placed, distributed.shard_batch(mesh, batch))
+        got, _ = jax.jit(make_train_step(_mse(net), opt, microbatches=2))(placed, distributed.shard_batch(mesh, batch))
     _close(got.params, want.params, 1e-6)
     for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(placed.params)):
         assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
@@ -189,6 +207,7 @@ def test_microbatches_that_do_not_divide_the_batch_are_named():
 # EMA
 # --------------------------------------------------------------------------- #
 
+
 def test_ema_follows_torchs_averaged_model_over_50_steps():
     net = _mlp()
     decay = 0.9
@@ -197,8 +216,7 @@ def test_ema_follows_torchs_averaged_model_over_50_steps():
     step = jax.jit(make_train_step(_mse(net), optax.sgd(0.05), ema_decay=decay))
 
     m = _torch_mlp(ts.params)
-    ema = torch.optim.swa_utils.AveragedModel(
-        m, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(decay))
+    ema = torch.optim.swa_utils.AveragedModel(m, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(decay))
     sgd = torch.optim.SGD(m.parameters(), lr=0.05)
     for i in range(50):
         x, y = _batch(i)
@@ -216,7 +234,10 @@ def test_ema_follows_torchs_averaged_model_over_50_steps():
     metric = lambda params, state, b: net.apply(params, state, b[0])[0]  # noqa: E731
     np.testing.assert_allclose(
         np.asarray(make_eval_step(metric, ema=True)(ts, (x,))),
-        ema(torch.tensor(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+        ema(torch.tensor(x)).detach().numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_ema_needs_a_state_created_with_it():
@@ -232,6 +253,7 @@ def test_ema_needs_a_state_created_with_it():
 # optax extra args, fit options, restore_best
 # --------------------------------------------------------------------------- #
 
+
 def test_reduce_on_plateau_lowers_the_learning_rate_inside_fit():
     net = _mlp()
     opt = optax.chain(optax.sgd(0.1), optax.contrib.reduce_on_plateau(patience=2, factor=0.5))
@@ -241,7 +263,7 @@ def test_reduce_on_plateau_lowers_the_learning_rate_inside_fit():
         return 0.0 * jnp.sum(params[0]["W"]) + 1.0, Aux(state=state)
 
     out, _ = funcnet.fit(ts, flat, opt, data.DeviceData(_batch(0, 64), 16), epochs=3)
-    assert float(out.opt_state[1].scale) < 1.0   # it saw value= and cut the rate
+    assert float(out.opt_state[1].scale) < 1.0  # it saw value= and cut the rate
 
 
 def test_fit_passes_step_options_to_the_step():
@@ -249,18 +271,19 @@ def test_fit_passes_step_options_to_the_step():
     opt = optax.sgd(0.1)
     ts = TrainState.create(net, opt, jax.random.key(0), (-1, 8), ema=True)
     train = data.DeviceData(_batch(0, 64), 16)
-    plain, h1 = funcnet.fit(ts, _mse(net), opt, train, epochs=2,
-                            step_options={"ema_decay": 0.5})
-    micro, h2 = funcnet.fit(ts, _mse(net), opt, train, epochs=2,
-                            step_options={"ema_decay": 0.5, "microbatches": 4})
+    plain, h1 = funcnet.fit(ts, _mse(net), opt, train, epochs=2, options=FitOptions(step_options={"ema_decay": 0.5}))
+    micro, h2 = funcnet.fit(
+        ts, _mse(net), opt, train, epochs=2, options=FitOptions(step_options={"ema_decay": 0.5, "microbatches": 4})
+    )
     _close(micro.params, plain.params, 1e-6)
     _close(micro.ema.params, plain.ema.params, 1e-6)
-    assert "grad_norm" not in h1[0]   # not asked for, no clipping
-    _, h3 = funcnet.fit(ts, _mse(net), opt, train, epochs=1,
-                        step_options={"ema_decay": 0.5, "grad_norm": True})
+    assert "grad_norm" not in h1[0]  # not asked for, no clipping
+    _, h3 = funcnet.fit(
+        ts, _mse(net), opt, train, epochs=1, options=FitOptions(step_options={"ema_decay": 0.5, "grad_norm": True})
+    )
     assert h3[0]["grad_norm"] > 0
     with pytest.raises(ValueError, match=r"unknown: \['clip'\]"):
-        funcnet.fit(ts, _mse(net), opt, train, step_options={"clip": 1.0})
+        funcnet.fit(ts, _mse(net), opt, train, options=FitOptions(step_options={"clip": 1.0}))
 
 
 def test_fit_eval_on_ema_logs_the_ema_params_metrics():
@@ -276,17 +299,32 @@ def test_fit_eval_on_ema_logs_the_ema_params_metrics():
     def eval_of(params):  # by hand, on the whole eval set at once
         return float(mse.compute(eval_fn(params, out.state, (x, y))))
 
-    out, history = funcnet.fit(ts, _mse(net), opt, data.DeviceData(_batch(0, 64), 16),
-                               epochs=1, eval_data=lambda e: data.batches((x, y), 16),
-                               eval_fn=eval_fn, metric=mse, eval_on_ema=True,
-                               step_options={"ema_decay": 0.9})
+    out, history = funcnet.fit(
+        ts,
+        _mse(net),
+        opt,
+        data.DeviceData(_batch(0, 64), 16),
+        epochs=1,
+        eval_data=lambda e: data.batches((x, y), 16),
+        eval_fn=eval_fn,
+        metric=mse,
+        options=FitOptions(eval_on_ema=True, step_options={"ema_decay": 0.9}),
+    )
     assert int(out.ema.count) == 4
     want, raw = eval_of(out.ema.params), eval_of(out.params)
     assert history[0]["eval_metric"] == pytest.approx(want, rel=1e-5)
-    assert abs(raw - want) > 1e-3 * abs(want)   # the raw params would log another value
-    _, plain = funcnet.fit(ts, _mse(net), opt, data.DeviceData(_batch(0, 64), 16), epochs=1,
-                           eval_data=lambda e: data.batches((x, y), 16), eval_fn=eval_fn,
-                           metric=mse, step_options={"ema_decay": 0.9})
+    assert abs(raw - want) > 1e-3 * abs(want)  # the raw params would log another value
+    _, plain = funcnet.fit(
+        ts,
+        _mse(net),
+        opt,
+        data.DeviceData(_batch(0, 64), 16),
+        epochs=1,
+        eval_data=lambda e: data.batches((x, y), 16),
+        eval_fn=eval_fn,
+        metric=mse,
+        options=FitOptions(step_options={"ema_decay": 0.9}),
+    )
     assert plain[0]["eval_metric"] == pytest.approx(raw, rel=1e-5)
 
 
@@ -305,8 +343,9 @@ def test_early_stopping_restores_the_best_epochs_state():
             seen.append(jax.tree.map(np.asarray, ctx.train_state.params))
 
     stop = callbacks.EarlyStopping("score", patience=2, restore_best=True)
-    out, history = funcnet.fit(ts, _mse(net), opt, data.DeviceData(_batch(0, 64), 16),
-                               epochs=5, callbacks=[Score(), stop])
+    out, history = funcnet.fit(
+        ts, _mse(net), opt, data.DeviceData(_batch(0, 64), 16), epochs=5, callbacks=[Score(), stop]
+    )
     assert len(history) == 4 and stop.best_epoch == 1
     _close(out.params, seen[1], 0)
     assert int(out.step) == 8  # epoch 1's state: 2 epochs of 4 steps

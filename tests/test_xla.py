@@ -1,5 +1,6 @@
 """funcnet.xla: the compiler options funcnet compiles its steps with, the jit that applies
 them, and what layers choose under it (Conv: one XLA convolution on CPU)."""
+
 import re
 
 import jax
@@ -12,6 +13,10 @@ import funcnet
 from funcnet import data, xla
 from funcnet.layers import Conv, Dense, Flatten
 from funcnet.train import Aux, TrainState
+from funcnet.loop import FitOptions
+
+# This file also checks fit(devices=N), the deprecated pmap placement, which still works.
+pytestmark = pytest.mark.filterwarnings(r"ignore:fit\(devices=:DeprecationWarning")
 
 CPU = jax.default_backend() == "cpu"
 needs_cpu = pytest.mark.skipif(not CPU, reason="the options are CPU options")
@@ -20,20 +25,19 @@ needs_cpu = pytest.mark.skipif(not CPU, reason="the options are CPU options")
 @needs_cpu
 def test_cpu_options_keep_convolutions_off_ynnpack_and_yield_to_xla_flags(monkeypatch):
     opts = xla.compiler_options()
-    assert opts == {"xla_cpu_experimental_ynn_fusion_type":
-                    "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+    assert opts == {
+        "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"
+    }
     opts["changed"] = 1
-    assert "changed" not in xla.compiler_options()      # a new dict each time
+    assert "changed" not in xla.compiler_options()  # a new dict each time
     assert xla.compiler_options("gpu") == {} and xla.compiler_options("tpu") == {}
 
     def conv(x, w):
-        return jax.lax.conv_general_dilated(x, w, (1, 1), "VALID",
-                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
     args = (jnp.ones((8, 12, 12, 32)), jnp.ones((5, 5, 32, 64)))
     plain = jax.jit(conv).lower(*args).compile().as_text()
-    tuned = jax.jit(conv, compiler_options=xla.compiler_options()).lower(
-        *args).compile().as_text()
+    tuned = jax.jit(conv, compiler_options=xla.compiler_options()).lower(*args).compile().as_text()
     # jaxlib 0.10 sends this convolution to YNNPACK (one thread); the options keep it XLA's
     assert "__ynn_fusion" in plain and "__ynn_fusion" not in tuned
     # ... while reductions (BatchNorm's statistics) stay on YNNPACK: without REDUCE in the
@@ -43,7 +47,7 @@ def test_cpu_options_keep_convolutions_off_ynnpack_and_yield_to_xla_flags(monkey
         compiled = jax.jit(stats, compiler_options=options).lower(args[0]).compile()
         assert "__ynn_fusion" in compiled.as_text(), options
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=")
-    assert xla.compiler_options() == {}   # the user's own flag wins
+    assert xla.compiler_options() == {}  # the user's own flag wins
 
 
 @needs_cpu
@@ -62,8 +66,7 @@ def test_cpu_options_leave_a_program_without_convolutions_bit_identical():
 
     ts = TrainState.create(net, opt, jax.random.key(0), (-1, 32))
     rng = np.random.default_rng(0)
-    batch = (rng.standard_normal((16, 32)).astype(np.float32),
-             rng.standard_normal((16, 10)).astype(np.float32))
+    batch = (rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((16, 10)).astype(np.float32))
     plain, tuned = ts, ts
     for _ in range(3):
         plain = jax.jit(make_train_step(loss_fn, opt))(plain, batch)[0]
@@ -89,10 +92,8 @@ def test_conv_auto_takes_one_xla_convolution_under_xla_jit_and_agrees():
 
     grad = jax.value_and_grad(loss, argnums=(0, 1))
     plain, tuned = jax.jit(grad), xla.jit(grad)
-    assert _convolutions(jax.jit(lambda p, x: apply(p, state, x)[0]).lower(
-        params, x).compile().as_text()) == 4
-    assert _convolutions(xla.jit(lambda p, x: apply(p, state, x)[0]).lower(
-        params, x).compile().as_text()) == 1
+    assert _convolutions(jax.jit(lambda p, x: apply(p, state, x)[0]).lower(params, x).compile().as_text()) == 4
+    assert _convolutions(xla.jit(lambda p, x: apply(p, state, x)[0]).lower(params, x).compile().as_text()) == 1
     (v1, g1), (v2, g2) = plain(params, x), tuned(params, x)
     np.testing.assert_allclose(v1, v2, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
@@ -109,10 +110,10 @@ def test_traced_with_options_only_inside_xla_jit():
     assert float(xla.jit(f)(1.0)) == 2.0 and float(jax.jit(f)(1.0)) == 2.0
     f(1.0)
     assert seen == [CPU, False, False] and not xla.traced_with_options()
-    with pytest.raises(ZeroDivisionError):   # reset however the trace ends
+    with pytest.raises(ZeroDivisionError):  # reset however the trace ends
         xla.jit(lambda x: 1 // 0)(1.0)
     assert not xla.traced_with_options()
-    donated = xla.jit(lambda x: x * 2, donate_argnums=0)   # jax.jit's arguments pass through
+    donated = xla.jit(lambda x: x * 2, donate_argnums=0)  # jax.jit's arguments pass through
     assert donated(jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
 
 
@@ -126,7 +127,7 @@ def test_an_xla_jit_function_works_inside_other_traces():
     assert jax.lax.scan(lambda c, _: (f(c), None), x, None, length=2)[0].tolist() == [0, 4, 8]
     assert jax.vmap(f)(x[:, None]).ravel().tolist() == [0.0, 2.0, 4.0]
     assert jax.eval_shape(f, x).shape == (3,) and f.lower(x).compile() is not None
-    with pytest.raises(ValueError, match="not top-level at all"):   # its own errors pass
+    with pytest.raises(ValueError, match="not top-level at all"):  # its own errors pass
         xla.jit(lambda v: (_ for _ in ()).throw(ValueError("not top-level at all")))(x)
 
 
@@ -140,13 +141,26 @@ def test_fit_compiles_with_the_options_asked_for_but_not_under_pmap():
     def loss_fn(params, state, batch, rng):
         seen.append(xla.traced_with_options())
         out, state = net.apply(params, state, batch)
-        return jnp.mean(out ** 2), Aux(state=state)
+        return jnp.mean(out**2), Aux(state=state)
 
     x = np.ones((16, 6, 6, 1), np.float32)
-    funcnet.fit(ts, loss_fn, opt, data.DeviceData(x, 8), progress=False,
-                compiler_options=xla.compiler_options())
-    assert seen and any(seen) == CPU   # the steps; fit's checks trace the loss outside them
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        data.DeviceData(x, 8),
+        progress=False,
+        options=FitOptions(compiler_options=xla.compiler_options()),
+    )
+    assert seen and any(seen) == CPU  # the steps; fit's checks trace the loss outside them
     seen.clear()
-    funcnet.fit(ts, loss_fn, opt, lambda e: data.batches(x, 8), progress=False, devices=2,
-                compiler_options=xla.compiler_options())
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        lambda e: data.batches(x, 8),
+        progress=False,
+        devices=2,
+        options=FitOptions(compiler_options=xla.compiler_options()),
+    )
     assert seen and not any(seen)

@@ -199,7 +199,7 @@ def _check_eval_on_ema(train_state, step_options, eval_on_ema, eval_fn) -> None:
     missing = " and ".join(
         ([] if has_ema else ["create the TrainState with TrainState.create(..., ema=True)"])
         + ([] if decay is not None else ["pass step_options={'ema_decay': 0.999} (any decay "
-                                         "in (0, 1))"]))
+                                         "in (0, 1)) in fit's FitOptions"]))
     what = ("the TrainState keeps no EMA (train_state.ema is ())" if not has_ema else
             "step_options has no ema_decay, so no step updates the EMA and every epoch "
             "would evaluate the initial params")
@@ -250,7 +250,7 @@ def _check_first_learning_rate(train_state, callbacks, on_nonfinite) -> None:
            f"{'; '.join(bad)}. The first update would turn every parameter to NaN. Check the "
            f"schedule's value at step {step} (e.g. a warmup over 0 steps divides by zero).")
     if on_nonfinite == "raise":
-        raise FloatingPointError(msg + " (on_nonfinite='warn' trains on anyway.)")
+        raise FloatingPointError(msg + " (options=FitOptions(on_nonfinite='warn') trains on anyway.)")
     warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
 

@@ -26,6 +26,7 @@ from funcnet.loop._context import _Run
 from funcnet.loop._epoch import _end_epoch, _evaluate, _per_step_callbacks, _train_epoch
 from funcnet.loop._metrics import (_check_losses, _computes_in_float16, _epoch_sums_now,
                                    _mean_metrics)
+from funcnet.loop._options import FitOptions, _from_keywords
 from funcnet.loop._placement import _compile, _placement
 from funcnet.loop._progress import _Shown
 from funcnet.loop._resume import EpochSums, check_layout, checkpoint_extras, resume, stateful
@@ -37,23 +38,17 @@ __all__ = ["fit"]
 
 def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTransformation,
         train_data, *, epochs: int = 1, eval_data=None, eval_fn: Optional[Callable] = None,
-        metric=None, devices: Optional[int] = None, mesh=None, callbacks: Iterable = (),
-        progress: Optional[bool] = None, log_every: int = 50, resume_from=None,
-        missing_ok: bool = False, on_nonfinite: str = "raise",
-        steps_per_dispatch: Optional[int] = None, print_fn: Optional[Callable[[str], None]] = None,
-        step_options: Optional[dict] = None, eval_on_ema: bool = False,
-        prefetch: Optional[int] = None, compiler_options="auto"):
+        metric=None, callbacks: Iterable = (), mesh: Optional[jax.sharding.Mesh] = None,
+        resume_from=None, progress: Optional[bool] = None,
+        options: Optional[FitOptions] = None, **deprecated) -> tuple[TrainState, list]:
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
 
     The common call is ``fit(train_state, loss_fn, optimizer, train_data, epochs=N)``,
     with ``eval_data``, ``eval_fn`` and ``metric`` for an evaluation after each epoch
-    and ``callbacks`` for checkpoints, logs and early stopping. The other keywords,
-    by concern, each with a default that needs no thought: where the steps run
-    (``devices`` for pmap, or ``mesh``); resuming (``resume_from``, ``missing_ok``);
-    what a step does (``step_options``, which are ``make_train_step``'s options,
-    ``eval_on_ema``, ``on_nonfinite``); what is shown (``progress``, ``log_every``,
-    ``print_fn``); and speed (``steps_per_dispatch``, ``prefetch``, ``compiler_options``),
-    which changes how steps are dispatched and compiled, not what they compute.
+    and ``callbacks`` for checkpoints, logs and early stopping. Where the steps run is
+    ``mesh``; ``resume_from`` continues a run; ``progress`` is what is shown. Settings
+    a run rarely changes (step options, non-finite losses, dispatch and compiler
+    speed, the log cadence) are one :class:`funcnet.loop.FitOptions` record.
 
     Args:
       train_state: from :meth:`funcnet.train.TrainState.create`.
@@ -68,11 +63,13 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         ``DeviceData(arrays, batch_size, shuffle=True, rng=seed)`` is the fast path
         when the data set fits in device memory: it is put on the device once, each
         batch is gathered inside the jitted step, and several steps run per dispatch
-        (``steps_per_dispatch``), so no per-step host work is left. The host pipeline
-        (``lambda epoch: funcnet.data.batches(arrays, batch_size, shuffle=True,
-        rng=seed, epoch=epoch)``) is for data that does not fit; for the same
-        arguments both give the same batches, so the same result bit for bit. Use
-        a seeded shuffle when you want resuming to reproduce the data order.
+        (``FitOptions.steps_per_dispatch``), so no per-step host work is left. The host
+        pipeline (``lambda epoch: funcnet.data.batches(arrays, batch_size,
+        shuffle=True, rng=seed, epoch=epoch)``) is for data that does not fit; for the
+        same arguments both give the same batches, so the same result bit for bit.
+        Batches may be NumPy, JAX, PyTorch tensors (a ``DataLoader`` too), tf.data or
+        grain elements: each leaf becomes an array once, on the host. Use a seeded
+        shuffle when you want resuming to reproduce the data order.
       epochs: how many epochs to train (default 1); a resumed run trains up to this
         epoch count, not this many more.
       eval_data: the evaluation batches after every epoch, as ``train_data`` is read
@@ -82,31 +79,29 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         batch states are added. Default None.
       metric: a ``funcnet.metrics`` metric or collection; ``metric.compute`` of the
         added states gives the ``eval_*`` entries of the logs. Default None.
-      mesh: default None; a ``jax.sharding.Mesh``, 1-D
-        (:func:`funcnet.distributed.data_mesh`) or with a ``"data"`` axis (2-D
-        ``("data", "model")`` for tensor parallelism).
-        A train state already placed on this mesh
-        (:func:`funcnet.sharding.shard_params`: FSDP, tensor parallel) is kept as
-        given, step after step; any other is placed whole on each device. Every
-        batch is split over the data axis (:func:`funcnet.distributed.shard_batch`;
-        batches already split that way, e.g. by ``shard_local_batch`` in a
-        multi-process run, pass through), and the plain ``jax.jit`` step runs on
-        them: XLA inserts the gradient all-reduce (and, for a sharded state, the
-        gathers and reduce-scatters). The result equals one device's on the same
-        global batches. A ``DeviceData`` is split over the data axis (each device
-        holds ``1/N`` of the examples) and every step gathers its global batch
-        split over the devices.
-      devices: ``None`` (and no ``mesh``) trains on one device with ``jax.jit``; ``N``
-        replicates the state on N local devices and runs the ``jax.pmap`` step
-        (gradients averaged with ``pmean``); every batch is split over the devices.
-        A ``DeviceData`` works here too, but as an ordinary iterable: each batch is
-        gathered on the default device, then split and sent to the others, one step
-        per dispatch; ``mesh=`` is its fast multi-device path.
       callbacks: :mod:`funcnet.callbacks` instances (checkpoints, loggers, early
-        stopping; default ``()``: none), called in order: put callbacks that add log entries
-        (``LearningRateLogger``) before the loggers that write them. With several
+        stopping; default ``()``: none), called in order: put callbacks that add log
+        entries (``LearningRateLogger``) before the loggers that write them. With several
         steps per dispatch, ``on_step_end`` runs once per dispatch, after its last step,
         and ``on_step_begin`` (called only on callbacks that define it) once before it.
+      mesh: default None (one device, ``jax.jit``); a ``jax.sharding.Mesh``, 1-D
+        (:func:`funcnet.distributed.data_mesh`) or with a ``"data"`` axis (2-D
+        ``("data", "model")`` for tensor parallelism). A train state already placed on
+        this mesh (:func:`funcnet.sharding.shard_params`: FSDP, tensor parallel) is kept
+        as given, step after step; any other is placed whole on each device. Every
+        batch is split over the data axis (:func:`funcnet.distributed.shard_batch`;
+        batches already split that way, e.g. by ``shard_local_batch`` in a
+        multi-process run, pass through), and the plain ``jax.jit`` step runs on them:
+        XLA inserts the gradient all-reduce (and, for a sharded state, the gathers and
+        reduce-scatters). The result equals one device's on the same global batches.
+        A ``DeviceData`` is split over the data axis (each device holds ``1/N`` of the
+        examples) and every step gathers its global batch split over the devices.
+      resume_from: default None (a fresh run); a checkpoint directory written by
+        ``callbacks.Checkpoint`` (npz), or a :class:`funcnet.checkpoint.Checkpointer`
+        (e.g. an ``OrbaxCheckpointer``); training continues from its latest finite
+        checkpoint (state, rng, epoch, the position inside the epoch, and the run id,
+        so ``Checkpoint`` may keep saving into the same directory). No checkpoint there
+        is an error naming the path, unless ``FitOptions(missing_ok=True)``.
       progress: what fit shows of each epoch, on stderr. By default (``None``) one
         summary line at each epoch's end, in a terminal, a notebook or a log file alike
         (``epoch 2/5: 8 steps, 0.41 s, loss=0.3125 eval_acc=0.89``: the step's metrics,
@@ -116,79 +111,17 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         terminal, or a Jupyter kernel: ``tqdm.auto`` draws a widget there). ``True``:
         the bar in any output; ``False``: nothing. tqdm stays optional (the
         ``examples`` and ``test`` extras): without it the line is shown and no bar
-        (``progress=True`` says so once). stderr, not stdout: progress is
-        diagnostics, as tqdm's bar and Python's warnings are, so a script's printed
-        results stay alone on stdout (``python train.py > results.txt``) and the bar
-        and the lines keep their order in one stream.
-      log_every: steps between progress-bar refreshes (default 50; each one reads a
-        loss from the device, so not every step; on a ``DeviceData`` the loss of the dispatch
-        before the latest, which never makes the device wait).
-      resume_from: default None (a fresh run); a checkpoint directory written by
-        ``callbacks.Checkpoint`` (npz), or a :class:`funcnet.checkpoint.Checkpointer` (e.g. an ``OrbaxCheckpointer``);
-        training continues from its latest finite checkpoint (state, rng, epoch,
-        the position inside the epoch, and the run id, so ``Checkpoint`` may keep
-        saving into the same directory). No checkpoint there is an error naming
-        the path, unless ``missing_ok=True``.
-      missing_ok: with ``resume_from``, start from ``train_state`` when there is no
-        checkpoint yet (default False: an error) ("resume if present", for scripts restarted by a scheduler).
-      on_nonfinite: what a NaN/inf loss does, seen in the metrics fit fetches anyway
-        (at every progress refresh and at the end of each epoch; no extra sync):
-        ``"raise"`` (default) stops with a ``FloatingPointError`` naming the epoch
-        and step, before the epoch's end-of-epoch callbacks; ``"warn"`` warns once
-        and trains on; ``"ignore"`` trains on. Either way later checkpoints are
-        marked non-finite, and ``Checkpoint(keep=N)`` keeps the last finite one.
-      steps_per_dispatch: run up to this many steps per dispatch (a loop on the
-        device), so the host's per-dispatch cost is paid once per ``k`` steps; the
-        results are those of ``k=1``, bit for bit (except for convolutions on CPU, which
-        XLA compiles differently inside the device loop: float rounding, which training
-        amplifies; keep ``k``, i.e. ``log_every``, when comparing or resuming a CNN), and a
-        dispatch never crosses a multiple of ``k`` global steps, an epoch's end or the edge
-        of a ``callbacks.Profile`` window. With a ``DeviceData`` (one
-        device or a mesh) the steps gather their batches on the device; with a host
-        pipeline on one device, ``train_data(epoch)`` returning
-        :func:`funcnet.data.batches`, each dispatch's ``k`` batches are read at once
-        (:meth:`funcnet.data.Batches.stacked`: one gather and one copy to the device)
-        while the device runs the previous dispatch; other iterables, pmap and a host
-        pipeline on a mesh run one step per dispatch. Default (None): ``log_every``
-        steps, reduced to divide every ``Checkpoint``'s ``every_steps``; 1 when a
-        callback has its own ``on_step_end`` (it then sees every step), the data
-        cannot be read several batches at a time, or on CPU the step has a convolution
-        (XLA:CPU runs convolutions inside a loop 40-100x slower than dispatched one by
-        one, jax issue #12868; on a GPU the loop stays, where it is the faster). An explicit ``k > 1`` needs such
-        data, ``Checkpoint(every_steps=N)`` with ``N`` a multiple of ``k``, and calls
-        other callbacks' ``on_step_end`` once per dispatch. ``BENCHMARKS.md``
-        (workload 6) has the measured effect.
-      print_fn: default None (stderr); if given (e.g. ``print`` or ``logging.info``),
-        receives each epoch's line instead of stderr, as ``key=value`` pairs (``epoch=1 loss=0.3125 ...``),
-        whatever ``progress`` is.
-      step_options: default None (none); keyword arguments for
-        :func:`funcnet.train.make_train_step`:
-        ``clip_grad_norm``, ``microbatches``, ``ema_decay``, ``ema_start``, ``update``,
-        ``grad_norm``, e.g. ``{"clip_grad_norm": 1.0, "microbatches": 4}`` or
-        ``{"grad_norm": True}`` to log the gradients' global norm.
-      eval_on_ema: default False; True evaluates the params' moving average (``ema_decay`` in
-        ``step_options``, a TrainState created with ``ema=True``: both are needed, else
-        fit refuses before training) instead of the params.
-      prefetch: for a host pipeline (``train_data`` not a ``DeviceData``), how many
-        batches (or, with several steps per dispatch, dispatches' worth of batches)
-        a background thread assembles ahead (:func:`funcnet.data.background`;
-        on one accelerator it also starts their copies to the device), so the host's
-        data work overlaps with the steps; the batches and the results are the same,
-        bit for bit, and an exception from ``train_data`` is raised with the batch
-        index added as a note. ``0``: ``train_data`` is iterated on the calling
-        thread, one batch at a time (for an iterable that needs that thread). Default
-        (None): 2 on an accelerator, 0 on CPU, where the thread did not pay for itself
-        with NumPy batching (it helps a pipeline whose work releases the GIL: file
-        reads, decoding, large NumPy operations).
-      compiler_options: XLA options for the train and evaluation steps (``jax.jit``'s
-        ``compiler_options``). Default ``"auto"``: on CPU, for a step with a convolution,
-        :func:`funcnet.xla.compiler_options` (convolutions on XLA's multi-threaded
-        kernels, reductions and matrix products on YNNPACK's: the Flax MNIST CNN's and
-        LeNet's steps 0.83x and 0.79x their plain-``jax.jit`` time, workload 6b, jax 0.10.2);
-        otherwise none, so the step is the program ``jax.jit(make_train_step(...))``
-        gives a hand-written loop (``funcnet.xla.jit`` gives it the CNN's). None: plain
-        ``jax.jit`` always; a dict: these options. Other options change results by float
-        rounding (other kernels), not more.
+        (``progress=True`` says so once). stderr, not stdout: progress is diagnostics,
+        as tqdm's bar and Python's warnings are, so a script's printed results stay
+        alone on stdout. ``FitOptions`` sets the bar's cadence (``log_every``) and
+        where the line goes (``print_fn``).
+      options: a :class:`funcnet.loop.FitOptions` (default None: every default).
+      **deprecated: the keywords of funcnet 0.1 that are now ``FitOptions`` fields
+        (``step_options``, ``eval_on_ema``, ``on_nonfinite``, ``missing_ok``,
+        ``log_every``, ``print_fn``, ``steps_per_dispatch``, ``prefetch``,
+        ``compiler_options``) and ``devices=N`` (pmap replicas; use
+        ``mesh=funcnet.distributed.data_mesh(N)``) still work, with a
+        ``DeprecationWarning`` that gives the new spelling.
 
     History: one dict per epoch: ``epoch``, ``loss`` (mean over the epoch's steps), the
     step's other metrics likewise (``grad_norm`` with ``step_options={"grad_norm": True}``
@@ -204,7 +137,9 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         ``devices`` and ``mesh``; a pre-flight check failing (an ``eval_fn`` whose state
         ``metric`` cannot compute, a key a callback monitors that fit will not log); an
         epoch without batches.
-      funcnet.errors.ArgumentError: a bad ``epochs``, ``on_nonfinite`` or ``step_options``;
+      TypeError: a keyword fit does not take (with the closest name), or a deprecated
+        keyword given beside ``options``.
+      funcnet.errors.ArgumentError: a bad ``epochs`` or ``FitOptions`` field;
         ``eval_on_ema=True`` without an evaluation or without an EMA a step updates.
       FloatingPointError: a NaN/inf loss with ``on_nonfinite="raise"`` (naming a NaN/inf
         learning rate when the optimizer is the cause), or a learning rate already
@@ -228,38 +163,39 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
       >>> history[1]["loss"] < history[0]["loss"]
       True
     """
+    options, devices = _from_keywords(options, deprecated)
     if (eval_data is None) != (eval_fn is None) or (eval_fn is not None and metric is None):
         raise ValueError("fit: evaluation needs eval_data, eval_fn and metric together.")
-    on_nonfinite = checks.one_of("fit", "on_nonfinite", on_nonfinite, ("raise", "warn", "ignore"))
+    on_nonfinite, log_every = options.on_nonfinite, options.log_every
     callbacks = list(callbacks)
     source = source_for(train_data)
     layout = source.layout()
     train_state, position, run_id, resumed = resume(
-        resume_from, missing_ok, train_state, checkpoint_extras(callbacks, layout, train_state))
+        resume_from, options.missing_ok, train_state, checkpoint_extras(callbacks, layout, train_state))
     check_layout(resumed, layout)
-    step_options = _step_options(step_options)
+    step_options = options.step_options or {}
     check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
                            metric, callbacks, epochs, step_options)
-    check_fit_options(train_state, step_options, eval_on_ema, eval_fn, callbacks, on_nonfinite)
+    check_fit_options(train_state, step_options, options.eval_on_ema, eval_fn, callbacks,
+                      on_nonfinite)
 
     placement = _placement(devices, mesh)
     source, eval_data = source.placed(placement), placed_data(eval_data, placement)
     take = source.take
-    log_every = checks.positive_int("fit", "log_every", log_every)
-    several_asked = steps_per_dispatch not in (None, 1)
+    several_asked = options.steps_per_dispatch not in (None, 1)
     conv_on_cpu = functools.cache(lambda: _convolves_on_cpu(train_state, loss_fn, source))
     steps_per_dispatch = _check_dispatch(
-        steps_per_dispatch, source.several_per_dispatch(placement), callbacks,
+        options.steps_per_dispatch, source.several_per_dispatch(placement), callbacks,
         log_every, lambda: not conv_on_cpu())
-    loop = placement.hold(train_state, _prefetch(prefetch))
+    loop = placement.hold(train_state, _prefetch(options.prefetch))
     steps = _compile(loss_fn, optimizer, eval_fn, loop, take, step_options, steps_per_dispatch,
-                     checks.flag("fit", "eval_on_ema", eval_on_ema), several_asked,
-                     _compiler_options(compiler_options, conv_on_cpu))
+                     options.eval_on_ema, several_asked,
+                     _compiler_options(options.compiler_options, conv_on_cpu))
     run, resumed_sums = _run_record(loop, train_state, loss_fn, source, callbacks, layout,
                                     run_id, resumed, position, epochs)
     run.optimizer_note = lambda step: optimizer_note(optimizer, train_state, step)
     ctx = run.ctx
-    shown = _Shown(progress, print_fn, epochs)
+    shown = _Shown(progress, options.print_fn, epochs)
 
     try:
         for cb in callbacks:
@@ -354,30 +290,13 @@ def _attach_train_state(error: BaseException, loop) -> None:
         error.add_note("fit: the state trained so far is on this exception as .train_state.")
 
 
-_STEP_OPTIONS = ("clip_grad_norm", "microbatches", "ema_decay", "ema_start", "update", "grad_norm")
-
-
-def _step_options(options) -> dict:
-    """``fit(step_options=...)``: the keyword arguments of ``make_train_step`` it passes on."""
-    if options is None:
-        return {}
-    if not isinstance(options, dict) or set(options) - set(_STEP_OPTIONS):
-        unknown = sorted(set(options) - set(_STEP_OPTIONS)) if isinstance(options, dict) else None
-        raise checks.ArgumentError(
-            f"fit: step_options must be a dict of make_train_step's options "
-            f"{list(_STEP_OPTIONS)}" + (f"; unknown: {unknown}" if unknown else
-                                        f", got {type(options).__name__}") +
-            ". E.g. step_options={'clip_grad_norm': 1.0, 'microbatches': 4}.")
-    return dict(options)
-
-
 def _prefetch(prefetch) -> int:
-    """``fit(prefetch=)`` checked, or its default for this backend."""
+    """``FitOptions.prefetch``, or its default for this backend."""
     if prefetch is None:
         # Measured (BENCHMARKS.md, workload 6): on CPU the thread only adds GIL hand-offs
         # to NumPy gathers that hold the GIL; on an accelerator it overlaps the copies.
         prefetch = 0 if jax.default_backend() == "cpu" else 2
-    return checks.non_negative_int("fit", "prefetch", prefetch)
+    return prefetch
 
 
 def _check_dispatch(k, several_ok: bool, callbacks, log_every: int,
@@ -430,16 +349,8 @@ def _convolves_on_cpu(train_state, loss_fn, train_data) -> bool:
 
 
 def _compiler_options(options, conv_on_cpu: Callable[[], bool]) -> dict:
-    """``fit``'s ``compiler_options`` checked: ``"auto"`` (funcnet's options for a step
-    with a convolution on CPU, else none), None (plain ``jax.jit``) or a dict."""
-    if isinstance(options, str) and options == "auto":
+    """``FitOptions.compiler_options`` (checked there) made concrete: ``"auto"`` is
+    funcnet's options for a step with a convolution on CPU, else none."""
+    if isinstance(options, str):  # "auto"
         return xla.compiler_options() if conv_on_cpu() else {}
-    if options is None:
-        return {}
-    if not isinstance(options, dict):
-        raise TypeError(f"fit: compiler_options must be 'auto', a dict of XLA option names to "
-                        f"values (e.g. funcnet.xla.compiler_options()) or None (plain jax.jit), "
-                        f"got {type(options).__name__} {options!r}.")
-    return dict(options)
-
-
+    return dict(options or {})

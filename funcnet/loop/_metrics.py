@@ -42,7 +42,7 @@ def _check_losses(run, host_metrics, epoch: int, last_step: int, on_nonfinite: s
            f" at epoch {epoch}, step {step} (the first such step fit has seen). Checkpoints "
            f"taken from now on are marked non-finite and keep= never rotates away the last "
            f"finite one; resume_from= restores that one. Lower the learning rate or check the "
-           f"data, or pass on_nonfinite='warn' or 'ignore' to train on.")
+           f"data, or pass options=FitOptions(on_nonfinite='warn' or 'ignore') to train on.")
     if run.float16():
         # The most likely cause then, and one a learning rate cannot fix: float16 overflow.
         msg += (" The loss computes in float16, whose largest value is 65504: larger "

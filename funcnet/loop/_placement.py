@@ -2,7 +2,7 @@
 
 Three placements, one class each with the same small interface (``_OneDevice``'s):
 one device (``jax.jit``), ``n`` local devices (``_Replicas``: ``jax.pmap``,
-``fit(devices=n)``), or a mesh (``_OnMesh``: ``jax.jit`` over inputs sharded on it,
+the deprecated ``fit(devices=n)``), or a mesh (``_OnMesh``: ``jax.jit`` over inputs sharded on it,
 ``fit(mesh=)``). A placement holds the state between steps, puts batches where the
 step reads them, compiles the step and reads results back; ``_compile`` asks it for
 the steps, with ``funcnet.xla``'s compiler options. What the steps read is the data
@@ -131,7 +131,7 @@ class _OneDevice:
 
 
 class _Replicas(_OneDevice):
-    """``n`` local devices (``fit(devices=n)``): the state replicated, ``jax.pmap`` steps,
+    """``n`` local devices (the deprecated ``fit(devices=n)``): the state replicated, ``jax.pmap`` steps,
     every batch split over the devices on the host."""
 
     axis_name = "batch"

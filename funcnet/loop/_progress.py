@@ -1,6 +1,6 @@
 """What ``fit`` shows of each epoch: the tqdm bar while it trains and the summary line after.
 
-``fit(progress=..., print_fn=...)`` decides; the epoch loop only moves the bar.
+``fit(progress=...)`` and ``FitOptions.print_fn`` decide; the epoch loop only moves the bar.
 """
 
 from __future__ import annotations

@@ -195,8 +195,8 @@ def resume(resume_from, missing_ok, train_state, extras):
         raise FileNotFoundError(
             f"fit: resume_from={_shown(resume_from)} holds no checkpoint "
             f"({_listing(checkpointer.directory)}). Check the path (and the backend: an orbax "
-            f"directory needs resume_from=OrbaxCheckpointer(path)), or pass missing_ok=True "
-            f"to start from scratch when there is none yet.")
+            f"directory needs resume_from=OrbaxCheckpointer(path)), or pass "
+            f"options=FitOptions(missing_ok=True) to start from scratch when there is none yet.")
     base = LoopPosition().checkpoint_tree(train_state)
     try:
         restored = _restore_extras(checkpointer, step, base, extras)
