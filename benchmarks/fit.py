@@ -77,14 +77,170 @@ def _model(weights):
     return net, tuple(params)
 
 
+def _timed(one_epoch, reps):
+    """A bare loop's row: the first epoch (with the compilation) apart, then ``reps`` epochs."""
+    t0 = time.perf_counter()
+    one_epoch()
+    first = time.perf_counter() - t0
+    return {"values": common.measure(one_epoch, reps), "extra": {"first_epoch_s": first}}
+
+
+def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
+    """The ``fit*`` peers: one ``funcnet.fit`` call of 1 + reps epochs, timed by a callback."""
+    import importlib.util
+
+    from funcnet import data
+    from funcnet import fit
+
+    # The bar is part of what fit costs a user, so it is drawn; a machine without tqdm
+    # (the GPU machines here may lack it) times fit without it, and the row says so.
+    bar = importlib.util.find_spec("tqdm") is not None
+
+    clock, sink = common.epoch_clock(), io.StringIO()
+    # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
+    # user's run does; the first epoch (with the compilation) is reported apart.
+    prefetch = None  # fit's default: no background thread on CPU
+    per_dispatch = int(peer.rpartition("-k")[2]) if "-k" in peer else None
+    if not peer.startswith("fit-device"):
+        train_data = lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)
+        prefetch = 2 if peer == "fit-thread" else None
+    else:
+        train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
+    with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
+        fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=bar,
+            log_every=10 if cfg["quick"] else 50, callbacks=[clock],
+            steps_per_dispatch=per_dispatch, prefetch=prefetch)
+    assert not bar or "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
+    epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+    extra = {"first_epoch_s": epochs[0]}
+    if not bar:
+        extra["progress_bar"] = "none: tqdm is not installed"
+    return {"values": epochs[1:], "extra": extra}
+
+
+def _pipeline_epoch(x, y, batch):
+    """fit's data work alone: shuffle-gather the host arrays and hand each batch to the
+    device, with no step. fit - train-step should be about this much."""
+    import jax
+
+    from funcnet import data
+
+    def one_epoch(epoch=[0]):
+        epoch[0] += 1
+        last = None
+        for b in data.batches((x, y), batch, shuffle=True, rng=0, epoch=epoch[0]):
+            last = jax.device_put(b)
+        common.block(last)
+    return one_epoch
+
+
+def _hand_update(tx):
+    """The step written by hand with jax + optax (workload 1's ``jax`` peer):
+    ``hand_update((params, opt_state), xb, yb) -> ((params, opt_state), loss)``."""
+    import jax
+    import optax
+
+    def hand_loss(p, xb, yb):
+        h = xb
+        for W, b in [(q["W"], q["b"]) for q in p if q][:-1]:
+            h = jax.nn.relu(h @ W + b)
+        last = [q for q in p if q][-1]
+        return optax.softmax_cross_entropy_with_integer_labels(h @ last["W"] + last["b"], yb).mean()
+
+    def hand_update(carry, xb, yb):
+        p, o = carry
+        loss, g = jax.value_and_grad(hand_loss)(p, xb, yb)
+        u, o = tx.update(g, o, p)
+        return (optax.apply_updates(p, u), o), loss
+    return hand_update
+
+
+def _scan_epoch(hand_update, carry, x, y, steps, batch, n):
+    """``jax-scan``: one jitted lax.scan over epoch 0's order, pre-shuffled and stacked on the
+    device; the same order every epoch."""
+    import jax
+    import jax.numpy as jnp
+
+    from funcnet import data
+
+    order = data.epoch_order(n, 0, 0)
+    xs = jnp.asarray(x[order].reshape(steps, batch, -1))
+    ys = jnp.asarray(y[order].reshape(steps, batch))
+    common.block((xs, ys))
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def scan_epoch(carry, xs, ys):
+        return jax.lax.scan(lambda c, b: hand_update(c, *b), carry, (xs, ys))
+
+    state = {"carry": carry}
+
+    def one_epoch():
+        c, losses_ = scan_epoch(state["carry"], xs, ys)
+        common.block(c[0])
+        state["carry"] = c
+        return losses_
+    return one_epoch
+
+
+def _shuffled_scan_epoch(hand_update, carry, x, y, steps, batch, n):
+    """``jax-scan-shuffle``: each epoch's order (fit's) sent to the device, the epoch's batches
+    gathered there from the device-resident data, then the lax.scan."""
+    import jax
+    import jax.numpy as jnp
+
+    from funcnet import data
+
+    x_dev, y_dev = jnp.asarray(x), jnp.asarray(y)
+    common.block((x_dev, y_dev))
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def shuffled_epoch(carry, x_all, y_all, order):
+        xs = x_all[order].reshape(steps, batch, -1)
+        ys = y_all[order].reshape(steps, batch)
+        return jax.lax.scan(lambda c, b: hand_update(c, *b), carry, (xs, ys))
+
+    state = {"carry": carry, "epoch": 0}
+
+    def one_epoch():
+        order = jnp.asarray(data.epoch_order(n, 0, state["epoch"]), jnp.int32)
+        c, losses_ = shuffled_epoch(state["carry"], x_dev, y_dev, order)
+        common.block(c[0])
+        state["carry"], state["epoch"] = c, state["epoch"] + 1
+        return losses_
+    return one_epoch
+
+
+def _loop_epoch(step, start, batches, params_of, spread=False):
+    """A Python loop of ``step(carry, batch)`` (``step(carry, xb, yb)`` if ``spread``) over
+    the pre-built device batches, the carry kept across epochs; each epoch ends on
+    ``params_of(carry)`` being ready. Two loops, so no per-step call is added to either."""
+    state = {"carry": start}
+
+    def one_epoch():
+        c = state["carry"]
+        for b in batches:
+            c, out = step(c, b)
+        common.block(params_of(c))
+        state["carry"] = c
+        return out
+
+    def one_epoch_spread():
+        c = state["carry"]
+        for xb, yb in batches:
+            c, out = step(c, xb, yb)
+        common.block(params_of(c))
+        state["carry"] = c
+        return out
+    return one_epoch_spread if spread else one_epoch
+
+
 def run(peer, cfg, case):
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
 
-    from funcnet import data, losses
-    from funcnet import fit
+    from funcnet import losses
     from funcnet.train import Aux, TrainState, make_train_step
 
     weights = common.mlp_weights(case["sizes"], seed=0)
@@ -106,140 +262,24 @@ def run(peer, cfg, case):
     reps = case["quick_reps"] if cfg["quick"] else case["reps"]
 
     if peer.startswith("fit"):
-        import importlib.util
-
-        # The bar is part of what fit costs a user, so it is drawn; a machine without tqdm
-        # (the GPU machines here may lack it) times fit without it, and the row says so.
-        bar = importlib.util.find_spec("tqdm") is not None
-
-        clock, sink = common.epoch_clock(), io.StringIO()
-        # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
-        # user's run does; the first epoch (with the compilation) is reported apart.
-        prefetch = None  # fit's default: no background thread on CPU
-        per_dispatch = int(peer.rpartition("-k")[2]) if "-k" in peer else None
-        if not peer.startswith("fit-device"):
-            train_data = lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)
-            prefetch = 2 if peer == "fit-thread" else None
-        else:
-            train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
-        with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
-            fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=bar,
-                log_every=10 if cfg["quick"] else 50, callbacks=[clock],
-                steps_per_dispatch=per_dispatch, prefetch=prefetch)
-        assert not bar or "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
-        epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
-        extra = {"first_epoch_s": epochs[0]}
-        if not bar:
-            extra["progress_bar"] = "none: tqdm is not installed"
-        return {"values": epochs[1:], "extra": extra}
-
+        return _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps)
     if peer == "pipeline":
-        # fit's data work alone: shuffle-gather the host arrays and hand each batch to
-        # the device, with no step. fit - train-step should be about this much.
-        def one_epoch(epoch=[0]):
-            epoch[0] += 1
-            last = None
-            for b in data.batches((x, y), batch, shuffle=True, rng=0, epoch=epoch[0]):
-                last = jax.device_put(b)
-            common.block(last)
-
-        t0 = time.perf_counter()
-        one_epoch()
-        first = time.perf_counter() - t0
-        return {"values": common.measure(one_epoch, reps), "extra": {"first_epoch_s": first}}
+        return _timed(_pipeline_epoch(x, y, batch), reps)
 
     batches = [(jnp.asarray(x[i * batch:(i + 1) * batch]), jnp.asarray(y[i * batch:(i + 1) * batch]))
                for i in range(steps)]
     common.block(batches)
-
-    def hand_loss(p, xb, yb):
-        h = xb
-        for W, b in [(q["W"], q["b"]) for q in p if q][:-1]:
-            h = jax.nn.relu(h @ W + b)
-        last = [q for q in p if q][-1]
-        return optax.softmax_cross_entropy_with_integer_labels(h @ last["W"] + last["b"], yb).mean()
-
-    def hand_update(carry, xb, yb):
-        p, o = carry
-        loss, g = jax.value_and_grad(hand_loss)(p, xb, yb)
-        u, o = tx.update(g, o, p)
-        return (optax.apply_updates(p, u), o), loss
-
+    hand_update = _hand_update(tx)
     if peer == "jax-scan":
-        order = data.epoch_order(n, 0, 0)
-        xs = jnp.asarray(x[order].reshape(steps, batch, -1))
-        ys = jnp.asarray(y[order].reshape(steps, batch))
-        common.block((xs, ys))
-
-        @functools.partial(jax.jit, donate_argnums=0)
-        def scan_epoch(carry, xs, ys):
-            return jax.lax.scan(lambda c, b: hand_update(c, *b), carry, (xs, ys))
-
-        state = {"carry": (params, tx.init(params))}
-
-        def one_epoch():
-            c, losses_ = scan_epoch(state["carry"], xs, ys)
-            common.block(c[0])
-            state["carry"] = c
-            return losses_
-
-        t0 = time.perf_counter()
-        one_epoch()
-        first = time.perf_counter() - t0
-        return {"values": common.measure(one_epoch, reps), "extra": {"first_epoch_s": first}}
-
+        return _timed(_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n), reps)
     if peer == "jax-scan-shuffle":
-        x_dev, y_dev = jnp.asarray(x), jnp.asarray(y)
-        common.block((x_dev, y_dev))
-
-        @functools.partial(jax.jit, donate_argnums=0)
-        def shuffled_epoch(carry, x_all, y_all, order):
-            xs = x_all[order].reshape(steps, batch, -1)
-            ys = y_all[order].reshape(steps, batch)
-            return jax.lax.scan(lambda c, b: hand_update(c, *b), carry, (xs, ys))
-
-        state = {"carry": (params, tx.init(params)), "epoch": 0}
-
-        def one_epoch():
-            order = jnp.asarray(data.epoch_order(n, 0, state["epoch"]), jnp.int32)
-            c, losses_ = shuffled_epoch(state["carry"], x_dev, y_dev, order)
-            common.block(c[0])
-            state["carry"], state["epoch"] = c, state["epoch"] + 1
-            return losses_
-
-        t0 = time.perf_counter()
-        one_epoch()
-        first = time.perf_counter() - t0
-        return {"values": common.measure(one_epoch, reps), "extra": {"first_epoch_s": first}}
-
+        one_epoch = _shuffled_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n)
+        return _timed(one_epoch, reps)
     if peer == "train-step":
         step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0)
-        state = {"ts": ts}
-
-        def one_epoch():
-            t = state["ts"]
-            for b in batches:
-                t, m = step(t, b)
-            common.block(t.params)
-            state["ts"] = t
-            return m
-    elif peer == "jax":
+        return _timed(_loop_epoch(step, ts, batches, lambda t: t.params), reps)
+    if peer == "jax":
         hand_step = jax.jit(hand_update, donate_argnums=0)
-
-        state = {"carry": (params, tx.init(params))}
-
-        def one_epoch():
-            c = state["carry"]
-            for xb, yb in batches:
-                c, loss = hand_step(c, xb, yb)
-            common.block(c[0])
-            state["carry"] = c
-            return loss
-    else:
-        raise ValueError(peer)
-
-    t0 = time.perf_counter()
-    one_epoch()
-    first = time.perf_counter() - t0
-    values = common.measure(one_epoch, reps)
-    return {"values": values, "extra": {"first_epoch_s": first}}
+        one_epoch = _loop_epoch(hand_step, (params, tx.init(params)), batches, lambda c: c[0], spread=True)
+        return _timed(one_epoch, reps)
+    raise ValueError(peer)

@@ -37,6 +37,73 @@ import sys
 import time
 
 
+def _mlp(tiny: bool):
+    """The MLP (``tiny``: of width 64): ``(net, input shape, batch, loss_fn, its tensor-parallel
+    rules)``, the pairs of Dense column- then row-parallel."""
+    import numpy as np
+
+    import funcnet
+    from funcnet import losses, sharding
+    from funcnet.layers import Dense, Relu
+    from funcnet.train import Aux
+
+    width, n_in, n_batch = (64, 16, 8) if tiny else (4096, 1024, 32)
+    net = funcnet.serial(Dense(width), Relu, Dense(width), Relu, Dense(width), Relu,
+                         Dense(width), Relu, Dense(10))
+    rng = np.random.default_rng(0)
+    batch = (rng.normal(size=(n_batch, n_in)).astype(np.float32),
+             rng.integers(0, 10, n_batch).astype(np.int32))
+
+    def loss_fn(params, state, b, key):
+        out, state = net.apply(params, state, b[0])
+        return losses.cross_entropy(out, b[1]), Aux(state=state)
+    tp = sharding.megatron_rules(column=["0", "4"], row=["2", "6"], fsdp_axis="data")
+    return net, (-1, n_in), batch, loss_fn, tp
+
+
+def _gpt(tiny: bool):
+    """nanoGPT's GPU Shakespeare GPT (``tiny``: 1 layer of 16 features), as :func:`_mlp`."""
+    import numpy as np
+
+    from funcnet import losses, sharding
+    from funcnet.models import GPT
+    from funcnet.train import Aux
+
+    block, n_layer, n_head, n_embd, n_b = (8, 1, 2, 16, 8) if tiny else (64, 6, 6, 384, 16)
+    net = GPT(vocab_size=65, block_size=block, n_layer=n_layer, n_head=n_head,
+              n_embd=n_embd, bias=False)
+    rng = np.random.default_rng(0)
+    batch = tuple(rng.integers(0, 65, (n_b, block)).astype(np.int32) for _ in range(2))
+
+    def loss_fn(params, state, b, key):
+        logits, state = net.apply(params, state, b[0])
+        return (losses.cross_entropy(logits.reshape(-1, 65), b[1].reshape(-1)),
+                Aux(state=state))
+    return net, (-1, block), batch, loss_fn, sharding.megatron_rules(fsdp_axis="data")
+
+
+def _time_steps(step, state, placed_batch, mesh, steps: int):
+    """The step compiled on ``mesh`` (the state donated), run once, then timed ``steps`` times:
+    ``(compile seconds, memory_analysis(), step seconds, last metrics)``."""
+    import jax
+
+    with jax.set_mesh(mesh):
+        jitted = jax.jit(step, donate_argnums=0)
+        t0 = time.perf_counter()
+        compiled = jitted.lower(state, placed_batch).compile()
+        compile_s = time.perf_counter() - t0
+        mem = compiled.memory_analysis()
+        state, m = compiled(state, placed_batch)
+        jax.block_until_ready(m)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            state, m = compiled(state, placed_batch)
+            jax.block_until_ready(m)
+            times.append(time.perf_counter() - t0)
+    return compile_s, mem, times, m
+
+
 def _child(devices: int, models, steps: int, tiny: bool = False) -> list:
     """The rows for ``devices`` devices (this process must have them): one per model and
     layout, each also printed as a JSON line."""
@@ -45,43 +112,13 @@ def _child(devices: int, models, steps: int, tiny: bool = False) -> list:
     import optax
 
     import funcnet
-    from funcnet import distributed, losses, sharding
-    from funcnet.layers import Dense, Relu
-    from funcnet.models import GPT
-    from funcnet.train import Aux, TrainState, make_train_step
+    from funcnet import distributed, sharding
+    from funcnet.train import TrainState, make_train_step
 
-    width, n_in, n_batch = (64, 16, 8) if tiny else (4096, 1024, 32)
     min_size = 0 if tiny else 2 ** 14   # fsdp_rules' default
-
-    def mlp():
-        net = funcnet.serial(Dense(width), Relu, Dense(width), Relu, Dense(width), Relu,
-                             Dense(width), Relu, Dense(10))
-        rng = np.random.default_rng(0)
-        batch = (rng.normal(size=(n_batch, n_in)).astype(np.float32),
-                 rng.integers(0, 10, n_batch).astype(np.int32))
-
-        def loss_fn(params, state, b, key):
-            out, state = net.apply(params, state, b[0])
-            return losses.cross_entropy(out, b[1]), Aux(state=state)
-        tp = sharding.megatron_rules(column=["0", "4"], row=["2", "6"], fsdp_axis="data")
-        return net, (-1, n_in), batch, loss_fn, tp
-
-    def gpt():
-        block, n_layer, n_head, n_embd, n_b = (8, 1, 2, 16, 8) if tiny else (64, 6, 6, 384, 16)
-        net = GPT(vocab_size=65, block_size=block, n_layer=n_layer, n_head=n_head,
-                  n_embd=n_embd, bias=False)
-        rng = np.random.default_rng(0)
-        batch = tuple(rng.integers(0, 65, (n_b, block)).astype(np.int32) for _ in range(2))
-
-        def loss_fn(params, state, b, key):
-            logits, state = net.apply(params, state, b[0])
-            return (losses.cross_entropy(logits.reshape(-1, 65), b[1].reshape(-1)),
-                    Aux(state=state))
-        return net, (-1, block), batch, loss_fn, sharding.megatron_rules(fsdp_axis="data")
-
     rows = []
     for name in models:
-        net, shape, batch, loss_fn, tp_rules = {"mlp": mlp, "gpt": gpt}[name]()
+        net, shape, batch, loss_fn, tp_rules = {"mlp": _mlp, "gpt": _gpt}[name](tiny)
         opt = optax.adam(1e-4)
         ts = TrainState.create(net, opt, jax.random.key(0), shape)
         n_params = funcnet.count(ts.params)
@@ -101,20 +138,9 @@ def _child(devices: int, models, steps: int, tiny: bool = False) -> list:
             held = sharding.explain(state, print_fn=None)
             base = base or held.bytes_per_device
             placed_batch = distributed.shard_batch(mesh, batch)
-            with jax.set_mesh(mesh):
-                jitted = jax.jit(step, donate_argnums=0)
-                t0 = time.perf_counter()
-                compiled = jitted.lower(state, placed_batch).compile()
-                compile_s = time.perf_counter() - t0
-                mem = compiled.memory_analysis()
-                state, m = compiled(state, placed_batch)
-                jax.block_until_ready(m)
-                times = []
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    state, m = compiled(state, placed_batch)
-                    jax.block_until_ready(m)
-                    times.append(time.perf_counter() - t0)
+            # donated: the compiled step took its buffers, and the last state is dropped there
+            compile_s, mem, times, m = _time_steps(step, state, placed_batch, mesh, steps)
+            del state
             rows.append({
                 "devices": devices, "model": name, "params": n_params, "layout": layout,
                 "state_bytes_per_device": held.bytes_per_device,
@@ -127,7 +153,6 @@ def _child(devices: int, models, steps: int, tiny: bool = False) -> list:
                 "loss": float(m["loss"]),
             })
             print(json.dumps(rows[-1]), flush=True)
-            del state
     return rows
 
 

@@ -450,24 +450,9 @@ def estimate_mfu(args, n_params, dt):
     return flops_per_iter / dt / (args.peak_tflops * 1e12)
 
 
-def main(argv=None):
-    args = refuse_bad_args(parse_args(argv))
-    platform, capability = device_platform()
-    args.dtype = args.dtype or default_dtype(platform, capability)
-    chars, train_ids, val_ids = check_block_size(args, encode_splits(load_text(args.data)))
-    net, optimizer = build(args, len(chars))
-    ts, draws, sample_key = start(args, net, optimizer, len(chars), len(train_ids), len(val_ids))
-    if args.rng == "torch" and args.dropout > 0:
-        print(f"note: --rng=torch with --dropout={args.dropout}: nanoGPT's init and first "
-              "batches; its dropout draws from the torch generator between batches and that "
-              "is not reproduced, so the later batches are not nanoGPT's", file=sys.stderr)
-    mesh = make_mesh(args)
-    draws = Draws(*map(jnp.asarray, draws))
-    if mesh is not None:  # the state and the text on every device, each batch split
-        ts, train_ids, val_ids, draws = distributed.replicate_on(
-            mesh, (ts, train_ids, val_ids, draws))
-    split = (lambda b: b) if mesh is None else (
-        lambda b: jax.sharding.reshard(b, NamedSharding(mesh, PartitionSpec("data"))))
+def print_setup(args, ts, platform) -> int:
+    """train.py's first lines (the parameter count without the position table, as nanoGPT
+    counts them), the dtype and the attention path; the parameter count, for the MFU."""
     n_params = sum(x.size for x in jax.tree.leaves(ts.params)) - ts.params["body"]["pos"]["E"].size
     print(f"number of parameters: {n_params / 1e6:.2f}M")
     print(f"dtype: {args.dtype}" if args.dtype == "float32" else
@@ -475,7 +460,12 @@ def main(argv=None):
           "and residual stream" + (", dynamic loss scaling" if args.dtype == "float16" else ""))
     print("attention: " + attention_path(platform, args.dtype, args.n_embd // args.n_head,
                                          args.dropout)[1])
+    return n_params
 
+
+def compile_train_steps(args, net, optimizer, ts, train_ids, draws, split):
+    """``(train_steps, k)``: ``train_steps(ts, it)`` makes updates it .. it + k - 1 in one
+    dispatch (a lax.scan) and gives their losses."""
     def loss_fn(params, state, batch, rng):
         x, y = batch
         logits, state = net.apply(params, state, x, rng=rng, train=True)
@@ -486,7 +476,6 @@ def main(argv=None):
     k = steps_per_dispatch(args)
 
     def train_steps(ts, it):
-        """Updates it .. it + k - 1 in one dispatch (a lax.scan); their losses."""
         def body(ts, i):
             batch = split(get_batch(train_ids, draws.train[it + i], args.block_size))
             ts, metrics = step(ts, batch)
@@ -498,10 +487,14 @@ def main(argv=None):
     t_compile = time.perf_counter()
     train_steps = jax.jit(train_steps, donate_argnums=0).lower(ts, 0).compile()
     print(f"compile: {time.perf_counter() - t_compile:.1f} s")
+    return train_steps, k
 
+
+def make_estimate_loss(args, net, train_ids, val_ids, draws, split):
+    """``estimate_loss(params, e)``: the mean loss over eval_iters batches of each split (the
+    e-th evaluation's draws), without dropout."""
     @jax.jit
     def estimate_loss(params, e):
-        """Mean loss over eval_iters batches of each split, without dropout."""
         def split_loss(data, starts):
             def one(starts):
                 x, y = split(get_batch(data, starts, args.block_size))
@@ -509,7 +502,13 @@ def main(argv=None):
                 return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             return jnp.mean(jax.lax.map(one, starts))
         return split_loss(train_ids, draws.evals[e, 0]), split_loss(val_ids, draws.evals[e, 1])
+    return estimate_loss
 
+
+def train_loop(args, ts, train_steps, k, estimate_loss, n_params):
+    """train.py's loop: an evaluation every eval_interval iterations, an iter line (loss,
+    time per update, MFU) every log_interval; ``(ts, history)``, history's rows
+    ``(iter, train loss, val loss)``."""
     history, in_flight, running_mfu = [], distributed.InFlight(), -1.0
     t_start = t0 = time.perf_counter()
     # train.py also evaluates at max_iters (then makes one more update, which changes nothing
@@ -536,17 +535,47 @@ def main(argv=None):
             t0 = now
     in_flight.wait()
     print(f"training took {time.perf_counter() - t_start:.1f} s")
+    return ts, history
 
-    sample = ""
-    if args.sample_tokens:
-        prompt = jnp.zeros((1, 1), jnp.int32)  # sample.py starts from "\n", id 0
-        tokens = jax.jit(generate, static_argnames=("net", "max_new_tokens", "temperature",
-                                                     "top_k", "window"))(
-            net, jax.device_get(ts.params), (), prompt, args.sample_tokens, rng=sample_key,
-            temperature=0.8, top_k=200, window=args.block_size)
-        sample = "".join(chars[i] for i in np.asarray(tokens[0]))
-        print(sample)
-    return history, sample, ts
+
+def sample_text(args, net, params, chars, sample_key) -> str:
+    """sample.py's sample: ``args.sample_tokens`` characters after "\\n" (id 0), temperature
+    0.8, top-k 200; printed and returned ("" for none)."""
+    if not args.sample_tokens:
+        return ""
+    prompt = jnp.zeros((1, 1), jnp.int32)  # sample.py starts from "\n", id 0
+    tokens = jax.jit(generate, static_argnames=("net", "max_new_tokens", "temperature",
+                                                 "top_k", "window"))(
+        net, jax.device_get(params), (), prompt, args.sample_tokens, rng=sample_key,
+        temperature=0.8, top_k=200, window=args.block_size)
+    sample = "".join(chars[i] for i in np.asarray(tokens[0]))
+    print(sample)
+    return sample
+
+
+def main(argv=None):
+    args = refuse_bad_args(parse_args(argv))
+    platform, capability = device_platform()
+    args.dtype = args.dtype or default_dtype(platform, capability)
+    chars, train_ids, val_ids = check_block_size(args, encode_splits(load_text(args.data)))
+    net, optimizer = build(args, len(chars))
+    ts, draws, sample_key = start(args, net, optimizer, len(chars), len(train_ids), len(val_ids))
+    if args.rng == "torch" and args.dropout > 0:
+        print(f"note: --rng=torch with --dropout={args.dropout}: nanoGPT's init and first "
+              "batches; its dropout draws from the torch generator between batches and that "
+              "is not reproduced, so the later batches are not nanoGPT's", file=sys.stderr)
+    mesh = make_mesh(args)
+    draws = Draws(*map(jnp.asarray, draws))
+    if mesh is not None:  # the state and the text on every device, each batch split
+        ts, train_ids, val_ids, draws = distributed.replicate_on(
+            mesh, (ts, train_ids, val_ids, draws))
+    split = (lambda b: b) if mesh is None else (
+        lambda b: jax.sharding.reshard(b, NamedSharding(mesh, PartitionSpec("data"))))
+    n_params = print_setup(args, ts, platform)
+    train_steps, k = compile_train_steps(args, net, optimizer, ts, train_ids, draws, split)
+    estimate_loss = make_estimate_loss(args, net, train_ids, val_ids, draws, split)
+    ts, history = train_loop(args, ts, train_steps, k, estimate_loss, n_params)
+    return history, sample_text(args, net, ts.params, chars, sample_key), ts
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ def test_avgpool_options_match_torch():
                   F.avg_pool2d(t[..., None], *a)[..., 0])
         else:
             fn = (lambda t, n=n, a=(window, stride, pad, ceil, include),
-                  d=[divisor] if n > 1 else []: getattr(F, f"avg_pool{n}d")(t, *a, *d))
+                  d=([divisor] if n > 1 else []): getattr(F, f"avg_pool{n}d")(t, *a, *d))
         make = lambda a=(window, stride, pad, include), c=ceil, d=divisor: AvgPool(
             *a, ceil_mode=c, divisor_override=d)
         refusal = _torch_refusal(fn, x)

@@ -229,13 +229,9 @@ def Conv(out_chan: int, filter_shape: Sequence[int],
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
     W_init = checks.initializer(name, "W_init", W_init) or initializers.torch_default()
     b_init = checks.initializer(name, "b_init", b_init)
-    implementation = checks.one_of(name, "implementation", implementation,
-                                   ("auto", "xla", "patches", "chunked"))
+    implementation, patches_ok = _implementation(name, implementation, groups,
+                                                 (lhs_spec, rhs_spec, out_spec))
     padding_mode = checks.one_of(name, "padding_mode", padding_mode, tuple(_PADDING_MODES))
-    patches_ok = groups == 1 and (lhs_spec, rhs_spec, out_spec) == _DEFAULT_SPECS[n]
-    if implementation == "patches" and not patches_ok:
-        raise ValueError(f"{name}: implementation='patches' needs the default channels-last "
-                         f"layout and feature_group_count=1; use 'xla' or 'auto'.")
 
     def pads_at(i, size):
         """``(low, high)`` padding of the i-th spatial axis (kernel-spec order)."""
@@ -260,9 +256,9 @@ def Conv(out_chan: int, filter_shape: Sequence[int],
         if in_chan % groups:
             raise ValueError(f"{name}: feature_group_count={groups} must divide the input "
                              f"channels, got {in_chan} channels (input shape {shape}).")
-        params = _init_params(rng, W_init, b_init, filter_shape + (in_chan // groups, out_chan),
-                              perm, math.prod(filter_shape) * (in_chan // groups), use_bias,
-                              out_chan)
+        canonical = filter_shape + (in_chan // groups, out_chan)  # (*k, in / groups, out)
+        fan_in = math.prod(canonical[:-1])
+        params = _init_params(rng, W_init, b_init, canonical, perm, fan_in, use_bias, out_chan)
         return out_shape(shape), params, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
@@ -287,6 +283,18 @@ def Conv(out_chan: int, filter_shape: Sequence[int],
         return _add_bias(out, params, out_spec), state
 
     return named(name, init, apply)
+
+
+def _implementation(name: str, implementation: str, groups: int, specs) -> tuple:
+    """``Conv``'s ``implementation``, checked, and whether the patches path can run at all
+    (the default channels-last layout and one group only)."""
+    implementation = checks.one_of(name, "implementation", implementation,
+                                   ("auto", "xla", "patches", "chunked"))
+    patches_ok = groups == 1 and tuple(specs) == _DEFAULT_SPECS[len(specs[0]) - 2]
+    if implementation == "patches" and not patches_ok:
+        raise ValueError(f"{name}: implementation='patches' needs the default channels-last "
+                         f"layout and feature_group_count=1; use 'xla' or 'auto'.")
+    return implementation, patches_ok
 
 
 # PyTorch's padding modes and the jnp.pad mode that fills the padding the same way.
@@ -429,6 +437,42 @@ def _transpose_pads(k: int, s: int, pad) -> tuple:
     return low, total - low
 
 
+def _check_transpose_options(name: str, out_chan: int, groups: int, padding_mode, n: int) -> None:
+    """``ConvTranspose``'s refusals of what torch's ``ConvTranspose*d`` refuses too: groups
+    that do not divide the output channels, a ``padding_mode`` other than zeros."""
+    if out_chan % groups:
+        raise ArgumentError(f"{name}: feature_group_count={groups} must divide out_chan="
+                            f"{out_chan}, as torch's groups must divide out_channels; use "
+                            f"a divisor of {out_chan} or change out_chan.")
+    if padding_mode != "zeros":
+        raise ArgumentError(f"{name}: padding_mode must be 'zeros', got {padding_mode!r}: as "
+                            f"in torch (\"Only \"zeros\" padding mode is supported for "
+                            f"ConvTranspose{n}d\"), a transposed convolution pads with zeros "
+                            f"only. Drop padding_mode, or pad the input with jnp.pad first.")
+
+
+def _transpose_lax_pads(window, strides, padding, output_padding) -> tuple:
+    """Per axis, the ``(low, high)`` padding of the stride-dilated input: lax.conv_transpose's
+    use_consistent_padding rule, with ``output_padding`` taken off the forward conv's high side."""
+    pads = (padding,) * len(window) if isinstance(padding, str) else padding
+    return tuple(_transpose_pads(k, s, p if isinstance(p, str) else (p[0], p[1] - op))
+                 for k, s, p, op in zip(window, strides, pads, output_padding))
+
+
+def _transpose_kernel(W, to_canonical, groups: int):
+    """The kernel XLA's forward convolution needs for ``ConvTranspose``: ``W`` moved to the
+    canonical ``(*k, in, out/g)`` layout and flipped spatially; with groups, regrouped to
+    ``(*k, in/g, out)``, as XLA's grouped convolution reads group j's kernel from output
+    channels ``[j*out/g, (j+1)*out/g)`` and contracts ``in/g`` inputs."""
+    n = W.ndim - 2
+    K = jnp.flip(jnp.transpose(W, to_canonical), tuple(range(n)))
+    if groups == 1:
+        return K
+    k_in, k_out = K.shape[n:]
+    K = K.reshape(K.shape[:n] + (groups, k_in // groups, k_out))
+    return jnp.swapaxes(K, n, n + 1).reshape(K.shape[:n] + (k_in // groups, groups * k_out))
+
+
 def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
                   strides: Optional[int | Sequence[int]] = None,
                   padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
@@ -530,15 +574,7 @@ def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
     padding = normalize_padding(name, padding, n, strings=("VALID", "SAME"))
     output_padding = _output_padding(name, output_padding, padding, strides, dilation)
     groups = checks.positive_int(name, "feature_group_count", feature_group_count)
-    if out_chan % groups:
-        raise ArgumentError(f"{name}: feature_group_count={groups} must divide out_chan="
-                            f"{out_chan}, as torch's groups must divide out_channels; use "
-                            f"a divisor of {out_chan} or change out_chan.")
-    if padding_mode != "zeros":
-        raise ArgumentError(f"{name}: padding_mode must be 'zeros', got {padding_mode!r}: as "
-                            f"in torch (\"Only \"zeros\" padding mode is supported for "
-                            f"ConvTranspose{n}d\"), a transposed convolution pads with zeros "
-                            f"only. Drop padding_mode, or pad the input with jnp.pad first.")
+    _check_transpose_options(name, out_chan, groups, padding_mode, n)
     lhs_spec, rhs_spec, out_spec = _specs(name, dimension_numbers, n)
     spatial = _spatial(rhs_spec, "OI")
     perm = _layout_perm(spatial, rhs_spec, "I", "O")
@@ -546,12 +582,7 @@ def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
     canonical_spec = "".join(spatial) + "IO"
     c_axis = lhs_spec.index("C")
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
-    # Padding of the stride-dilated input: lax.conv_transpose's use_consistent_padding
-    # rule, with output_padding taken off the forward conv's high side.
-    lax_pads = tuple(_transpose_pads(k, s, p if isinstance(p, str) else (p[0], p[1] - op))
-                     for k, s, p, op in zip(window, strides, (padding,) * n
-                                            if isinstance(padding, str) else padding,
-                                            output_padding))
+    lax_pads = _transpose_lax_pads(window, strides, padding, output_padding)
     W_init = (checks.initializer(name, "W_init", W_init)
               or initializers.torch_default(in_axis=-1, out_axis=-2))
     b_init = checks.initializer(name, "b_init", b_init)
@@ -572,10 +603,9 @@ def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
             raise ArgumentError(f"{name}: feature_group_count={groups} must divide the input "
                                 f"channels, got {in_chan} channels (input shape {shape}), as "
                                 f"torch's groups must divide in_channels.")
-        params = _init_params(rng, W_init, b_init,
-                              filter_shape + (in_chan, out_chan // groups), perm,
-                              math.prod(filter_shape) * (out_chan // groups), use_bias,
-                              out_chan)
+        canonical = filter_shape + (in_chan, out_chan // groups)  # (*k, in, out / groups)
+        fan_in = math.prod(filter_shape) * (out_chan // groups)  # torch reads it off the out axis
+        params = _init_params(rng, W_init, b_init, canonical, perm, fan_in, use_bias, out_chan)
         return out_shape(shape), params, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
@@ -586,13 +616,7 @@ def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
                     what="channels")
         out_shape(tuple(inputs.shape))
         dtype = jnp.result_type(inputs, W)
-        K = jnp.flip(jnp.transpose(W.astype(dtype), to_canonical), tuple(range(n)))
-        if groups > 1:
-            # (*k, in, out/g) -> (*k, in/g, out): XLA's grouped convolution reads group j's
-            # kernel from output channels [j*out/g, (j+1)*out/g) and contracts in/g inputs.
-            k_in, k_out = K.shape[n:]
-            K = K.reshape(K.shape[:n] + (groups, k_in // groups, k_out))
-            K = jnp.swapaxes(K, n, n + 1).reshape(K.shape[:n] + (k_in // groups, groups * k_out))
+        K = _transpose_kernel(W.astype(dtype), to_canonical, groups)
         out = lax.conv_general_dilated(
             inputs.astype(dtype), K, (1,) * n, lax_pads, lhs_dilation=strides,
             rhs_dilation=dilation, dimension_numbers=(lhs_spec, canonical_spec, out_spec),
