@@ -91,6 +91,7 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
 
     from funcnet import data
     from funcnet import fit
+    from funcnet.loop import FitOptions
 
     # The bar is part of what fit costs a user, so it is drawn; a machine without tqdm
     # (the GPU machines here may lack it) times fit without it, and the row says so.
@@ -107,9 +108,10 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     else:
         train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
     with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
-        fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=bar,
-            log_every=10 if cfg["quick"] else 50, callbacks=[clock],
-            steps_per_dispatch=per_dispatch, prefetch=prefetch)
+        options = FitOptions(log_every=10 if cfg["quick"] else 50,
+                             steps_per_dispatch=per_dispatch, prefetch=prefetch)
+        fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=bar, callbacks=[clock],
+            options=options)
     assert not bar or "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
     epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
     extra = {"first_epoch_s": epochs[0]}

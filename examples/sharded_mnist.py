@@ -84,8 +84,7 @@ def main(argv=None):
     train = data.DeviceData((x_train, y_train), args.batch_size, shuffle=True, rng=args.seed)
     test = lambda epoch: data.batches((x_test, y_test), 1000)  # noqa: E731
     ts, history = funcnet.fit(ts, loss_fn, optimizer, train, epochs=args.epochs, mesh=mesh,
-                              eval_data=test, eval_fn=eval_fn, metric=accuracy,
-                              print_fn=None)
+                              eval_data=test, eval_fn=eval_fn, metric=accuracy)
     for logs in history:
         print(f"epoch {logs['epoch'] + 1}: loss {logs['loss']:.4f}, test accuracy "
               f"{100 * logs['eval_metric']:.2f}%, {logs['seconds']:.1f} s")
