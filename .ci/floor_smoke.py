@@ -17,8 +17,16 @@ from funcnet import layers, losses, sharding  # noqa: E402
 
 
 def main():
-    print("jax", jax.__version__, "jaxlib", jax.lib.__version__ if hasattr(jax.lib, "__version__")
-          else "?", "optax", optax.__version__, "funcnet", funcnet.__version__)
+    print(
+        "jax",
+        jax.__version__,
+        "jaxlib",
+        jax.lib.__version__ if hasattr(jax.lib, "__version__") else "?",
+        "optax",
+        optax.__version__,
+        "funcnet",
+        funcnet.__version__,
+    )
     net = funcnet.serial(layers.Dense(64), layers.Relu, layers.LayerNorm(), layers.Dense(10))
     opt = optax.sgd(0.1)
     ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 32))
@@ -28,8 +36,7 @@ def main():
         return losses.cross_entropy(logits, batch["y"]), funcnet.Aux(state=state)
 
     rng = np.random.default_rng(0)
-    batch = {"x": rng.normal(size=(16, 32)).astype(np.float32),
-             "y": rng.integers(0, 10, size=16).astype(np.int32)}
+    batch = {"x": rng.normal(size=(16, 32)).astype(np.float32), "y": rng.integers(0, 10, size=16).astype(np.int32)}
     step = jax.jit(funcnet.make_train_step(loss_fn, opt))
     one, metrics = step(ts, batch)
     assert np.isfinite(float(metrics["loss"])), metrics
@@ -37,8 +44,7 @@ def main():
     mesh = jax.make_mesh((2,), ("data",))
     placed = sharding.shard_params(ts, mesh, sharding.fsdp_rules("data", min_size=0))
     with jax.set_mesh(mesh):
-        two, _ = jax.jit(funcnet.make_train_step(loss_fn, opt))(
-            placed, funcnet.distributed.shard_batch(mesh, batch))
+        two, _ = jax.jit(funcnet.make_train_step(loss_fn, opt))(placed, funcnet.distributed.shard_batch(mesh, batch))
     for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 

@@ -43,6 +43,7 @@ from pathlib import Path
 # check-dist: the wheel and the sdist
 # --------------------------------------------------------------------------- #
 
+
 def _package_data(repo: Path) -> tuple:
     """The file names pyproject.toml's ``[tool.setuptools.package-data]`` lists for funcnet."""
     with open(repo / "pyproject.toml", "rb") as f:
@@ -51,22 +52,31 @@ def _package_data(repo: Path) -> tuple:
 
 def _package_files(repo: Path) -> set:
     """funcnet's files in the tree, as git sees them (tracked, or new and not ignored)."""
-    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard", "funcnet"],
-                         check=True, capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard", "funcnet"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     return {f for f in out if f.endswith(".py") or Path(f).name in _package_data(repo)}
 
 
 def build(repo: Path, dist: Path) -> None:
     """``python -m build`` (sdist, then the wheel from it) on a clean copy of ``repo``; then check_dist."""
-    files = subprocess.run(["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard", "-z"],
-                           check=True, capture_output=True, text=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard", "-z"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
     with tempfile.TemporaryDirectory() as tmp:
         for name in filter(None, files):
             if (repo / name).is_file():  # a tracked file deleted in the work tree is not copied
                 (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(repo / name, Path(tmp) / name)
-        subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), tmp], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "build", "--outdir", str(dist), tmp], check=True, stdout=subprocess.DEVNULL
+        )
     check_dist(dist, repo)
 
 
@@ -89,17 +99,21 @@ def check_dist(dist: Path, repo: Path) -> None:
     assert not leaked, f"sdist: repository-only files {leaked[:5]}... (MANIFEST.in prunes them)"
     subpackages = sorted({n.split("/")[1] for n in in_pkg if n.count("/") == 2})
     data = sorted(n for n in in_pkg if not n.endswith(".py"))
-    print(f"check-dist: {wheel.name} {wheel.stat().st_size / 1e3:.0f} kB, {len(in_pkg)} files in funcnet/ "
-          f"(subpackages {', '.join(subpackages)}; data files {', '.join(data) or 'none'}); "
-          f"{sdist.name} {sdist.stat().st_size / 1e3:.0f} kB, {len(members)} entries")
+    print(
+        f"check-dist: {wheel.name} {wheel.stat().st_size / 1e3:.0f} kB, {len(in_pkg)} files in funcnet/ "
+        f"(subpackages {', '.join(subpackages)}; data files {', '.join(data) or 'none'}); "
+        f"{sdist.name} {sdist.stat().st_size / 1e3:.0f} kB, {len(members)} entries"
+    )
 
 
 # --------------------------------------------------------------------------- #
 # smoke: the installed wheel
 # --------------------------------------------------------------------------- #
 
+
 def _import_everything():
     import funcnet
+
     where = Path(funcnet.__file__).resolve()
     assert "site-packages" in where.parts, f"funcnet comes from {where}, not the installed wheel"
     modules = [m.name for m in pkgutil.walk_packages(funcnet.__path__, "funcnet.")]
@@ -115,6 +129,7 @@ def _train_step():
 
     import funcnet
     from funcnet import layers, losses
+
     net = funcnet.serial(layers.Dense(32), layers.BatchNorm(), layers.Relu, layers.Dense(10))
     opt = optax.adam(1e-2)
     ts = funcnet.TrainState.create(net, opt, jax.random.key(0), (-1, 16))
@@ -142,39 +157,44 @@ def _extras(net, ts, tmp: Path):
 
     import funcnet
     from funcnet import callbacks, checkpoint, interop
+
     x = jax.random.normal(jax.random.key(1), (5, 16))
     predict = funcnet.make_predict_fn(net, ts.params, ts.state)
-    funcnet.inference.export(net, ts.params, ts.state, (-1, 16), tmp / "model.fnx")            # [export]
+    funcnet.inference.export(net, ts.params, ts.state, (-1, 16), tmp / "model.fnx")  # [export]
     assert jnp.array_equal(funcnet.inference.load_exported(tmp / "model.fnx")(x), predict(x))
-    interop.save_safetensors(tmp / "model.safetensors", ts.params, ts.state)                      # [safetensors]
+    interop.save_safetensors(tmp / "model.safetensors", ts.params, ts.state)  # [safetensors]
     params, state = interop.load_safetensors(tmp / "model.safetensors", ts.params, ts.state)
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ts.params)))
-    ckptr = checkpoint.OrbaxCheckpointer(tmp / "orbax")                                           # [orbax]
+    ckptr = checkpoint.OrbaxCheckpointer(tmp / "orbax")  # [orbax]
     ckptr.save(1, {"params": ts.params, "state": ts.state})
     ckptr.wait()
     back = ckptr.restore({"params": ts.params, "state": ts.state})
     ckptr.close()
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves((ts.params, ts.state))))
-    logger = callbacks.TensorBoardLogger(tmp / "tb")                                              # [tensorboard]
+    logger = callbacks.TensorBoardLogger(tmp / "tb")  # [tensorboard]
 
     def loss_fn(params, state, batch, rng):
         return jnp.mean(net.apply(params, state, batch, rng=rng, train=True)[0] ** 2), funcnet.Aux(state=state)
 
-    funcnet.fit(ts, loss_fn, optax.adam(1e-2), [np.ones((4, 16), np.float32)] * 2, callbacks=[logger],
-                progress=False)
+    funcnet.fit(ts, loss_fn, optax.adam(1e-2), [np.ones((4, 16), np.float32)] * 2, callbacks=[logger], progress=False)
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp / "tb").iterdir())
-    import matplotlib                                                                             # [examples]
+    import matplotlib  # [examples]
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import tqdm  # noqa: F401
+
     plt.plot([0, 1]), plt.savefig(tmp / "plot.png"), plt.close("all")
-    print("smoke: export + load_exported, save/load_safetensors, OrbaxCheckpointer, TensorBoardLogger, "
-          "matplotlib + tqdm: ok")
+    print(
+        "smoke: export + load_exported, save/load_safetensors, OrbaxCheckpointer, TensorBoardLogger, "
+        "matplotlib + tqdm: ok"
+    )
 
 
 @contextlib.contextmanager
 def _serve(directory: Path):
     """An http.server on 127.0.0.1 serving ``directory`` from a thread; yields its base URL."""
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -197,6 +217,7 @@ def _closed_port() -> int:
 
 def _mnist(mnist_dir: Path, tmp: Path):
     from funcnet.datasets import mnist
+
     os.environ.pop("FUNCNET_DATA_DIR", None)
     os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
     cache = tmp / "cache" / "funcnet" / "mnist"
@@ -219,8 +240,13 @@ def _mnist(mnist_dir: Path, tmp: Path):
         msg, took = str(e), time.perf_counter() - start
     else:
         raise AssertionError("mnist.load found MNIST with an empty cache and no mirror")
-    for part in ("t10k-images-idx3-ubyte", str(tmp / "empty-cache"), "FUNCNET_MNIST_MIRRORS", "data_dir",
-                 "FUNCNET_DATA_DIR"):
+    for part in (
+        "t10k-images-idx3-ubyte",
+        str(tmp / "empty-cache"),
+        "FUNCNET_MNIST_MIRRORS",
+        "data_dir",
+        "FUNCNET_DATA_DIR",
+    ):
         assert part in msg, f"the offline error does not name {part!r}:\n{msg}"
     assert took < 5, f"the offline error took {took:.1f} s"
     print(f"smoke: offline, MNISTNotFoundError in {took:.2f} s:\n  " + msg.replace("\n", "\n  "))

@@ -44,8 +44,10 @@ def python_loop(centers, feats, labels, alpha=ALPHA):
 def run(peer, cfg, case):
     centers, feats, labels = _inputs(case)
     if peer == "python-loop":
+
         def call():
             return python_loop(centers, feats, labels)
+
         loss, new = call()
     elif peer == "funcnet":
         import jax
@@ -57,6 +59,7 @@ def run(peer, cfg, case):
 
         def call():
             return jax.block_until_ready(fn(c, f, l))
+
         loss, new = call()
     else:
         raise ValueError(peer)
@@ -69,5 +72,4 @@ def run(peer, cfg, case):
 
     call()
     values = [t / inner for t in common.measure(block, reps)]
-    return {"values": values, "extra": {"loss": float(loss),
-                                        "centers_sum": float(np.asarray(new, np.float64).sum())}}
+    return {"values": values, "extra": {"loss": float(loss), "centers_sum": float(np.asarray(new, np.float64).sum())}}

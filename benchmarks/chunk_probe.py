@@ -23,18 +23,20 @@ from jax import lax
 
 
 def conv(x, w, padding="VALID"):
-    sp = "HWD"[:x.ndim - 2]
+    sp = "HWD"[: x.ndim - 2]
     dn = ("N" + sp + "C", sp + "IO", "N" + sp + "C")
     return lax.conv_general_dilated(x, w, (1,) * (x.ndim - 2), padding, dimension_numbers=dn)
 
 
 def of_size(c, padding):
     """conv over slices of c examples (the last one shorter), concatenated."""
+
     def f(x, w):
         n = x.shape[0]
         if n <= c:
             return conv(x, w, padding)
-        return jnp.concatenate([conv(x[i:i + c], w, padding) for i in range(0, n, c)])
+        return jnp.concatenate([conv(x[i : i + c], w, padding) for i in range(0, n, c)])
+
     return f
 
 
@@ -100,8 +102,7 @@ def shapes_table(reps):
             out = g(x, w)
             if ref is None:
                 ref = out
-            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-2),
-                         out, ref)
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-2), out, ref)
             row.append(f"{median_ms(g, x, w, reps=reps):.1f}")
         print(f"| {xs} | {ws} | " + " | ".join(row) + " |", flush=True)
 
@@ -111,8 +112,9 @@ def main(argv=None):
     p.add_argument("--ops", action="store_true", help="only the conv2 per-op table")
     p.add_argument("--shapes", action="store_true", help="only the shapes table")
     p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--rounds", type=int, default=1,
-                   help="repeat the tables (run-to-run noise on a shared VM is 10-30%%)")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="repeat the tables (run-to-run noise on a shared VM is 10-30%%)"
+    )
     args = p.parse_args(argv)
     both = not (args.ops or args.shapes)
     for _ in range(args.rounds):

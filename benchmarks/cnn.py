@@ -46,6 +46,7 @@ K = 5  # kernel size of both convolutions
 # Convolution and pooling formulations (NHWC, HWIO)
 # --------------------------------------------------------------------------- #
 
+
 def _shifted(x, kh, kw):
     """``(N, H-kh+1, W-kw+1, kh*kw*C)``: patch features ordered (i, j, c), matching HWIO.
 
@@ -53,10 +54,11 @@ def _shifted(x, kh, kw):
     XLA:CPU runs ~3x faster than one concatenation of kh*kw shifted slices.
     """
     import jax.numpy as jnp
+
     n, h, w, c = x.shape
     ho, wo = h - kh + 1, w - kw + 1
-    cols = jnp.concatenate([x[:, :, j:j + wo, :] for j in range(kw)], axis=-1)  # (N, H, Wo, kw*C)
-    return jnp.concatenate([cols[:, i:i + ho] for i in range(kh)], axis=-1)
+    cols = jnp.concatenate([x[:, :, j : j + wo, :] for j in range(kw)], axis=-1)  # (N, H, Wo, kw*C)
+    return jnp.concatenate([cols[:, i : i + ho] for i in range(kh)], axis=-1)
 
 
 def im2col_conv(x, W):
@@ -73,11 +75,12 @@ def rows_conv(x, W):
     than full im2col; autodiff gives matmuls plus shifted adds.
     """
     import jax.numpy as jnp
+
     kh, kw, c, o = W.shape
     n, h, w, _ = x.shape
     ho, wo = h - kh + 1, w - kw + 1
-    cols = jnp.concatenate([x[:, :, j:j + wo, :] for j in range(kw)], axis=-1)
-    return sum(cols[:, i:i + ho] @ W[i].reshape(kw * c, o) for i in range(kh))
+    cols = jnp.concatenate([x[:, :, j : j + wo, :] for j in range(kw)], axis=-1)
+    return sum(cols[:, i : i + ho] @ W[i].reshape(kw * c, o) for i in range(kh))
 
 
 def patches_conv(x, W):
@@ -86,9 +89,9 @@ def patches_conv(x, W):
     The patch features are ordered (c, i, j), so the HWIO kernel is moved to (I, H, W, O).
     """
     from jax import lax
+
     kh, kw, c, o = W.shape
-    p = lax.conv_general_dilated_patches(x, (kh, kw), (1, 1), "VALID",
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    p = lax.conv_general_dilated_patches(x, (kh, kw), (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
     return p @ W.transpose(2, 0, 1, 3).reshape(c * kh * kw, o)
 
 
@@ -150,7 +153,7 @@ def _make_conv_fastdx():
         dx = jnp.zeros(x.shape, dy.dtype)
         for i in range(kh):
             for j in range(kw):
-                dx = dx.at[:, i:i + ho, j:j + wo, :].add(dy @ W[i, j].T)
+                dx = dx.at[:, i : i + ho, j : j + wo, :].add(dy @ W[i, j].T)
         return dx, dW
 
     conv.defvjp(fwd, bwd)
@@ -170,6 +173,7 @@ def conv_fastdx(x, W):
 
 def xla_conv(x, W):
     from jax import lax
+
     return lax.conv_general_dilated(x, W, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
@@ -178,6 +182,7 @@ def maxpool_reduce_window(x):
     is XLA's select-and-scatter."""
     import jax.numpy as jnp
     from jax import lax
+
     return lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
 
 
@@ -192,6 +197,7 @@ def maxpool_reshape_first(x):
     maximum of each window (torch's and select-and-scatter's tie rule), still elementwise."""
     import jax
     import jax.numpy as jnp
+
     n, h, w, c = x.shape
     win = x.reshape(n, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 5, 2, 4).reshape(n, h // 2, w // 2, c, 4)
     first = jax.nn.one_hot(jnp.argmax(win, axis=-1), 4, dtype=x.dtype)
@@ -202,15 +208,20 @@ def maxpool_reshape_first(x):
 # Weights and data
 # --------------------------------------------------------------------------- #
 
+
 def cnn_weights(seed: int = 0):
     """NHWC-model weights: conv kernels HWIO, dense kernels (in, out); PyTorch default init."""
     rng = np.random.default_rng(seed)
     u = common.torch_default_uniform
     return {
-        "W1": u(rng, (K, K, 1, 32), K * K * 1), "b1": u(rng, (32,), K * K * 1),
-        "W2": u(rng, (K, K, 32, 64), K * K * 32), "b2": u(rng, (64,), K * K * 32),
-        "W3": u(rng, (4 * 4 * 64, 128), 4 * 4 * 64), "b3": u(rng, (128,), 4 * 4 * 64),
-        "W4": u(rng, (128, 10), 128), "b4": u(rng, (10,), 128),
+        "W1": u(rng, (K, K, 1, 32), K * K * 1),
+        "b1": u(rng, (32,), K * K * 1),
+        "W2": u(rng, (K, K, 32, 64), K * K * 32),
+        "b2": u(rng, (64,), K * K * 32),
+        "W3": u(rng, (4 * 4 * 64, 128), 4 * 4 * 64),
+        "b3": u(rng, (128,), 4 * 4 * 64),
+        "W4": u(rng, (128, 10), 128),
+        "b4": u(rng, (10,), 128),
     }
 
 
@@ -227,6 +238,7 @@ def to_channels_first(w):
 # JAX peers
 # --------------------------------------------------------------------------- #
 
+
 def _hand_forward(conv, pool, channels_first=False):
     import jax
 
@@ -235,8 +247,7 @@ def _hand_forward(conv, pool, channels_first=False):
             from jax import lax
 
             def conv_(x, W):
-                return lax.conv_general_dilated(x, W, (1, 1), "VALID",
-                                                dimension_numbers=("NCHW", "OIHW", "NCHW"))
+                return lax.conv_general_dilated(x, W, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW"))
 
             def pool_(x):
                 return lax.reduce_window(x, -jax.numpy.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
@@ -269,8 +280,10 @@ def Im2colConv(out_chan, filter_shape):
     def init(rng, input_shape):
         n, h, w, c = input_shape
         k1, k2 = jax.random.split(rng)
-        params = {"W": initializers.torch_default()(k1, (kh, kw, c, out_chan), jnp.float32),
-                  "b": initializers.torch_default_bias(kh * kw * c)(k2, (out_chan,), jnp.float32)}
+        params = {
+            "W": initializers.torch_default()(k1, (kh, kw, c, out_chan), jnp.float32),
+            "b": initializers.torch_default_bias(kh * kw * c)(k2, (out_chan,), jnp.float32),
+        }
         return (n, h - kh + 1, w - kw + 1, out_chan), params, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
@@ -290,13 +303,10 @@ def _funcnet_model(weights, im2col=False, conv_impl=("auto", "auto"), bf16=False
     from funcnet.layers.pooling import MaxPool
     from funcnet.layers.shape import Flatten
 
-    C1, C2 = ((Im2colConv,) * 2 if im2col else
-              [functools.partial(Conv, implementation=impl) for impl in conv_impl])
+    C1, C2 = (Im2colConv,) * 2 if im2col else [functools.partial(Conv, implementation=impl) for impl in conv_impl]
     P = lambda: MaxPool((2, 2))  # window == stride: funcnet's reshape + argmax path
-    net = serial(C1(32, (K, K)), Relu, P(), C2(64, (K, K)), Relu, P(),
-                 Flatten, Dense(128), Relu, Dense(10))
-    init, apply = (precision.apply_policy(net, "params=float32,compute=bfloat16,output=float32")
-                   if bf16 else net)
+    net = serial(C1(32, (K, K)), Relu, P(), C2(64, (K, K)), Relu, P(), Flatten, Dense(128), Relu, Dense(10))
+    init, apply = precision.apply_policy(net, "params=float32,compute=bfloat16,output=float32") if bf16 else net
     # Only the tree structure is needed (the shared weights replace the drawn ones), so
     # init is traced abstractly rather than run op by op.
     params, state = jax.eval_shape(lambda k: init(k, (-1, 28, 28, 1))[1:], jax.random.PRNGKey(0))
@@ -333,10 +343,10 @@ def _jax_peer(peer, cfg, case):
     if peer.startswith("funcnet"):
         from funcnet import xla
 
-        conv_impl = {"funcnet-xlaconv": ("xla", "xla"),
-                     "funcnet-unchunked": ("auto", "xla")}.get(peer, ("auto", "auto"))
-        params, forward = _funcnet_model(w, im2col="im2col" in peer, conv_impl=conv_impl,
-                                         bf16=peer == "funcnet-bf16")
+        conv_impl = {"funcnet-xlaconv": ("xla", "xla"), "funcnet-unchunked": ("auto", "xla")}.get(
+            peer, ("auto", "auto")
+        )
+        params, forward = _funcnet_model(w, im2col="im2col" in peer, conv_impl=conv_impl, bf16=peer == "funcnet-bf16")
         # "funcnet" (and its bf16 form) is compiled as fit compiles its steps; the other
         # funcnet peers are the plain jax.jit policy and its alternatives
         jit = xla.jit if peer in ("funcnet", "funcnet-bf16") else None
@@ -350,8 +360,7 @@ def _jax_peer(peer, cfg, case):
         xs = xs.transpose(0, 1, 4, 2, 3).copy()
     batches = [(jnp.asarray(x), jnp.asarray(y)) for x, y in zip(xs, ys)]
     jax.block_until_ready(batches)
-    return _steps_benchmark(cfg, case, carry, step, batches,
-                            jax.block_until_ready, float)
+    return _steps_benchmark(cfg, case, carry, step, batches, jax.block_until_ready, float)
 
 
 def _torch_peer(peer, cfg, case):
@@ -359,12 +368,22 @@ def _torch_peer(peer, cfg, case):
     from torch import nn
 
     w = to_channels_first(cnn_weights())
-    model = nn.Sequential(nn.Conv2d(1, 32, K), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(32, 64, K), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                          nn.Linear(1024, 128), nn.ReLU(), nn.Linear(128, 10))
+    model = nn.Sequential(
+        nn.Conv2d(1, 32, K),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, K),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(1024, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
     with torch.no_grad():
-        for layer, (wn, bn) in zip([model[0], model[3], model[7], model[9]],
-                                   [("W1", "b1"), ("W2", "b2"), ("W3", "b3"), ("W4", "b4")]):
+        for layer, (wn, bn) in zip(
+            [model[0], model[3], model[7], model[9]], [("W1", "b1"), ("W2", "b2"), ("W3", "b3"), ("W4", "b4")]
+        ):
             W = w[wn] if layer.weight.ndim == 4 else w[wn].T
             layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(W)))
             layer.bias.copy_(torch.from_numpy(w[bn]))
@@ -373,12 +392,15 @@ def _torch_peer(peer, cfg, case):
     opt = torch.optim.Adam(model.parameters(), lr=case["lr"])
     step = common.torch_step(model, opt, common.torch_autocast(peer, device))
     xs, ys = common.mnist_like_batches(case["batch"], 8, seed=1, image=True)
-    batches = [(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device),
-                torch.from_numpy(y).long().to(device)) for x, y in zip(xs, ys)]
+    batches = [
+        (torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device), torch.from_numpy(y).long().to(device))
+        for x, y in zip(xs, ys)
+    ]
     common.torch_sync(device)
 
-    return _steps_benchmark(cfg, case, None, step, batches, lambda x: common.torch_sync(device),
-                            lambda t: float(t.item()))
+    return _steps_benchmark(
+        cfg, case, None, step, batches, lambda x: common.torch_sync(device), lambda t: float(t.item())
+    )
 
 
 def _steps_benchmark(cfg, case, carry, step, batches, sync, to_float):
@@ -404,8 +426,10 @@ def _steps_benchmark(cfg, case, carry, step, batches, sync, to_float):
         sync((carry, loss))
 
     values = [t / n for t in common.measure(block, case["reps"])]
-    return {"values": values, "extra": {"first_step_s": first_step, "loss_first": loss_first,
-                                        "loss_last": to_float(loss)}}
+    return {
+        "values": values,
+        "extra": {"first_step_s": first_step, "loss_first": loss_first, "loss_last": to_float(loss)},
+    }
 
 
 def run(peer, cfg, case):

@@ -32,6 +32,7 @@ BATCH_POOL = 32
 # Timing
 # --------------------------------------------------------------------------- #
 
+
 def measure(run_once: Callable[[], object], reps: int) -> List[float]:
     """Wall-clock seconds of ``reps`` calls of ``run_once``; it must block until its work is done."""
     out = []
@@ -49,6 +50,7 @@ def summary(values: Sequence[float]) -> Dict[str, float]:
 def block(tree):
     """``jax.block_until_ready`` on a pytree (imported lazily: children only)."""
     import jax
+
     return jax.block_until_ready(tree)
 
 
@@ -62,6 +64,7 @@ def torch_sync(device: str) -> None:
     read without this would time the launches, not the work."""
     if device == "cuda":
         import torch
+
         torch.cuda.synchronize()
 
 
@@ -71,6 +74,7 @@ def torch_autocast(peer: str, device: str):
     if not peer.endswith("-bf16"):
         return contextlib.nullcontext
     import torch
+
     return lambda: torch.autocast(device, dtype=torch.bfloat16)
 
 
@@ -78,12 +82,12 @@ def torch_autocast(peer: str, device: str):
 # Data and weights shared by every peer
 # --------------------------------------------------------------------------- #
 
+
 def steps_per_epoch(batch: int) -> int:
     return MNIST_TRAIN // batch
 
 
-def mnist_like_batches(batch: int, n_batches: int, seed: int = 0, image: bool = False,
-                       classes: int = 10):
+def mnist_like_batches(batch: int, n_batches: int, seed: int = 0, image: bool = False, classes: int = 10):
     """``n_batches`` synthetic MNIST-shaped batches: pixels ``U[0, 1)``, labels uniform.
 
     Returns ``xs`` of shape ``(n, batch, 784)`` (or ``(n, batch, 28, 28, 1)`` when
@@ -109,13 +113,16 @@ def mlp_weights(sizes: Sequence[int], seed: int = 0):
     peers start from the same point and their first-step losses must agree.
     """
     rng = np.random.default_rng(seed)
-    return [(torch_default_uniform(rng, (i, o), i), torch_default_uniform(rng, (o,), i))
-            for i, o in zip(sizes[:-1], sizes[1:])]
+    return [
+        (torch_default_uniform(rng, (i, o), i), torch_default_uniform(rng, (o,), i))
+        for i, o in zip(sizes[:-1], sizes[1:])
+    ]
 
 
 # --------------------------------------------------------------------------- #
 # Machine and versions
 # --------------------------------------------------------------------------- #
+
 
 def cpu_info() -> Dict[str, object]:
     model, flags = "unknown", set()
@@ -131,19 +138,32 @@ def cpu_info() -> Dict[str, object]:
     except OSError:
         pass
     isa = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
-    return {"model": model, "logical_cpus": os.cpu_count(),
-            "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "isa": isa, "platform": platform.platform()}
+    return {
+        "model": model,
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "isa": isa,
+        "platform": platform.platform(),
+    }
 
 
 # Listed only where installed: the CUDA builds of jax and the libraries the GPU peers load.
-GPU_PACKAGES = ("jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt",
-                "nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cublas-cu12", "triton")
+GPU_PACKAGES = (
+    "jax-cuda13-plugin",
+    "jax-cuda13-pjrt",
+    "jax-cuda12-plugin",
+    "jax-cuda12-pjrt",
+    "nvidia-cudnn-cu13",
+    "nvidia-cudnn-cu12",
+    "nvidia-cublas-cu12",
+    "triton",
+)
 
 
 def package_versions() -> Dict[str, str]:
     """Versions from package metadata: no package is imported."""
     from importlib import metadata
+
     out = {"python": platform.python_version()}
     for name in ("funcnet", "jax", "jaxlib", "optax", "flax", "dm-haiku", "equinox", "torch", "numpy"):
         try:
@@ -185,11 +205,16 @@ def probe_jax() -> Dict[str, object]:
     from jax._src import lib as jax_lib
 
     devices = jax.devices()
-    out = {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
-           "device_count": len(devices), "device_kind": devices[0].device_kind,
-           "platform": devices[0].platform,
-           # None: XLA's default, which on NVIDIA GPUs from Ampere on is TF32 for float32 dots
-           "jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+    out = {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "backend": jax.default_backend(),
+        "device_count": len(devices),
+        "device_kind": devices[0].device_kind,
+        "platform": devices[0].platform,
+        # None: XLA's default, which on NVIDIA GPUs from Ampere on is TF32 for float32 dots
+        "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+    }
     if getattr(devices[0], "compute_capability", None):  # GPU devices only
         out["compute_capability"] = str(devices[0].compute_capability)
     versions = getattr(jax_lib, "cuda_versions", None)
@@ -206,8 +231,13 @@ def probe_jax() -> Dict[str, object]:
 def probe_torch() -> Dict[str, object]:
     """What torch sees: version, CUDA and cuDNN builds, the GPU, its TF32 defaults."""
     import torch
-    out = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
-           "cuda_build": torch.version.cuda, "cudnn_version": None}
+
+    out = {
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_build": torch.version.cuda,
+        "cudnn_version": None,
+    }
     with contextlib.suppress(Exception):
         v = torch.backends.cudnn.version()  # None on a CPU build
         out["cudnn_version"] = _cudnn_version(v) if v else None
@@ -224,10 +254,13 @@ def torch_f32_settings() -> Dict[str, object]:
     on its own: newer torch deprecates the ``allow_tf32`` flags for ``fp32_precision`` and
     may refuse a read that mixes the two APIs, which is then recorded, not raised."""
     import torch
-    reads = {"float32_matmul_precision": lambda: torch.get_float32_matmul_precision(),
-             "matmul.allow_tf32": lambda: bool(torch.backends.cuda.matmul.allow_tf32),
-             "cudnn.allow_tf32": lambda: bool(torch.backends.cudnn.allow_tf32),
-             "matmul.fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision}
+
+    reads = {
+        "float32_matmul_precision": lambda: torch.get_float32_matmul_precision(),
+        "matmul.allow_tf32": lambda: bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn.allow_tf32": lambda: bool(torch.backends.cudnn.allow_tf32),
+        "matmul.fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision,
+    }
     out = {}
     for key, read in reads.items():
         try:
@@ -248,8 +281,7 @@ def _probe_main(kind: str) -> None:
     print(PROBE_TAG + json.dumps(out, default=str), flush=True)
 
 
-def device_probe(platform_name: str, timeout: float = 120,
-                 env: Optional[Dict[str, str]] = None) -> Dict[str, Dict]:
+def device_probe(platform_name: str, timeout: float = 120, env: Optional[Dict[str, str]] = None) -> Dict[str, Dict]:
     """``{"jax": {...}, "torch": {...}}``: each probe run in a fresh child process with
     ``JAX_PLATFORMS`` for ``platform_name`` ("cuda" for "gpu"); a failure is its ``error``."""
     env = dict(os.environ if env is None else env)
@@ -260,14 +292,16 @@ def device_probe(platform_name: str, timeout: float = 120,
     for kind in ("jax", "torch"):
         cmd = [sys.executable, "-c", f"from benchmarks import common; common._probe_main({kind!r})"]
         try:
-            proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True,
-                                  timeout=timeout)
+            proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             out[kind] = {"error": f"timed out after {timeout:.0f} s"}
             continue
         line = next((l for l in proc.stdout.splitlines() if l.startswith(PROBE_TAG)), None)
-        out[kind] = (json.loads(line[len(PROBE_TAG):]) if line else
-                     {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][-300:]})
+        out[kind] = (
+            json.loads(line[len(PROBE_TAG) :])
+            if line
+            else {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][-300:]}
+        )
     return out
 
 
@@ -277,10 +311,12 @@ def device_summary(probe: Dict[str, Dict]) -> Dict[str, str]:
     if "error" in j:
         jax_dev = f"jax: unavailable ({j['error']})"
     else:
-        jax_dev = (f"jax: {j.get('device_kind')} x{j.get('device_count')} "
-                   f"(backend {j.get('backend')}"
-                   + (f", compute capability {j['compute_capability']}" if "compute_capability" in j else "")
-                   + ")")
+        jax_dev = (
+            f"jax: {j.get('device_kind')} x{j.get('device_count')} "
+            f"(backend {j.get('backend')}"
+            + (f", compute capability {j['compute_capability']}" if "compute_capability" in j else "")
+            + ")"
+        )
     if "error" in t:
         torch_dev = f"torch: unavailable ({t['error']})"
     elif t.get("cuda_available"):
@@ -289,13 +325,13 @@ def device_summary(probe: Dict[str, Dict]) -> Dict[str, str]:
         torch_dev = "torch: no CUDA device (CPU)"
     cuda = []
     if "cuda_runtime_version" in j or "cudnn_version" in j:
-        cuda.append(f"jax: CUDA runtime {j.get('cuda_runtime_version', '?')}, driver "
-                    f"{j.get('cuda_driver_version', '?')}, cuDNN {j.get('cudnn_version', '?')}")
+        cuda.append(
+            f"jax: CUDA runtime {j.get('cuda_runtime_version', '?')}, driver "
+            f"{j.get('cuda_driver_version', '?')}, cuDNN {j.get('cudnn_version', '?')}"
+        )
     if t.get("cuda_build") or t.get("cudnn_version"):
-        cuda.append(f"torch: CUDA {t.get('cuda_build') or 'none (CPU build)'}, "
-                    f"cuDNN {t.get('cudnn_version')}")
-    return {"device": "; ".join((jax_dev, torch_dev)),
-            "cuda": "; ".join(cuda) or "n/a (no CUDA build found)"}
+        cuda.append(f"torch: CUDA {t.get('cuda_build') or 'none (CPU build)'}, cuDNN {t.get('cudnn_version')}")
+    return {"device": "; ".join((jax_dev, torch_dev)), "cuda": "; ".join(cuda) or "n/a (no CUDA build found)"}
 
 
 def epoch_clock():
@@ -344,6 +380,7 @@ def torch_step(model, opt, autocast=contextlib.nullcontext):
     """The PyTorch peers' shared eager step: zero grads, CE forward (under ``autocast()``),
     backward, optimizer step."""
     from torch import nn
+
     loss_fn = nn.CrossEntropyLoss()
 
     def step(carry, x, y):

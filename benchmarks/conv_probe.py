@@ -43,8 +43,9 @@ def probe_jax(batch, reps):
         x = jnp.asarray(rng.random((batch, h, w, c), dtype=np.float32))
         W = jnp.asarray(rng.standard_normal((5, 5, c, o), dtype=np.float32) * 0.1)
         convs = {
-            "xla-nhwc": lambda x, W: lax.conv_general_dilated(x, W, (1, 1), "VALID",
-                                                              dimension_numbers=("NHWC", "HWIO", "NHWC")),
+            "xla-nhwc": lambda x, W: lax.conv_general_dilated(
+                x, W, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            ),
             "xla-nchw": None,
             "im2col-slices": lambda x, W: cnn.im2col_conv(x, W),
             "rows": lambda x, W: cnn.rows_conv(x, W),
@@ -55,8 +56,9 @@ def probe_jax(batch, reps):
             if variant == "xla-nchw":
                 xin = jnp.transpose(x, (0, 3, 1, 2))
                 Win = jnp.transpose(W, (3, 2, 0, 1))
-                f = lambda x, W: lax.conv_general_dilated(x, W, (1, 1), "VALID",
-                                                          dimension_numbers=("NCHW", "OIHW", "NCHW"))
+                f = lambda x, W: lax.conv_general_dilated(
+                    x, W, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW")
+                )
             else:
                 xin, Win = x, W
             y = jax.jit(f)(xin, Win)
@@ -64,21 +66,35 @@ def probe_jax(batch, reps):
             fwd = jax.jit(f)
             dx = jax.jit(lambda x, W, dy: jax.vjp(lambda x: f(x, W), x)[1](dy)[0])
             dw = jax.jit(lambda x, W, dy: jax.vjp(lambda W: f(x, W), W)[1](dy)[0])
-            rows.append((name, variant,
-                         _median_ms(lambda: fwd(xin, Win).block_until_ready(), reps),
-                         _median_ms(lambda: dx(xin, Win, dy).block_until_ready(), reps),
-                         _median_ms(lambda: dw(xin, Win, dy).block_until_ready(), reps)))
+            rows.append(
+                (
+                    name,
+                    variant,
+                    _median_ms(lambda: fwd(xin, Win).block_until_ready(), reps),
+                    _median_ms(lambda: dx(xin, Win, dy).block_until_ready(), reps),
+                    _median_ms(lambda: dw(xin, Win, dy).block_until_ready(), reps),
+                )
+            )
     for name, (h, c) in {"pool1": (24, 32), "pool2": (8, 64)}.items():
         x = jnp.asarray(rng.random((batch, h, h, c), dtype=np.float32))
-        for variant, f in {"reduce_window": cnn.maxpool_reduce_window,
-                           "reshape-max": cnn.maxpool_reshape,
-                           "reshape-firstmax": cnn.maxpool_reshape_first}.items():
+        for variant, f in {
+            "reduce_window": cnn.maxpool_reduce_window,
+            "reshape-max": cnn.maxpool_reshape,
+            "reshape-firstmax": cnn.maxpool_reshape_first,
+        }.items():
             fwd = jax.jit(f)
             y = fwd(x)
             dy = jnp.ones_like(y)
             bwd = jax.jit(lambda x, dy: jax.vjp(f, x)[1](dy)[0])
-            rows.append((name, variant, _median_ms(lambda: fwd(x).block_until_ready(), reps),
-                         _median_ms(lambda: bwd(x, dy).block_until_ready(), reps), float("nan")))
+            rows.append(
+                (
+                    name,
+                    variant,
+                    _median_ms(lambda: fwd(x).block_until_ready(), reps),
+                    _median_ms(lambda: bwd(x, dy).block_until_ready(), reps),
+                    float("nan"),
+                )
+            )
     return rows
 
 
@@ -95,13 +111,18 @@ def probe_torch(batch, reps):
         dy = torch.ones_like(y)
 
         def back(mask):
-            return torch.ops.aten.convolution_backward(dy, x, W, None, [1, 1], [0, 0], [1, 1], False,
-                                                       [0, 0], 1, mask)
+            return torch.ops.aten.convolution_backward(dy, x, W, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, mask)
 
         with torch.no_grad():
-            rows.append((name, "torch-nchw", _median_ms(lambda: F.conv2d(x, W), reps),
-                         _median_ms(lambda: back([True, False, False]), reps),
-                         _median_ms(lambda: back([False, True, False]), reps)))
+            rows.append(
+                (
+                    name,
+                    "torch-nchw",
+                    _median_ms(lambda: F.conv2d(x, W), reps),
+                    _median_ms(lambda: back([True, False, False]), reps),
+                    _median_ms(lambda: back([False, True, False]), reps),
+                )
+            )
     for name, (h, c) in {"pool1": (24, 32), "pool2": (8, 64)}.items():
         x = torch.from_numpy(rng.random((batch, c, h, h), dtype=np.float32)).requires_grad_()
 

@@ -108,10 +108,8 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     else:
         train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
     with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
-        options = FitOptions(log_every=10 if cfg["quick"] else 50,
-                             steps_per_dispatch=per_dispatch, prefetch=prefetch)
-        fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=bar, callbacks=[clock],
-            options=options)
+        options = FitOptions(log_every=10 if cfg["quick"] else 50, steps_per_dispatch=per_dispatch, prefetch=prefetch)
+        fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=bar, callbacks=[clock], options=options)
     assert not bar or "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
     epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
     extra = {"first_epoch_s": epochs[0]}
@@ -133,6 +131,7 @@ def _pipeline_epoch(x, y, batch):
         for b in data.batches((x, y), batch, shuffle=True, rng=0, epoch=epoch[0]):
             last = jax.device_put(b)
         common.block(last)
+
     return one_epoch
 
 
@@ -154,6 +153,7 @@ def _hand_update(tx):
         loss, g = jax.value_and_grad(hand_loss)(p, xb, yb)
         u, o = tx.update(g, o, p)
         return (optax.apply_updates(p, u), o), loss
+
     return hand_update
 
 
@@ -181,6 +181,7 @@ def _scan_epoch(hand_update, carry, x, y, steps, batch, n):
         common.block(c[0])
         state["carry"] = c
         return losses_
+
     return one_epoch
 
 
@@ -209,6 +210,7 @@ def _shuffled_scan_epoch(hand_update, carry, x, y, steps, batch, n):
         common.block(c[0])
         state["carry"], state["epoch"] = c, state["epoch"] + 1
         return losses_
+
     return one_epoch
 
 
@@ -233,6 +235,7 @@ def _loop_epoch(step, start, batches, params_of, spread=False):
         common.block(params_of(c))
         state["carry"] = c
         return out
+
     return one_epoch_spread if spread else one_epoch
 
 
@@ -259,8 +262,7 @@ def run(peer, cfg, case):
         logits, s = net.apply(p, s, b[0], rng=key, train=True)
         return losses.cross_entropy(logits, b[1]), Aux(state=s)
 
-    ts = TrainState(params, ((),) * len(params), tx.init(params), jnp.zeros((), jnp.int32),
-                    jax.random.key(0))
+    ts = TrainState(params, ((),) * len(params), tx.init(params), jnp.zeros((), jnp.int32), jax.random.key(0))
     reps = case["quick_reps"] if cfg["quick"] else case["reps"]
 
     if peer.startswith("fit"):
@@ -268,8 +270,9 @@ def run(peer, cfg, case):
     if peer == "pipeline":
         return _timed(_pipeline_epoch(x, y, batch), reps)
 
-    batches = [(jnp.asarray(x[i * batch:(i + 1) * batch]), jnp.asarray(y[i * batch:(i + 1) * batch]))
-               for i in range(steps)]
+    batches = [
+        (jnp.asarray(x[i * batch : (i + 1) * batch]), jnp.asarray(y[i * batch : (i + 1) * batch])) for i in range(steps)
+    ]
     common.block(batches)
     hand_update = _hand_update(tx)
     if peer == "jax-scan":

@@ -49,16 +49,41 @@ LOOP_K = 10  # fit-device-loop's steps per dispatch (each case's steps are a mul
 def _flax_cnn_funcnet():
     from funcnet.combinators import serial
     from funcnet.layers import AvgPool, BatchNorm, Conv, Dense, Dropout, Flatten, Relu
-    return serial(Conv(32, (3, 3), padding="SAME"), Dropout(0.025), BatchNorm(), Relu,
-                  AvgPool((2, 2), (2, 2)), Conv(64, (3, 3), padding="SAME"), BatchNorm(), Relu,
-                  AvgPool((2, 2), (2, 2)), Flatten, Dense(256), Dropout(0.025), Relu, Dense(10))
+
+    return serial(
+        Conv(32, (3, 3), padding="SAME"),
+        Dropout(0.025),
+        BatchNorm(),
+        Relu,
+        AvgPool((2, 2), (2, 2)),
+        Conv(64, (3, 3), padding="SAME"),
+        BatchNorm(),
+        Relu,
+        AvgPool((2, 2), (2, 2)),
+        Flatten,
+        Dense(256),
+        Dropout(0.025),
+        Relu,
+        Dense(10),
+    )
 
 
 def _lenet_funcnet():
     from funcnet.combinators import serial
     from funcnet.layers import Conv, Dense, Flatten, MaxPool, Relu
-    return serial(Conv(32, (5, 5)), Relu, MaxPool((2, 2), (2, 2)), Conv(64, (5, 5)), Relu,
-                  MaxPool((2, 2), (2, 2)), Flatten, Dense(128), Relu, Dense(10))
+
+    return serial(
+        Conv(32, (5, 5)),
+        Relu,
+        MaxPool((2, 2), (2, 2)),
+        Conv(64, (5, 5)),
+        Relu,
+        MaxPool((2, 2), (2, 2)),
+        Flatten,
+        Dense(128),
+        Relu,
+        Dense(10),
+    )
 
 
 def _setup(case, steps):
@@ -73,25 +98,23 @@ def _setup(case, steps):
     n = steps * case["batch"]
     if case["net"] == "gpt":
         from funcnet.models import GPT
+
         net = GPT(65, 64, n_layer=4, n_head=4, n_embd=128, bias=False)
         opt = optax.adamw(1e-3, b1=0.9, b2=0.99, weight_decay=0.1)
         text = rng.integers(0, 65, n * 65 + 1).astype(np.int32)
         starts = rng.integers(0, len(text) - 65, n)
-        windows = np.stack([text[s:s + 65] for s in starts])
+        windows = np.stack([text[s : s + 65] for s in starts])
         xy = (windows[:, :-1], windows[:, 1:])
         in_shape = (64,)
     else:
         net = _flax_cnn_funcnet() if case["net"] == "flax-cnn" else _lenet_funcnet()
-        opt = (optax.sgd(0.05, momentum=0.9) if case["net"] == "flax-cnn"
-               else optax.adam(1e-3))
-        xy = (rng.random((n, 28, 28, 1), dtype=np.float32),
-              rng.integers(0, 10, n).astype(np.int32))
+        opt = optax.sgd(0.05, momentum=0.9) if case["net"] == "flax-cnn" else optax.adam(1e-3)
+        xy = (rng.random((n, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32))
         in_shape = (28, 28, 1)
 
     def loss_fn(params, state, batch, key):
         logits, state = net.apply(params, state, batch[0], rng=key, train=True)
-        return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                    batch[1].reshape(-1)), Aux(state=state)
+        return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[1].reshape(-1)), Aux(state=state)
 
     return net, opt, in_shape, loss_fn, xy
 
@@ -131,13 +154,22 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
         train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
     clock = common.epoch_clock()
     with contextlib.redirect_stderr(io.StringIO()):
-        fit(ts, loss_fn, opt, train_data, epochs=1 + reps, callbacks=[clock],
+        fit(
+            ts,
+            loss_fn,
+            opt,
+            train_data,
+            epochs=1 + reps,
+            callbacks=[clock],
             progress=importlib.util.find_spec("tqdm") is not None,
             options=FitOptions(
                 log_every=LOOP_K,
                 steps_per_dispatch=LOOP_K if peer == "fit-device-loop" else None,
-                compiler_options={"fit-device-options": xla.compiler_options(),
-                                  "fit-device-plain": None}.get(peer, "auto")))
+                compiler_options={"fit-device-options": xla.compiler_options(), "fit-device-plain": None}.get(
+                    peer, "auto"
+                ),
+            ),
+        )
     epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
     return epochs[1:], epochs[0]
 
@@ -145,9 +177,11 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
 def _device_batches(x, y, batch):
     import jax.numpy as jnp
     from funcnet import data
+
     order = data.epoch_order(len(x), 0, 0)
-    out = [(jnp.asarray(x[order[i:i + batch]]), jnp.asarray(y[order[i:i + batch]]))
-           for i in range(0, len(x), batch)]
+    out = [
+        (jnp.asarray(x[order[i : i + batch]]), jnp.asarray(y[order[i : i + batch]])) for i in range(0, len(x), batch)
+    ]
     common.block(out)
     return out
 
@@ -203,6 +237,7 @@ def _flax_epoch(ts, loss_fn, opt, x, y, batch):
     def train_step(model, optimizer, xb, yb):
         def loss(model):
             return optax.softmax_cross_entropy_with_integer_labels(model(xb), yb).mean()
+
         value, grads = nnx.value_and_grad(loss)(model)
         optimizer.update(model, grads)
         return value

@@ -38,9 +38,14 @@ def _weights(case, seed=0):
     E, L = case["n_embd"], case["n_layer"]
     n = lambda *s, std=0.02: (rng.standard_normal(s) * std).astype(np.float32)  # noqa: E731
     proj = 0.02 / math.sqrt(2 * L)
-    return {"wte": n(VOCAB, E), "wpe": n(case["block"], E),
-            "blocks": [dict(c_attn=n(3 * E, E), attn_proj=n(E, E, std=proj), c_fc=n(4 * E, E),
-                            mlp_proj=n(E, 4 * E, std=proj)) for _ in range(L)]}
+    return {
+        "wte": n(VOCAB, E),
+        "wpe": n(case["block"], E),
+        "blocks": [
+            dict(c_attn=n(3 * E, E), attn_proj=n(E, E, std=proj), c_fc=n(4 * E, E), mlp_proj=n(E, 4 * E, std=proj))
+            for _ in range(L)
+        ],
+    }
 
 
 def _data(case):
@@ -50,7 +55,7 @@ def _data(case):
 def _windows(data, case, step):
     rng = np.random.default_rng(1000 + step)
     starts = rng.integers(0, len(data) - case["block"] - 1, case["batch"])
-    w = np.stack([data[i:i + case["block"] + 1] for i in starts])
+    w = np.stack([data[i : i + case["block"] + 1] for i in starts])
     return w[:, :-1], w[:, 1:]
 
 
@@ -69,35 +74,49 @@ def _time(run_steps, first_steps, case, cfg):
 # JAX peers
 # --------------------------------------------------------------------------- #
 
+
 def _funcnet_params(w, case, scan):
     import jax.numpy as jnp
+
     E = case["n_embd"]
     blocks = []
     for b in w["blocks"]:
         qkv = b["c_attn"]
-        attn = {n: {"W": jnp.asarray(qkv[i * E:(i + 1) * E].T)}
-                for i, n in enumerate(("query", "key", "value"))}
+        attn = {n: {"W": jnp.asarray(qkv[i * E : (i + 1) * E].T)} for i, n in enumerate(("query", "key", "value"))}
         attn["out"] = {"W": jnp.asarray(b["attn_proj"].T)}
-        blocks.append({"attn": {"norm": {"scale": jnp.ones(E)}, "attn": attn, "drop": ()},
-                       "mlp": {"norm": {"scale": jnp.ones(E)}, "fc": {"W": jnp.asarray(b["c_fc"].T)}, "act": (),
-                               "proj": {"W": jnp.asarray(b["mlp_proj"].T)}, "drop": ()}})
+        blocks.append(
+            {
+                "attn": {"norm": {"scale": jnp.ones(E)}, "attn": attn, "drop": ()},
+                "mlp": {
+                    "norm": {"scale": jnp.ones(E)},
+                    "fc": {"W": jnp.asarray(b["c_fc"].T)},
+                    "act": (),
+                    "proj": {"W": jnp.asarray(b["mlp_proj"].T)},
+                    "drop": (),
+                },
+            }
+        )
     if scan:
         import jax
+
         blocks = jax.tree.map(lambda *a: jnp.stack(a), *blocks)
     else:
         blocks = tuple(blocks)
-    return {"E": jnp.asarray(w["wte"]),
-            "body": {"pos": {"E": jnp.asarray(w["wpe"])}, "drop": (), "blocks": blocks,
-                     "ln_f": {"scale": jnp.ones(E)}}}
+    return {
+        "E": jnp.asarray(w["wte"]),
+        "body": {"pos": {"E": jnp.asarray(w["wpe"])}, "drop": (), "blocks": blocks, "ln_f": {"scale": jnp.ones(E)}},
+    }
 
 
 def _optimizer():
     import jax
     import optax
     from funcnet import optim
-    return optax.chain(optax.clip_by_global_norm(1.0),
-                       optim.adamw(1e-3, b2=0.99, weight_decay=0.1,
-                                   mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)))
+
+    return optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optim.adamw(1e-3, b2=0.99, weight_decay=0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
+    )
 
 
 def run_funcnet(peer, cfg, case):
@@ -110,8 +129,15 @@ def run_funcnet(peer, cfg, case):
     from funcnet.train import Aux, TrainState, make_train_step
 
     scan = peer == "funcnet-scan"
-    net = GPT(VOCAB, case["block"], n_layer=case["n_layer"], n_head=case["n_head"],
-              n_embd=case["n_embd"], bias=False, scan=scan)
+    net = GPT(
+        VOCAB,
+        case["block"],
+        n_layer=case["n_layer"],
+        n_head=case["n_head"],
+        n_embd=case["n_embd"],
+        bias=False,
+        scan=scan,
+    )
     if peer == "funcnet-bf16":
         net = precision.apply_policy(net, "params=float32,compute=bfloat16,output=float32")
     opt = _optimizer()
@@ -164,6 +190,7 @@ def _example_loop(ts, loss_fn, opt, data, case, holder, devices, k=10):
         def body(ts, batch):
             ts, metrics = step(ts, batch)
             return ts, metrics["loss"]
+
         return jax.lax.scan(body, ts, (xs, ys))
 
     stage = NamedSharding(mesh, P(None, "data"))
@@ -177,8 +204,9 @@ def _example_loop(ts, loss_fn, opt, data, case, holder, devices, k=10):
         assert n % size == 0, f"{n} steps in dispatches of {size}"
         for _ in range(n // size):
             x, y = zip(*(_windows(data, case, holder["i"] + j) for j in range(size)))
-            holder["ts"], losses = steps(holder["ts"], jax.device_put(np.stack(x), stage),
-                                         jax.device_put(np.stack(y), stage))
+            holder["ts"], losses = steps(
+                holder["ts"], jax.device_put(np.stack(x), stage), jax.device_put(np.stack(y), stage)
+            )
             holder["i"] += size
         return float(losses[0])
 
@@ -194,10 +222,22 @@ def run_jax(peer, cfg, case):
     w = _weights(case)
     B, T, E, H = case["batch"], case["block"], case["n_embd"], case["n_head"]
     D = E // H
-    params = {"wte": jnp.asarray(w["wte"]), "wpe": jnp.asarray(w["wpe"]), "lnf": jnp.ones(E),
-              "blocks": [dict(ln1=jnp.ones(E), ln2=jnp.ones(E), qkv=jnp.asarray(b["c_attn"].T),
-                              proj=jnp.asarray(b["attn_proj"].T), fc=jnp.asarray(b["c_fc"].T),
-                              out=jnp.asarray(b["mlp_proj"].T)) for b in w["blocks"]]}
+    params = {
+        "wte": jnp.asarray(w["wte"]),
+        "wpe": jnp.asarray(w["wpe"]),
+        "lnf": jnp.ones(E),
+        "blocks": [
+            dict(
+                ln1=jnp.ones(E),
+                ln2=jnp.ones(E),
+                qkv=jnp.asarray(b["c_attn"].T),
+                proj=jnp.asarray(b["attn_proj"].T),
+                fc=jnp.asarray(b["c_fc"].T),
+                out=jnp.asarray(b["mlp_proj"].T),
+            )
+            for b in w["blocks"]
+        ],
+    }
     mask = jnp.tril(jnp.ones((T, T), bool))
 
     def ln(x, g):
@@ -235,8 +275,7 @@ def run_jax(peer, cfg, case):
     def run_steps(n):
         for _ in range(n):
             x, y = _windows(data, case, holder["i"])
-            holder["p"], holder["o"], l = step(holder["p"], holder["o"], jnp.asarray(x),
-                                               jnp.asarray(y))
+            holder["p"], holder["o"], l = step(holder["p"], holder["o"], jnp.asarray(x), jnp.asarray(y))
             holder["i"] += 1
         return float(l)
 
@@ -246,6 +285,7 @@ def run_jax(peer, cfg, case):
 # --------------------------------------------------------------------------- #
 # PyTorch peers
 # --------------------------------------------------------------------------- #
+
 
 def _torch_model(case):
     import torch
@@ -305,9 +345,9 @@ def run_torch(peer, cfg, case):
     model = _torch_model(case).to(device)  # before the optimizer takes its parameters
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=1e-3,
-                            betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.99)
+    )
     forward = torch.compile(model) if peer == "torch-compile" else model
     autocast = common.torch_autocast(peer, device)
     data = _data(case)

@@ -51,8 +51,7 @@ def _funcnet(weights, bf16=False):
     init, apply = precision.apply_policy(net, BF16_POLICY) if bf16 else net
     # Only the tree structure is needed (the shared weights replace the drawn ones), so
     # init is traced abstractly rather than run op by op.
-    params, state = jax.eval_shape(lambda k: init(k, (-1, weights[0][0].shape[0]))[1:],
-                                   jax.random.PRNGKey(0))
+    params, state = jax.eval_shape(lambda k: init(k, (-1, weights[0][0].shape[0]))[1:], jax.random.PRNGKey(0))
     # Replace the drawn weights with the shared ones, keeping funcnet's own tree structure.
     it, loaded = iter(weights), []
     for p in params:
@@ -72,6 +71,7 @@ def _funcnet(weights, bf16=False):
 def _hand(weights):
     import jax
     import jax.numpy as jnp
+
     params = [(jnp.asarray(W), jnp.asarray(b)) for W, b in weights]
 
     def forward(params, x):
@@ -117,8 +117,9 @@ def _linen(weights):
             return x
 
     model = MLP()
-    params = {"params": {f"dense{i}": {"kernel": jnp.asarray(W), "bias": jnp.asarray(b)}
-                         for i, (W, b) in enumerate(weights)}}
+    params = {
+        "params": {f"dense{i}": {"kernel": jnp.asarray(W), "bias": jnp.asarray(b)} for i, (W, b) in enumerate(weights)}
+    }
     # Checks the hand-built tree against what Linen itself would create.
     ref = model.init(jax.random.PRNGKey(0), jnp.zeros((1, weights[0][0].shape[0])))
     assert jax.tree.structure(ref) == jax.tree.structure(params), "Linen param tree changed"
@@ -147,8 +148,10 @@ def _haiku(weights):
 # Steps
 # --------------------------------------------------------------------------- #
 
+
 def _optax(case):
     import optax
+
     if case["opt"] == "adam":
         return optax.adam(case["lr"])
     return optax.sgd(case["lr"])
@@ -168,8 +171,9 @@ def _equinox_step(weights, tx):
         W, b = next(it)
         return eqx.tree_at(lambda l: (l.weight, l.bias), layer, (jnp.asarray(W.T), jnp.asarray(b)))
 
-    model = jax.tree.map(lambda l: load(l) if isinstance(l, eqx.nn.Linear) else l, model,
-                         is_leaf=lambda l: isinstance(l, eqx.nn.Linear))
+    model = jax.tree.map(
+        lambda l: load(l) if isinstance(l, eqx.nn.Linear) else l, model, is_leaf=lambda l: isinstance(l, eqx.nn.Linear)
+    )
     batched = jax.vmap  # eqx layers act on single examples
 
     def loss_fn(model, x, y):
@@ -189,6 +193,7 @@ def _equinox_step(weights, tx):
 def _eqx_sequential(sizes):
     import equinox as eqx
     import jax
+
     keys = jax.random.split(jax.random.PRNGKey(0), len(sizes) - 1)
     layers = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -234,8 +239,14 @@ def _nnx_step(weights, tx):
     return (model, optimizer), step
 
 
-JAX_BUILDERS = {"funcnet": _funcnet, "funcnet-bf16": lambda w: _funcnet(w, bf16=True), "jax": _hand,
-                "stax": _stax, "flax-linen": _linen, "haiku": _haiku}
+JAX_BUILDERS = {
+    "funcnet": _funcnet,
+    "funcnet-bf16": lambda w: _funcnet(w, bf16=True),
+    "jax": _hand,
+    "stax": _stax,
+    "flax-linen": _linen,
+    "haiku": _haiku,
+}
 
 
 def _jax_peer(peer, cfg, case):
@@ -285,12 +296,12 @@ def _torch_peer(peer, cfg, case):
         opt = torch.optim.SGD(model.parameters(), lr=case["lr"])
     step = common.torch_step(model, opt, common.torch_autocast(peer, device))
     xs, ys = _data(cfg, case)
-    batches = [(torch.from_numpy(x).to(device), torch.from_numpy(y).long().to(device))
-               for x, y in zip(xs, ys)]
+    batches = [(torch.from_numpy(x).to(device), torch.from_numpy(y).long().to(device)) for x, y in zip(xs, ys)]
     common.torch_sync(device)
 
-    return _epoch_benchmark(cfg, case, None, step, batches, lambda x: common.torch_sync(device),
-                            lambda t: float(t.item()))
+    return _epoch_benchmark(
+        cfg, case, None, step, batches, lambda x: common.torch_sync(device), lambda t: float(t.item())
+    )
 
 
 def _data(cfg, case):
@@ -333,9 +344,16 @@ def _epoch_benchmark(cfg, case, carry, step, batches, sync, to_float):
 
     reps = case["quick_reps"] if cfg["quick"] else case["reps"]
     values = [t * full / n for t in common.measure(epoch, reps)]
-    return {"values": values,
-            "extra": {"first_step_s": first_step, "first_epoch_s": first_epoch,
-                      "loss_first": loss_first, "loss_warm": loss_warm, "steps_timed": n}}
+    return {
+        "values": values,
+        "extra": {
+            "first_step_s": first_step,
+            "first_epoch_s": first_epoch,
+            "loss_first": loss_first,
+            "loss_warm": loss_warm,
+            "steps_timed": n,
+        },
+    }
 
 
 def run(peer, cfg, case):

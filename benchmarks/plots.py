@@ -17,6 +17,7 @@ pip install -e ".[examples]"     # matplotlib
 python -m benchmarks.plots       # rewrites docs/img/bench-*.svg and bench-plots.json
 ```
 """
+
 import argparse
 import hashlib
 import json
@@ -49,9 +50,10 @@ def sha256(path):
 
 def manifest():
     """What `bench-plots.json` holds: the command, and each chart's inputs with their hashes."""
-    return {"command": COMMAND,
-            "plots": {name: {path: sha256(path) for path in inputs}
-                      for name, inputs in PLOTS.items()}}
+    return {
+        "command": COMMAND,
+        "plots": {name: {path: sha256(path) for path in inputs} for name, inputs in PLOTS.items()},
+    }
 
 
 def load(path):
@@ -88,12 +90,21 @@ def _bars(ax, stats, peers, scale=1.0, highlight=("funcnet", "fit-device")):
 
 def plot_step_vs_torch(fig, rows):
     """Workloads 1-3 (run F): one training step's time per peer, PyTorch eager = 1."""
-    cases = [("mlp", "468", "1. MNIST MLP, s/epoch",
-              ["funcnet", "jax", "stax", "flax-linen", "flax-nnx", "haiku", "equinox", "torch"]),
-             ("dispatch", "1875", "2. dispatch-bound MLP, s/epoch",
-              ["funcnet", "jax", "stax", "flax-linen", "flax-nnx", "haiku", "equinox", "torch"]),
-             ("cnn", "28x28", "3. LeNet CNN, s/step",
-              ["funcnet", "funcnet-plainjit", "jax-nhwc", "torch"])]
+    cases = [
+        (
+            "mlp",
+            "468",
+            "1. MNIST MLP, s/epoch",
+            ["funcnet", "jax", "stax", "flax-linen", "flax-nnx", "haiku", "equinox", "torch"],
+        ),
+        (
+            "dispatch",
+            "1875",
+            "2. dispatch-bound MLP, s/epoch",
+            ["funcnet", "jax", "stax", "flax-linen", "flax-nnx", "haiku", "equinox", "torch"],
+        ),
+        ("cnn", "28x28", "3. LeNet CNN, s/step", ["funcnet", "funcnet-plainjit", "jax-nhwc", "torch"]),
+    ]
     axes = fig.subplots(len(cases), 1, height_ratios=[8, 8, 4])
     for ax, (workload, case, title, peers) in zip(axes, cases):
         stats = times(rows, workload, case)
@@ -101,23 +112,19 @@ def plot_step_vs_torch(fig, rows):
         ax.axvline(1.0, color="#d32f2f", lw=0.8, ls="--")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("median time ÷ torch's")
-    fig.suptitle("Training step vs PyTorch 2.13 eager\n(2-vCPU AMD EPYC, run F, 2026-11-25)",
-                 fontsize=10)
+    fig.suptitle("Training step vs PyTorch 2.13 eager\n(2-vCPU AMD EPYC, run F, 2026-11-25)", fontsize=10)
 
 
 def plot_fit_mlp(fig, rows):
     """Workload 6 (run L): fit's configurations against hand-written loops, s/epoch."""
-    peers = ["fit-device", "fit-device-k1", "fit", "fit-k1", "fit-thread", "train-step",
-             "jax", "jax-scan"]
-    cases = [("784-400", "784-400-100-10, b128, Adam"),
-             ("784-64", "784-64-10, b32, SGD (dispatch-bound)")]
+    peers = ["fit-device", "fit-device-k1", "fit", "fit-k1", "fit-thread", "train-step", "jax", "jax-scan"]
+    cases = [("784-400", "784-400-100-10, b128, Adam"), ("784-64", "784-64-10, b32, SGD (dispatch-bound)")]
     axes = fig.subplots(len(cases), 1)
     for ax, (case, title) in zip(axes, cases):
         _bars(ax, times(rows, "fit", case), peers)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("median s/epoch (lower is faster)")
-    fig.suptitle("6. fit end to end vs bare step loops\n(2-core Intel Xeon, run L, 2026-11-27)",
-                 fontsize=10)
+    fig.suptitle("6. fit end to end vs bare step loops\n(2-core Intel Xeon, run L, 2026-11-27)", fontsize=10)
 
 
 def plot_fit_nets(fig, rows_l, rows_m):
@@ -127,12 +134,10 @@ def plot_fit_nets(fig, rows_l, rows_m):
     networks), is left out of the bars and its time written in the panel's title, so that
     the other bars stay readable."""
     nets = [("flax-cnn", "Flax NNX's MNIST CNN"), ("lenet", "LeNet"), ("gpt", "nanoGPT's GPT")]
-    peers = ["fit-device", "fit", "fit-device-plain", "fit-device-options", "jit-loop",
-             "jit-loop-options", "flax"]
+    peers = ["fit-device", "fit", "fit-device-plain", "fit-device-options", "jit-loop", "jit-loop-options", "flax"]
     axes = fig.subplots(len(nets), 2, width_ratios=[1, 1])
     for row, (net, title) in enumerate(nets):
-        for col, (rows, run) in enumerate([(rows_l, "run L, one round"),
-                                           (rows_m, "run M, three rounds")]):
+        for col, (rows, run) in enumerate([(rows_l, "run L, one round"), (rows_m, "run M, three rounds")]):
             ax = axes[row][col]
             stats = times(rows, "fit-nets", net)
             loop = stats.get("fit-device-loop")
@@ -146,9 +151,11 @@ def plot_fit_nets(fig, rows_l, rows_m):
 
 def _draw(name):
     inputs = [load(p) for p in PLOTS[name]]
-    draw = {"bench-step-vs-torch.svg": (plot_step_vs_torch, (7.5, 8)),
-            "bench-fit-mlp.svg": (plot_fit_mlp, (7.5, 6)),
-            "bench-fit-nets.svg": (plot_fit_nets, (9, 9))}[name]
+    draw = {
+        "bench-step-vs-torch.svg": (plot_step_vs_torch, (7.5, 8)),
+        "bench-fit-mlp.svg": (plot_fit_mlp, (7.5, 6)),
+        "bench-fit-nets.svg": (plot_fit_nets, (9, 9)),
+    }[name]
     import matplotlib.pyplot as plt
 
     fig = plt.figure(figsize=draw[1], layout="constrained")
@@ -164,8 +171,9 @@ def main(argv=None):
 
     matplotlib.use("svg")
     # Reproducible bytes: fixed ids, no date, the font matplotlib ships.
-    matplotlib.rcParams.update({"svg.hashsalt": "funcnet-bench", "svg.fonttype": "path",
-                                "font.family": "DejaVu Sans", "font.size": 8})
+    matplotlib.rcParams.update(
+        {"svg.hashsalt": "funcnet-bench", "svg.fonttype": "path", "font.family": "DejaVu Sans", "font.size": 8}
+    )
     import matplotlib.pyplot as plt
 
     out_dir = os.path.join(ROOT, args.out_dir)

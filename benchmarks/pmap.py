@@ -45,8 +45,7 @@ def run(peer, cfg, case):
         first = lambda m: float(m["loss"][0])
     elif peer == "jit-mesh-4":
         if jax.device_count() != 4:
-            raise RuntimeError(f"jit-mesh-4 needs 4 devices, found {jax.device_count()}: "
-                               f"XLA_FLAGS not applied")
+            raise RuntimeError(f"jit-mesh-4 needs 4 devices, found {jax.device_count()}: XLA_FLAGS not applied")
         mesh = distributed.data_mesh()
         jitted = jax.jit(train.make_train_step(loss_fn, tx))
 

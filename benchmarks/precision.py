@@ -26,11 +26,24 @@ from benchmarks import common
 def _net(model):
     import funcnet
     from funcnet.layers import Conv, Dense, Flatten, MaxPool, Relu
+
     if model == "mlp":
         return funcnet.serial(Dense(400), Relu, Dense(100), Relu, Dense(10)), (-1, 784)
-    return (funcnet.serial(Conv(32, (5, 5)), Relu, MaxPool((2, 2)), Conv(64, (5, 5)), Relu,
-                           MaxPool((2, 2)), Flatten, Dense(128), Relu, Dense(10)),
-            (-1, 28, 28, 1))
+    return (
+        funcnet.serial(
+            Conv(32, (5, 5)),
+            Relu,
+            MaxPool((2, 2)),
+            Conv(64, (5, 5)),
+            Relu,
+            MaxPool((2, 2)),
+            Flatten,
+            Dense(128),
+            Relu,
+            Dense(10),
+        ),
+        (-1, 28, 28, 1),
+    )
 
 
 def run(peer, cfg, case):
@@ -60,8 +73,8 @@ def run(peer, cfg, case):
     reps = case["quick_reps"] if cfg["quick"] else case["reps"]
     order = np.random.default_rng(0).permutation(len(x))
     n_batches = len(x) // batch
-    xs = jnp.asarray(x[order[:n_batches * batch]].reshape(n_batches, batch, *x.shape[1:]))
-    ys = jnp.asarray(y[order[:n_batches * batch]].reshape(n_batches, batch))
+    xs = jnp.asarray(x[order[: n_batches * batch]].reshape(n_batches, batch, *x.shape[1:]))
+    ys = jnp.asarray(y[order[: n_batches * batch]].reshape(n_batches, batch))
     done = 0
 
     def run_steps(ts, n):
@@ -86,9 +99,16 @@ def run(peer, cfg, case):
     values = [t / steps for t in common.measure(block, reps)]
     ts, m = holder["ts"], holder["m"]
     predict = jax.jit(lambda p, s, xb: jnp.argmax(net.apply(p, s, xb)[0], -1))
-    correct = sum(int(jnp.sum(predict(ts.params, ts.state, x_test[i:i + 1000])
-                              == y_test[i:i + 1000])) for i in range(0, len(x_test), 1000))
-    return {"values": values,
-            "extra": {"first_step_s": first, "steps_trained": done,
-                      "test_acc": 100.0 * correct / len(x_test),
-                      "loss_last": float(m["loss"])}}
+    correct = sum(
+        int(jnp.sum(predict(ts.params, ts.state, x_test[i : i + 1000]) == y_test[i : i + 1000]))
+        for i in range(0, len(x_test), 1000)
+    )
+    return {
+        "values": values,
+        "extra": {
+            "first_step_s": first,
+            "steps_trained": done,
+            "test_acc": 100.0 * correct / len(x_test),
+            "loss_last": float(m["loss"]),
+        },
+    }

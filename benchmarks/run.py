@@ -53,9 +53,18 @@ from benchmarks.workloads import WORKLOADS, Workload, by_name, cases_on, peers_o
 
 RESULT_TAG = "BENCHMARK_RESULT_JSON:"
 # Variables that change the numbers; the report records those that are set.
-ENV_RECORDED = ("XLA_FLAGS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
-                "LD_PRELOAD", "OMP_NUM_THREADS", "JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION",
-                "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUDA_VISIBLE_DEVICES")
+ENV_RECORDED = (
+    "XLA_FLAGS",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_ARENA_MAX",
+    "LD_PRELOAD",
+    "OMP_NUM_THREADS",
+    "JAX_ENABLE_X64",
+    "JAX_DEFAULT_MATMUL_PRECISION",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "CUDA_VISIBLE_DEVICES",
+)
 CHILD_TIMEOUT_S = 1800
 # --f32-matmul -> torch.set_float32_matmul_precision: "high" is TF32 for float32 matmuls,
 # what XLA does by default on NVIDIA GPUs; "highest" is full float32.
@@ -66,11 +75,12 @@ TORCH_F32 = {"tf32": "high", "highest": "highest"}
 # Child side
 # --------------------------------------------------------------------------- #
 
+
 def _child_case(workload: Workload, spec: Dict) -> Dict:
     """The case a child runs: ``--quick``'s ``quick_*`` values, then ``--reps`` as a cap."""
     case = dict(workload.cases[spec["case"]])
     if spec["quick"]:
-        case.update({k[len("quick_"):]: v for k, v in case.items() if k.startswith("quick_")})
+        case.update({k[len("quick_") :]: v for k, v in case.items() if k.startswith("quick_")})
     if spec.get("reps"):
         for key in ("reps", "quick_reps"):
             if key in case:
@@ -90,6 +100,7 @@ def _child(spec: Dict) -> None:
     is_torch = peer.name.startswith("torch")
     if is_torch:
         import torch
+
         torch.set_num_threads(len(cpus))
         if device == "gpu":
             torch.set_float32_matmul_precision(TORCH_F32[spec.get("f32_matmul", "tf32")])
@@ -106,10 +117,14 @@ def _f32_matmul_setting(is_torch: bool) -> str:
     """This process's float32 matmul setting, as the report prints it (child side)."""
     if is_torch:
         from benchmarks.common import torch_f32_settings
+
         t = torch_f32_settings()
-        return (f"torch {t.get('float32_matmul_precision')} (matmul.allow_tf32="
-                f"{t.get('matmul.allow_tf32')}, cudnn.allow_tf32={t.get('cudnn.allow_tf32')})")
+        return (
+            f"torch {t.get('float32_matmul_precision')} (matmul.allow_tf32="
+            f"{t.get('matmul.allow_tf32')}, cudnn.allow_tf32={t.get('cudnn.allow_tf32')})"
+        )
     import jax
+
     value = jax.config.jax_default_matmul_precision
     return f"jax {value or 'default'}"
 
@@ -118,12 +133,14 @@ def _f32_matmul_setting(is_torch: bool) -> str:
 # Parent side
 # --------------------------------------------------------------------------- #
 
+
 def _child_env(args, cpus: List[int]) -> Dict[str, str]:
     """The environment of every child: thread counts, the platform, the matmul precision."""
     env = dict(os.environ)
     n = str(len(cpus))
-    env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    env.update(
+        OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0"
+    )
     if args.platform == "gpu":
         # One child at a time has the GPU: it takes memory as it needs it, as the tests do.
         env.update(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false")
@@ -135,9 +152,16 @@ def _child_env(args, cpus: List[int]) -> Dict[str, str]:
 
 
 def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int]) -> Dict:
-    spec = {"workload": workload.name, "case": case_index, "peer": peer.name,
-            "quick": args.quick, "cpus": cpus, "platform": args.platform, "reps": args.reps,
-            "f32_matmul": args.f32_matmul}
+    spec = {
+        "workload": workload.name,
+        "case": case_index,
+        "peer": peer.name,
+        "quick": args.quick,
+        "cpus": cpus,
+        "platform": args.platform,
+        "reps": args.reps,
+        "f32_matmul": args.f32_matmul,
+    }
     env = _child_env(args, cpus)
     flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), args.xla_flags, peer.xla_flags) if f)
     if flags:
@@ -153,7 +177,7 @@ def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int])
     wall = time.perf_counter() - t0
     for line in stdout.splitlines():
         if line.startswith(RESULT_TAG):
-            result = json.loads(line[len(RESULT_TAG):])
+            result = json.loads(line[len(RESULT_TAG) :])
             result["process_wall_s"] = wall
             if flags:
                 result["xla_flags"] = flags
@@ -167,9 +191,15 @@ def _communicate(cmd: List[str], env: Dict[str, str], timeout: float):
     """``(stdout, stderr)`` of ``cmd`` run in a session of its own. On a timeout or a
     Ctrl-C the whole session is killed: a peer's own children (torch.compile's compile
     workers) would otherwise outlive it, hold its pipes and, on a GPU, the device."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        start_new_session=True,
+    )
     try:
         return proc.communicate(timeout=timeout)
     except BaseException:
@@ -193,9 +223,11 @@ def _merge(previous: Optional[Dict], new: Dict) -> Dict:
 def _print_result(case, peer, r, workload) -> None:
     if "values" in r:
         s = common.summary(r["values"])
-        print(f"  [{case['name']}] {peer.name:22s} median {_fmt_time(s['median'])} "
-              f"(min {_fmt_time(s['min'])}, max {_fmt_time(s['max'])}, n={s['n']}) {workload.unit}",
-              flush=True)
+        print(
+            f"  [{case['name']}] {peer.name:22s} median {_fmt_time(s['median'])} "
+            f"(min {_fmt_time(s['min'])}, max {_fmt_time(s['max'])}, n={s['n']}) {workload.unit}",
+            flush=True,
+        )
     else:
         print(f"  [{case['name']}] {peer.name:22s} ERROR: {r['error']}", flush=True)
 
@@ -250,16 +282,21 @@ def _check(workload: Workload, results: Dict[str, Dict]) -> Optional[str]:
     """Peers start from the same weights and data, so ``workload.check`` must agree."""
     if not workload.check:
         return None
-    vals = {p: r["extra"][workload.check] for p, r in results.items()
-            if "extra" in r and isinstance(r["extra"].get(workload.check), (int, float))}
+    vals = {
+        p: r["extra"][workload.check]
+        for p, r in results.items()
+        if "extra" in r and isinstance(r["extra"].get(workload.check), (int, float))
+    }
     if len(vals) < 2:
         return None
     lo, hi = min(vals.values()), max(vals.values())
     spread = (hi - lo) / max(abs(lo), abs(hi), 1e-12)
     ok = spread <= workload.check_rtol and all(math.isfinite(v) for v in vals.values())
     word = "OK" if ok else "MISMATCH"
-    return (f"Consistency check ({workload.check}, same init and data for every peer): {word}, "
-            f"relative spread {spread:.1e} (tolerance {workload.check_rtol:.0e}).")
+    return (
+        f"Consistency check ({workload.check}, same init and data for every peer): {word}, "
+        f"relative spread {spread:.1e} (tolerance {workload.check_rtol:.0e})."
+    )
 
 
 def _selected(only: List[str], tier: str = "cpu"):
@@ -294,11 +331,20 @@ def _selected(only: List[str], tier: str = "cpu"):
 def _header_info(args, cpus, command: str) -> Dict:
     """What the report header and the JSON record about this run (the machine, versions,
     settings; on the GPU tier the device as jax and torch see it, from child probes)."""
-    info = {"command": command, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "platform": args.platform, "tier": args.tier, "quick": args.quick,
-            "rounds": args.rounds, "reps_cap": args.reps, "machine": common.cpu_info(),
-            "versions": common.package_versions(), "cpus": cpus, "xla_flags": args.xla_flags,
-            "environment": {k: os.environ[k] for k in ENV_RECORDED if k in os.environ}}
+    info = {
+        "command": command,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "platform": args.platform,
+        "tier": args.tier,
+        "quick": args.quick,
+        "rounds": args.rounds,
+        "reps_cap": args.reps,
+        "machine": common.cpu_info(),
+        "versions": common.package_versions(),
+        "cpus": cpus,
+        "xla_flags": args.xla_flags,
+        "environment": {k: os.environ[k] for k in ENV_RECORDED if k in os.environ},
+    }
     if "gpu" in (args.platform, args.tier):
         info["f32_matmul"] = args.f32_matmul
         if args.probe_from:  # benchmarks.gpu probed once for all its runs
@@ -314,11 +360,16 @@ def _header(info: Dict) -> List[str]:
     cpu, cpus = info["machine"], info["cpus"]
     lines = ["# funcnet benchmarks" + (" (GPU tier)" if info["tier"] == "gpu" else ""), ""]
     if info["quick"]:
-        lines += ["**QUICK MODE** (`--quick`): few steps and repetitions, a smoke check of the harness, "
-                  "not a benchmark.", ""]
+        lines += [
+            "**QUICK MODE** (`--quick`): few steps and repetitions, a smoke check of the harness, not a benchmark.",
+            "",
+        ]
     if info["tier"] != info["platform"]:
-        lines += [f"**REHEARSAL**: the {info['tier']} tier's peers run on the {info['platform']}; "
-                  "the numbers say nothing about either.", ""]
+        lines += [
+            f"**REHEARSAL**: the {info['tier']} tier's peers run on the {info['platform']}; "
+            "the numbers say nothing about either.",
+            "",
+        ]
     lines += [
         f"Command: `{info['command']}`  ",
         f"Date: {info['date']}  ",
@@ -326,20 +377,28 @@ def _header(info: Dict) -> List[str]:
         f"({cpu['usable_cpus']} usable), ISA: {', '.join(cpu['isa']) or 'n/a'}; {cpu['platform']}  ",
     ]
     if info["platform"] == "gpu":
-        lines.append(f"Threads: no CPU affinity set; OMP/MKL_NUM_THREADS and torch.set_num_threads"
-                     f"({len(cpus)}) bound the host-side thread pools. JAX_PLATFORMS=cuda, "
-                     "XLA_PYTHON_CLIENT_PREALLOCATE=false.  ")
+        lines.append(
+            f"Threads: no CPU affinity set; OMP/MKL_NUM_THREADS and torch.set_num_threads"
+            f"({len(cpus)}) bound the host-side thread pools. JAX_PLATFORMS=cuda, "
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false.  "
+        )
     else:
-        lines.append(f"Threads: every peer process pinned to CPUs {cpus} ({len(cpus)} threads): CPU affinity "
-                     f"(sizes XLA's thread pool), OMP/MKL_NUM_THREADS and torch.set_num_threads({len(cpus)}).  ")
+        lines.append(
+            f"Threads: every peer process pinned to CPUs {cpus} ({len(cpus)} threads): CPU affinity "
+            f"(sizes XLA's thread pool), OMP/MKL_NUM_THREADS and torch.set_num_threads({len(cpus)}).  "
+        )
     if "device" in info:
-        lines += [f"Device: {info['device']['device']}  ", f"CUDA: {info['device']['cuda']}  ",
-                  "Float32 matmuls: " + _f32_words(info) + "  "]
+        lines += [
+            f"Device: {info['device']['device']}  ",
+            f"CUDA: {info['device']['cuda']}  ",
+            "Float32 matmuls: " + _f32_words(info) + "  ",
+        ]
     lines += [
         "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + "  ",
         f"Extra XLA_FLAGS: `{info['xla_flags']}`  " if info["xla_flags"] else "Extra XLA_FLAGS: none  ",
-        "Environment: " + (", ".join(f"`{k}={v}`" for k, v in info["environment"].items())
-                           or "no allocator/XLA variables set") + "  ",
+        "Environment: "
+        + (", ".join(f"`{k}={v}`" for k, v in info["environment"].items()) or "no allocator/XLA variables set")
+        + "  ",
         "",
         f"Each (workload, case, peer) runs in a fresh process, one at a time, {info['rounds']} "
         f"time(s), in alternating peer order"
@@ -358,52 +417,85 @@ def _f32_words(info: Dict) -> str:
     if info["platform"] != "gpu":
         return "full float32 (CPU defaults; TF32 and --f32-matmul concern GPUs only)."
     if info["f32_matmul"] == "highest":
-        return ("full float32 for both: JAX_DEFAULT_MATMUL_PRECISION=highest, "
-                "torch.set_float32_matmul_precision('highest').")
-    return ("TF32 for both: jax at XLA's default precision (jax_default_matmul_precision unset: "
-            "TF32 on NVIDIA GPUs from Ampere on), torch set to match with "
-            "torch.set_float32_matmul_precision('high') (matmul.allow_tf32; cuDNN's convolutions "
-            "allow TF32 by default). Each row's setting is in its 'float32 matmuls' column.")
+        return (
+            "full float32 for both: JAX_DEFAULT_MATMUL_PRECISION=highest, "
+            "torch.set_float32_matmul_precision('highest')."
+        )
+    return (
+        "TF32 for both: jax at XLA's default precision (jax_default_matmul_precision unset: "
+        "TF32 on NVIDIA GPUs from Ampere on), torch set to match with "
+        "torch.set_float32_matmul_precision('high') (matmul.allow_tf32; cuDNN's convolutions "
+        "allow TF32 by default). Each row's setting is in its 'float32 matmuls' column."
+    )
 
 
 def _epilog() -> str:
     names = "\n".join(f"  {w.name:15s} {w.title}" for w in WORKLOADS)
-    return (f"workloads (NAME for --only; --list also shows their peers):\n{names}\n\n"
-            "examples:\n"
-            "  python -m benchmarks.run --only fit                  # one workload, every peer\n"
-            "  python -m benchmarks.run --platform gpu --rounds 1 --reps 2 --only mlp gpt\n"
-            "  python -m benchmarks.run --platform cpu --tier gpu --quick --only mlp  # rehearsal\n"
-            "  python -m benchmarks.run --only mlp dispatch cnn fit precision --out /tmp/part.md\n"
-            "  python -m benchmarks.run --only cnn:funcnet cnn:torch --rounds 3\n\n"
-            "--out writes a report of the selected workloads only (with the header: machine,\n"
-            "versions, command); to refresh part of BENCHMARKS.md, write elsewhere and paste\n"
-            "the sections in.")
+    return (
+        f"workloads (NAME for --only; --list also shows their peers):\n{names}\n\n"
+        "examples:\n"
+        "  python -m benchmarks.run --only fit                  # one workload, every peer\n"
+        "  python -m benchmarks.run --platform gpu --rounds 1 --reps 2 --only mlp gpt\n"
+        "  python -m benchmarks.run --platform cpu --tier gpu --quick --only mlp  # rehearsal\n"
+        "  python -m benchmarks.run --only mlp dispatch cnn fit precision --out /tmp/part.md\n"
+        "  python -m benchmarks.run --only cnn:funcnet cnn:torch --rounds 3\n\n"
+        "--out writes a report of the selected workloads only (with the header: machine,\n"
+        "versions, command); to refresh part of BENCHMARKS.md, write elsewhere and paste\n"
+        "the sections in."
+    )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0],
-                                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__.split("\n")[0],
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true", help="few steps and reps: a smoke check")
-    parser.add_argument("--only", nargs="+", default=[], metavar="NAME[:PEER]",
-                        help="workloads (optionally workload:peer) to run; default: all")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=[],
+        metavar="NAME[:PEER]",
+        help="workloads (optionally workload:peer) to run; default: all",
+    )
     parser.add_argument("--out", default=None, help="markdown report to write (e.g. BENCHMARKS.md)")
     parser.add_argument("--json", default=None, help="also dump raw results as JSON here")
     parser.add_argument("--threads", type=int, default=None, help="CPUs per peer process (default: all usable)")
     parser.add_argument("--xla-flags", default="", help="extra XLA_FLAGS for every peer process")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="run every peer this many times, alternating the order (default 2); "
-                             "repetitions are pooled")
-    parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu",
-                        help="where the peers run (default cpu; gpu: JAX on CUDA, torch on cuda)")
-    parser.add_argument("--tier", choices=("cpu", "gpu"), default=None,
-                        help="which peers and cases (workloads.py's platforms; default: --platform's)")
-    parser.add_argument("--reps", type=int, default=None,
-                        help="at most this many timed repetitions per peer and round")
-    parser.add_argument("--f32-matmul", choices=tuple(TORCH_F32), default="tf32",
-                        help="on a GPU: float32 matmuls as TF32 for jax and torch (default: XLA's "
-                             "default, torch set to match) or full float32 (highest)")
-    parser.add_argument("--child-timeout", type=float, default=CHILD_TIMEOUT_S,
-                        help=f"seconds before a peer's process is stopped (default {CHILD_TIMEOUT_S})")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="run every peer this many times, alternating the order (default 2); repetitions are pooled",
+    )
+    parser.add_argument(
+        "--platform",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="where the peers run (default cpu; gpu: JAX on CUDA, torch on cuda)",
+    )
+    parser.add_argument(
+        "--tier",
+        choices=("cpu", "gpu"),
+        default=None,
+        help="which peers and cases (workloads.py's platforms; default: --platform's)",
+    )
+    parser.add_argument("--reps", type=int, default=None, help="at most this many timed repetitions per peer and round")
+    parser.add_argument(
+        "--f32-matmul",
+        choices=tuple(TORCH_F32),
+        default="tf32",
+        help="on a GPU: float32 matmuls as TF32 for jax and torch (default: XLA's "
+        "default, torch set to match) or full float32 (highest)",
+    )
+    parser.add_argument(
+        "--child-timeout",
+        type=float,
+        default=CHILD_TIMEOUT_S,
+        help=f"seconds before a peer's process is stopped (default {CHILD_TIMEOUT_S})",
+    )
     parser.add_argument("--list", action="store_true", help="list workloads and peers, then exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--probe-from", default=None, help=argparse.SUPPRESS)
@@ -448,8 +540,9 @@ def main(argv=None) -> int:
     return 130 if interrupted else 0
 
 
-def _run_workload(workload: Workload, peers, case_indices: List[int], args, cpus: List[int],
-                  info: Dict, raw: List[Dict]):
+def _run_workload(
+    workload: Workload, peers, case_indices: List[int], args, cpus: List[int], info: Dict, raw: List[Dict]
+):
     """The workload's report section and whether a Ctrl-C (or benchmarks.gpu's stage
     timeout, a SIGINT) stopped it; ``raw`` gets every child's result as it comes."""
     title = title_on(workload, args.tier)
@@ -468,10 +561,9 @@ def _run_workload(workload: Workload, peers, case_indices: List[int], args, cpus
             for rnd in range(args.rounds):
                 # Odd rounds run the peers in reverse order, so no peer always goes first
                 # (between processes, this machine's timings drift by 10-20 %).
-                for peer in (case_peers if rnd % 2 == 0 else case_peers[::-1]):
+                for peer in case_peers if rnd % 2 == 0 else case_peers[::-1]:
                     r = _run_child(workload, ci, peer, args, cpus)
-                    raw.append({"workload": workload.name, "case": case["name"], "peer": peer.name,
-                                "round": rnd, **r})
+                    raw.append({"workload": workload.name, "case": case["name"], "peer": peer.name, "round": rnd, **r})
                     results[peer.name] = _merge(results.get(peer.name), r)
                     _print_result(case, peer, r, workload)
                     if args.json:  # after every peer: a run stopped midway keeps what it measured
@@ -486,8 +578,11 @@ def _run_workload(workload: Workload, peers, case_indices: List[int], args, cpus
         lines += table
         if interrupted:
             break
-    notes = [f"- `{p.name}`: {p.note}" + (f" (XLA_FLAGS `{p.xla_flags}`)" if p.xla_flags else "")
-             for p in peers if p.note or p.xla_flags]
+    notes = [
+        f"- `{p.name}`: {p.note}" + (f" (XLA_FLAGS `{p.xla_flags}`)" if p.xla_flags else "")
+        for p in peers
+        if p.note or p.xla_flags
+    ]
     if notes:
         lines += ["Peers:", ""] + notes + [""]
     return lines, interrupted

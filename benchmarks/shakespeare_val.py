@@ -31,9 +31,11 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CPU_RUN = ("--eval-iters=20 --log-interval=1000 --block-size=64 --batch-size=12 --n-layer=4 "
-           "--n-head=4 --n-embd=128 --max-iters=2000 --lr-decay-iters=2000 --dropout=0.0 "
-           "--sample-tokens=0 --devices=1").split()
+CPU_RUN = (
+    "--eval-iters=20 --log-interval=1000 --block-size=64 --batch-size=12 --n-layer=4 "
+    "--n-head=4 --n-embd=128 --max-iters=2000 --lr-decay-iters=2000 --dropout=0.0 "
+    "--sample-tokens=0 --devices=1"
+).split()
 
 
 def main(argv=None):
@@ -59,30 +61,31 @@ def main(argv=None):
 
     run = CPU_RUN + [f"--seed={args.seed}"]
     history, _, ts = sc.main(run)
-    val = np.fromfile(os.path.join(args.nanogpt_dir, "data", "shakespeare_char", "val.bin"),
-                      dtype=np.uint16).astype(np.int64)
+    val = np.fromfile(os.path.join(args.nanogpt_dir, "data", "shakespeare_char", "val.bin"), dtype=np.uint16).astype(
+        np.int64
+    )
     starts = np.random.default_rng(0).integers(0, len(val) - 65, args.windows)
-    x = np.stack([val[i:i + 64] for i in starts])
-    y = np.stack([val[i + 1:i + 65] for i in starts])
+    x = np.stack([val[i : i + 64] for i in starts])
+    y = np.stack([val[i + 1 : i + 65] for i in starts])
     net, _ = sc.build(sc.parse_args(run), 65)
-    loss = jax.jit(lambda p, xb, yb: losses.cross_entropy(
-        net.apply(p, (), xb)[0].reshape(-1, 65), yb.reshape(-1)))
+    loss = jax.jit(lambda p, xb, yb: losses.cross_entropy(net.apply(p, (), xb)[0].reshape(-1, 65), yb.reshape(-1)))
     chunks = [slice(i, i + 240) for i in range(0, args.windows, 240)]
-    ours = np.mean([float(loss(ts.params, jnp.asarray(x[c], jnp.int32),
-                               jnp.asarray(y[c], jnp.int32))) for c in chunks])
+    ours = np.mean([float(loss(ts.params, jnp.asarray(x[c], jnp.int32), jnp.asarray(y[c], jnp.int32))) for c in chunks])
 
-    ck = torch.load(os.path.join(args.nanogpt_dir, "out-shakespeare-char", "ckpt.pt"),
-                    map_location="cpu")
+    ck = torch.load(os.path.join(args.nanogpt_dir, "out-shakespeare-char", "ckpt.pt"), map_location="cpu")
     model = GPT(GPTConfig(**ck["model_args"]))
     model.load_state_dict(ck["model"])
     model.eval()
     with torch.no_grad():
-        theirs = np.mean([model(torch.tensor(x[c]), torch.tensor(y[c]))[1].item()
-                          for c in chunks])
-    print(f"nanoGPT checkpoint (iter {ck['iter_num']}, its 20-batch val loss "
-          f"{float(ck['best_val_loss']):.4f}): val loss over {args.windows} windows {theirs:.4f}")
-    print(f"funcnet --seed={args.seed} (its 20-batch val loss {history[-1][2]:.4f}): val loss "
-          f"over {args.windows} windows {ours:.4f}")
+        theirs = np.mean([model(torch.tensor(x[c]), torch.tensor(y[c]))[1].item() for c in chunks])
+    print(
+        f"nanoGPT checkpoint (iter {ck['iter_num']}, its 20-batch val loss "
+        f"{float(ck['best_val_loss']):.4f}): val loss over {args.windows} windows {theirs:.4f}"
+    )
+    print(
+        f"funcnet --seed={args.seed} (its 20-batch val loss {history[-1][2]:.4f}): val loss "
+        f"over {args.windows} windows {ours:.4f}"
+    )
 
 
 def trajectory(nanogpt_dir, steps):
@@ -102,8 +105,7 @@ def trajectory(nanogpt_dir, steps):
 
     args = sc.parse_args(CPU_RUN)
     torch.manual_seed(1337)
-    tm = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128,
-                       dropout=0.0, bias=False))
+    tm = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False))
     opt = tm.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
     net, tx = sc.build(args, 65)
     E = 128
@@ -111,15 +113,29 @@ def trajectory(nanogpt_dir, steps):
     blocks = []
     for b in tm.transformer.h:
         w = t(b.attn.c_attn.weight)
-        attn = {n: {"W": w[i * E:(i + 1) * E].T} for i, n in enumerate(("query", "key", "value"))}
+        attn = {n: {"W": w[i * E : (i + 1) * E].T} for i, n in enumerate(("query", "key", "value"))}
         attn["out"] = {"W": t(b.attn.c_proj.weight).T}
-        blocks.append({"attn": {"norm": {"scale": t(b.ln_1.weight)}, "attn": attn, "drop": ()},
-                       "mlp": {"norm": {"scale": t(b.ln_2.weight)},
-                               "fc": {"W": t(b.mlp.c_fc.weight).T}, "act": (),
-                               "proj": {"W": t(b.mlp.c_proj.weight).T}, "drop": ()}})
-    params = {"E": t(tm.transformer.wte.weight),
-              "body": {"pos": {"E": t(tm.transformer.wpe.weight)}, "drop": (),
-                       "blocks": tuple(blocks), "ln_f": {"scale": t(tm.transformer.ln_f.weight)}}}
+        blocks.append(
+            {
+                "attn": {"norm": {"scale": t(b.ln_1.weight)}, "attn": attn, "drop": ()},
+                "mlp": {
+                    "norm": {"scale": t(b.ln_2.weight)},
+                    "fc": {"W": t(b.mlp.c_fc.weight).T},
+                    "act": (),
+                    "proj": {"W": t(b.mlp.c_proj.weight).T},
+                    "drop": (),
+                },
+            }
+        )
+    params = {
+        "E": t(tm.transformer.wte.weight),
+        "body": {
+            "pos": {"E": t(tm.transformer.wpe.weight)},
+            "drop": (),
+            "blocks": tuple(blocks),
+            "ln_f": {"scale": t(tm.transformer.ln_f.weight)},
+        },
+    }
     ts = TrainState.create(net, tx, jax.random.key(0), (-1, 64))
     ts = ts._replace(params=params, opt_state=tx.init(params))
 
@@ -128,8 +144,9 @@ def trajectory(nanogpt_dir, steps):
         return losses.cross_entropy(logits.reshape(-1, 65), batch[1].reshape(-1)), Aux(state=s)
 
     step = jax.jit(make_train_step(loss_fn, tx))
-    data = np.fromfile(os.path.join(nanogpt_dir, "data", "shakespeare_char", "train.bin"),
-                       dtype=np.uint16).astype(np.int64)
+    data = np.fromfile(os.path.join(nanogpt_dir, "data", "shakespeare_char", "train.bin"), dtype=np.uint16).astype(
+        np.int64
+    )
     rng = np.random.default_rng(0)
 
     def get_lr(it):  # nanoGPT train.py's, with its shakespeare_char CPU settings
@@ -140,8 +157,8 @@ def trajectory(nanogpt_dir, steps):
     worst = 0.0
     for it in range(steps):
         starts = rng.integers(0, len(data) - 64, 12)
-        x = np.stack([data[i:i + 64] for i in starts])
-        y = np.stack([data[i + 1:i + 65] for i in starts])
+        x = np.stack([data[i : i + 64] for i in starts])
+        y = np.stack([data[i + 1 : i + 65] for i in starts])
         for group in opt.param_groups:
             group["lr"] = get_lr(it)
         _, loss = tm(torch.tensor(x), torch.tensor(y))

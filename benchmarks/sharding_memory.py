@@ -48,15 +48,14 @@ def _mlp(tiny: bool):
     from funcnet.train import Aux
 
     width, n_in, n_batch = (64, 16, 8) if tiny else (4096, 1024, 32)
-    net = funcnet.serial(Dense(width), Relu, Dense(width), Relu, Dense(width), Relu,
-                         Dense(width), Relu, Dense(10))
+    net = funcnet.serial(Dense(width), Relu, Dense(width), Relu, Dense(width), Relu, Dense(width), Relu, Dense(10))
     rng = np.random.default_rng(0)
-    batch = (rng.normal(size=(n_batch, n_in)).astype(np.float32),
-             rng.integers(0, 10, n_batch).astype(np.int32))
+    batch = (rng.normal(size=(n_batch, n_in)).astype(np.float32), rng.integers(0, 10, n_batch).astype(np.int32))
 
     def loss_fn(params, state, b, key):
         out, state = net.apply(params, state, b[0])
         return losses.cross_entropy(out, b[1]), Aux(state=state)
+
     tp = sharding.megatron_rules(column=["0", "4"], row=["2", "6"], fsdp_axis="data")
     return net, (-1, n_in), batch, loss_fn, tp
 
@@ -70,15 +69,14 @@ def _gpt(tiny: bool):
     from funcnet.train import Aux
 
     block, n_layer, n_head, n_embd, n_b = (8, 1, 2, 16, 8) if tiny else (64, 6, 6, 384, 16)
-    net = GPT(vocab_size=65, block_size=block, n_layer=n_layer, n_head=n_head,
-              n_embd=n_embd, bias=False)
+    net = GPT(vocab_size=65, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd, bias=False)
     rng = np.random.default_rng(0)
     batch = tuple(rng.integers(0, 65, (n_b, block)).astype(np.int32) for _ in range(2))
 
     def loss_fn(params, state, b, key):
         logits, state = net.apply(params, state, b[0])
-        return (losses.cross_entropy(logits.reshape(-1, 65), b[1].reshape(-1)),
-                Aux(state=state))
+        return (losses.cross_entropy(logits.reshape(-1, 65), b[1].reshape(-1)), Aux(state=state))
+
     return net, (-1, block), batch, loss_fn, sharding.megatron_rules(fsdp_axis="data")
 
 
@@ -115,7 +113,7 @@ def _child(devices: int, models, steps: int, tiny: bool = False) -> list:
     from funcnet import distributed, sharding
     from funcnet.train import TrainState, make_train_step
 
-    min_size = 0 if tiny else 2 ** 14   # fsdp_rules' default
+    min_size = 0 if tiny else 2**14  # fsdp_rules' default
     rows = []
     for name in models:
         net, shape, batch, loss_fn, tp_rules = {"mlp": _mlp, "gpt": _gpt}[name](tiny)
@@ -127,10 +125,8 @@ def _child(devices: int, models, steps: int, tiny: bool = False) -> list:
         grid = jax.make_mesh((devices // 2, 2), ("data", "model"))
         layouts = {
             "replicated": (flat, lambda: distributed.replicate_on(flat, ts)),
-            "fsdp": (flat, lambda: sharding.shard_params(
-                ts, flat, sharding.fsdp_rules("data", min_size))),
-            "2d": (grid, lambda: sharding.shard_params(
-                ts, grid, tp_rules + sharding.fsdp_rules("data", min_size))),
+            "fsdp": (flat, lambda: sharding.shard_params(ts, flat, sharding.fsdp_rules("data", min_size))),
+            "2d": (grid, lambda: sharding.shard_params(ts, grid, tp_rules + sharding.fsdp_rules("data", min_size))),
         }
         base = None
         for layout, (mesh, place) in layouts.items():
@@ -141,31 +137,41 @@ def _child(devices: int, models, steps: int, tiny: bool = False) -> list:
             # donated: the compiled step took its buffers, and the last state is dropped there
             compile_s, mem, times, m = _time_steps(step, state, placed_batch, mesh, steps)
             del state
-            rows.append({
-                "devices": devices, "model": name, "params": n_params, "layout": layout,
-                "state_bytes_per_device": held.bytes_per_device,
-                "ratio_to_replicated": held.bytes_per_device / base,
-                "target_ratio": 1.1 / devices,
-                "compiled_argument_bytes": getattr(mem, "argument_size_in_bytes", None),
-                "compiled_temp_bytes": getattr(mem, "temp_size_in_bytes", None),
-                "compile_s": compile_s,
-                "step_ms_median": 1000 * float(np.median(times)),
-                "loss": float(m["loss"]),
-            })
+            rows.append(
+                {
+                    "devices": devices,
+                    "model": name,
+                    "params": n_params,
+                    "layout": layout,
+                    "state_bytes_per_device": held.bytes_per_device,
+                    "ratio_to_replicated": held.bytes_per_device / base,
+                    "target_ratio": 1.1 / devices,
+                    "compiled_argument_bytes": getattr(mem, "argument_size_in_bytes", None),
+                    "compiled_temp_bytes": getattr(mem, "temp_size_in_bytes", None),
+                    "compile_s": compile_s,
+                    "step_ms_median": 1000 * float(np.median(times)),
+                    "loss": float(m["loss"]),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def _table(rows) -> str:
     mib = lambda b: "-" if b is None else f"{b / 2**20:,.1f}"  # noqa: E731
-    out = ["| devices | model (params) | layout | params+Adam per device (MiB) | ratio to "
-           "replicated (target <= 1.1/N) | compiled step: arguments / temporaries (MiB) | "
-           "step (ms, median) |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| devices | model (params) | layout | params+Adam per device (MiB) | ratio to "
+        "replicated (target <= 1.1/N) | compiled step: arguments / temporaries (MiB) | "
+        "step (ms, median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['devices']} | {r['model']} ({r['params'] / 1e6:.1f} M) | {r['layout']} | "
-                   f"{mib(r['state_bytes_per_device'])} | {r['ratio_to_replicated']:.3f} "
-                   f"({r['target_ratio']:.3f}) | {mib(r['compiled_argument_bytes'])} / "
-                   f"{mib(r['compiled_temp_bytes'])} | {r['step_ms_median']:.0f} |")
+        out.append(
+            f"| {r['devices']} | {r['model']} ({r['params'] / 1e6:.1f} M) | {r['layout']} | "
+            f"{mib(r['state_bytes_per_device'])} | {r['ratio_to_replicated']:.3f} "
+            f"({r['target_ratio']:.3f}) | {mib(r['compiled_argument_bytes'])} / "
+            f"{mib(r['compiled_temp_bytes'])} | {r['step_ms_median']:.0f} |"
+        )
     return "\n".join(out)
 
 
@@ -174,8 +180,9 @@ def main(argv=None) -> None:
     ap.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--models", nargs="+", default=["mlp", "gpt"], choices=["mlp", "gpt"])
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--tiny", action="store_true",
-                    help="models of a few thousand parameters: a smoke run, not a measurement")
+    ap.add_argument(
+        "--tiny", action="store_true", help="models of a few thousand parameters: a smoke run, not a measurement"
+    )
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -184,8 +191,18 @@ def main(argv=None) -> None:
         return
     rows = []
     for n in args.devices:
-        cmd = [sys.executable, "-m", "benchmarks.sharding_memory", "--child", str(n),
-               "--steps", str(args.steps), "--models", *args.models, *["--tiny"][:args.tiny]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.sharding_memory",
+            "--child",
+            str(n),
+            "--steps",
+            str(args.steps),
+            "--models",
+            *args.models,
+            *["--tiny"][: args.tiny],
+        ]
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
         env.setdefault("JAX_PLATFORMS", "cpu")
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
@@ -193,8 +210,11 @@ def main(argv=None) -> None:
     print(_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "python -m benchmarks.sharding_memory " + " ".join(argv or sys.argv[1:]),
-                       "rows": rows}, f, indent=1)
+            json.dump(
+                {"command": "python -m benchmarks.sharding_memory " + " ".join(argv or sys.argv[1:]), "rows": rows},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ def run(peer, cfg, case):
             p = jnp.take_along_axis(jax.lax.stop_gradient(probs), y[:, None], axis=1)
             return -jnp.mean(jnp.log(p)), grads
     elif peer == "log_softmax-autodiff":
+
         def loss(params, x, y):
             logp = jax.nn.log_softmax(forward(params, x))
             return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
@@ -74,8 +75,10 @@ def run(peer, cfg, case):
     compiled = step.lower(carry, *batches[0]).compile()
     mem = compiled.memory_analysis()
     _, vjp_fn = jax.vjp(lambda p: residual_fn(p, *batches[0]), params)
-    extra = {"residual_bytes": int(sum(leaf.nbytes for leaf in jax.tree.leaves(vjp_fn))),
-             "temp_bytes": int(mem.temp_size_in_bytes)}
+    extra = {
+        "residual_bytes": int(sum(leaf.nbytes for leaf in jax.tree.leaves(vjp_fn))),
+        "temp_bytes": int(mem.temp_size_in_bytes),
+    }
 
     carry, loss = compiled(carry, *batches[0])
     extra["loss_first"] = float(loss)

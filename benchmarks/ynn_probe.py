@@ -20,9 +20,11 @@ import time
 import numpy as np
 
 FUSION = "xla_cpu_experimental_ynn_fusion_type"
-MODES = {"plain": None,
-         "dot": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
-         "dot+reduce": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+MODES = {
+    "plain": None,
+    "dot": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+    "dot+reduce": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE",
+}
 
 
 def _cases():
@@ -44,15 +46,17 @@ def _cases():
     def conv_loss(p, x):
         return jnp.sum(conv_apply(p, conv_s, x)[0] ** 2)
 
-    return {"sum over (N, H, W)": (lambda x: jnp.sum(x, axis=(0, 1, 2)), (x,)),
-            "variance over (N, H, W)": (lambda x: jnp.var(x, axis=(0, 1, 2)), (x,)),
-            "BatchNorm forward+backward": (jax.grad(bn_loss, argnums=(0, 1)), (bn_p, x)),
-            "conv3x3 32->64 forward+backward": (jax.grad(conv_loss, argnums=(0, 1)),
-                                                (conv_p, x))}
+    return {
+        "sum over (N, H, W)": (lambda x: jnp.sum(x, axis=(0, 1, 2)), (x,)),
+        "variance over (N, H, W)": (lambda x: jnp.var(x, axis=(0, 1, 2)), (x,)),
+        "BatchNorm forward+backward": (jax.grad(bn_loss, argnums=(0, 1)), (bn_p, x)),
+        "conv3x3 32->64 forward+backward": (jax.grad(conv_loss, argnums=(0, 1)), (conv_p, x)),
+    }
 
 
 def _median_ms(f, args, reps):
     import jax
+
     jax.block_until_ready(f(*args))
     out = []
     for _ in range(reps):

@@ -6,6 +6,7 @@ link when the name is documented on the site (a bare name is looked up in the pa
 module first), plain code otherwise (``jax.export``, names of other libraries).
 ``:math:`` formulas are shown as code.
 """
+
 import re
 
 _ROLE = re.compile(r":(?:func|meth|class|mod|attr|data|obj|exc):<code>~?([A-Za-z_][\w.]*)(\(\))?</code>")
@@ -16,7 +17,7 @@ def on_page_content(html, page, config, files):
     if page.file.src_uri.startswith("api/layers/"):  # the family pages render funcnet.layers
         module = "funcnet.layers"
     elif page.file.src_uri.startswith("api/") and page.file.src_uri != "api/index.md":
-        module = "funcnet." + page.file.src_uri[len("api/"):-len(".md")]
+        module = "funcnet." + page.file.src_uri[len("api/") : -len(".md")]
 
     def link(m):
         name, call = m[1], m[2] or ""

@@ -1,4 +1,5 @@
 """Shared by the examples: simulate CPU devices, which only works before jax starts."""
+
 import os
 import sys
 
@@ -10,7 +11,11 @@ def simulate_cpu_devices(n):
     another platform (GPU/TPU) was requested.
     """
     flags = os.environ.get("XLA_FLAGS", "")
-    if (not n or "jax" in sys.modules or "--xla_force_host_platform_device_count" in flags
-            or os.environ.get("JAX_PLATFORMS", "cpu") != "cpu"):
+    if (
+        not n
+        or "jax" in sys.modules
+        or "--xla_force_host_platform_device_count" in flags
+        or os.environ.get("JAX_PLATFORMS", "cpu") != "cpu"
+    ):
         return
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()

@@ -1,4 +1,5 @@
 """Shared by the examples: matplotlib as an optional extra, and image grids."""
+
 import os
 
 import numpy as np
@@ -8,6 +9,7 @@ def pyplot():
     """``matplotlib.pyplot`` with a file-only backend, or None (with a message) without it."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -38,7 +40,7 @@ def image_rows(path, rows, titles, shape=(28, 28), vmin=0.0, vmax=1.0):
         # a one-pixel gap (at vmax) between images
         mosaic = np.full((shape[0], n * (shape[1] + 1) - 1), vmax, np.float32)
         for c, img in enumerate(images):
-            mosaic[:, c * (shape[1] + 1):c * (shape[1] + 1) + shape[1]] = img
+            mosaic[:, c * (shape[1] + 1) : c * (shape[1] + 1) + shape[1]] = img
         ax.imshow(mosaic, cmap="gray", vmin=vmin, vmax=vmax, interpolation="nearest")
         ax.set_xticks([])
         ax.set_yticks([])

@@ -28,8 +28,10 @@ class TorchCPUGenerator:
 
     def __init__(self, seed: int):
         if not 0 <= seed < 2**32:
-            raise ValueError(f"TorchCPUGenerator: seed {seed} is outside [0, 2**32), where "
-                             "torch's seed and numpy's legacy seeding agree")
+            raise ValueError(
+                f"TorchCPUGenerator: seed {seed} is outside [0, 2**32), where "
+                "torch's seed and numpy's legacy seeding agree"
+            )
         self._mt = np.random.RandomState(seed)
 
     def words(self, n: int) -> np.ndarray:
@@ -39,8 +41,9 @@ class TorchCPUGenerator:
     def randint(self, high: int, n: int) -> np.ndarray:
         """``torch.randint(high, (n,))``."""
         if not 0 < high < 2**32:
-            raise ValueError(f"randint: high={high}; torch draws one word per value only "
-                             "below 2**32, the case reproduced here")
+            raise ValueError(
+                f"randint: high={high}; torch draws one word per value only below 2**32, the case reproduced here"
+            )
         return (self.words(n) % high).astype(np.int64)
 
     def skip_uniform(self, n: int) -> None:
@@ -55,13 +58,15 @@ class TorchCPUGenerator:
         """``torch.empty(shape).normal_(mean, std)`` in float32, row-major as torch fills it."""
         size = int(np.prod(shape))
         if size < 16:
-            raise ValueError(f"normal: {size} elements; torch draws tensors of fewer than 16 "
-                             "elements another way, not reproduced here")
+            raise ValueError(
+                f"normal: {size} elements; torch draws tensors of fewer than 16 "
+                "elements another way, not reproduced here"
+            )
         out = np.empty(size)
         blocks = size // 16 * 16
         out[:blocks] = _box_muller(self._uniform(size)[:blocks].reshape(-1, 16)).reshape(-1)
         if size % 16:  # torch recomputes the last 16 from fresh words
-            out[size - 16:] = _box_muller(self._uniform(16).reshape(1, 16)).reshape(-1)
+            out[size - 16 :] = _box_muller(self._uniform(16).reshape(1, 16)).reshape(-1)
         return (out * std + mean).astype(np.float32).reshape(shape)
 
 

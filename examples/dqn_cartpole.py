@@ -67,12 +67,19 @@ class CartPole:
         polemass_length = self.masspole * self.length
         force = self.force_mag if action == 1 else -self.force_mag
         cos, sin = math.cos(theta), math.sin(theta)
-        temp = (force + polemass_length * theta_dot ** 2 * sin) / total_mass
+        temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
         theta_acc = (self.gravity * sin - cos * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * cos ** 2 / total_mass))
+            self.length * (4.0 / 3.0 - self.masspole * cos**2 / total_mass)
+        )
         x_acc = temp - polemass_length * theta_acc * cos / total_mass
-        self.state = np.array([x + self.tau * x_dot, x_dot + self.tau * x_acc,
-                               theta + self.tau * theta_dot, theta_dot + self.tau * theta_acc])
+        self.state = np.array(
+            [
+                x + self.tau * x_dot,
+                x_dot + self.tau * x_acc,
+                theta + self.tau * theta_dot,
+                theta_dot + self.tau * theta_acc,
+            ]
+        )
         self.steps += 1
         terminated = bool(abs(self.state[0]) > self.x_limit or abs(self.state[2]) > self.theta_limit)
         return self.state.astype(np.float32), 1.0, terminated, self.steps >= self.max_steps
@@ -85,8 +92,10 @@ class Gymnasium:
         try:
             import gymnasium
         except ImportError:
-            raise SystemExit("--gymnasium needs gymnasium (pip install gymnasium); without the "
-                             "flag the example runs its own NumPy CartPole.") from None
+            raise SystemExit(
+                "--gymnasium needs gymnasium (pip install gymnasium); without the "
+                "flag the example runs its own NumPy CartPole."
+            ) from None
         self.env, self.seed, self.steps = gymnasium.make("CartPole-v1"), seed, 0
 
     def reset(self):
@@ -120,8 +129,7 @@ class Replay:
 
     def sample(self, n):
         idx = self.rng.integers(0, min(self.count, self.size), size=n)
-        return (self.obs[idx], self.action[idx], self.reward[idx], self.next_obs[idx],
-                self.done[idx])
+        return (self.obs[idx], self.action[idx], self.reward[idx], self.next_obs[idx], self.done[idx])
 
 
 def parse_args(argv=None):
@@ -148,8 +156,9 @@ def main(argv=None):
     env, eval_env = make_env(args.seed), make_env(args.seed + 1000)
     Q = funcnet.serial(Dense(64), Relu, Dense(64), Relu, Dense(2))
     optimizer = optax.adam(args.lr)
-    agent = TrainState.create({"online": (Q, (-1, 4)), "target": (Q, (-1, 4))},
-                              {"online": optimizer}, jax.random.key(args.seed))
+    agent = TrainState.create(
+        {"online": (Q, (-1, 4)), "target": (Q, (-1, 4))}, {"online": optimizer}, jax.random.key(args.seed)
+    )
     agent = funcnet.copy_params(agent, "online", "target")
 
     def td_loss(params, state, batch, rng):
@@ -179,8 +188,11 @@ def main(argv=None):
         obs, total, done = env.reset(), 0.0, False
         while not done:
             eps = max(0.05, 1.0 - steps / args.eps_decay_steps)
-            action = (int(rng.integers(2)) if steps < args.warmup or rng.random() < eps
-                      else int(greedy(agent.params["online"], obs)))
+            action = (
+                int(rng.integers(2))
+                if steps < args.warmup or rng.random() < eps
+                else int(greedy(agent.params["online"], obs))
+            )
             next_obs, reward, terminated, truncated = env.step(action)
             # A capped episode did not fail: only a real termination cuts the bootstrap.
             replay.add(obs, action, reward, next_obs, float(terminated))
@@ -196,26 +208,33 @@ def main(argv=None):
         if total >= 200 and first_200 is None:
             first_200 = episode
         if episode % args.eval_every == 0:
-            score = np.mean([play(eval_env, lambda o: int(greedy(agent.params["online"], o)))
-                             for _ in range(10)])
-            print(f"episode {episode:>4}  return {total:5.0f}  mean of last 10 "
-                  f"{np.mean(returns[-10:]):6.1f}  greedy {score:6.1f}  "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            score = np.mean([play(eval_env, lambda o: int(greedy(agent.params["online"], o))) for _ in range(10)])
+            print(
+                f"episode {episode:>4}  return {total:5.0f}  mean of last 10 "
+                f"{np.mean(returns[-10:]):6.1f}  greedy {score:6.1f}  "
+                f"({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
             if score >= 200:
                 solved_at = episode
                 break
-    print((f"greedy policy reached the cap of 200 at episode {solved_at}" if solved_at else
-           f"greedy policy did not reach 200 in {args.episodes} episodes")
-          + f"; first training episode at 200: {first_200}; mean return of the last 10 "
-          f"training episodes {np.mean(returns[-10:]):.1f} ({steps} steps, "
-          f"{time.perf_counter() - t0:.0f} s)")
+    print(
+        (
+            f"greedy policy reached the cap of 200 at episode {solved_at}"
+            if solved_at
+            else f"greedy policy did not reach 200 in {args.episodes} episodes"
+        )
+        + f"; first training episode at 200: {first_200}; mean return of the last 10 "
+        f"training episodes {np.mean(returns[-10:]):.1f} ({steps} steps, "
+        f"{time.perf_counter() - t0:.0f} s)"
+    )
     if args.plot:
         plt = pyplot()
         if plt is not None:
             fig, ax = plt.subplots(figsize=(6, 3.2))
             episodes = np.arange(1, len(returns) + 1)
             ax.plot(episodes, returns, lw=0.8, alpha=0.6, label="return")
-            moving = [np.mean(returns[max(0, i - 9):i + 1]) for i in range(len(returns))]
+            moving = [np.mean(returns[max(0, i - 9) : i + 1]) for i in range(len(returns))]
             ax.plot(episodes, moving, lw=1.5, label="mean of the last 10")
             ax.axhline(200, ls="--", color="grey")
             ax.legend(loc="upper left", fontsize=8)

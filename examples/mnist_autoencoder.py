@@ -51,14 +51,15 @@ def main(argv=None):
     args = parse_args(argv)
     x_train, _ = datasets.mnist.load("train", args.data_dir, flatten=True)
     x_test, _ = datasets.mnist.load("test", args.data_dir, flatten=True)
-    x_train = x_train[:args.limit]
+    x_train = x_train[: args.limit]
 
     dense = lambda n: Dense(n, W_init=initializers.xavier_uniform(), b_init=initializers.zeros)
     encoder = funcnet.serial(dense(256), Relu, dense(64))
     decoder = funcnet.serial(Relu, dense(256), Tanh, dense(784), Tanh)
     optimizer = optim.adam(args.lr)  # one Adam over both nets = tinynn's two Adams
-    ts = TrainState.create({"encoder": (encoder, (-1, 784)), "decoder": (decoder, (-1, 64))},
-                           optimizer, jax.random.key(args.seed))
+    ts = TrainState.create(
+        {"encoder": (encoder, (-1, 784)), "decoder": (decoder, (-1, 64))}, optimizer, jax.random.key(args.seed)
+    )
 
     def reconstruct(params, x):
         code, _ = encoder.apply(params["encoder"], (), x)
@@ -79,23 +80,26 @@ def main(argv=None):
         for batch in train_data(epoch):
             ts, metrics, outputs = step(ts, batch)
             total += metrics["loss"]  # stays on the device until printed
-        print(f"epoch {epoch + 1:>3}  loss {float(total) / train_data.num_batches:.3f}  "
-              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        print(
+            f"epoch {epoch + 1:>3}  loss {float(total) / train_data.num_batches:.3f}  "
+            f"({time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
 
     # Test: corrupt the test images the same way, measure how close the output is to the
     # clean image (tinynn's loss), against the error of the noisy input itself.
-    noisy = x_test + args.noise_mean + args.noise_std * jax.random.normal(
-        jax.random.key(args.seed + 1), x_test.shape)
+    noisy = x_test + args.noise_mean + args.noise_std * jax.random.normal(jax.random.key(args.seed + 1), x_test.shape)
     recon = jax.jit(reconstruct)(ts.params, noisy)
     err = float(0.5 * losses.mse(recon, x_test, reduction="sum_mean"))
     base = float(0.5 * losses.mse(jnp.clip(noisy, 0, 1), x_test, reduction="sum_mean"))
     print(f"test reconstruction error {err:.2f} (the noisy input itself: {base:.2f})")
     if args.plot:
         # the last training step's own noisy inputs, handed back by the step, then test images
-        image_rows(args.plot, [outputs["noisy"], outputs["recon"], noisy[:12], recon[:12],
-                               x_test[:12]],
-                   ["train: noisy", "train: output", "test: noisy", "test: output",
-                    "test: clean"])
+        image_rows(
+            args.plot,
+            [outputs["noisy"], outputs["recon"], noisy[:12], recon[:12], x_test[:12]],
+            ["train: noisy", "train: output", "test: noisy", "test: output", "test: clean"],
+        )
     return err, base, outputs
 
 

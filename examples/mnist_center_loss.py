@@ -59,13 +59,14 @@ def main(argv=None):
     x_train, y_train = datasets.mnist.load("train", args.data_dir, flatten=True)
     x_test, y_test = datasets.mnist.load("test", args.data_dir, flatten=True)
     if args.limit:
-        x_train, y_train = x_train[:args.limit], y_train[:args.limit]
+        x_train, y_train = x_train[: args.limit], y_train[: args.limit]
 
     embed = funcnet.serial(Dense(256), Relu, Dense(128), Relu, Dense(2))
     net = funcnet.serial(embed, funcnet.FanOut(2), funcnet.parallel(funcnet.Identity, Dense(10)))
     optimizer = optim.adam(args.lr)
-    train_state = TrainState.create(net, optimizer, jax.random.key(args.seed), (-1, 784),
-                                    loss_state=losses.center_loss_init(10, 2))
+    train_state = TrainState.create(
+        net, optimizer, jax.random.key(args.seed), (-1, 784), loss_state=losses.center_loss_init(10, 2)
+    )
     # With --devices N, fit runs jit over a data mesh: the step sees the global batch, so
     # center_loss needs no axis_name (the centers are one array, not one per device).
     mesh = distributed.data_mesh(args.devices) if args.devices else None
@@ -92,19 +93,33 @@ def main(argv=None):
         (_, logits), _ = net.apply(params, state, batch[0])
         return acc.update(acc.init(), logits, batch[1])
 
-    train_data = lambda epoch: data.batches((x_train, y_train), args.batch_size, shuffle=True,
-                                            rng=args.seed, epoch=epoch)
+    train_data = lambda epoch: data.batches(
+        (x_train, y_train), args.batch_size, shuffle=True, rng=args.seed, epoch=epoch
+    )
     test_data = lambda epoch: data.batches((x_test, y_test), 1000)
     print(f"{'epoch':>5}  {'loss':>7}  {'center':>7}  {'test acc':>8}  {'samples/s':>9}")
 
     class Report(Callback):
         def on_epoch_end(self, ctx, epoch, logs):
-            print(f"{epoch + 1:>5}  {logs['loss']:7.4f}  {logs['center_loss']:7.4f}  "
-                  f"{100 * logs['eval_metric']:7.2f}%  {logs['samples_per_s']:9,.0f}", flush=True)
+            print(
+                f"{epoch + 1:>5}  {logs['loss']:7.4f}  {logs['center_loss']:7.4f}  "
+                f"{100 * logs['eval_metric']:7.2f}%  {logs['samples_per_s']:9,.0f}",
+                flush=True,
+            )
 
-    train_state, history = fit(train_state, loss_fn, optimizer, train_data, epochs=args.epochs,
-                               eval_data=test_data, eval_fn=eval_fn, metric=acc,
-                               mesh=mesh, callbacks=[Report()], progress=args.progress)
+    train_state, history = fit(
+        train_state,
+        loss_fn,
+        optimizer,
+        train_data,
+        epochs=args.epochs,
+        eval_data=test_data,
+        eval_fn=eval_fn,
+        metric=acc,
+        mesh=mesh,
+        callbacks=[Report()],
+        progress=args.progress,
+    )
     print(f"final test accuracy {100 * history[-1]['eval_metric']:.2f}%")
 
     if args.plot:
@@ -116,6 +131,7 @@ def main(argv=None):
 def plot_features(features, labels, centers, path):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -127,8 +143,9 @@ def plot_features(features, labels, centers, path):
         ax.scatter(pts[:, 0], pts[:, 1], s=1, alpha=0.4, color=plt.cm.tab10(c), label=str(c))
     ax.legend(markerscale=6, loc="best", fontsize=8)
     ax.scatter(centers[:, 0], centers[:, 1], s=120, marker="X", color="black")
-    ax.set(title="MNIST test features, softmax + center loss (X: class centers)",
-           xlabel="feature 1", ylabel="feature 2")
+    ax.set(
+        title="MNIST test features, softmax + center loss (X: class centers)", xlabel="feature 1", ylabel="feature 2"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"feature plot written to {path}")

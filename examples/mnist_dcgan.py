@@ -53,12 +53,28 @@ def nets(model):
     # tinynn's default init; it reads a conv kernel's fans its own way (docs/porting.md)
     w = dict(W_init=initializers.xavier_uniform(), b_init=zero)
     up = dict(strides=2, padding=((2, 1), (2, 1)), **w)
-    G = funcnet.serial(Dense(7 * 7 * 16, **w), Reshape((7, 7, 16)),
-                       ConvTranspose(6, (5, 5), **up), lrelu, ConvTranspose(1, (5, 5), **up),
-                       Sigmoid)
-    D = funcnet.serial(Conv(6, (5, 5), padding="SAME", **w), lrelu, MaxPool((2, 2)),
-                       Conv(16, (5, 5), padding="SAME", **w), lrelu, MaxPool((2, 2)), Flatten,
-                       Dense(120, **w), lrelu, Dense(84, **w), lrelu, Dense(1, **w))
+    G = funcnet.serial(
+        Dense(7 * 7 * 16, **w),
+        Reshape((7, 7, 16)),
+        ConvTranspose(6, (5, 5), **up),
+        lrelu,
+        ConvTranspose(1, (5, 5), **up),
+        Sigmoid,
+    )
+    D = funcnet.serial(
+        Conv(6, (5, 5), padding="SAME", **w),
+        lrelu,
+        MaxPool((2, 2)),
+        Conv(16, (5, 5), padding="SAME", **w),
+        lrelu,
+        MaxPool((2, 2)),
+        Flatten,
+        Dense(120, **w),
+        lrelu,
+        Dense(84, **w),
+        lrelu,
+        Dense(1, **w),
+    )
     return G, D, (28, 28, 1)
 
 
@@ -81,11 +97,11 @@ def main(argv=None):
     args = parse_args(argv)
     G, D, image_shape = nets(args.model)
     flat = args.model == "mlp"
-    images = np.concatenate([datasets.mnist.load(s, args.data_dir, flatten=flat)[0]
-                             for s in ("train", "test")])[:args.limit]
+    images = np.concatenate([datasets.mnist.load(s, args.data_dir, flatten=flat)[0] for s in ("train", "test")])[
+        : args.limit
+    ]
     opts = {"gen": optim.adam(args.lr_g, b1=args.beta1), "disc": optim.adam(args.lr_d, b1=args.beta1)}
-    gan = TrainState.create({"gen": (G, (-1, NOISE)), "disc": (D, (-1, *image_shape))}, opts,
-                            jax.random.key(args.seed))
+    gan = TrainState.create({"gen": (G, (-1, NOISE)), "disc": (D, (-1, *image_shape))}, opts, jax.random.key(args.seed))
 
     def generate(params, rng, n):
         return G.apply(params["gen"], (), jax.random.normal(rng, (n, NOISE)))[0]
@@ -98,8 +114,10 @@ def main(argv=None):
         real_logits, _ = D.apply(params["disc"], (), real)
         fake_logits, _ = D.apply(params["disc"], (), fake)
         loss = bce(real_logits, 1.0) + bce(fake_logits, 0.0)
-        return loss, Aux(state=state, metrics={"D(x)": jax.nn.sigmoid(real_logits).mean(),
-                                                "D(G(z))": jax.nn.sigmoid(fake_logits).mean()})
+        return loss, Aux(
+            state=state,
+            metrics={"D(x)": jax.nn.sigmoid(real_logits).mean(), "D(G(z))": jax.nn.sigmoid(fake_logits).mean()},
+        )
 
     def g_loss(params, state, real, rng):
         fake = generate(params, rng, real.shape[0])
@@ -117,23 +135,32 @@ def main(argv=None):
         for real in train_data(epoch):
             gan, d_metrics = d_step(gan, real)
             gan, g_metrics = g_step(gan, real)
-            logs = {"D loss": d_metrics["loss"], "G loss": g_metrics["loss"],
-                    "D(x)": d_metrics["D(x)"], "D(G(z))": d_metrics["D(G(z))"]}
+            logs = {
+                "D loss": d_metrics["loss"],
+                "G loss": g_metrics["loss"],
+                "D(x)": d_metrics["D(x)"],
+                "D(G(z))": d_metrics["D(G(z))"],
+            }
             totals = {k: totals.get(k, 0.0) + v for k, v in logs.items()}  # on the device
         history.append({k: float(v) / train_data.num_batches for k, v in totals.items()})
-        print(f"epoch {epoch + 1:>3}  " + "  ".join(f"{k} {v:.3f}" for k, v in history[-1].items())
-              + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
+        print(
+            f"epoch {epoch + 1:>3}  "
+            + "  ".join(f"{k} {v:.3f}" for k, v in history[-1].items())
+            + f"  ({time.perf_counter() - t0:.1f} s)",
+            flush=True,
+        )
     if history:
         last = history[-1]
-        print(f"final D loss {last['D loss']:.3f}, G loss {last['G loss']:.3f}, D(x) "
-              f"{last['D(x)']:.3f}, D(G(z)) {last['D(G(z))']:.3f} ({args.model}, {args.epochs} "
-              f"epochs, {time.perf_counter() - t0:.0f} s)")
+        print(
+            f"final D loss {last['D loss']:.3f}, G loss {last['G loss']:.3f}, D(x) "
+            f"{last['D(x)']:.3f}, D(G(z)) {last['D(G(z))']:.3f} ({args.model}, {args.epochs} "
+            f"epochs, {time.perf_counter() - t0:.0f} s)"
+        )
 
     sample = funcnet.make_predict_fn(G, gan.params["gen"])  # G in eval mode, jitted
     samples = np.asarray(sample(jax.random.normal(fixed, (64, NOISE)))).reshape(64, -1)
     if args.plot:
-        image_rows(args.plot, [samples[i * 16:(i + 1) * 16] for i in range(4)],
-                   ["samples"] + [""] * 3)
+        image_rows(args.plot, [samples[i * 16 : (i + 1) * 16] for i in range(4)], ["samples"] + [""] * 3)
     return history, samples
 
 

@@ -40,8 +40,11 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", default=None, help="directory with the MNIST idx files "
-                   "(default: $FUNCNET_DATA_DIR, then the copy shipped in data/mnist)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="directory with the MNIST idx files (default: $FUNCNET_DATA_DIR, then the copy shipped in data/mnist)",
+    )
     p.add_argument("--checkpoint-dir", default=None, help="save a checkpoint after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's latest")
     p.add_argument("--plot", default="mnist_mlp_curves.png", help="PNG of the curves ('' = none)")
@@ -73,16 +76,18 @@ def main(argv=None):
         return accuracy.update(accuracy.init(), logits, y)
 
     # The 60000 images live on the device; fit gathers each shuffled batch in its step.
-    train_data = data.DeviceData((x_train, y_train), args.batch_size, shuffle=True,
-                                 rng=args.seed)
+    train_data = data.DeviceData((x_train, y_train), args.batch_size, shuffle=True, rng=args.seed)
     test_data = lambda epoch: data.batches((x_test, y_test), 1000, drop_remainder=False)
 
     rows = []
 
     def report(line_logs):
         rows.append(line_logs)
-        print(f"{line_logs['epoch'] + 1:>5}  {line_logs['loss']:.4f}  "
-              f"{100 * line_logs['eval_metric']:8.2f}%  {line_logs['seconds']:7.2f}", flush=True)
+        print(
+            f"{line_logs['epoch'] + 1:>5}  {line_logs['loss']:.4f}  "
+            f"{100 * line_logs['eval_metric']:8.2f}%  {line_logs['seconds']:7.2f}",
+            flush=True,
+        )
 
     class Report(Callback):
         def on_epoch_end(self, ctx, epoch, logs):
@@ -94,13 +99,21 @@ def main(argv=None):
     print(f"{'epoch':>5}  {'loss':>6}  {'test acc':>9}  {'seconds':>7}")
     t0 = time.perf_counter()
     train_state, history = fit(
-        train_state, loss_fn, optimizer, train_data, epochs=args.epochs, eval_data=test_data,
-        eval_fn=eval_fn, metric=accuracy, callbacks=callbacks, progress=args.progress,
-        resume_from=args.checkpoint_dir if args.resume else None)
+        train_state,
+        loss_fn,
+        optimizer,
+        train_data,
+        epochs=args.epochs,
+        eval_data=test_data,
+        eval_fn=eval_fn,
+        metric=accuracy,
+        callbacks=callbacks,
+        progress=args.progress,
+        resume_from=args.checkpoint_dir if args.resume else None,
+    )
     total = time.perf_counter() - t0
     if history:
-        print(f"final test accuracy {100 * history[-1]['eval_metric']:.2f}% "
-              f"({len(history)} epochs in {total:.1f} s)")
+        print(f"final test accuracy {100 * history[-1]['eval_metric']:.2f}% ({len(history)} epochs in {total:.1f} s)")
     if args.plot and rows:
         plot_curves(rows, args.plot)
     return history
@@ -109,6 +122,7 @@ def main(argv=None):
 def plot_curves(rows, path):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:

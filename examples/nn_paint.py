@@ -39,7 +39,7 @@ def builtin_picture(size=64):
     """A small RGB picture with soft and hard edges: a sunset sky, a sun, a hill."""
     r, c = np.mgrid[0:size, 0:size] / (size - 1.0)
     img = np.stack([0.9 - 0.5 * r, 0.4 + 0.3 * r, 0.3 + 0.6 * (1 - r)], -1)
-    sun = (r - 0.35) ** 2 + (c - 0.65) ** 2 < 0.12 ** 2
+    sun = (r - 0.35) ** 2 + (c - 0.65) ** 2 < 0.12**2
     img[sun] = (1.0, 0.85, 0.2)
     hill = r > 0.7 + 0.1 * np.sin(6 * c)
     img[hill] = np.stack([0.1 + 0.2 * c, 0.5 - 0.2 * r, 0.15 + 0 * c], -1)[hill]
@@ -51,8 +51,10 @@ def load_picture(path, size):
     try:
         from matplotlib.image import imread  # PNG itself, other formats through Pillow
     except ImportError:
-        raise SystemExit("reading an image needs matplotlib (pip install -e '.[examples]'); "
-                         "without an image argument the example paints its built-in picture.")
+        raise SystemExit(
+            "reading an image needs matplotlib (pip install -e '.[examples]'); "
+            "without an image argument the example paints its built-in picture."
+        )
     img = np.asarray(imread(path), np.float32)
     img = img / 255.0 if img.max() > 1 else img
     img = np.repeat(img[..., None], 3, -1) if img.ndim == 2 else img[..., :3]
@@ -85,8 +87,7 @@ def main(argv=None):
     x, y = coordinates(h, w), target.reshape(-1, 3)
 
     dense = lambda n: Dense(n, W_init=initializers.xavier_uniform(), b_init=initializers.zeros)
-    net = funcnet.serial(dense(30), Relu, dense(100), Relu, dense(100), Relu, dense(30), Relu,
-                         dense(3), Sigmoid)
+    net = funcnet.serial(dense(30), Relu, dense(100), Relu, dense(100), Relu, dense(30), Relu, dense(3), Sigmoid)
     optimizer = optim.adam(args.lr)
     ts = TrainState.create(net, optimizer, jax.random.key(args.seed), (-1, 2))
 
@@ -100,18 +101,25 @@ def main(argv=None):
         def on_epoch_end(self, ctx, epoch, logs):
             painted = funcnet.make_predict_fn(net, ctx.train_state.params, ctx.train_state.state)(x)
             errors.append(float(losses.mse(painted, y)))
-            print(f"epoch {epoch + 1:>4}  mse {errors[-1]:.5f}  ({logs['seconds']:.2f} s)",
-                  flush=True)
+            print(f"epoch {epoch + 1:>4}  mse {errors[-1]:.5f}  ({logs['seconds']:.2f} s)", flush=True)
 
     t0 = time.perf_counter()
-    ts, _ = fit(ts, loss_fn, optimizer,
-                data.DeviceData((x, y), args.batch_size, shuffle=True, rng=args.seed),
-                epochs=args.epochs, callbacks=[Report()], progress=False)
+    ts, _ = fit(
+        ts,
+        loss_fn,
+        optimizer,
+        data.DeviceData((x, y), args.batch_size, shuffle=True, rng=args.seed),
+        epochs=args.epochs,
+        callbacks=[Report()],
+        progress=False,
+    )
     paint = funcnet.make_predict_fn(net, ts.params, ts.state)
     painting = np.asarray(paint(x)).reshape(h, w, 3)
     if errors:
-        print(f"final mse {errors[-1]:.5f}, PSNR {10 * math.log10(1 / errors[-1]):.1f} dB "
-              f"({h}x{w} picture, {len(errors)} epochs in {time.perf_counter() - t0:.1f} s)")
+        print(
+            f"final mse {errors[-1]:.5f}, PSNR {10 * math.log10(1 / errors[-1]):.1f} dB "
+            f"({h}x{w} picture, {len(errors)} epochs in {time.perf_counter() - t0:.1f} s)"
+        )
     if args.plot:
         plt = pyplot()
         if plt is not None:

@@ -71,21 +71,30 @@ def main(argv=None):
         logits, state = net.apply(params, state, x, rng=rng, train=True)
         return losses.cross_entropy(logits, y), Aux(state=state)
 
-    step = jax.pmap(make_train_step(loss_fn, optimizer, axis_name="batch"), axis_name="batch",
-                    devices=jax.local_devices()[:n_local], donate_argnums=0)
-    ts = distributed.replicate(TrainState.create(net, optimizer, jax.random.key(args.seed), (-1, 784)),
-                            n_local)
+    step = jax.pmap(
+        make_train_step(loss_fn, optimizer, axis_name="batch"),
+        axis_name="batch",
+        devices=jax.local_devices()[:n_local],
+        donate_argnums=0,
+    )
+    ts = distributed.replicate(TrainState.create(net, optimizer, jax.random.key(args.seed), (-1, 784)), n_local)
     mine = distributed.process_slice(args.batch_size)
     if main_process:
-        print(f"{jax.process_count()} process(es), {n_total} device(s) "
-              f"({jax.local_devices()[0].platform}), global batch {args.batch_size}, "
-              f"{args.batch_size // n_total} per device")
+        print(
+            f"{jax.process_count()} process(es), {n_total} device(s) "
+            f"({jax.local_devices()[0].platform}), global batch {args.batch_size}, "
+            f"{args.batch_size // n_total} per device"
+        )
 
     for epoch in range(args.epochs):
         it = data.prefetch_to_device(
-            ((x[mine], y[mine]) for x, y in data.batches((x_train, y_train), args.batch_size,
-                                                         shuffle=True, rng=args.seed, epoch=epoch)),
-            size=2, transform=lambda b: distributed.shard(b, n_local))
+            (
+                (x[mine], y[mine])
+                for x, y in data.batches((x_train, y_train), args.batch_size, shuffle=True, rng=args.seed, epoch=epoch)
+            ),
+            size=2,
+            transform=lambda b: distributed.shard(b, n_local),
+        )
         t0, n, m = time.perf_counter(), 0, None
         # At most two steps in flight on CPU: XLA:CPU's collectives can stall when many
         # multi-device executions are queued (see distributed.InFlight); no-op on GPU.
@@ -100,9 +109,11 @@ def main(argv=None):
         logits, _ = net.apply(params, distributed.unreplicate(ts.state), x_test)
         acc = float((logits.argmax(-1) == y_test).mean())
         if main_process:
-            print(f"epoch {epoch + 1}: loss {loss:.4f}  test acc {100 * acc:.2f}%  "
-                  f"{n / seconds:,.0f} samples/s in all, {n / seconds / n_total:,.0f} per device "
-                  f"({seconds:.2f} s, first epoch includes compilation)")
+            print(
+                f"epoch {epoch + 1}: loss {loss:.4f}  test acc {100 * acc:.2f}%  "
+                f"{n / seconds:,.0f} samples/s in all, {n / seconds / n_total:,.0f} per device "
+                f"({seconds:.2f} s, first epoch includes compilation)"
+            )
     if args.distributed:
         jax.distributed.shutdown()
 

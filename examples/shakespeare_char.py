@@ -115,8 +115,10 @@ from _torch_rng import TorchCPUGenerator
 
 DTYPES = ("float32", "bfloat16", "float16")  # train.py's --dtype
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA_CANDIDATES = (os.path.join(ROOT, "data", "shakespeare_char", "input.txt"),
-                   os.path.join(ROOT, "..", "shared", "data", "shakespeare_char", "input.txt"))
+DATA_CANDIDATES = (
+    os.path.join(ROOT, "data", "shakespeare_char", "input.txt"),
+    os.path.join(ROOT, "..", "shared", "data", "shakespeare_char", "input.txt"),
+)
 
 
 def parse_args(argv=None):
@@ -138,25 +140,30 @@ def refuse_bad_args(args):
 # losses (--eval-iters: a mean over no batches) or a ZeroDivisionError (the intervals).
 _AT_LEAST_ONE = {
     "eval_iters": "the loss printed at each evaluation is the mean over eval_iters batches "
-                  "of each split, so 0 gives nan (nanoGPT's CPU run: 20)",
+    "of each split, so 0 gives nan (nanoGPT's CPU run: 20)",
     "log_interval": "an iter line is printed every log_interval iterations",
     "eval_interval": "the model is evaluated every eval_interval iterations",
-    "batch_size": "the windows per update", "block_size": "the context length",
-    "n_layer": "the transformer blocks", "n_head": "the attention heads",
-    "n_embd": "the width", "steps_per_dispatch": "the most updates per dispatch"}
+    "batch_size": "the windows per update",
+    "block_size": "the context length",
+    "n_layer": "the transformer blocks",
+    "n_head": "the attention heads",
+    "n_embd": "the width",
+    "steps_per_dispatch": "the most updates per dispatch",
+}
 _AT_LEAST_ZERO = ("max_iters", "lr_decay_iters", "warmup_iters", "sample_tokens", "devices")
 
 
 def check_args(args):
     """The messages for arguments no run can use (empty when all are fine)."""
     flag = lambda name: "--" + name.replace("_", "-")
-    bad = [f"{flag(n)}={getattr(args, n)} must be at least 1: {why}"
-           for n, why in _AT_LEAST_ONE.items() if getattr(args, n) < 1]
-    bad += [f"{flag(n)}={getattr(args, n)} must be at least 0" for n in _AT_LEAST_ZERO
-            if getattr(args, n) < 0]
+    bad = [
+        f"{flag(n)}={getattr(args, n)} must be at least 1: {why}"
+        for n, why in _AT_LEAST_ONE.items()
+        if getattr(args, n) < 1
+    ]
+    bad += [f"{flag(n)}={getattr(args, n)} must be at least 0" for n in _AT_LEAST_ZERO if getattr(args, n) < 0]
     if not 0.0 <= args.dropout < 1.0:
-        bad.append(f"--dropout={args.dropout} must be in [0, 1): the probability of zeroing "
-                   f"each activation")
+        bad.append(f"--dropout={args.dropout} must be in [0, 1): the probability of zeroing each activation")
     return bad
 
 
@@ -168,40 +175,79 @@ def check_block_size(args, splits):
     n_train, n_val = len(splits[1]), len(splits[2])
     n = min(n_train, n_val)
     if args.block_size + 1 > n:
-        _parser().error(f"--block-size={args.block_size} is too long for the text: its "
-                        f"{'validation' if n == n_val else 'training'} split has {n} "
-                        f"characters and a window needs block_size + 1 of them. Use "
-                        f"--block-size={max(n - 1, 1)} or less, or a longer text (--data).")
+        _parser().error(
+            f"--block-size={args.block_size} is too long for the text: its "
+            f"{'validation' if n == n_val else 'training'} split has {n} "
+            f"characters and a window needs block_size + 1 of them. Use "
+            f"--block-size={max(n - 1, 1)} or less, or a longer text (--data)."
+        )
     return splits
 
 
 def _parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # nanoGPT's config/train_shakespeare_char.py, spelled with dashes
-    for flag, default in (("batch-size", 64), ("block-size", 256), ("n-layer", 6),
-                          ("n-head", 6), ("n-embd", 384), ("max-iters", 5000),
-                          ("lr-decay-iters", 5000), ("eval-iters", 200), ("log-interval", 10),
-                          ("eval-interval", 250), ("warmup-iters", 100), ("seed", 1337),
-                          ("sample-tokens", 500)):
+    for flag, default in (
+        ("batch-size", 64),
+        ("block-size", 256),
+        ("n-layer", 6),
+        ("n-head", 6),
+        ("n-embd", 384),
+        ("max-iters", 5000),
+        ("lr-decay-iters", 5000),
+        ("eval-iters", 200),
+        ("log-interval", 10),
+        ("eval-interval", 250),
+        ("warmup-iters", 100),
+        ("seed", 1337),
+        ("sample-tokens", 500),
+    ):
         p.add_argument(f"--{flag}", type=int, default=default)
-    for flag, default in (("dropout", 0.2), ("learning-rate", 1e-3), ("min-lr", 1e-4),
-                          ("beta1", 0.9), ("beta2", 0.99), ("weight-decay", 0.1),
-                          ("grad-clip", 1.0)):
+    for flag, default in (
+        ("dropout", 0.2),
+        ("learning-rate", 1e-3),
+        ("min-lr", 1e-4),
+        ("beta1", 0.9),
+        ("beta2", 0.99),
+        ("weight-decay", 0.1),
+        ("grad-clip", 1.0),
+    ):
         p.add_argument(f"--{flag}", type=float, default=default)
     p.add_argument("--bias", action="store_true", help="biases in Linear and LayerNorm")
-    p.add_argument("--rng", choices=("torch", "jax"), default="torch",
-                   help="torch: nanoGPT's own random numbers for --seed (its init and batches, "
-                   "from torch's CPU generator reproduced in numpy); jax: jax.random")
-    p.add_argument("--devices", type=int, default=0, help="split each batch over this many "
-                   "devices (data parallel, the same updates); 0: as many as divide the batch")
+    p.add_argument(
+        "--rng",
+        choices=("torch", "jax"),
+        default="torch",
+        help="torch: nanoGPT's own random numbers for --seed (its init and batches, "
+        "from torch's CPU generator reproduced in numpy); jax: jax.random",
+    )
+    p.add_argument(
+        "--devices",
+        type=int,
+        default=0,
+        help="split each batch over this many "
+        "devices (data parallel, the same updates); 0: as many as divide the batch",
+    )
     p.add_argument("--data", default=None, help="tinyshakespeare input.txt")
-    p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="the matrix products' dtype (train.py's --dtype; float32 master weights); "
-                   "default: bfloat16 on a GPU that supports it, else float16; float32 on CPU")
-    p.add_argument("--steps-per-dispatch", type=int, default=50,
-                   help="at most this many updates per dispatch (see steps_per_dispatch)")
-    p.add_argument("--peak-tflops", type=float, default=312.0,
-                   help="the peak of the mfu figure, in TFLOPS (nanoGPT's: an A100's bfloat16 312)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="the matrix products' dtype (train.py's --dtype; float32 master weights); "
+        "default: bfloat16 on a GPU that supports it, else float16; float32 on CPU",
+    )
+    p.add_argument(
+        "--steps-per-dispatch",
+        type=int,
+        default=50,
+        help="at most this many updates per dispatch (see steps_per_dispatch)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=312.0,
+        help="the peak of the mfu figure, in TFLOPS (nanoGPT's: an A100's bfloat16 312)",
+    )
     return p
 
 
@@ -239,7 +285,7 @@ def mixed_precision(dtype):
     if dtype == "float32":
         return None, None
     policy = precision.Policy.make("float32", dtype, dtype)
-    scale = precision.dynamic_loss_scale(2.0 ** 16, period=2000) if dtype == "float16" else None
+    scale = precision.dynamic_loss_scale(2.0**16, period=2000) if dtype == "float16" else None
     return policy, scale
 
 
@@ -249,28 +295,37 @@ def attention_path(platform, dtype, head_dim, dropout):
     dim that is a multiple of 8 and at most 128 (cuDNN's limit before Hopper), and no
     dropout, since jax's fused attention has no dropout on the attention weights -- else
     None (funcnet's default), and a line saying which path that is."""
-    if platform == "cuda" and dtype != "float32" and head_dim % 8 == 0 and head_dim <= 128 \
-            and dropout == 0:
+    if platform == "cuda" and dtype != "float32" and head_dim % 8 == 0 and head_dim <= 128 and dropout == 0:
         return "cudnn", "cuDNN's fused kernel (jax.nn.dot_product_attention, 'cudnn')"
     if platform == "cpu":
         return None, "funcnet's written-out attention (the faster one on CPU)"
-    why = ("dropout on the attention weights" if dropout else
-           "float32" if dtype == "float32" else
-           f"head dim {head_dim}" if platform == "cuda" else f"no cuDNN on {platform}")
+    why = (
+        "dropout on the attention weights"
+        if dropout
+        else "float32"
+        if dtype == "float32"
+        else f"head dim {head_dim}"
+        if platform == "cuda"
+        else f"no cuDNN on {platform}"
+    )
     if dropout:
-        return None, (f"funcnet's written-out attention to train ({why}: jax's fused attention "
-                      "has none), jax.nn.dot_product_attention (XLA) to evaluate")
+        return None, (
+            f"funcnet's written-out attention to train ({why}: jax's fused attention "
+            "has none), jax.nn.dot_product_attention (XLA) to evaluate"
+        )
     return None, f"jax.nn.dot_product_attention, XLA's ({why}: not cuDNN's)"
 
 
 def load_text(path=None):
-    for candidate in ([path] if path else DATA_CANDIDATES):
+    for candidate in [path] if path else DATA_CANDIDATES:
         if candidate and os.path.exists(candidate):
             with open(candidate, encoding="utf-8") as f:
                 return f.read()
-    sys.exit("tinyshakespeare's input.txt was not found (looked in "
-             f"{', '.join(DATA_CANDIDATES) if not path else path}); see "
-             "data/shakespeare_char/README.md, or pass --data PATH.")
+    sys.exit(
+        "tinyshakespeare's input.txt was not found (looked in "
+        f"{', '.join(DATA_CANDIDATES) if not path else path}); see "
+        "data/shakespeare_char/README.md, or pass --data PATH."
+    )
 
 
 def encode_splits(text):
@@ -293,6 +348,7 @@ def get_batch(data, starts, block_size):
 class Draws(NamedTuple):
     """Every window start of a run: ``train[it]`` for update ``it``; ``evals[e]`` for the
     e-th evaluation, ``(2, eval_iters, batch)`` (train split, then val)."""
+
     train: np.ndarray
     evals: np.ndarray
 
@@ -309,23 +365,27 @@ def nanogpt_draws(gen, args, n_train, n_val):
             evals.append([[batch(n) for _ in range(args.eval_iters)] for n in (n_train, n_val)])
         train.append(batch(n_train))
     evals = np.asarray(evals, np.int32).reshape(len(evals), 2, args.eval_iters, args.batch_size)
-    return Draws(np.asarray(train[:args.max_iters], np.int32), evals)
+    return Draws(np.asarray(train[: args.max_iters], np.int32), evals)
 
 
 def jax_draws(data_key, eval_key, args, n_train, n_val):
     """The same plan from ``jax.random`` (``--rng=jax``): update ``it`` draws from
     ``fold_in(data_key, it)``; the evaluation at ``it`` from ``fold_in(eval_key, it)``, split
     in two (train, val) and each half into eval_iters keys."""
+
     def starts(key, n):
         return jax.random.randint(key, (args.batch_size,), 0, n - args.block_size)
 
     def evaluation(it):
         k_tr, k_va = jax.random.split(jax.random.fold_in(eval_key, it))
-        return jnp.stack([jax.vmap(starts, (0, None))(jax.random.split(k, args.eval_iters), n)
-                          for k, n in ((k_tr, n_train), (k_va, n_val))])
+        return jnp.stack(
+            [
+                jax.vmap(starts, (0, None))(jax.random.split(k, args.eval_iters), n)
+                for k, n in ((k_tr, n_train), (k_va, n_val))
+            ]
+        )
 
-    train = jax.vmap(lambda it: starts(jax.random.fold_in(data_key, it), n_train))(
-        jnp.arange(args.max_iters))
+    train = jax.vmap(lambda it: starts(jax.random.fold_in(data_key, it), n_train))(jnp.arange(args.max_iters))
     evals = jax.vmap(evaluation)(jnp.arange(0, args.max_iters + 1, args.eval_interval))
     return Draws(np.asarray(train, np.int32), np.asarray(evals, np.int32))
 
@@ -343,39 +403,46 @@ def nanogpt_params(gen, args, vocab_size):
     for _ in range(L):
         for out, inp in linears:
             gen.skip_uniform(out * inp + (out if args.bias else 0))
-    gen.skip_uniform(V * E)                                   # lm_head's own init
-    gen.normal((V, E), 0.02)     # wte's, overwritten: the table is lm_head's, drawn last
+    gen.skip_uniform(V * E)  # lm_head's own init
+    gen.normal((V, E), 0.02)  # wte's, overwritten: the table is lm_head's, drawn last
     wpe = gen.normal((T, E), 0.02)
     weights = [[gen.normal(shape, 0.02) for shape in linears] for _ in range(L)]
     wte = gen.normal((V, E), 0.02)
     for w in weights:
-        w[1], w[3] = (gen.normal(linears[1], 0.02 / math.sqrt(2 * L)),
-                      gen.normal(linears[3], 0.02 / math.sqrt(2 * L)))
+        w[1], w[3] = (gen.normal(linears[1], 0.02 / math.sqrt(2 * L)), gen.normal(linears[3], 0.02 / math.sqrt(2 * L)))
     dense = lambda w: {"W": jnp.asarray(w.T), **({"b": jnp.zeros(w.shape[0])} if args.bias else {})}
     norm = lambda: {"scale": jnp.ones(E), **({"bias": jnp.zeros(E)} if args.bias else {})}
     blocks = tuple(
-        {"attn": {"norm": norm(), "drop": (),
-                  "attn": {**{name: dense(c_attn[i * E:(i + 1) * E])
-                              for i, name in enumerate(("query", "key", "value"))},
-                           "out": dense(attn_proj)}},
-         "mlp": {"norm": norm(), "fc": dense(c_fc), "act": (), "proj": dense(mlp_proj),
-                 "drop": ()}}
-        for c_attn, attn_proj, c_fc, mlp_proj in weights)
-    return {"E": jnp.asarray(wte),
-            "body": {"pos": {"E": jnp.asarray(wpe)}, "drop": (), "blocks": blocks,
-                     "ln_f": norm()}}
+        {
+            "attn": {
+                "norm": norm(),
+                "drop": (),
+                "attn": {
+                    **{name: dense(c_attn[i * E : (i + 1) * E]) for i, name in enumerate(("query", "key", "value"))},
+                    "out": dense(attn_proj),
+                },
+            },
+            "mlp": {"norm": norm(), "fc": dense(c_fc), "act": (), "proj": dense(mlp_proj), "drop": ()},
+        }
+        for c_attn, attn_proj, c_fc, mlp_proj in weights
+    )
+    return {
+        "E": jnp.asarray(wte),
+        "body": {"pos": {"E": jnp.asarray(wpe)}, "drop": (), "blocks": blocks, "ln_f": norm()},
+    }
 
 
 def lr_schedule(args):
     """train.py's get_lr, as an optax schedule of the update count (0 for the first update)."""
+
     def schedule(it):
         it = jnp.asarray(it, jnp.float32)
         warm = args.learning_rate * (it + 1) / (args.warmup_iters + 1)
         ratio = (it - args.warmup_iters) / max(args.lr_decay_iters - args.warmup_iters, 1)
         coeff = 0.5 * (1.0 + jnp.cos(math.pi * jnp.clip(ratio, 0.0, 1.0)))
         cosine = args.min_lr + coeff * (args.learning_rate - args.min_lr)
-        return jnp.where(it < args.warmup_iters, warm,
-                         jnp.where(it > args.lr_decay_iters, args.min_lr, cosine))
+        return jnp.where(it < args.warmup_iters, warm, jnp.where(it > args.lr_decay_iters, args.min_lr, cosine))
+
     return schedule
 
 
@@ -385,16 +452,26 @@ def build(args, vocab_size):
     implementation :func:`attention_path` picks."""
     platform, capability = device_platform()
     dtype = args.dtype or default_dtype(platform, capability)
-    implementation, _ = attention_path(platform, dtype, args.n_embd // args.n_head,
-                                       args.dropout)
-    net = GPT(vocab_size, args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-              n_embd=args.n_embd, dropout=args.dropout, bias=args.bias,
-              implementation=implementation, policy=mixed_precision(dtype)[0])
-    adamw = optim.adamw(lr_schedule(args), b1=args.beta1, b2=args.beta2,
-                        weight_decay=args.weight_decay,
-                        mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
-    optimizer = (optax.chain(optax.clip_by_global_norm(args.grad_clip), adamw)
-                 if args.grad_clip else adamw)
+    implementation, _ = attention_path(platform, dtype, args.n_embd // args.n_head, args.dropout)
+    net = GPT(
+        vocab_size,
+        args.block_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        dropout=args.dropout,
+        bias=args.bias,
+        implementation=implementation,
+        policy=mixed_precision(dtype)[0],
+    )
+    adamw = optim.adamw(
+        lr_schedule(args),
+        b1=args.beta1,
+        b2=args.beta2,
+        weight_decay=args.weight_decay,
+        mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p),
+    )
+    optimizer = optax.chain(optax.clip_by_global_norm(args.grad_clip), adamw) if args.grad_clip else adamw
     return net, optimizer
 
 
@@ -424,15 +501,16 @@ def start(args, net, optimizer, vocab_size, n_train, n_val):
     ``--seed`` and ``--rng``."""
     init_key, data_key, eval_key, sample_key = jax.random.split(jax.random.key(args.seed), 4)
     _, loss_scale = mixed_precision(args.dtype or default_dtype(*device_platform()))
-    ts = TrainState.create(net, optimizer, init_key, (-1, args.block_size),
-                           loss_scale=loss_scale)
+    ts = TrainState.create(net, optimizer, init_key, (-1, args.block_size), loss_scale=loss_scale)
     if args.rng == "jax":
         return ts, jax_draws(data_key, eval_key, args, n_train, n_val), sample_key
     gen = TorchCPUGenerator(args.seed)  # nanoGPT's init, then its batches, in its order
     params = nanogpt_params(gen, args, vocab_size)
     if jax.tree.structure(params) != jax.tree.structure(ts.params):
-        raise RuntimeError("nanogpt_params no longer matches funcnet.models.GPT's params: "
-                           f"{jax.tree.structure(params)} vs {jax.tree.structure(ts.params)}")
+        raise RuntimeError(
+            "nanogpt_params no longer matches funcnet.models.GPT's params: "
+            f"{jax.tree.structure(params)} vs {jax.tree.structure(ts.params)}"
+        )
     ts = ts._replace(params=params, opt_state=optimizer.init(params))
     return ts, nanogpt_draws(gen, args, n_train, n_val), sample_key
 
@@ -455,22 +533,24 @@ def print_setup(args, ts, platform) -> int:
     counts them), the dtype and the attention path; the parameter count, for the MFU."""
     n_params = sum(x.size for x in jax.tree.leaves(ts.params)) - ts.params["body"]["pos"]["E"].size
     print(f"number of parameters: {n_params / 1e6:.2f}M")
-    print(f"dtype: {args.dtype}" if args.dtype == "float32" else
-          f"dtype: {args.dtype} matrix products, float32 weights, LayerNorms, softmax, loss "
-          "and residual stream" + (", dynamic loss scaling" if args.dtype == "float16" else ""))
-    print("attention: " + attention_path(platform, args.dtype, args.n_embd // args.n_head,
-                                         args.dropout)[1])
+    print(
+        f"dtype: {args.dtype}"
+        if args.dtype == "float32"
+        else f"dtype: {args.dtype} matrix products, float32 weights, LayerNorms, softmax, loss "
+        "and residual stream" + (", dynamic loss scaling" if args.dtype == "float16" else "")
+    )
+    print("attention: " + attention_path(platform, args.dtype, args.n_embd // args.n_head, args.dropout)[1])
     return n_params
 
 
 def compile_train_steps(args, net, optimizer, ts, train_ids, draws, split):
     """``(train_steps, k)``: ``train_steps(ts, it)`` makes updates it .. it + k - 1 in one
     dispatch (a lax.scan) and gives their losses."""
+
     def loss_fn(params, state, batch, rng):
         x, y = batch
         logits, state = net.apply(params, state, x, rng=rng, train=True)
-        return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)), \
-            Aux(state=state)
+        return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)), Aux(state=state)
 
     step = make_train_step(loss_fn, optimizer)
     k = steps_per_dispatch(args)
@@ -480,6 +560,7 @@ def compile_train_steps(args, net, optimizer, ts, train_ids, draws, split):
             batch = split(get_batch(train_ids, draws.train[it + i], args.block_size))
             ts, metrics = step(ts, batch)
             return ts, metrics["loss"]
+
         return jax.lax.scan(body, ts, jnp.arange(k))
 
     # compiled ahead of time, so the first iter line's time is a step's; the TrainState
@@ -493,6 +574,7 @@ def compile_train_steps(args, net, optimizer, ts, train_ids, draws, split):
 def make_estimate_loss(args, net, train_ids, val_ids, draws, split):
     """``estimate_loss(params, e)``: the mean loss over eval_iters batches of each split (the
     e-th evaluation's draws), without dropout."""
+
     @jax.jit
     def estimate_loss(params, e):
         def split_loss(data, starts):
@@ -500,8 +582,11 @@ def make_estimate_loss(args, net, train_ids, val_ids, draws, split):
                 x, y = split(get_batch(data, starts, args.block_size))
                 logits, _ = net.apply(params, (), x)
                 return losses.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
             return jnp.mean(jax.lax.map(one, starts))
+
         return split_loss(train_ids, draws.evals[e, 0]), split_loss(val_ids, draws.evals[e, 1])
+
     return estimate_loss
 
 
@@ -530,8 +615,7 @@ def train_loop(args, ts, train_steps, k, estimate_loss, n_params):
             if it >= 5:  # train.py: from 5 iterations on, let the loop settle
                 mfu = estimate_mfu(args, n_params, dt)
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
-            print(f"iter {it}: loss {loss:.4f}, time {dt * 1000:.2f}ms, "
-                  f"mfu {running_mfu * 100:.2f}%", flush=True)
+            print(f"iter {it}: loss {loss:.4f}, time {dt * 1000:.2f}ms, mfu {running_mfu * 100:.2f}%", flush=True)
             t0 = now
     in_flight.wait()
     print(f"training took {time.perf_counter() - t_start:.1f} s")
@@ -544,10 +628,17 @@ def sample_text(args, net, params, chars, sample_key) -> str:
     if not args.sample_tokens:
         return ""
     prompt = jnp.zeros((1, 1), jnp.int32)  # sample.py starts from "\n", id 0
-    tokens = jax.jit(generate, static_argnames=("net", "max_new_tokens", "temperature",
-                                                 "top_k", "window"))(
-        net, jax.device_get(params), (), prompt, args.sample_tokens, rng=sample_key,
-        temperature=0.8, top_k=200, window=args.block_size)
+    tokens = jax.jit(generate, static_argnames=("net", "max_new_tokens", "temperature", "top_k", "window"))(
+        net,
+        jax.device_get(params),
+        (),
+        prompt,
+        args.sample_tokens,
+        rng=sample_key,
+        temperature=0.8,
+        top_k=200,
+        window=args.block_size,
+    )
     sample = "".join(chars[i] for i in np.asarray(tokens[0]))
     print(sample)
     return sample
@@ -561,16 +652,21 @@ def main(argv=None):
     net, optimizer = build(args, len(chars))
     ts, draws, sample_key = start(args, net, optimizer, len(chars), len(train_ids), len(val_ids))
     if args.rng == "torch" and args.dropout > 0:
-        print(f"note: --rng=torch with --dropout={args.dropout}: nanoGPT's init and first "
-              "batches; its dropout draws from the torch generator between batches and that "
-              "is not reproduced, so the later batches are not nanoGPT's", file=sys.stderr)
+        print(
+            f"note: --rng=torch with --dropout={args.dropout}: nanoGPT's init and first "
+            "batches; its dropout draws from the torch generator between batches and that "
+            "is not reproduced, so the later batches are not nanoGPT's",
+            file=sys.stderr,
+        )
     mesh = make_mesh(args)
     draws = Draws(*map(jnp.asarray, draws))
     if mesh is not None:  # the state and the text on every device, each batch split
-        ts, train_ids, val_ids, draws = distributed.replicate_on(
-            mesh, (ts, train_ids, val_ids, draws))
-    split = (lambda b: b) if mesh is None else (
-        lambda b: jax.sharding.reshard(b, NamedSharding(mesh, PartitionSpec("data"))))
+        ts, train_ids, val_ids, draws = distributed.replicate_on(mesh, (ts, train_ids, val_ids, draws))
+    split = (
+        (lambda b: b)
+        if mesh is None
+        else (lambda b: jax.sharding.reshard(b, NamedSharding(mesh, PartitionSpec("data"))))
+    )
     n_params = print_setup(args, ts, platform)
     train_steps, k = compile_train_steps(args, net, optimizer, ts, train_ids, draws, split)
     estimate_loss = make_estimate_loss(args, net, train_ids, val_ids, draws, split)

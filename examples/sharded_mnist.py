@@ -49,17 +49,16 @@ def main(argv=None):
     x_train, y_train = datasets.mnist.load("train", args.data_dir, flatten=True)
     x_test, y_test = datasets.mnist.load("test", args.data_dir, flatten=True)
     if args.train_size:
-        x_train, y_train = x_train[:args.train_size], y_train[:args.train_size]
+        x_train, y_train = x_train[: args.train_size], y_train[: args.train_size]
 
     net = funcnet.serial(Dense(args.width), Relu, Dense(args.width), Relu, Dense(10))
     optimizer = optim.adam(1e-3)
     ts = TrainState.create(net, optimizer, jax.random.key(args.seed), (-1, 784))
 
-    devices = jax.devices()[:args.devices]
+    devices = jax.devices()[: args.devices]
     if args.layout == "2d":
         mesh = jax.make_mesh((len(devices) // 2, 2), ("data", "model"), devices=devices)
-        rules = (sharding.megatron_rules(column=["0"], row=["2"], fsdp_axis="data")
-                 + sharding.fsdp_rules("data"))
+        rules = sharding.megatron_rules(column=["0"], row=["2"], fsdp_axis="data") + sharding.fsdp_rules("data")
     else:
         mesh = distributed.data_mesh(devices)
         rules = sharding.fsdp_rules("data") if args.layout == "fsdp" else []
@@ -67,9 +66,11 @@ def main(argv=None):
     placed = sharding.state_shardings(ts)
     sharding.explain(ts.params)
     held = sharding.explain(ts, print_fn=None)
-    print(f"layout {args.layout} on mesh {dict(mesh.shape)}: params + Adam state "
-          f"{held.bytes_total / 2**20:.1f} MiB in all, {held.bytes_per_device / 2**20:.1f} MiB "
-          f"on the fullest device")
+    print(
+        f"layout {args.layout} on mesh {dict(mesh.shape)}: params + Adam state "
+        f"{held.bytes_total / 2**20:.1f} MiB in all, {held.bytes_per_device / 2**20:.1f} MiB "
+        f"on the fullest device"
+    )
 
     def loss_fn(params, state, batch, rng):
         logits, state = net.apply(params, state, batch[0])
@@ -83,13 +84,15 @@ def main(argv=None):
 
     train = data.DeviceData((x_train, y_train), args.batch_size, shuffle=True, rng=args.seed)
     test = lambda epoch: data.batches((x_test, y_test), 1000)  # noqa: E731
-    ts, history = funcnet.fit(ts, loss_fn, optimizer, train, epochs=args.epochs, mesh=mesh,
-                              eval_data=test, eval_fn=eval_fn, metric=accuracy)
+    ts, history = funcnet.fit(
+        ts, loss_fn, optimizer, train, epochs=args.epochs, mesh=mesh, eval_data=test, eval_fn=eval_fn, metric=accuracy
+    )
     for logs in history:
-        print(f"epoch {logs['epoch'] + 1}: loss {logs['loss']:.4f}, test accuracy "
-              f"{100 * logs['eval_metric']:.2f}%, {logs['seconds']:.1f} s")
-    kept = all(a.sharding.is_equivalent_to(b, a.ndim) for a, b in
-               zip(jax.tree.leaves(ts), jax.tree.leaves(placed)))
+        print(
+            f"epoch {logs['epoch'] + 1}: loss {logs['loss']:.4f}, test accuracy "
+            f"{100 * logs['eval_metric']:.2f}%, {logs['seconds']:.1f} s"
+        )
+    kept = all(a.sharding.is_equivalent_to(b, a.ndim) for a, b in zip(jax.tree.leaves(ts), jax.tree.leaves(placed)))
     print(f"the trained params are still laid out as placed: {kept}")
     return history
 

@@ -21,10 +21,25 @@ import numpy as np
 from funcnet import initializers as finit
 from funcnet.errors import ArgumentError
 
-__all__ = ["ArgumentError", "is_int", "is_real", "got", "integer", "positive_int",
-           "non_negative_int", "real", "concrete", "concrete_within", "flag", "one_of",
-           "hyperparameter",
-           "learning_rate", "initializer", "prng_key", "fits_x32"]
+__all__ = [
+    "ArgumentError",
+    "is_int",
+    "is_real",
+    "got",
+    "integer",
+    "positive_int",
+    "non_negative_int",
+    "real",
+    "concrete",
+    "concrete_within",
+    "flag",
+    "one_of",
+    "hyperparameter",
+    "learning_rate",
+    "initializer",
+    "prng_key",
+    "fits_x32",
+]
 
 
 def is_int(x: Any) -> bool:
@@ -45,8 +60,7 @@ def got(value: Any) -> str:
 def integer(where: str, name: str, value: Any, *, low: Optional[int] = None) -> int:
     """``value`` as an int, at least ``low`` when given."""
     if not is_int(value) or (low is not None and value < low):
-        bound = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(
-            low, f"an int >= {low}")
+        bound = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(low, f"an int >= {low}")
         raise ArgumentError(f"{where}: {name} must be {bound}, got {got(value)}.")
     return int(value)
 
@@ -59,8 +73,16 @@ def non_negative_int(where: str, name: str, value: Any) -> int:
     return integer(where, name, value, low=0)
 
 
-def real(where: str, name: str, value: Any, *, low: Optional[float] = None,
-         high: Optional[float] = None, low_open: bool = False, high_open: bool = False) -> float:
+def real(
+    where: str,
+    name: str,
+    value: Any,
+    *,
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """``value`` as a finite float in the interval given by ``low``/``high``."""
     if not is_real(value):
         raise ArgumentError(f"{where}: {name} must be a real number, got {got(value)}.")
@@ -70,8 +92,7 @@ def real(where: str, name: str, value: Any, *, low: Optional[float] = None,
     if not math.isfinite(v) or too_low or too_high:
         lo = "(-inf" if low is None else ("(" if low_open else "[") + f"{low:g}"
         hi = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
-        raise ArgumentError(f"{where}: {name} must be a finite real number in {lo}, {hi}, "
-                         f"got {value!r}.")
+        raise ArgumentError(f"{where}: {name} must be a finite real number in {lo}, {hi}, got {value!r}.")
     return v
 
 
@@ -87,8 +108,7 @@ def concrete(x) -> Optional[np.ndarray]:
     return np.asarray(x)
 
 
-def concrete_within(where: str, name: str, x, low, high, *, what: str = "",
-                    fix: str = "") -> None:
+def concrete_within(where: str, name: str, x, low, high, *, what: str = "", fix: str = "") -> None:
     """Checks ``low <= x <= high`` entrywise when ``x`` is concrete (see :func:`concrete`);
     the error names the first entry outside, its index and the range of ``x``."""
     known = concrete(x)
@@ -99,7 +119,8 @@ def concrete_within(where: str, name: str, x, low, high, *, what: str = "",
         i = int(bad[0])
         raise ArgumentError(
             f"{where}: {name} must lie in [{low}, {high}]{what}, got {known.flat[i]} at index "
-            f"{i} (values from {known.min()} to {known.max()}). {fix}".rstrip())
+            f"{i} (values from {known.min()} to {known.max()}). {fix}".rstrip()
+        )
 
 
 def flag(where: str, name: str, value: Any) -> bool:
@@ -110,8 +131,7 @@ def flag(where: str, name: str, value: Any) -> bool:
 
 def one_of(where: str, name: str, value: Any, choices: Sequence) -> Any:
     if value not in choices:
-        raise ArgumentError(f"{where}: {name} must be one of {', '.join(map(repr, choices))}, "
-                         f"got {value!r}.")
+        raise ArgumentError(f"{where}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}.")
     return value
 
 
@@ -141,8 +161,10 @@ def learning_rate(where: str, value: Any) -> Any:
     if hasattr(value, "shape"):
         return value
     if isinstance(value, str):
-        raise ArgumentError(f"{where}: learning_rate must be a number or an optax schedule, got the "
-                        f"string {value!r}. Pass a number, e.g. {where}({_as_number_hint(value)}).")
+        raise ArgumentError(
+            f"{where}: learning_rate must be a number or an optax schedule, got the "
+            f"string {value!r}. Pass a number, e.g. {where}({_as_number_hint(value)})."
+        )
     return real(where, "learning_rate", value, low=0.0)
 
 
@@ -154,10 +176,12 @@ def _first_rate(where: str, schedule) -> None:
     except Exception:  # a schedule that wants a traced or array step: checked as it runs
         return
     if first.size == 1 and not (np.isfinite(first) and first >= 0):
-        raise ArgumentError(f"{where}: the learning_rate schedule gives {float(first)!r} at step "
-                            f"0; a rate must be a finite number >= 0. Check the schedule's "
-                            f"arguments (e.g. optax.cosine_decay_schedule(init_value, "
-                            f"decay_steps) with decay_steps > 0).")
+        raise ArgumentError(
+            f"{where}: the learning_rate schedule gives {float(first)!r} at step "
+            f"0; a rate must be a finite number >= 0. Check the schedule's "
+            f"arguments (e.g. optax.cosine_decay_schedule(init_value, "
+            f"decay_steps) with decay_steps > 0)."
+        )
 
 
 def _as_number_hint(text: str) -> str:
@@ -190,28 +214,38 @@ def initializer(where: str, name: str, value: Any):
     if value is None:
         return None
     if not callable(value):
-        raise ArgumentError(f"{where}: {name} must be an initializer, init(key, shape, dtype) "
-                            f"-> array, got {got(value)}.")
+        raise ArgumentError(
+            f"{where}: {name} must be an initializer, init(key, shape, dtype) -> array, got {got(value)}."
+        )
     factory = _initializer_factories().get(id(value))
     if factory is not None:
-        raise ArgumentError(f"{where}: {name}={factory} is an initializer factory, not an "
-                            f"initializer: call it: {name}=initializers.{factory}() (with its "
-                            f"arguments, e.g. a gain or a stddev).")
+        raise ArgumentError(
+            f"{where}: {name}={factory} is an initializer factory, not an "
+            f"initializer: call it: {name}=initializers.{factory}() (with its "
+            f"arguments, e.g. a gain or a stddev)."
+        )
 
     @functools.wraps(value)
     def checked(key, shape, *args, **kwargs):
         try:
             out = value(key, shape, *args, **kwargs)
         except TypeError as e:  # e.g. a factory's "takes 1 positional argument but 3 were given"
-            e.add_note(f"{where}: {name} is called as {name}(key, shape, dtype). If it is a "
-                       f"function that makes an initializer, call it: {name}={_name(value)}(...).")
+            e.add_note(
+                f"{where}: {name} is called as {name}(key, shape, dtype). If it is a "
+                f"function that makes an initializer, call it: {name}={_name(value)}(...)."
+            )
             raise
         if tuple(getattr(out, "shape", ())) != tuple(shape) or callable(out):
-            got = (f"{type(out).__name__}, not an array" if not hasattr(out, "shape")
-                   else f"an array of shape {tuple(out.shape)}")
-            raise ArgumentError(f"{where}: {name}(key, shape, dtype) returned {got} for shape "
-                                f"{tuple(shape)}. If {name} is a function that makes an "
-                                f"initializer, call it: {name}={_name(value)}(...).")
+            got = (
+                f"{type(out).__name__}, not an array"
+                if not hasattr(out, "shape")
+                else f"an array of shape {tuple(out.shape)}"
+            )
+            raise ArgumentError(
+                f"{where}: {name}(key, shape, dtype) returned {got} for shape "
+                f"{tuple(shape)}. If {name} is a function that makes an "
+                f"initializer, call it: {name}={_name(value)}(...)."
+            )
         return out
 
     return checked
@@ -228,8 +262,7 @@ def prng_key(where: str, value: Any):
     and jax.random reports other wrong keys itself.
     """
     if is_int(value):
-        raise ArgumentError(f"{where}: rng must be a jax PRNG key, got the int {value}: pass "
-                            f"jax.random.key({value}).")
+        raise ArgumentError(f"{where}: rng must be a jax PRNG key, got the int {value}: pass jax.random.key({value}).")
     return value
 
 
@@ -249,7 +282,7 @@ def fits_x32(fn: str, tree) -> None:
         if isinstance(x, (np.ndarray, np.generic)):  # device arrays are already 32-bit
             if x.dtype.kind not in "iu" or x.dtype.itemsize != 8 or x.size == 0:
                 continue
-        elif not isinstance(x, int) or -2 ** 31 <= x < 2 ** 31:
+        elif not isinstance(x, int) or -(2**31) <= x < 2**31:
             continue
         x = np.asarray(x)
         if x.dtype.kind not in "iu":  # a Python int beyond 64 bits: jax refuses it itself
@@ -267,4 +300,5 @@ def fits_x32(fn: str, tree) -> None:
             f"as {np.dtype(small).name}, and this one would silently become "
             f"{int(np.asarray(bad).astype(small))}. Enable 64-bit types "
             f"(jax.config.update('jax_enable_x64', True) at startup), or keep the value on the "
-            f"host, outside the tree.")
+            f"host, outside the tree."
+        )

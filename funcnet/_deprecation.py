@@ -19,9 +19,13 @@ def moved_names(module: str, moved: Mapping[str, str], *, removal: str = "0.3") 
         if name not in moved:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         home = moved[name]
-        warnings.warn(f"{module}.{name} is deprecated: import it from {home} "
-                      f"(`from {home} import {name}`), its one import path; the alias goes in "
-                      f"funcnet {removal}.", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{module}.{name} is deprecated: import it from {home} "
+            f"(`from {home} import {name}`), its one import path; the alias goes in "
+            f"funcnet {removal}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return getattr(importlib.import_module(home), name)
 
     return __getattr__

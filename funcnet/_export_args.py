@@ -38,13 +38,13 @@ def check_dtype(where: str, name: str, dtype: DTypeLike) -> np.dtype:
     except TypeError:
         dt = None
     if dt is None or not (jnp.issubdtype(dt, jnp.number) or jnp.issubdtype(dt, jnp.bool_)):
-        raise checks.ArgumentError(f"{where}: {name} must be a numeric dtype (jnp.float32, "
-                                   f"'int32', ...), got {checks.got(dtype)}.")
+        raise checks.ArgumentError(
+            f"{where}: {name} must be a numeric dtype (jnp.float32, 'int32', ...), got {checks.got(dtype)}."
+        )
     return jax.dtypes.canonicalize_dtype(dt)
 
 
-SPEC_FORMS = ("a shape like (-1, 784) (-1: the batch), a jax.ShapeDtypeStruct, or a "
-              "tuple, list or dict of those")
+SPEC_FORMS = "a shape like (-1, 784) (-1: the batch), a jax.ShapeDtypeStruct, or a tuple, list or dict of those"
 
 
 def input_specs(where: str, input_spec: InputSpec, dtype: np.dtype) -> tuple[list, PyTree]:
@@ -53,18 +53,15 @@ def input_specs(where: str, input_spec: InputSpec, dtype: np.dtype) -> tuple[lis
     specs, structs = [], []
 
     def bad(x, at, why=""):
-        return checks.ArgumentError(
-            f"{where}: input_spec{at} must be {SPEC_FORMS}, got {checks.got(x)}{why}.")
+        return checks.ArgumentError(f"{where}: input_spec{at} must be {SPEC_FORMS}, got {checks.got(x)}{why}.")
 
     def leaf(shape, dt, at):
         if any(d < 1 and d != -1 for d in shape):
             raise checks.ArgumentError(
-                f"{where}: input_spec{at} dimensions must be positive, or -1 for the batch, "
-                f"got {tuple(shape)}.")
-        specs.append({"path": at, "shape": [None if d == -1 else int(d) for d in shape],
-                      "dtype": dt.name})
-        structs.append(jax.ShapeDtypeStruct(tuple(batch if d == -1 else int(d) for d in shape),
-                                            dt))
+                f"{where}: input_spec{at} dimensions must be positive, or -1 for the batch, got {tuple(shape)}."
+            )
+        specs.append({"path": at, "shape": [None if d == -1 else int(d) for d in shape], "dtype": dt.name})
+        structs.append(jax.ShapeDtypeStruct(tuple(batch if d == -1 else int(d) for d in shape), dt))
         return len(structs) - 1
 
     def walk(x, at):
@@ -74,7 +71,8 @@ def input_specs(where: str, input_spec: InputSpec, dtype: np.dtype) -> tuple[lis
             if not all(checks.is_int(d) for d in x.shape):
                 raise checks.ArgumentError(
                     f"{where}: input_spec{at} must have int dimensions (-1 for the batch), got "
-                    f"shape {x.shape!r}; spell the batch as -1, not as a symbolic dimension.")
+                    f"shape {x.shape!r}; spell the batch as -1, not as a symbolic dimension."
+                )
             return leaf(x.shape, check_dtype(where, f"input_spec{at}.dtype", x.dtype), at)
         if isinstance(x, (tuple, list)) and not is_namedtuple(x):
             if all(checks.is_int(d) for d in x):
@@ -83,8 +81,8 @@ def input_specs(where: str, input_spec: InputSpec, dtype: np.dtype) -> tuple[lis
                 if any(d is None for d in x):  # a shape, Keras-style
                     raise bad(x, at, " (the batch dimension is -1, not None)")
                 raise checks.ArgumentError(
-                    f"{where}: input_spec{at} must have int dimensions (-1 for the batch), "
-                    f"got {tuple(x)!r}.")
+                    f"{where}: input_spec{at} must have int dimensions (-1 for the batch), got {tuple(x)!r}."
+                )
             return type(x)(walk(c, f"{at}[{i}]") for i, c in enumerate(x))
         if isinstance(x, dict) and x and all(isinstance(k, str) for k in x):
             return {k: walk(c, f"{at}[{k!r}]") for k, c in x.items()}
@@ -106,13 +104,13 @@ def is_namedtuple(x) -> bool:
 def dest_path(where: str, path: Any) -> Path:
     """``path`` as a ``Path`` to write: not a directory, in a directory that exists."""
     if not isinstance(path, (str, os.PathLike)):
-        raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), "
-                                   f"got {checks.got(path)}.")
+        raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), got {checks.got(path)}.")
     path = Path(os.fspath(path))
     if path.is_dir():
-        raise checks.ArgumentError(f"{where}: path {str(path)!r} is a directory; give a file "
-                                   f"name inside it, e.g. {str(path / 'model.export')!r}.")
+        raise checks.ArgumentError(
+            f"{where}: path {str(path)!r} is a directory; give a file "
+            f"name inside it, e.g. {str(path / 'model.export')!r}."
+        )
     if not path.parent.is_dir():
-        raise FileNotFoundError(f"{where}: the directory of {str(path)!r} does not exist; "
-                                f"create it first.")
+        raise FileNotFoundError(f"{where}: the directory of {str(path)!r} does not exist; create it first.")
     return path

@@ -28,6 +28,7 @@ import numpy as np
 
 from funcnet.core import PyTree
 from funcnet.errors import StateDictMismatchError
+
 # _is_array: the torch loader's test for an array leaf, one definition for both loaders
 from funcnet._torch_state_dict import _is_array, load_torch_state_dict
 
@@ -36,8 +37,7 @@ __all__ = ["load_flax_params", "load_haiku_params", "load_equinox_params"]
 Units = List[Tuple[str, Dict[str, np.ndarray]]]
 
 
-def load_flax_params(params: PyTree, state: PyTree, variables: PyTree, *,
-                     order: Sequence[str]) -> Tuple[Any, Any]:
+def load_flax_params(params: PyTree, state: PyTree, variables: PyTree, *, order: Sequence[str]) -> Tuple[Any, Any]:
     """``(params, state)`` with every array replaced by the Flax model's.
 
     ``variables`` is Linen's ``model.init(...)`` result (``{"params": ...,
@@ -80,9 +80,11 @@ def load_flax_params(params: PyTree, state: PyTree, variables: PyTree, *,
             "'BatchNorm_0', 'Dense_0'], or an NNX model's attribute names ['conv', 'bn', "
             "'dense']): Linen's names count per layer type, and JAX transformations (jax.tree.map, "
             "nnx.split/merge, a checkpoint restore) sort a tree's keys, so no Flax tree keeps "
-            "the order its layers run in.")
+            "the order its layers run in."
+        )
     if _is_nnx_module(variables):
         from flax import nnx  # an NNX module was passed, so flax is installed
+
         # its weights and running statistics only: dropout's RNG state is no layer's weight
         variables = nnx.state(variables, nnx.Any(nnx.Param, nnx.BatchStat))
     if hasattr(variables, "to_pure_dict"):  # an nnx.State
@@ -93,9 +95,14 @@ def load_flax_params(params: PyTree, state: PyTree, variables: PyTree, *,
     return _load("load_flax_params", "Flax", params, state, [_flax_unit(u) for u in units], order)
 
 
-def load_haiku_params(params: PyTree, state: PyTree, hk_params: Mapping[str, Mapping[str, Any]],
-                      hk_state: Optional[Mapping[str, Mapping[str, Any]]] = None, *,
-                      order: Sequence[str]) -> Tuple[Any, Any]:
+def load_haiku_params(
+    params: PyTree,
+    state: PyTree,
+    hk_params: Mapping[str, Mapping[str, Any]],
+    hk_state: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    *,
+    order: Sequence[str],
+) -> Tuple[Any, Any]:
     """``(params, state)`` with every array replaced by the Haiku model's.
 
     Haiku keeps its modules in a dict sorted by name (``batch_norm`` before ``conv2_d``),
@@ -131,14 +138,13 @@ def load_haiku_params(params: PyTree, state: PyTree, hk_params: Mapping[str, Map
         owner, _, ema = path.rpartition("/~/")
         if ema in ("mean_ema", "var_ema") and "average" in arrays:
             stats.setdefault(owner, {})[ema[:-4]] = arrays["average"]
-    units = [(path, {**arrays, **stats.get(path, {})})
-             for path, arrays in _flat_modules(hk_params).items()]
-    return _load("load_haiku_params", "Haiku", params, state, [_haiku_unit(u) for u in units],
-                 order)
+    units = [(path, {**arrays, **stats.get(path, {})}) for path, arrays in _flat_modules(hk_params).items()]
+    return _load("load_haiku_params", "Haiku", params, state, [_haiku_unit(u) for u in units], order)
 
 
-def load_equinox_params(params: PyTree, state: PyTree, model: Any, eqx_state: Optional[Any] = None, *,
-                        order: Optional[Sequence[str]] = None) -> Tuple[Any, Any]:
+def load_equinox_params(
+    params: PyTree, state: PyTree, model: Any, eqx_state: Optional[Any] = None, *, order: Optional[Sequence[str]] = None
+) -> Tuple[Any, Any]:
     """``(params, state)`` with every array replaced by the Equinox model's.
 
     ``model`` is read field by field in declaration order (``eqx.nn.Sequential``'s
@@ -164,9 +170,14 @@ def load_equinox_params(params: PyTree, state: PyTree, model: Any, eqx_state: Op
     """
     units: Units = []
     _eqx_walk(model, "", eqx_state, units)
-    return _load("load_equinox_params", "Equinox", params, state,
-                 [(p, {k: _squeeze_trailing(v) if k == "bias" else v for k, v in u.items()})
-                  for p, u in units], order)
+    return _load(
+        "load_equinox_params",
+        "Equinox",
+        params,
+        state,
+        [(p, {k: _squeeze_trailing(v) if k == "bias" else v for k, v in u.items()}) for p, u in units],
+        order,
+    )
 
 
 def _load(fn: str, source: str, params, state, units: Units, order) -> Tuple[Any, Any]:
@@ -182,7 +193,9 @@ def _load(fn: str, source: str, params, state, units: Units, order) -> Tuple[Any
             f"running_mean), do not fit funcnet's params. "
             + str(e).replace("load_torch_state_dict: ", "")
             + f" If the {source} tree is not in layer order, pass order=[module paths].",
-            missing=e.missing, unexpected=e.unexpected) from e
+            missing=e.missing,
+            unexpected=e.unexpected,
+        ) from e
 
 
 def _ordered(fn: str, source: str, units: Units, order) -> Units:
@@ -196,7 +209,10 @@ def _ordered(fn: str, source: str, units: Units, order) -> Units:
             f"{fn}: order must name each {source} module with weights once; "
             f"{'unknown: ' + str(unknown) + '; ' if unknown else ''}"
             f"{'left out: ' + str(left) + '; ' if left else ''}"
-            f"the modules are {list(by_path)}.", missing=unknown, unexpected=left)
+            f"the modules are {list(by_path)}.",
+            missing=unknown,
+            unexpected=left,
+        )
     return [(p, by_path[p]) for p in order]
 
 
@@ -229,13 +245,23 @@ def _squeeze_trailing(v: np.ndarray) -> np.ndarray:
     return v.reshape(v.shape[:1]) if v.ndim > 1 and all(d == 1 for d in v.shape[1:]) else v
 
 
-_FLAX = {"kernel": ("weight", _torch_kernel), "bias": ("bias", None), "scale": ("weight", None),
-         "embedding": ("weight", None), "mean": ("running_mean", None),
-         "var": ("running_var", None)}
-_HAIKU = {"w": ("weight", _torch_kernel), "b": ("bias", None),
-          "scale": ("weight", _squeeze_leading), "offset": ("bias", _squeeze_leading),
-          "embeddings": ("weight", None), "mean": ("running_mean", _squeeze_leading),
-          "var": ("running_var", _squeeze_leading)}
+_FLAX = {
+    "kernel": ("weight", _torch_kernel),
+    "bias": ("bias", None),
+    "scale": ("weight", None),
+    "embedding": ("weight", None),
+    "mean": ("running_mean", None),
+    "var": ("running_var", None),
+}
+_HAIKU = {
+    "w": ("weight", _torch_kernel),
+    "b": ("bias", None),
+    "scale": ("weight", _squeeze_leading),
+    "offset": ("bias", _squeeze_leading),
+    "embeddings": ("weight", None),
+    "mean": ("running_mean", _squeeze_leading),
+    "var": ("running_var", _squeeze_leading),
+}
 
 
 def _renamed(table, unit):
@@ -256,8 +282,7 @@ def _haiku_unit(unit):
 
 
 def _is_nnx_module(x) -> bool:
-    return any(c.__module__.startswith("flax.nnx") and c.__name__ == "Module"
-               for c in type(x).__mro__)
+    return any(c.__module__.startswith("flax.nnx") and c.__name__ == "Module" for c in type(x).__mro__)
 
 
 def _eqx_walk(node, path: str, eqx_state, units: Units) -> None:

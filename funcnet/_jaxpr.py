@@ -17,8 +17,7 @@ def loss_jaxpr(train_state, loss_fn: Callable, batch) -> Optional[jax.core.Jaxpr
     if batch is None:
         return None
     try:
-        return jax.make_jaxpr(lambda ts, b: loss_fn(ts.params, ts.state, b, ts.rng))(
-            train_state, batch).jaxpr
+        return jax.make_jaxpr(lambda ts, b: loss_fn(ts.params, ts.state, b, ts.rng))(train_state, batch).jaxpr
     except Exception:  # whatever the user's function raises outside its step
         return None
 

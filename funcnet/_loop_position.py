@@ -43,8 +43,11 @@ class LoopPosition(NamedTuple):
 
     def checkpoint_tree(self, train_state) -> dict:
         """The tree a checkpoint holds: the train state and this position."""
-        return {"train_state": train_state, "epoch": np.int64(self.epoch),
-                "batch_in_epoch": np.int64(self.batch_in_epoch)}
+        return {
+            "train_state": train_state,
+            "epoch": np.int64(self.epoch),
+            "batch_in_epoch": np.int64(self.batch_in_epoch),
+        }
 
     @classmethod
     def restore(cls, checkpointer, train_state, step=None):

@@ -17,9 +17,20 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-__all__ = ["data_axis", "explicit_spec", "on_global_mesh", "explicit_sharding", "gather",
-           "spec_of", "at_use", "matmul_sharding", "split_last", "merge_last", "split_leading",
-           "merge_leading"]
+__all__ = [
+    "data_axis",
+    "explicit_spec",
+    "on_global_mesh",
+    "explicit_sharding",
+    "gather",
+    "spec_of",
+    "at_use",
+    "matmul_sharding",
+    "split_last",
+    "merge_last",
+    "split_leading",
+    "merge_leading",
+]
 
 
 def data_axis(mesh: jax.sharding.Mesh) -> str:
@@ -33,9 +44,11 @@ def data_axis(mesh: jax.sharding.Mesh) -> str:
         return names[0]
     if "data" in names:
         return "data"
-    raise ValueError(f"the mesh has axes {names}: with more than one axis, name the one "
-                     f"batches are split over 'data' (e.g. jax.make_mesh((2, 2), "
-                     f"('data', 'model'))).")
+    raise ValueError(
+        f"the mesh has axes {names}: with more than one axis, name the one "
+        f"batches are split over 'data' (e.g. jax.make_mesh((2, 2), "
+        f"('data', 'model')))."
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -45,6 +58,7 @@ def data_axis(mesh: jax.sharding.Mesh) -> str:
 # from a table by sharded ids, scatters into a global table, reshapes that
 # split an axis. These helpers give that layout and are no-ops everywhere else.
 # --------------------------------------------------------------------------- #
+
 
 def explicit_spec(x: jax.Array) -> Optional[tuple]:
     """``x``'s ``PartitionSpec``, one entry per axis, when ``x`` is split over Explicit mesh axes.
@@ -105,6 +119,7 @@ def gather(table: jax.Array, indices: jax.Array, **kwargs) -> jax.Array:
 # --------------------------------------------------------------------------- #
 # Using a sharded weight inside a layer
 # --------------------------------------------------------------------------- #
+
 
 def spec_of(x) -> Optional[tuple]:
     """:func:`explicit_spec` with each entry a tuple of axis names (``()`` for a

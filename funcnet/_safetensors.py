@@ -46,8 +46,10 @@ def _safetensors(where: str):
     except ImportError:
         raise ImportError(
             f"{where} needs the safetensors package, which is not installed. Install it "
-            f'with pip install "funcnet[safetensors]" (or pip install safetensors).') from None
+            f'with pip install "funcnet[safetensors]" (or pip install safetensors).'
+        ) from None
     import safetensors
+
     return safetensors
 
 
@@ -71,12 +73,18 @@ def _host(name: str, x) -> np.ndarray:
         raise ArgumentError(
             f"save_safetensors: {name!r} has dtype {arr.dtype}, which safetensors' NumPy "
             f"reader cannot read back. Cast it first (e.g. to bfloat16 or float32), or keep "
-            f"it out of the saved trees.")
+            f"it out of the saved trees."
+        )
     return arr
 
 
-def save_safetensors(path: str | os.PathLike, params: PyTree, state: Optional[PyTree] = None, *,
-                     metadata: Optional[Mapping[str, str]] = None) -> None:
+def save_safetensors(
+    path: str | os.PathLike,
+    params: PyTree,
+    state: Optional[PyTree] = None,
+    *,
+    metadata: Optional[Mapping[str, str]] = None,
+) -> None:
     """Write ``params`` (and ``state``) to one ``.safetensors`` file.
 
     Tensor names are funcnet's paths: ``params/<path>`` and ``state/<path>``, i.e.
@@ -116,7 +124,8 @@ def save_safetensors(path: str | os.PathLike, params: PyTree, state: Optional[Py
             raise ArgumentError(
                 f"save_safetensors: metadata must map str to str (the safetensors header "
                 f"holds text only), got {k!r}: {v!r} ({type(v).__name__}). Convert the "
-                f"value, e.g. str(value) or json.dumps(value).")
+                f"value, e.g. str(value) or json.dumps(value)."
+            )
         header[k] = v
     tensors = {name: _host(name, x) for name, x in _named(params, state).items()}
     # Written under a temporary name and renamed: a crash mid-write leaves any earlier
@@ -168,12 +177,12 @@ def read_safetensors(path: str | os.PathLike) -> Dict[str, np.ndarray]:
                     f"read_safetensors: {os.fspath(path)!r}'s tensor {name!r} has a dtype "
                     f"NumPy cannot hold ({e}); funcnet reads float64/32/16, bfloat16, ints, "
                     f"uints, bool and complex64. Convert the file's tensors first (e.g. with "
-                    f"safetensors.torch and tensor.to(torch.bfloat16)).") from None
+                    f"safetensors.torch and tensor.to(torch.bfloat16))."
+                ) from None
     return out
 
 
-def load_safetensors(path: str | os.PathLike, params: PyTree,
-                     state: Optional[PyTree] = None) -> Tuple[Any, Any]:
+def load_safetensors(path: str | os.PathLike, params: PyTree, state: Optional[PyTree] = None) -> Tuple[Any, Any]:
     """``(params, state)`` from a file `save_safetensors` wrote, in the trees given.
 
     ``params`` (and ``state``) are the trees to fill, e.g. a fresh ``layer.init``'s: the
@@ -220,9 +229,11 @@ def load_safetensors(path: str | os.PathLike, params: PyTree,
     like = _named(params, state)
     missing = [n for n in like if n not in tensors]
     unexpected = sorted(n for n in tensors if n not in like)
-    mismatched = [f"{n}: {_describe(tensors[n])} in the file, {_describe(x, True)} in the "
-                  f"{n.split('/', 1)[0]}" for n, x in like.items()
-                  if n in tensors and _describe(tensors[n]) != _describe(x, True)]
+    mismatched = [
+        f"{n}: {_describe(tensors[n])} in the file, {_describe(x, True)} in the {n.split('/', 1)[0]}"
+        for n, x in like.items()
+        if n in tensors and _describe(tensors[n]) != _describe(x, True)
+    ]
     if missing or unexpected or mismatched:
         raise _mismatch(path, tensors, missing, unexpected, mismatched, state is None)
 
@@ -234,7 +245,8 @@ def load_safetensors(path: str | os.PathLike, params: PyTree,
         return jnp.asarray(value) if isinstance(x, jax.Array) else np.array(value)
 
     loaded = jax.tree_util.tree_map_with_path(
-        one, {"params": params} if state is None else {"params": params, "state": state})
+        one, {"params": params} if state is None else {"params": params, "state": state}
+    )
     return loaded["params"], loaded.get("state")
 
 
@@ -251,34 +263,40 @@ def _listed(names: List[str]) -> str:
     return ", ".join(names[:_SHOWN]) + (f", ... and {more} more" if more > 0 else "")
 
 
-def _mismatch(path, tensors, missing, unexpected, mismatched, no_state: bool
-              ) -> CheckpointMismatchError:
-    parts = ([f"missing from the file: {_listed(missing)}"] if missing else []) + \
-            ([f"in the file but not in the trees: {_listed(unexpected)}"] if unexpected else []) + \
-            ([f"shape or dtype differs: {_listed(mismatched)}"] if mismatched else [])
+def _mismatch(path, tensors, missing, unexpected, mismatched, no_state: bool) -> CheckpointMismatchError:
+    parts = (
+        ([f"missing from the file: {_listed(missing)}"] if missing else [])
+        + ([f"in the file but not in the trees: {_listed(unexpected)}"] if unexpected else [])
+        + ([f"shape or dtype differs: {_listed(mismatched)}"] if mismatched else [])
+    )
     hints = []
     if not any(n.startswith(("params/", "state/")) for n in tensors):
-        hints.append("The file's names are not funcnet's (params/..., state/...): for a "
-                     "PyTorch model's file (Hugging Face's), use load_torch_state_dict(params, "
-                     "state, read_safetensors(path)).")
+        hints.append(
+            "The file's names are not funcnet's (params/..., state/...): for a "
+            "PyTorch model's file (Hugging Face's), use load_torch_state_dict(params, "
+            "state, read_safetensors(path))."
+        )
     else:
         if no_state and any(n.startswith("state/") for n in unexpected):
-            hints.append("The file holds a state: pass it too, load_safetensors(path, params, "
-                         "state).")
+            hints.append("The file holds a state: pass it too, load_safetensors(path, params, state).")
         stateless_file = not any(n.startswith("state/") for n in tensors)
         if not no_state and stateless_file and any(n.startswith("state/") for n in missing):
-            hints.append("The file holds no state (saved as save_safetensors(path, params)): "
-                         "load it with load_safetensors(path, params).")
+            hints.append(
+                "The file holds no state (saved as save_safetensors(path, params)): "
+                "load it with load_safetensors(path, params)."
+            )
             missing_params = [n for n in missing if n.startswith("params/")]
         else:
             missing_params = missing
         if missing_params or mismatched or any(n.startswith("params/") for n in unexpected):
-            hints.append("Load into the trees of the network that was saved (same layers, "
-                         "sizes and dtypes: cast with jax.tree.map(lambda x: x.astype(...), "
-                         "params) where only the dtype differs).")
+            hints.append(
+                "Load into the trees of the network that was saved (same layers, "
+                "sizes and dtypes: cast with jax.tree.map(lambda x: x.astype(...), "
+                "params) where only the dtype differs)."
+            )
     hint = " ".join(hints)
     error = CheckpointMismatchError(
-        f"load_safetensors: {os.fspath(path)!r} does not fit the params/state given: "
-        + "; ".join(parts) + ". " + hint)
+        f"load_safetensors: {os.fspath(path)!r} does not fit the params/state given: " + "; ".join(parts) + ". " + hint
+    )
     error.missing, error.unexpected, error.mismatched = missing, unexpected, mismatched
     return error

@@ -21,8 +21,9 @@ __all__ = ["load_torch_state_dict"]
 _RNN = re.compile(r"^(weight|bias)_(ih|hh)_l(\d+)(_reverse)?$")
 
 
-def load_torch_state_dict(params: PyTree, state: PyTree, state_dict: Mapping[str, Any], *,
-                          conv_transpose: Sequence[str] = ()) -> Tuple[Any, Any]:
+def load_torch_state_dict(
+    params: PyTree, state: PyTree, state_dict: Mapping[str, Any], *, conv_transpose: Sequence[str] = ()
+) -> Tuple[Any, Any]:
     """``(params, state)`` with every array replaced by its torch counterpart.
 
     The funcnet side is read from ``params`` (and ``state``) alone: their tree is the
@@ -74,13 +75,13 @@ def load_torch_state_dict(params: PyTree, state: PyTree, state_dict: Mapping[str
             f"load_torch_state_dict: funcnet's params have {len(ours)} layers with weights "
             f"({[p or '<root>' for p, _ in ours]}) and the state_dict {len(torch_units)} "
             f"modules ({[m or '<root>' for m, _ in torch_units]}). Load into a network "
-            f"with the same layers in the same order.")
+            f"with the same layers in the same order."
+        )
     flat_state = _by_path(state)
     new_params, new_state = {}, {}
     report = _Report([], [], [])
     for (path, unit), (prefix, entries) in zip(ours, torch_units):
-        got_p, got_s = _convert(path, unit, flat_state, prefix, entries,
-                                path in set(conv_transpose), report)
+        got_p, got_s = _convert(path, unit, flat_state, prefix, entries, path in set(conv_transpose), report)
         new_params.update(got_p)
         new_state.update(got_s)
     # Collected over the whole model first, so one error lists every problem (as
@@ -93,21 +94,26 @@ def load_torch_state_dict(params: PyTree, state: PyTree, state_dict: Mapping[str
 class _Report(NamedTuple):
     """What does not fit, gathered over every layer before raising."""
 
-    missing: List[str]      # torch keys a funcnet param needs but the state_dict lacks
-    unexpected: List[str]   # state_dict keys no funcnet param takes
-    other: List[str]        # shape mismatches and unknown layers, each a sentence
+    missing: List[str]  # torch keys a funcnet param needs but the state_dict lacks
+    unexpected: List[str]  # state_dict keys no funcnet param takes
+    other: List[str]  # shape mismatches and unknown layers, each a sentence
 
     def error(self) -> StateDictMismatchError:
         missing = list(dict.fromkeys(self.missing))  # a key read for several params: once
-        parts = ([f"missing key(s) in state_dict: {missing}"] if missing else []) + \
-                ([f"unexpected key(s) in state_dict: {self.unexpected}"]
-                 if self.unexpected else []) + self.other
+        parts = (
+            ([f"missing key(s) in state_dict: {missing}"] if missing else [])
+            + ([f"unexpected key(s) in state_dict: {self.unexpected}"] if self.unexpected else [])
+            + self.other
+        )
         return StateDictMismatchError(
             "load_torch_state_dict: the state_dict does not fit funcnet's params: "
-            + "; ".join(parts) + ". Layers pair with torch's modules by order (see "
+            + "; ".join(parts)
+            + ". Layers pair with torch's modules by order (see "
             "funcnet.interop): build the funcnet network with the torch model's layers, "
             "in its order and sizes, or drop or rename the state_dict's entries first.",
-            missing=missing, unexpected=self.unexpected)
+            missing=missing,
+            unexpected=self.unexpected,
+        )
 
 
 def _np(x, key="") -> np.ndarray:
@@ -118,10 +124,10 @@ def _np(x, key="") -> np.ndarray:
                 f"load_torch_state_dict: torch's {key!r} is a meta tensor (a shape without "
                 f"values, from torch.device('meta') or init_empty_weights), so there is "
                 f"nothing to load. Load the checkpoint into the torch model first "
-                f"(load_state_dict(..., assign=True)), or pass the file's own state_dict.")
+                f"(load_state_dict(..., assign=True)), or pass the file's own state_dict."
+            )
         x = x.cpu()
-        if x.dtype.is_floating_point and x.dtype.itemsize < 4 and str(x.dtype) != \
-                "torch.float16":
+        if x.dtype.is_floating_point and x.dtype.itemsize < 4 and str(x.dtype) != "torch.float16":
             # NumPy has no bfloat16 (nor float8): float32 holds every such value exactly,
             # and _rebuilt casts to the param's dtype, so a bfloat16 param gets them back.
             x = x.float()
@@ -136,7 +142,7 @@ def _torch_units(state_dict) -> List[Tuple[str, Dict[str, np.ndarray]]]:
         if leaf == "num_batches_tracked" and _tkey(prefix, "running_mean") not in state_dict:
             continue
         if prefix == "out_proj" or prefix.endswith(".out_proj"):
-            owner = prefix[:-len("out_proj")].rstrip(".")
+            owner = prefix[: -len("out_proj")].rstrip(".")
             # nn.MultiheadAttention's own: packed in_proj_weight, or q/k/v_proj_weight
             # when kdim/vdim differ from embed_dim
             if any(_tkey(owner, w) in state_dict for w in ("in_proj_weight", "q_proj_weight")):
@@ -150,11 +156,15 @@ def _check_state_dict(state_dict):
     """A mapping of names to arrays, or a TypeError saying what to pass instead."""
     if hasattr(state_dict, "items") and callable(state_dict.items):
         return
-    hint = ("the module itself: pass module.state_dict()" if callable(
-        getattr(state_dict, "state_dict", None)) else "pass module.state_dict(), or a dict "
-            "of NumPy arrays with its keys")
-    raise TypeError(f"load_torch_state_dict: state_dict must be a mapping of torch's keys to "
-                    f"tensors, got a {type(state_dict).__name__}; {hint}.")
+    hint = (
+        "the module itself: pass module.state_dict()"
+        if callable(getattr(state_dict, "state_dict", None))
+        else "pass module.state_dict(), or a dict of NumPy arrays with its keys"
+    )
+    raise TypeError(
+        f"load_torch_state_dict: state_dict must be a mapping of torch's keys to "
+        f"tensors, got a {type(state_dict).__name__}; {hint}."
+    )
 
 
 def _units(params) -> List[Tuple[str, dict]]:
@@ -168,8 +178,7 @@ def _units(params) -> List[Tuple[str, dict]]:
             if all(_is_array(v) for v in node.values()):
                 out.append((path, node))
                 return
-            if set(node) >= {"query", "key", "value", "out"} or all(
-                    re.fullmatch(r"l\d+(_reverse)?", k) for k in node):
+            if set(node) >= {"query", "key", "value", "out"} or all(re.fullmatch(r"l\d+(_reverse)?", k) for k in node):
                 out.append((path, node))
                 return
             for k in sorted(node):
@@ -212,7 +221,8 @@ def _convert(path, unit, flat_state, prefix, entries, transposed, report: _Repor
         if tuple(value.shape) != tuple(like.shape):
             report.other.append(
                 f"{where}: {_join(path, fkey)!r} has shape {tuple(like.shape)} but torch's "
-                f"{_tkey(prefix, key)!r} converts to {tuple(value.shape)}")
+                f"{_tkey(prefix, key)!r} converts to {tuple(value.shape)}"
+            )
             return
         target[_join(path, fkey)] = value
 
@@ -222,15 +232,18 @@ def _convert(path, unit, flat_state, prefix, entries, transposed, report: _Repor
     elif "W_ih" in keys or all(re.fullmatch(r"l\d+(_reverse)?", k) for k in keys):
         layers = {"l0": unit} if "W_ih" in keys else unit
         for sub, p in layers.items():
-            for ours, theirs, t in (("W_ih", "weight_ih", True), ("W_hh", "weight_hh", True),
-                                    ("b_ih", "bias_ih", False), ("b_hh", "bias_hh", False),
-                                    ("W_hr", "weight_hr", True)):  # LSTM(proj_size=P)
+            for ours, theirs, t in (
+                ("W_ih", "weight_ih", True),
+                ("W_hh", "weight_hh", True),
+                ("b_ih", "bias_ih", False),
+                ("b_hh", "bias_hh", False),
+                ("W_hr", "weight_hr", True),
+            ):  # LSTM(proj_size=P)
                 # bias=False: torch has no bias_* entries either; no proj_size, no weight_hr
                 if ours not in p:
                     continue
                 fkey = ours if "W_ih" in keys else f"{sub}/{ours}"
-                load(out_p, fkey, f"{theirs}_{sub}", p[ours], (lambda v: v.T) if t else
-                     (lambda v: v))
+                load(out_p, fkey, f"{theirs}_{sub}", p[ours], (lambda v: v.T) if t else (lambda v: v))
     elif keys <= {"W", "b"} and "W" in keys:
         W = unit["W"]
 
@@ -240,11 +253,10 @@ def _convert(path, unit, flat_state, prefix, entries, transposed, report: _Repor
             if weight.ndim != W.ndim:  # not a convolution's: reported as a shape mismatch
                 return weight
             spatial = tuple(range(2, W.ndim))
-            plain = weight.transpose(spatial + (1, 0))     # Conv: (out, in, *k)
-            trans = weight.transpose(spatial + (0, 1))     # ConvTranspose: (in, out, *k)
+            plain = weight.transpose(spatial + (1, 0))  # Conv: (out, in, *k)
+            trans = weight.transpose(spatial + (0, 1))  # ConvTranspose: (in, out, *k)
             fits_trans = tuple(trans.shape) == tuple(W.shape)
-            return trans if transposed or (fits_trans and tuple(plain.shape) != tuple(W.shape)) \
-                else plain
+            return trans if transposed or (fits_trans and tuple(plain.shape) != tuple(W.shape)) else plain
 
         load(out_p, "W", "weight", W, layout)
         if "b" in keys:
@@ -256,15 +268,17 @@ def _convert(path, unit, flat_state, prefix, entries, transposed, report: _Repor
             load(out_p, "scale", "weight", unit["scale"])
         if "bias" in keys:
             load(out_p, "bias", "bias", unit["bias"])
-        for ours, theirs in (("mean", "running_mean"), ("var", "running_var"),
-                             ("num_batches_tracked", "num_batches_tracked")):
+        for ours, theirs in (
+            ("mean", "running_mean"),
+            ("var", "running_var"),
+            ("num_batches_tracked", "num_batches_tracked"),
+        ):
             if _join(path, ours) in flat_state:
                 load(out_s, ours, theirs, flat_state[_join(path, ours)])
         # only BatchNorm(momentum=None) reads torch's count; any other drops it
         used.add("num_batches_tracked")
     else:
-        report.other.append(f"{where}: funcnet's params {sorted(keys)} are not a layer this "
-                            f"loader knows")
+        report.other.append(f"{where}: funcnet's params {sorted(keys)} are not a layer this loader knows")
         used.update(entries)  # the module is reported whole, not its keys one by one
     report.unexpected.extend(_tkey(prefix, k) for k in sorted(set(entries) - used))
     return out_p, out_s
@@ -276,8 +290,11 @@ def _load_attention(load, out_p, unit, entries):
     kdim/vdim differ from embed_dim, ``q/k/v_proj_weight`` transposed (the bias stays
     packed in ``in_proj_bias`` either way)."""
     E = unit["query"]["W"].shape[1]
-    separate = "q_proj_weight" in entries or "in_proj_weight" not in entries and any(
-        f"{w}_proj_weight" in entries for w in "kv")
+    separate = (
+        "q_proj_weight" in entries
+        or "in_proj_weight" not in entries
+        and any(f"{w}_proj_weight" in entries for w in "kv")
+    )
     for i, name in enumerate(("query", "key", "value")):
         rows = slice(i * E, (i + 1) * E)
         if separate:
@@ -304,4 +321,5 @@ def _rebuilt(tree, values: Dict[str, np.ndarray]):
         if key not in values:
             return x
         return jnp.asarray(values[key], dtype=x.dtype)
+
     return jax.tree_util.tree_map_with_path(one, tree)

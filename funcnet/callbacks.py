@@ -23,8 +23,17 @@ from funcnet import checkpoint as ckpt
 from funcnet import distributed
 from funcnet._loop_position import LoopPosition
 
-__all__ = ["Callback", "Checkpoint", "CSVLogger", "JSONLLogger", "EarlyStopping",
-           "ReduceLROnPlateau", "LearningRateLogger", "TensorBoardLogger", "Profile"]
+__all__ = [
+    "Callback",
+    "Checkpoint",
+    "CSVLogger",
+    "JSONLLogger",
+    "EarlyStopping",
+    "ReduceLROnPlateau",
+    "LearningRateLogger",
+    "TensorBoardLogger",
+    "Profile",
+]
 
 
 class Callback:
@@ -158,29 +167,39 @@ class Checkpoint(Callback):
     log_keys = ()
     epoch_end_phase = 2
 
-    def __init__(self, target: str | os.PathLike | ckpt.Checkpointer, *,
-                 every_steps: Optional[int] = None,
-                 every_epochs: Optional[int] = 1, keep: Optional[int] = 3, backend: str = "npz",
-                 overwrite: bool = False, best: Optional[str] = None, mode: str = "min",
-                 min_delta: float = 0.0) -> None:
+    def __init__(
+        self,
+        target: str | os.PathLike | ckpt.Checkpointer,
+        *,
+        every_steps: Optional[int] = None,
+        every_epochs: Optional[int] = 1,
+        keep: Optional[int] = 3,
+        backend: str = "npz",
+        overwrite: bool = False,
+        best: Optional[str] = None,
+        mode: str = "min",
+        min_delta: float = 0.0,
+    ) -> None:
         for what, every in (("every_steps", every_steps), ("every_epochs", every_epochs)):
             if every is not None:  # 0 never saved; -1 saved at every step (step % -1 == 0)
                 checks.positive_int("Checkpoint", f"{what} (or None)", every)
         if every_steps is None and every_epochs is None:
-            raise checks.ArgumentError("Checkpoint: every_steps=None and every_epochs=None "
-                                       "would never save; give at least one of them.")
-        self.best = None if best is None else _Monitor("Checkpoint", best, mode, min_delta,
-                                                       arg="best")
+            raise checks.ArgumentError(
+                "Checkpoint: every_steps=None and every_epochs=None would never save; give at least one of them."
+            )
+        self.best = None if best is None else _Monitor("Checkpoint", best, mode, min_delta, arg="best")
         if self.best is not None and (every_steps is not None or every_epochs is None):
             raise checks.ArgumentError(
                 f"Checkpoint: best={best!r} compares a value fit logs once an epoch, so it "
                 f"saves at epochs' ends only; got every_steps={every_steps!r}, "
                 f"every_epochs={every_epochs!r}. Use every_epochs (default 1) and no "
-                f"every_steps, or a second Checkpoint for saves by steps.")
+                f"every_steps, or a second Checkpoint for saves by steps."
+            )
         self.epoch_end_phase = 2 if best is None else 1  # see Callback.epoch_end_phase
         self.every_steps, self.every_epochs, self.keep = every_steps, every_epochs, keep
-        self.checkpointer = ckpt.checkpointer_for(target, backend=backend, keep=keep,
-                                             overwrite=overwrite, where="Checkpoint")
+        self.checkpointer = ckpt.checkpointer_for(
+            target, backend=backend, keep=keep, overwrite=overwrite, where="Checkpoint"
+        )
 
     def check_log_keys(self, logs):
         if self.best is not None:
@@ -199,8 +218,7 @@ class Checkpoint(Callback):
     def on_train_begin(self, ctx):
         self.checkpointer.run_id = ctx.run_id
         if self.checkpointer.every_process_saves or distributed.is_main_process():
-            _check_writable("Checkpoint", os.fspath(self.checkpointer.directory), "directory",
-                            directory=True)
+            _check_writable("Checkpoint", os.fspath(self.checkpointer.directory), "directory", directory=True)
 
     def on_step_end(self, ctx, step):
         if self.every_steps and step % self.every_steps == 0:
@@ -242,9 +260,12 @@ def _check_writable(where: str, path: str, name: str, directory: bool = False) -
             with open(path, "a"):  # creates an empty file, which the writer treats as new
                 pass
     except OSError as e:
-        raise type(e)(e.errno, f"{where}: cannot write {name}={path!r} ({e.strerror}); fit checks "
-                               f"every writer's destination before training. Pass a writable "
-                               f"{'directory' if directory else 'file path'}.") from None
+        raise type(e)(
+            e.errno,
+            f"{where}: cannot write {name}={path!r} ({e.strerror}); fit checks "
+            f"every writer's destination before training. Pass a writable "
+            f"{'directory' if directory else 'file path'}.",
+        ) from None
 
 
 class _FileLogger(Callback):
@@ -290,16 +311,17 @@ class CSVLogger(_FileLogger):
         # fit is known to log, or the first epoch's end would fail.
         if distributed.is_main_process():
             _check_writable("CSVLogger", self.path, "path")
-        if not distributed.is_main_process() or not os.path.exists(self.path) \
-                or os.path.getsize(self.path) == 0:
+        if not distributed.is_main_process() or not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
             return
         with open(self.path, newline="") as f:
             fields = next(csv.reader(f), [])
         missing = sorted(logs.certain - set(fields))
         if missing:
-            raise ValueError(f"CSVLogger: {self.path} has no column for {missing}, which fit "
-                             f"will log (columns: {fields}). Use a new file, or JSONLLogger for "
-                             f"logs whose keys change.")
+            raise ValueError(
+                f"CSVLogger: {self.path} has no column for {missing}, which fit "
+                f"will log (columns: {fields}). Use a new file, or JSONLLogger for "
+                f"logs whose keys change."
+            )
 
     def on_epoch_end(self, ctx, epoch, logs):
         if not distributed.is_main_process():
@@ -311,9 +333,11 @@ class CSVLogger(_FileLogger):
             with open(self.path, newline="") as f:
                 fields = next(csv.reader(f))
         if set(logs) - set(fields):
-            raise ValueError(f"CSVLogger: epoch {epoch} logs {sorted(set(logs) - set(fields))}, "
-                             f"which {self.path} has no column for (columns: {fields}). Use a new "
-                             f"file, or JSONLLogger for logs whose keys change.")
+            raise ValueError(
+                f"CSVLogger: epoch {epoch} logs {sorted(set(logs) - set(fields))}, "
+                f"which {self.path} has no column for (columns: {fields}). Use a new "
+                f"file, or JSONLLogger for logs whose keys change."
+            )
         with open(self.path, "a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             if new:
@@ -361,8 +385,7 @@ class _Monitor:
         if mode not in ("min", "max"):
             raise ValueError(f"{owner}: mode must be 'min' or 'max', got {mode!r}.")
         if not isinstance(key, str):
-            raise checks.ArgumentError(f"{owner}: {arg} must be a log key (a string, e.g. "
-                                       f"'eval_loss'), got {key!r}.")
+            raise checks.ArgumentError(f"{owner}: {arg} must be a log key (a string, e.g. 'eval_loss'), got {key!r}.")
         # A negative min_delta would count a worse value as an improvement.
         checks.real(owner, "min_delta", min_delta, low=0.0)
         self.owner, self.key, self.mode, self.min_delta = owner, key, mode, min_delta
@@ -373,23 +396,27 @@ class _Monitor:
         if logs.has(self.key) is not False:
             return
         if self.key.startswith("eval_") and not logs.evaluates:
-            fix = ("Fit has no evaluation: pass eval_data, eval_fn and metric (its compute "
-                   "gives the eval_* keys), or monitor a training key such as 'loss'")
+            fix = (
+                "Fit has no evaluation: pass eval_data, eval_fn and metric (its compute "
+                "gives the eval_* keys), or monitor a training key such as 'loss'"
+            )
         elif logs.added_later(self.key):
-            fix = (f"{logs.added_later(self.key)} adds it after this callback: put that "
-                   f"one first in callbacks=[...]")
+            fix = f"{logs.added_later(self.key)} adds it after this callback: put that one first in callbacks=[...]"
         else:
             fix = "Monitor one of those"
-        raise ValueError(f"{self.owner}: {self.arg}={self.key!r} is not a key fit will log; "
-                         f"the epoch logs will have {sorted(logs.certain)}. {fix}.")
+        raise ValueError(
+            f"{self.owner}: {self.arg}={self.key!r} is not a key fit will log; "
+            f"the epoch logs will have {sorted(logs.certain)}. {fix}."
+        )
 
     def update(self, logs) -> bool:
         """Whether ``logs[key]`` improved on the best so far (which it then becomes)."""
         if self.key not in logs:
             raise KeyError(f"{self.owner}: no {self.key!r} in the epoch logs; have {sorted(logs)}.")
         value = logs[self.key]
-        better = (self.best is None or (value < self.best - self.min_delta if self.mode == "min"
-                                        else value > self.best + self.min_delta))
+        better = self.best is None or (
+            value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
+        )
         if better:
             self.best = value
         return better
@@ -398,8 +425,10 @@ class _Monitor:
         # float64/int64 host scalars: the monitored value is a Python float, kept exactly.
         # No best yet is 0.0 with has_best=0, not NaN: a checkpoint holding a NaN would be
         # marked non-finite and never resumed from.
-        return {"best": np.float64(0.0 if self.best is None else self.best),
-                "has_best": np.int64(self.best is not None)}
+        return {
+            "best": np.float64(0.0 if self.best is None else self.best),
+            "has_best": np.int64(self.best is not None),
+        }
 
     def restore(self, tree) -> None:
         self.best = float(tree["best"]) if bool(tree["has_best"]) else None
@@ -453,8 +482,15 @@ class EarlyStopping(Callback):
 
     log_keys = ()
 
-    def __init__(self, monitor: str = "eval_loss", *, patience: int = 3, mode: str = "min",
-                 min_delta: float = 0.0, restore_best: bool = False) -> None:
+    def __init__(
+        self,
+        monitor: str = "eval_loss",
+        *,
+        patience: int = 3,
+        mode: str = "min",
+        min_delta: float = 0.0,
+        restore_best: bool = False,
+    ) -> None:
         self._watch = _Monitor("EarlyStopping", monitor, mode, min_delta)
         checks.non_negative_int("EarlyStopping", "patience", patience)
         self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
@@ -484,8 +520,11 @@ class EarlyStopping(Callback):
             ctx.replace_train_state(self.best_state)
 
     def checkpoint_state(self, train_state):
-        tree = {**self._watch.tree(), "wait": np.int64(self.wait),
-                "best_epoch": np.int64(-1 if self.best_epoch is None else self.best_epoch)}
+        tree = {
+            **self._watch.tree(),
+            "wait": np.int64(self.wait),
+            "best_epoch": np.int64(-1 if self.best_epoch is None else self.best_epoch),
+        }
         if self.restore_best:  # the best state itself (one more train state on disk)
             tree["best_state"] = train_state if self.best_state is None else self.best_state
         return tree
@@ -551,12 +590,28 @@ class ReduceLROnPlateau(Callback):
 
     log_keys = ()
 
-    def __init__(self, monitor: str = "eval_loss", *, factor: float = 0.1, patience: int = 10,
-                 mode: str = "min", min_delta: float = 1e-4, cooldown: int = 0,
-                 min_lr: float = 0.0, hyperparam: str = "learning_rate") -> None:
+    def __init__(
+        self,
+        monitor: str = "eval_loss",
+        *,
+        factor: float = 0.1,
+        patience: int = 10,
+        mode: str = "min",
+        min_delta: float = 1e-4,
+        cooldown: int = 0,
+        min_lr: float = 0.0,
+        hyperparam: str = "learning_rate",
+    ) -> None:
         self._watch = _Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
-        self.factor = checks.real("ReduceLROnPlateau", "factor (the rate's multiplier)", factor,
-                                  low=0.0, high=1.0, low_open=True, high_open=True)
+        self.factor = checks.real(
+            "ReduceLROnPlateau",
+            "factor (the rate's multiplier)",
+            factor,
+            low=0.0,
+            high=1.0,
+            low_open=True,
+            high_open=True,
+        )
         self.patience = checks.non_negative_int("ReduceLROnPlateau", "patience", patience)
         self.cooldown = checks.non_negative_int("ReduceLROnPlateau", "cooldown", cooldown)
         self.min_lr = checks.real("ReduceLROnPlateau", "min_lr", min_lr, low=0.0)
@@ -585,13 +640,11 @@ class ReduceLROnPlateau(Callback):
             if self.wait >= self.patience:
                 ts = ctx.train_state
                 reduce = lambda v: np.maximum(v * self.factor, self.min_lr) if v > self.min_lr else v  # noqa: E731
-                ctx.replace_train_state(ts._replace(opt_state=_scale_hyperparam(
-                    ts.opt_state, self.hyperparam, reduce)))
+                ctx.replace_train_state(ts._replace(opt_state=_scale_hyperparam(ts.opt_state, self.hyperparam, reduce)))
                 self.cooldown_counter, self.wait = self.cooldown, 0
 
     def checkpoint_state(self, train_state):
-        return {**self._watch.tree(), "wait": np.int64(self.wait),
-                "cooldown_counter": np.int64(self.cooldown_counter)}
+        return {**self._watch.tree(), "wait": np.int64(self.wait), "cooldown_counter": np.int64(self.cooldown_counter)}
 
     def restore_checkpoint_state(self, tree) -> None:
         self._watch.restore(tree)
@@ -625,7 +678,8 @@ def _scale_hyperparam(opt_state, name: str, fn):
             f"{name!r}, so the callback cannot change it without compiling the step again. "
             f"Build the optimizer with optax.inject_hyperparams, e.g. "
             f"optax.inject_hyperparams(optax.adam)({name}=1e-3), and pass that same optimizer "
-            f"to TrainState.create and fit.")
+            f"to TrainState.create and fit."
+        )
     return new
 
 
@@ -703,17 +757,18 @@ class TensorBoardLogger(Callback):
 
     def __init__(self, logdir: str | os.PathLike, *, every_steps: Optional[int] = None) -> None:
         if every_steps is not None:
-            every_steps = checks.positive_int("TensorBoardLogger", "every_steps (or None)",
-                                              every_steps)
+            every_steps = checks.positive_int("TensorBoardLogger", "every_steps (or None)", every_steps)
         if importlib.util.find_spec("tensorboardX") is None:  # fail here, not mid-training
-            raise ImportError("TensorBoardLogger needs tensorboardX: pip install tensorboardX "
-                              "(or funcnet's 'tensorboard' extra).")
+            raise ImportError(
+                "TensorBoardLogger needs tensorboardX: pip install tensorboardX (or funcnet's 'tensorboard' extra)."
+            )
         self.logdir, self.every_steps = str(logdir), every_steps
         self._writer = None
 
     def on_train_begin(self, ctx):
         if distributed.is_main_process():
             from tensorboardX import SummaryWriter
+
             _check_writable("TensorBoardLogger", self.logdir, "logdir", directory=True)
             self._writer = SummaryWriter(self.logdir)
 
@@ -783,10 +838,15 @@ class Profile(Callback):
     log_keys = ()
 
     def __init__(self, logdir: str | os.PathLike, steps: Tuple[int, int] = (1, 3)) -> None:
-        if not (isinstance(steps, (tuple, list)) and len(steps) == 2
-                and all(checks.is_int(s) for s in steps) and 0 <= steps[0] < steps[1]):
-            raise checks.ArgumentError(f"Profile: steps must be (start, stop) with "
-                                       f"0 <= start < stop, e.g. (10, 15); got {steps!r}.")
+        if not (
+            isinstance(steps, (tuple, list))
+            and len(steps) == 2
+            and all(checks.is_int(s) for s in steps)
+            and 0 <= steps[0] < steps[1]
+        ):
+            raise checks.ArgumentError(
+                f"Profile: steps must be (start, stop) with 0 <= start < stop, e.g. (10, 15); got {steps!r}."
+            )
         self.logdir, self.start, self.stop = str(logdir), int(steps[0]), int(steps[1])
         self.every_steps = None  # called between dispatches; fit keeps its dispatch size
         # ...except that a dispatch ends at these global steps: the trace starts and stops
@@ -801,9 +861,11 @@ class Profile(Callback):
         _check_writable("Profile", self.logdir, "logdir", directory=True)
         planned = ctx.planned_steps
         if planned is not None and self.stop > planned:
-            warnings.warn(f"Profile: the window ends at step {self.stop}, past this run's "
-                          f"last step ({planned}); the trace will stop at the end of training.",
-                          stacklevel=2)
+            warnings.warn(
+                f"Profile: the window ends at step {self.stop}, past this run's "
+                f"last step ({planned}); the trace will stop at the end of training.",
+                stacklevel=2,
+            )
         self._traced, self._first = False, ctx.host_step
         if ctx.host_step >= self.start and ctx.host_step < self.stop:
             self._begin()
@@ -817,7 +879,8 @@ class Profile(Callback):
                 f"({e}). jax.profiler runs one trace at a time per process, and another one "
                 f"is running (started by jax.profiler.start_trace or jax.profiler.trace and "
                 f"never stopped). Call jax.profiler.stop_trace() before fit, or drop the "
-                f"other trace.") from e
+                f"other trace."
+            ) from e
         self._on = self._traced = True
 
     def on_step_begin(self, ctx, step):
@@ -843,11 +906,13 @@ class Profile(Callback):
         if self._on:
             self._end(ctx)
         elif not self._traced:
-            warnings.warn(f"Profile: the window steps=({self.start}, {self.stop}) holds none "
-                          f"of this run's steps ({self._first + 1} to {ctx.host_step}), so "
-                          f"nothing was traced. fit's global steps continue the train state's "
-                          f"step (a resumed run's too): pick a window inside the run.",
-                          stacklevel=2)
+            warnings.warn(
+                f"Profile: the window steps=({self.start}, {self.stop}) holds none "
+                f"of this run's steps ({self._first + 1} to {ctx.host_step}), so "
+                f"nothing was traced. fit's global steps continue the train state's "
+                f"step (a resumed run's too): pick a window inside the run.",
+                stacklevel=2,
+            )
 
     def on_train_error(self, ctx, error):
         """Stops the trace of a fit that raised inside the window (what it traced is

@@ -18,11 +18,21 @@ import jax
 import jax.numpy as jnp
 
 from funcnet import _checks as checks
-from funcnet.core import (Layer, MismatchError, PyTree, as_layer, describe_tree, named,
-                          normalize_axis, split_rng)
+from funcnet.core import Layer, MismatchError, PyTree, as_layer, describe_tree, named, normalize_axis, split_rng
 
-__all__ = ["serial", "parallel", "FanOut", "FanInSum", "FanInConcat", "Identity", "Residual",
-           "Remat", "Scan", "stack_params", "unstack_params"]
+__all__ = [
+    "serial",
+    "parallel",
+    "FanOut",
+    "FanInSum",
+    "FanInConcat",
+    "Identity",
+    "Residual",
+    "Remat",
+    "Scan",
+    "stack_params",
+    "unstack_params",
+]
 
 
 def serial(*layers, **named_layers) -> Layer:
@@ -68,9 +78,11 @@ def serial(*layers, **named_layers) -> Layer:
       ['decoder', 'encoder']
     """
     if layers and named_layers:
-        raise TypeError(f"serial: give the layers either all positionally or all by name, got "
-                        f"{len(layers)} positional and {sorted(named_layers)} named. Name them "
-                        f"all, e.g. serial(encoder=enc, decoder=dec).")
+        raise TypeError(
+            f"serial: give the layers either all positionally or all by name, got "
+            f"{len(layers)} positional and {sorted(named_layers)} named. Name them "
+            f"all, e.g. serial(encoder=enc, decoder=dec)."
+        )
     if named_layers:
         names = tuple(named_layers)
         layers = tuple(as_layer(l, f"serial({n}=...)") for n, l in named_layers.items())
@@ -94,8 +106,7 @@ def serial(*layers, **named_layers) -> Layer:
         new_state = []
         for i, (layer, key) in enumerate(zip(layers, split_rng(rng, len(layers)))):
             k = names[i] if names else i
-            inputs, s = _apply_child("serial", k, layer, params[k], state[k], inputs, key, train,
-                                     given_empty)
+            inputs, s = _apply_child("serial", k, layer, params[k], state[k], inputs, key, train, given_empty)
             new_state.append(s)
         return inputs, _keep_empty(given_empty, _pack(names, new_state))
 
@@ -150,9 +161,10 @@ def parallel(*layers) -> Layer:
         state = _expand_empty_state(state, n)
         _check_children("parallel", params, state, n)
         _check_tuple("parallel", inputs, n, "inputs")
-        outs = [_apply_child("parallel", i, layer, p, s, x, k, train, given_empty)
-                for i, (layer, p, s, x, k) in enumerate(zip(layers, params, state, inputs,
-                                                            split_rng(rng, n)))]
+        outs = [
+            _apply_child("parallel", i, layer, p, s, x, k, train, given_empty)
+            for i, (layer, p, s, x, k) in enumerate(zip(layers, params, state, inputs, split_rng(rng, n)))
+        ]
         return tuple(o[0] for o in outs), _keep_empty(given_empty, tuple(o[1] for o in outs))
 
     return named("parallel", init, apply)
@@ -196,16 +208,14 @@ def _fan_in_sum():
         _check_tuple("FanInSum", input_shape, None, "input_shape")
         shapes = {tuple(s) for s in input_shape}
         if len(shapes) != 1:
-            raise ValueError(f"FanInSum: all branches must have the same shape, got "
-                             f"{tuple(input_shape)}.")
+            raise ValueError(f"FanInSum: all branches must have the same shape, got {tuple(input_shape)}.")
         return tuple(input_shape[0]), (), ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
         _check_tuple("FanInSum", inputs, None, "inputs")
         shapes = {x.shape for x in inputs}
         if len(shapes) != 1:
-            raise ValueError(f"FanInSum: all branches must have the same shape, got "
-                             f"{[x.shape for x in inputs]}.")
+            raise ValueError(f"FanInSum: all branches must have the same shape, got {[x.shape for x in inputs]}.")
         return sum(inputs[1:], inputs[0]), state
 
     return named("FanInSum", init, apply)
@@ -247,10 +257,11 @@ def FanInConcat(axis: int = -1) -> Layer:
         rank = len(input_shape[0])
         ax = normalize_axis("FanInConcat", axis, rank)
         for s in input_shape:
-            if len(s) != rank or any(a != b for i, (a, b) in enumerate(zip(s, input_shape[0]))
-                                     if i != ax):
-                raise ValueError(f"FanInConcat(axis={axis}): branch shapes must agree except on "
-                                 f"the concatenation axis, got {tuple(input_shape)}.")
+            if len(s) != rank or any(a != b for i, (a, b) in enumerate(zip(s, input_shape[0])) if i != ax):
+                raise ValueError(
+                    f"FanInConcat(axis={axis}): branch shapes must agree except on "
+                    f"the concatenation axis, got {tuple(input_shape)}."
+                )
         sizes = [s[ax] for s in input_shape]
         total = -1 if -1 in sizes else sum(sizes)
         out = list(input_shape[0])
@@ -305,9 +316,11 @@ def Residual(layer: Layer) -> Layer:
     def init(rng, input_shape):
         out_shape, params, state = inner.init(rng, input_shape)
         if tuple(out_shape) != tuple(input_shape):
-            raise ValueError(f"Residual: the wrapped layer must keep the shape, but maps "
-                             f"{tuple(input_shape)} to {tuple(out_shape)}. Add a projection "
-                             f"(e.g. serial(FanOut(2), parallel(f, Dense(...)), FanInSum)).")
+            raise ValueError(
+                f"Residual: the wrapped layer must keep the shape, but maps "
+                f"{tuple(input_shape)} to {tuple(out_shape)}. Add a projection "
+                f"(e.g. serial(FanOut(2), parallel(f, Dense(...)), FanInSum))."
+            )
         return out_shape, params, state
 
     def apply(params, state, inputs, *, rng=None, train=False):
@@ -317,8 +330,7 @@ def Residual(layer: Layer) -> Layer:
     return named(f"Residual({inner.name})", init, apply)
 
 
-def Remat(layer: Layer, *, policy: Optional[Callable[..., bool]] = None,
-          prevent_cse: bool = True) -> Layer:
+def Remat(layer: Layer, *, policy: Optional[Callable[..., bool]] = None, prevent_cse: bool = True) -> Layer:
     """The same layer, its intermediates recomputed in the backward pass (``jax.checkpoint``).
 
     Same init, same outputs and gradients; the backward pass re-runs ``apply`` instead
@@ -352,15 +364,16 @@ def Remat(layer: Layer, *, policy: Optional[Callable[..., bool]] = None,
     """
     inner = as_layer(layer, "Remat")
     if policy is not None and not callable(policy):
-        raise TypeError(f"Remat: policy must be one of jax.checkpoint_policies (a callable) or "
-                        f"None, got {type(policy).__name__}.")
+        raise TypeError(
+            f"Remat: policy must be one of jax.checkpoint_policies (a callable) or None, got {type(policy).__name__}."
+        )
     prevent_cse = checks.flag("Remat", "prevent_cse", prevent_cse)
 
     def apply(params, state, inputs, *, rng=None, train=False):
         def run(params, state, inputs, rng):
             return inner.apply(params, state, inputs, rng=rng, train=train)
-        return jax.checkpoint(run, policy=policy, prevent_cse=prevent_cse)(params, state,
-                                                                           inputs, rng)
+
+        return jax.checkpoint(run, policy=policy, prevent_cse=prevent_cse)(params, state, inputs, rng)
 
     return named(f"Remat({inner.name})", inner.init, apply)
 
@@ -417,21 +430,31 @@ def Scan(layer: Layer, n: int, *, unroll: int = 1) -> Layer:
         outs = [inner.init(k, input_shape) for k in split_rng(rng, n)]
         out_shape = outs[0][0]
         if _shape_tree(out_shape) != _shape_tree(input_shape):
-            raise ValueError(f"{name}: the layer must keep the shape (each copy's output is the "
-                             f"next copy's input), but maps {_shape_tree(input_shape)} to "
-                             f"{_shape_tree(out_shape)}. Scan only the shape-keeping part (e.g. "
-                             f"serial(Dense(d), Scan(block, n))).")
+            raise ValueError(
+                f"{name}: the layer must keep the shape (each copy's output is the "
+                f"next copy's input), but maps {_shape_tree(input_shape)} to "
+                f"{_shape_tree(out_shape)}. Scan only the shape-keeping part (e.g. "
+                f"serial(Dense(d), Scan(block, n)))."
+            )
         return out_shape, stack_params([o[1] for o in outs]), stack_params([o[2] for o in outs])
 
     def apply(params, state, inputs, *, rng=None, train=False):
         for what, tree in (("params", params), ("state", state)):
             if not all(jnp.ndim(x) > 0 and jnp.shape(x)[0] == n for x in jax.tree.leaves(tree)):
-                hint = (f"Use the {what} this Scan's init returned; those of "
-                        f"serial(*[layer] * {n}) convert with stack_params.")
-                raise MismatchError(name, what, name, f"{n} copies stacked on axis 0",
-                                    describe_tree(tree), hint,
-                                    f"{name}: expected {what} of {n} copies stacked on axis 0, "
-                                    f"got shapes {describe_tree(tree)}. {hint}")
+                hint = (
+                    f"Use the {what} this Scan's init returned; those of "
+                    f"serial(*[layer] * {n}) convert with stack_params."
+                )
+                raise MismatchError(
+                    name,
+                    what,
+                    name,
+                    f"{n} copies stacked on axis 0",
+                    describe_tree(tree),
+                    hint,
+                    f"{name}: expected {what} of {n} copies stacked on axis 0, "
+                    f"got shapes {describe_tree(tree)}. {hint}",
+                )
         keys = None if rng is None else jax.random.split(rng, n)  # = split_rng, as serial's
 
         def body(x, per_copy):
@@ -445,8 +468,7 @@ def Scan(layer: Layer, n: int, *, unroll: int = 1) -> Layer:
 
 def _avals(tree):
     """The structure, shapes and dtypes of ``tree``: what ``lax.scan`` needs of a carry."""
-    return jax.tree.structure(tree), [(tuple(jnp.shape(x)), jnp.result_type(x))
-                                      for x in jax.tree.leaves(tree)]
+    return jax.tree.structure(tree), [(tuple(jnp.shape(x)), jnp.result_type(x)) for x in jax.tree.leaves(tree)]
 
 
 def _scan_copies(name, body, inputs, per_copy, n, unroll):
@@ -456,7 +478,7 @@ def _scan_copies(name, body, inputs, per_copy, n, unroll):
     float32), which a scan's carry cannot: then the first copy runs on its own, as
     serial's first layer, and the other ``n - 1`` are scanned over its output (two traces
     of the layer instead of one, only then)."""
-    copy = lambda i: (lambda c: jax.tree.map(lambda a: a[i], c))
+    copy = lambda i: lambda c: jax.tree.map(lambda a: a[i], c)
     # abstract (eval_shape): nothing is sliced or run for the check itself
     output = lambda x: jax.eval_shape(lambda x, c: body(x, copy(0)(c))[0], x, per_copy)
     # length: a layer without params or state (Dropout) gives scan no xs to count.
@@ -467,15 +489,16 @@ def _scan_copies(name, body, inputs, per_copy, n, unroll):
         rest = copy(slice(1, None))(per_copy)
         again = output(y)
         if _avals(again) != _avals(y):
-            raise ValueError(f"{name}: the layer changes its input's dtype (or shape) at "
-                             f"every copy ({describe_tree(inputs)} -> {describe_tree(y)} -> "
-                             f"{describe_tree(again)}), so the copies cannot share one "
-                             f"compiled body. Cast the input to the params' dtype first, or "
-                             f"use serial(*[layer] * {n}).")
+            raise ValueError(
+                f"{name}: the layer changes its input's dtype (or shape) at "
+                f"every copy ({describe_tree(inputs)} -> {describe_tree(y)} -> "
+                f"{describe_tree(again)}), so the copies cannot share one "
+                f"compiled body. Cast the input to the params' dtype first, or "
+                f"use serial(*[layer] * {n})."
+            )
         y, s_rest = jax.lax.scan(body, y, rest, length=n - 1, unroll=unroll)
         # the state in the scanned copies' dtypes, which later calls give it
-        return y, jax.tree.map(lambda a, b: jnp.concatenate([a[None].astype(b.dtype), b]),
-                               s0, s_rest)
+        return y, jax.tree.map(lambda a, b: jnp.concatenate([a[None].astype(b.dtype), b]), s0, s_rest)
     return y, jax.tree.map(lambda a: a[None], s0)
 
 
@@ -505,29 +528,31 @@ def stack_params(trees: Sequence[PyTree]) -> PyTree:
     """
     trees = list(trees)
     if not trees:
-        raise ValueError("stack_params: expected a non-empty sequence of trees (one per copy), "
-                         "got none.")
+        raise ValueError("stack_params: expected a non-empty sequence of trees (one per copy), got none.")
     structure = jax.tree.structure(trees[0])
     for i, tree in enumerate(trees):
         if jax.tree.structure(tree) != structure:
-            raise ValueError(f"stack_params: every tree must have the structure of the first, "
-                             f"but tree {i} is {describe_tree(tree)} and tree 0 is "
-                             f"{describe_tree(trees[0])}.")
+            raise ValueError(
+                f"stack_params: every tree must have the structure of the first, "
+                f"but tree {i} is {describe_tree(tree)} and tree 0 is "
+                f"{describe_tree(trees[0])}."
+            )
         _check_same_shapes(trees[0], tree, i)
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
 def _check_same_shapes(first, tree, i):
     """Tree ``i``'s leaves have tree 0's shapes (stacking needs them equal)."""
-    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(first)[0],
-                            jax.tree.leaves(tree)):
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(first)[0], jax.tree.leaves(tree)):
         if jnp.shape(a) != jnp.shape(b):
             where = jax.tree_util.keystr(tuple(path), simple=True, separator="/") or "<root>"
-            raise ValueError(f"stack_params: every tree's leaves must have the shapes of the "
-                             f"first's, but {where!r} has shape {tuple(jnp.shape(b))} in tree "
-                             f"{i} and {tuple(jnp.shape(a))} in tree 0. Only copies of one "
-                             f"layer of one size stack (Scan's copies): build them with the "
-                             f"same sizes and input shape.")
+            raise ValueError(
+                f"stack_params: every tree's leaves must have the shapes of the "
+                f"first's, but {where!r} has shape {tuple(jnp.shape(b))} in tree "
+                f"{i} and {tuple(jnp.shape(a))} in tree 0. Only copies of one "
+                f"layer of one size stack (Scan's copies): build them with the "
+                f"same sizes and input shape."
+            )
 
 
 def unstack_params(tree: PyTree, n: int) -> tuple[PyTree, ...]:
@@ -555,8 +580,10 @@ def unstack_params(tree: PyTree, n: int) -> tuple[PyTree, ...]:
     """
     n = checks.positive_int("unstack_params", "n", n)
     if not all(jnp.ndim(x) > 0 and jnp.shape(x)[0] == n for x in jax.tree.leaves(tree)):
-        raise ValueError(f"unstack_params: expected every leaf to hold {n} copies stacked on "
-                         f"axis 0, got shapes {describe_tree(tree)}.")
+        raise ValueError(
+            f"unstack_params: expected every leaf to hold {n} copies stacked on "
+            f"axis 0, got shapes {describe_tree(tree)}."
+        )
     return tuple(jax.tree.map(lambda x: x[i], tree) for i in range(n))
 
 
@@ -568,10 +595,13 @@ def _shape_tree(shape):
 
 
 def _check_tuple(layer, value, n, what):
-    if not isinstance(value, (tuple, list)) or (value and not isinstance(value[0], (tuple, list))
-                                                and what == "input_shape"):
-        raise TypeError(f"{layer}: expected a tuple of {'shapes' if what == 'input_shape' else 'arrays'}"
-                        f" (one per branch), got {value!r}. Put FanOut(n) in front.")
+    if not isinstance(value, (tuple, list)) or (
+        value and not isinstance(value[0], (tuple, list)) and what == "input_shape"
+    ):
+        raise TypeError(
+            f"{layer}: expected a tuple of {'shapes' if what == 'input_shape' else 'arrays'}"
+            f" (one per branch), got {value!r}. Put FanOut(n) in front."
+        )
     if n is not None and len(value) != n:
         raise ValueError(f"{layer}: expected {n} branches, got {len(value)}.")
 
@@ -581,19 +611,29 @@ def _check_children(layer, params, state, n):
     if not isinstance(n, int):
         return _check_named_children(layer, params, state, n)
     if not isinstance(params, (tuple, list)) or len(params) != n:
-        length = len(params) if hasattr(params, '__len__') else '?'
+        length = len(params) if hasattr(params, "__len__") else "?"
         raise MismatchError(
-            layer, "params", layer, f"a tuple of {n} entries, one per layer",
-            describe_tree(params), "Use the params returned by this layer's init.",
+            layer,
+            "params",
+            layer,
+            f"a tuple of {n} entries, one per layer",
+            describe_tree(params),
+            "Use the params returned by this layer's init.",
             f"{layer}: params do not match this {layer} of {n} layers (got "
             f"{type(params).__name__} of length {length}). Use the params returned by this "
-            f"layer's init.")
+            f"layer's init.",
+        )
     if not isinstance(state, (tuple, list)) or len(state) != n:
         raise MismatchError(
-            layer, "state", layer, f"a tuple of {n} entries, one per layer", describe_tree(state),
+            layer,
+            "state",
+            layer,
+            f"a tuple of {n} entries, one per layer",
+            describe_tree(state),
             "Use the state returned by this layer's init (or the last apply).",
             f"{layer}: state does not match this {layer} of {n} layers. Use the state returned "
-            f"by this layer's init (or the last apply).")
+            f"by this layer's init (or the last apply).",
+        )
 
 
 def _check_named_children(layer, params, state, names):
@@ -601,10 +641,15 @@ def _check_named_children(layer, params, state, names):
         if not isinstance(tree, dict) or set(tree) != set(names):
             got = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
             raise MismatchError(
-                layer, what, layer, f"a dict of the named layers {list(names)}", str(got),
+                layer,
+                what,
+                layer,
+                f"a dict of the named layers {list(names)}",
+                str(got),
                 f"Use the {what} returned by this layer's init.",
                 f"{layer}: {what} do not match this {layer} of the named layers {list(names)} "
-                f"(got {got}). Use the {what} returned by this layer's init.")
+                f"(got {got}). Use the {what} returned by this layer's init.",
+            )
 
 
 def _mismatch(layer, key, child, params, state, inputs, check_state=True):
@@ -613,33 +658,47 @@ def _mismatch(layer, key, child, params, state, inputs, check_state=True):
     layer's own). Called only after a failure, so the happy path costs nothing."""
     try:
         shapes = jax.tree.map(lambda x: tuple(jnp.shape(x)), inputs)
-        _, want_params, want_state = jax.eval_shape(lambda k: child.init(k, shapes),
-                                                    jax.random.key(0))
+        _, want_params, want_state = jax.eval_shape(lambda k: child.init(k, shapes), jax.random.key(0))
     except Exception:  # the init cannot tell us what it expects: keep the original error
         return None
 
     def fits(given, want):
         try:
-            return all(jnp.shape(g) == w.shape for g, w in
-                       zip(jax.tree.leaves(given), jax.tree.leaves(want), strict=True)) and \
-                jax.tree.structure(given) == jax.tree.structure(want)
+            return all(
+                jnp.shape(g) == w.shape for g, w in zip(jax.tree.leaves(given), jax.tree.leaves(want), strict=True)
+            ) and jax.tree.structure(given) == jax.tree.structure(want)
         except ValueError:
             return False
 
-    if (check_state and fits(params, want_state) and fits(state, want_params)
-            and not fits(params, want_params)):
-        err = MismatchError(layer, "params", child.name, describe_tree(want_params),
-                            describe_tree(params), "The params and state look swapped: call "
-                            "apply(params, state, x), params first.")
+    if check_state and fits(params, want_state) and fits(state, want_params) and not fits(params, want_params):
+        err = MismatchError(
+            layer,
+            "params",
+            child.name,
+            describe_tree(want_params),
+            describe_tree(params),
+            "The params and state look swapped: call apply(params, state, x), params first.",
+        )
     elif not fits(params, want_params):
-        err = MismatchError(layer, "params", child.name, describe_tree(want_params),
-                            describe_tree(params), "Pass the params this network's init "
-                            "returned: params of another network do not fit, even one with "
-                            "as many layers.")
+        err = MismatchError(
+            layer,
+            "params",
+            child.name,
+            describe_tree(want_params),
+            describe_tree(params),
+            "Pass the params this network's init "
+            "returned: params of another network do not fit, even one with "
+            "as many layers.",
+        )
     elif check_state and not fits(state, want_state):
-        err = MismatchError(layer, "state", child.name, describe_tree(want_state),
-                            describe_tree(state), "Pass the state this network's init (or its "
-                            "last apply) returned.")
+        err = MismatchError(
+            layer,
+            "state",
+            child.name,
+            describe_tree(want_state),
+            describe_tree(state),
+            "Pass the state this network's init (or its last apply) returned.",
+        )
     else:
         return None
     return err.placed_under(layer, key)
@@ -648,6 +707,7 @@ def _mismatch(layer, key, child, params, state, inputs, check_state=True):
 # --------------------------------------------------------------------------- #
 # state=() for networks of stateless layers
 # --------------------------------------------------------------------------- #
+
 
 def _expand_empty_state(state, children):
     """The state a combinator hands its children when it was given ``state=()``.
@@ -690,9 +750,11 @@ def _apply_child(layer, key, child, params, state, inputs, rng, train, given_emp
         notes = getattr(e, "__notes__", ())
         if given_empty and not any(n.startswith(_EMPTY_STATE_NOTE) for n in notes):
             # Only the innermost combinator adds the note: it knows the failing layer.
-            e.add_note(f"{_EMPTY_STATE_NOTE}, which {layer} passed on as () to its layer "
-                       f"{key!r} ({child.name}). If {child.name} keeps state (e.g. BatchNorm "
-                       f"statistics), pass the state returned by init instead of ().")
+            e.add_note(
+                f"{_EMPTY_STATE_NOTE}, which {layer} passed on as () to its layer "
+                f"{key!r} ({child.name}). If {child.name} keeps state (e.g. BatchNorm "
+                f"statistics), pass the state returned by init instead of ()."
+            )
         # Params of another network, or params and state swapped, fail here as a
         # KeyError or "tuple indices must be integers": say which layer and what fits.
         # (An expanded state=() is the note's business: only params are compared then.)

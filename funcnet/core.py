@@ -30,11 +30,28 @@ from jax.typing import ArrayLike
 from funcnet import _checks as checks
 from funcnet.errors import MismatchError
 
-__all__ = ["Layer", "named", "as_layer", "InitRecord", "record_inits", "MismatchError",
-           "describe_tree", "split_rng", "check_shape", "check_known", "check_input",
-           "check_param_shapes",
-           "normalize_axis", "as_tuple", "need_rng", "need_state", "Shape", "PyTree", "InitFn",
-           "ApplyFn"]
+__all__ = [
+    "Layer",
+    "named",
+    "as_layer",
+    "InitRecord",
+    "record_inits",
+    "MismatchError",
+    "describe_tree",
+    "split_rng",
+    "check_shape",
+    "check_known",
+    "check_input",
+    "check_param_shapes",
+    "normalize_axis",
+    "as_tuple",
+    "need_rng",
+    "need_state",
+    "Shape",
+    "PyTree",
+    "InitFn",
+    "ApplyFn",
+]
 
 Shape = Tuple[int, ...]
 """A shape with its batch axis first, as ``init`` takes it; ``-1`` marks an unknown size."""
@@ -73,13 +90,13 @@ class Layer(NamedTuple):
     @property
     def name(self) -> str:
         """The name shown by :func:`funcnet.summary` and in error messages."""
-        return getattr(self.init, "layer_name", None) or getattr(
-            self.init, "__qualname__", "Layer")
+        return getattr(self.init, "layer_name", None) or getattr(self.init, "__qualname__", "Layer")
 
 
 # --------------------------------------------------------------------------- #
 # Naming and the init recorder behind funcnet.summary.
 # --------------------------------------------------------------------------- #
+
 
 class InitRecord(NamedTuple):
     """One row of a model summary: a layer's ``init`` call.
@@ -210,11 +227,10 @@ def as_layer(layer: Any, where: str = "combinator") -> Layer:
     if isinstance(layer, tuple) and len(layer) == 2 and all(map(callable, layer)):
         return named(getattr(layer[0], "__qualname__", "Layer"), *layer)
     if callable(layer):
-        hint = (f" It looks like a layer constructor: call it, e.g. {getattr(layer, '__name__', 'Layer')}(...).")
+        hint = f" It looks like a layer constructor: call it, e.g. {getattr(layer, '__name__', 'Layer')}(...)."
     else:
         hint = ""
-    raise TypeError(f"{where}: expected a funcnet Layer (an (init, apply) pair), got "
-                    f"{type(layer).__name__}.{hint}")
+    raise TypeError(f"{where}: expected a funcnet Layer (an (init, apply) pair), got {type(layer).__name__}.{hint}")
 
 
 # --------------------------------------------------------------------------- #
@@ -223,8 +239,15 @@ def as_layer(layer: Any, where: str = "combinator") -> Layer:
 # --------------------------------------------------------------------------- #
 
 
-def check_shape(layer: str, input_shape: Sequence[int], *, min_rank: int = 1, max_rank: int | None = None,
-                rank: int | None = None, what: str = "input") -> Shape:
+def check_shape(
+    layer: str,
+    input_shape: Sequence[int],
+    *,
+    min_rank: int = 1,
+    max_rank: int | None = None,
+    rank: int | None = None,
+    what: str = "input",
+) -> Shape:
     """Validates an ``input_shape`` given to ``init`` and returns it as a tuple of ints.
 
     Entries must be ints, either positive or -1 (unknown, e.g. the batch).
@@ -252,17 +275,19 @@ def check_shape(layer: str, input_shape: Sequence[int], *, min_rank: int = 1, ma
       ValueError: Conv: expected an input of rank >= 3, got rank 2 shape (-1, 3).
     """
     if not isinstance(input_shape, (tuple, list)):
-        raise TypeError(f"{layer}: input_shape must be a tuple of ints, got "
-                        f"{type(input_shape).__name__} {input_shape!r}.")
+        raise TypeError(
+            f"{layer}: input_shape must be a tuple of ints, got {type(input_shape).__name__} {input_shape!r}."
+        )
     if not all(checks.is_int(d) for d in input_shape):
-        raise TypeError(f"{layer}: input_shape must contain only ints (use -1 for an unknown "
-                        f"batch size), got {tuple(input_shape)!r}.")
+        raise TypeError(
+            f"{layer}: input_shape must contain only ints (use -1 for an unknown "
+            f"batch size), got {tuple(input_shape)!r}."
+        )
     shape = tuple(int(d) for d in input_shape)
     if any(d < 1 and d != -1 for d in shape):
         raise ValueError(f"{layer}: input_shape entries must be positive or -1, got {shape}.")
     if rank is not None and len(shape) != rank:
-        raise ValueError(f"{layer}: expected a rank-{rank} {what} shape, got rank {len(shape)} "
-                         f"shape {shape}.")
+        raise ValueError(f"{layer}: expected a rank-{rank} {what} shape, got rank {len(shape)} shape {shape}.")
     if len(shape) < min_rank or (max_rank is not None and len(shape) > max_rank):
         want = f"rank {min_rank}" + (f" to {max_rank}" if max_rank not in (None, min_rank) else "")
         if max_rank is None:
@@ -271,9 +296,11 @@ def check_shape(layer: str, input_shape: Sequence[int], *, min_rank: int = 1, ma
     return shape
 
 
-_PARAMS_HINT = ("These params were made for another model, or another configuration of this "
-                "one: pass the params this layer's init returned (re-run init), or load the "
-                "checkpoint saved from this architecture.")
+_PARAMS_HINT = (
+    "These params were made for another model, or another configuration of this "
+    "one: pass the params this layer's init returned (re-run init), or load the "
+    "checkpoint saved from this architecture."
+)
 
 
 def check_param_shapes(layer: str, params: PyTree, expected: dict) -> None:
@@ -317,8 +344,7 @@ def check_param_shapes(layer: str, params: PyTree, expected: dict) -> None:
 def _params_mismatch(layer, params, expected, key, got) -> MismatchError:
     def known(k):  # sizes the input decides shown as given, where the rank agrees
         want, has = expected[k], tuple(getattr(params.get(k), "shape", ()))
-        return tuple(h if w is None else w for w, h in zip(want, has)) if len(has) == len(
-            want) else want
+        return tuple(h if w is None else w for w, h in zip(want, has)) if len(has) == len(want) else want
 
     def text(shape):
         inner = ", ".join("?" if d is None else str(d) for d in shape)
@@ -330,13 +356,18 @@ def _params_mismatch(layer, params, expected, key, got) -> MismatchError:
     else:
         i = next(i for i, (w, g) in enumerate(zip(want, got)) if w is not None and w != g)
         where = f": {got[i]} on axis {i} where {layer} has {want[i]}"
-    message = (f"{layer}: params[{key!r}] has shape {got}, but {layer} was built for "
-               f"{text(want)}{where}. {_PARAMS_HINT}")
-    expected_text = "{" + ", ".join(
-        f"{k!r}: {getattr(params.get(k), 'dtype', 'float32')}[{text(known(k))[1:-1].rstrip(',')}]"
-        for k in sorted(expected)) + "}"
-    return MismatchError(layer, "params", layer, expected_text, describe_tree(params),
-                         hint=_PARAMS_HINT, message=message)
+    message = f"{layer}: params[{key!r}] has shape {got}, but {layer} was built for {text(want)}{where}. {_PARAMS_HINT}"
+    expected_text = (
+        "{"
+        + ", ".join(
+            f"{k!r}: {getattr(params.get(k), 'dtype', 'float32')}[{text(known(k))[1:-1].rstrip(',')}]"
+            for k in sorted(expected)
+        )
+        + "}"
+    )
+    return MismatchError(
+        layer, "params", layer, expected_text, describe_tree(params), hint=_PARAMS_HINT, message=message
+    )
 
 
 def check_known(layer: str, shape: Shape, axes: Sequence[int], what: str) -> None:
@@ -362,12 +393,22 @@ def check_known(layer: str, shape: Shape, axes: Sequence[int], what: str) -> Non
     """
     for ax in axes:
         if shape[ax] == -1:
-            raise ValueError(f"{layer}: the {what} (axis {ax}) of the input shape must be known "
-                             f"to create parameters, got {shape}. Only batch entries may be -1.")
+            raise ValueError(
+                f"{layer}: the {what} (axis {ax}) of the input shape must be known "
+                f"to create parameters, got {shape}. Only batch entries may be -1."
+            )
 
 
-def check_input(layer: str, inputs: ArrayLike, *, rank: int | None = None, min_rank: int | None = None,
-                axis: int | None = None, size: int | None = None, what: str = "features") -> None:
+def check_input(
+    layer: str,
+    inputs: ArrayLike,
+    *,
+    rank: int | None = None,
+    min_rank: int | None = None,
+    axis: int | None = None,
+    size: int | None = None,
+    what: str = "features",
+) -> None:
     """Trace-time check of an ``apply`` input against what the params expect.
 
     Args:
@@ -396,17 +437,17 @@ def check_input(layer: str, inputs: ArrayLike, *, rank: int | None = None, min_r
     if shape is None:
         raise TypeError(f"{layer}: expected an array input, got {type(inputs).__name__}.")
     if rank is not None and len(shape) != rank:
-        raise ValueError(f"{layer}: expected a rank-{rank} input, got shape {tuple(shape)} "
-                         f"(rank {len(shape)}).")
+        raise ValueError(f"{layer}: expected a rank-{rank} input, got shape {tuple(shape)} (rank {len(shape)}).")
     if min_rank is not None and len(shape) < min_rank:
-        raise ValueError(f"{layer}: expected an input of rank >= {min_rank}, got shape "
-                         f"{tuple(shape)}.")
+        raise ValueError(f"{layer}: expected an input of rank >= {min_rank}, got shape {tuple(shape)}.")
     if axis is not None and size is not None and shape[axis] != size:
         expected = list(shape)
         expected[axis] = size
-        raise ValueError(f"{layer}: input has {shape[axis]} {what} on axis {axis} but the params "
-                         f"were built for {size}: expected shape {tuple(expected)}, got "
-                         f"{tuple(shape)}. Re-run init with the right input_shape.")
+        raise ValueError(
+            f"{layer}: input has {shape[axis]} {what} on axis {axis} but the params "
+            f"were built for {size}: expected shape {tuple(expected)}, got "
+            f"{tuple(shape)}. Re-run init with the right input_shape."
+        )
 
 
 def normalize_axis(layer: str, axis: int, rank: int) -> int:
@@ -455,8 +496,7 @@ def as_tuple(layer: str, value: int | Sequence[int], n: int, what: str) -> Tuple
         value = (value,) * n
     value = tuple(value)
     if len(value) != n or not all(checks.is_int(v) and v > 0 for v in value):
-        raise ValueError(f"{layer}: {what} must be a positive int or {n} positive ints, "
-                         f"got {value!r}.")
+        raise ValueError(f"{layer}: {what} must be a positive int or {n} positive ints, got {value!r}.")
     return tuple(int(v) for v in value)
 
 
@@ -479,8 +519,10 @@ def need_rng(layer: str, rng: Optional[jax.Array]) -> jax.Array:
       ValueError: Dropout: train=True needs randomness, but apply got rng=None. ...
     """
     if rng is None:
-        raise ValueError(f"{layer}: train=True needs randomness, but apply got rng=None. Pass "
-                         f"apply(params, state, x, rng=jax.random.key(...), train=True).")
+        raise ValueError(
+            f"{layer}: train=True needs randomness, but apply got rng=None. Pass "
+            f"apply(params, state, x, rng=jax.random.key(...), train=True)."
+        )
     return rng
 
 
@@ -509,11 +551,16 @@ def need_state(layer: str, state: PyTree, keys: Collection[str]) -> None:
     """
     if not isinstance(state, dict) or not set(keys) <= set(state):
         got = sorted(state) if isinstance(state, dict) else repr(state)
-        swapped = (" (Are params and state swapped? apply takes params first: "
-                   "apply(params, state, x).)" if isinstance(state, dict) and state else "")
-        raise ValueError(f"{layer}: apply needs this layer's state {sorted(keys)}, got {got}. "
-                         f"Pass the state returned by init (or by the last apply); state=() "
-                         f"is accepted only by networks whose layers are all stateless.{swapped}")
+        swapped = (
+            " (Are params and state swapped? apply takes params first: apply(params, state, x).)"
+            if isinstance(state, dict) and state
+            else ""
+        )
+        raise ValueError(
+            f"{layer}: apply needs this layer's state {sorted(keys)}, got {got}. "
+            f"Pass the state returned by init (or by the last apply); state=() "
+            f"is accepted only by networks whose layers are all stateless.{swapped}"
+        )
 
 
 def describe_tree(tree: PyTree, limit: int = 300) -> str:
@@ -530,20 +577,25 @@ def describe_tree(tree: PyTree, limit: int = 300) -> str:
       >>> describe_tree({"W": jnp.zeros((4, 3)), "b": jnp.zeros(3)})
       "{'W': float32[4, 3], 'b': float32[3]}"
     """
+
     def show(t):
         if isinstance(t, dict):
             items = sorted(t.items(), key=lambda kv: str(kv[0]))
             return "{" + ", ".join(f"{k!r}: {show(v)}" for k, v in items) + "}"
         if isinstance(t, (tuple, list)):
             inner = ", ".join(show(v) for v in t)
-            return f"({inner},)" if isinstance(t, tuple) and len(t) == 1 else (
-                f"({inner})" if isinstance(t, tuple) else f"[{inner}]")
+            return (
+                f"({inner},)"
+                if isinstance(t, tuple) and len(t) == 1
+                else (f"({inner})" if isinstance(t, tuple) else f"[{inner}]")
+            )
         shape, dtype = getattr(t, "shape", None), getattr(t, "dtype", None)
         if shape is not None and dtype is not None:
             return f"{dtype}{list(shape)}"
         return type(t).__name__
+
     text = show(tree)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def split_rng(rng: Optional[jax.Array], n: int) -> Tuple[Optional[jax.Array], ...]:
@@ -563,4 +615,3 @@ def split_rng(rng: Optional[jax.Array], n: int) -> Tuple[Optional[jax.Array], ..
     if rng is None:
         return (None,) * n
     return tuple(jax.random.split(rng, n))
-

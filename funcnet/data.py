@@ -31,12 +31,21 @@ from jax.typing import ArrayLike
 from funcnet import _checks as checks
 from funcnet._mesh import data_axis
 
-__all__ = ["batches", "Batches", "epoch_order", "num_batches", "prefetch_to_device", "background",
-           "Background", "DeviceData"]
+__all__ = [
+    "batches",
+    "Batches",
+    "epoch_order",
+    "num_batches",
+    "prefetch_to_device",
+    "background",
+    "Background",
+    "DeviceData",
+]
 
 # --------------------------------------------------------------------------- #
 # Minibatches
 # --------------------------------------------------------------------------- #
+
 
 def _is_jax_key(rng) -> bool:
     if not isinstance(rng, jax.Array):
@@ -46,8 +55,7 @@ def _is_jax_key(rng) -> bool:
     return rng.dtype == np.uint32 and rng.shape == (2,)
 
 
-def epoch_order(n: int, rng: int | jax.Array | np.random.Generator,
-                epoch: Optional[int] = None) -> np.ndarray:
+def epoch_order(n: int, rng: int | jax.Array | np.random.Generator, epoch: Optional[int] = None) -> np.ndarray:
     """A permutation of ``range(n)`` that depends only on ``(rng, epoch)``.
 
     Args:
@@ -77,8 +85,7 @@ def epoch_order(n: int, rng: int | jax.Array | np.random.Generator,
       (5,)
     """
     if isinstance(rng, bool):
-        raise TypeError("epoch_order: rng must be an int seed, a jax PRNG key or a "
-                        f"numpy Generator, got {rng!r}.")
+        raise TypeError(f"epoch_order: rng must be an int seed, a jax PRNG key or a numpy Generator, got {rng!r}.")
     if checks.is_int(rng):
         seed = int(rng) if epoch is None else [int(rng), int(epoch)]
         return np.random.default_rng(seed).permutation(n)
@@ -87,11 +94,14 @@ def epoch_order(n: int, rng: int | jax.Array | np.random.Generator,
         return np.asarray(jax.random.permutation(key, n), dtype=np.int64)
     if isinstance(rng, np.random.Generator):
         if epoch is not None:
-            raise TypeError("epoch_order: epoch= needs an int seed or a jax PRNG key; a numpy "
-                            "Generator's order depends on how much it has been used.")
+            raise TypeError(
+                "epoch_order: epoch= needs an int seed or a jax PRNG key; a numpy "
+                "Generator's order depends on how much it has been used."
+            )
         return rng.permutation(n)
-    raise TypeError("epoch_order: rng must be an int seed, a jax PRNG key or a numpy "
-                    f"Generator, got {type(rng).__name__}.")
+    raise TypeError(
+        f"epoch_order: rng must be an int seed, a jax PRNG key or a numpy Generator, got {type(rng).__name__}."
+    )
 
 
 def num_batches(n: int, batch_size: int, drop_remainder: bool = True) -> int:
@@ -128,8 +138,10 @@ def _aligned(fn: str, arrays, to_numpy: bool = True):
     values = [v if not to_numpy and isinstance(v, jax.Array) else np.asarray(v) for v in values]
     labels = keys if keys is not None else list(range(len(values)))
     if any(np.ndim(v) == 0 for v in values):
-        raise ValueError(f"{fn}: every array needs a leading (example) axis; got a scalar at "
-                         f"{[l for l, v in zip(labels, values) if np.ndim(v) == 0]}.")
+        raise ValueError(
+            f"{fn}: every array needs a leading (example) axis; got a scalar at "
+            f"{[l for l, v in zip(labels, values) if np.ndim(v) == 0]}."
+        )
     sizes = {l: v.shape[0] for l, v in zip(labels, values)}
     if len(set(sizes.values())) != 1:
         raise ValueError(f"{fn}: all arrays need the same leading size, got {sizes}.")
@@ -144,10 +156,16 @@ def _aligned(fn: str, arrays, to_numpy: bool = True):
     return pack, values, values[0].shape[0]
 
 
-def batches(arrays: ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike], batch_size: int, *,
-            shuffle: bool = False, rng: Optional[int | jax.Array | np.random.Generator] = None,
-            drop_remainder: bool = True, epoch: Optional[int] = None,
-            skip: int = 0) -> "Batches":
+def batches(
+    arrays: ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike],
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    rng: Optional[int | jax.Array | np.random.Generator] = None,
+    drop_remainder: bool = True,
+    epoch: Optional[int] = None,
+    skip: int = 0,
+) -> "Batches":
     """Minibatches of aligned arrays (one pass, i.e. one epoch).
 
     Args:
@@ -192,15 +210,18 @@ def batches(arrays: ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike], b
     pack, values, n = _aligned("batches", arrays)
     batch_size = checks.positive_int("batches", "batch_size", batch_size)
     if drop_remainder and 0 < n < batch_size:
-        raise ValueError(f"batches: batch_size={batch_size} is larger than the {n} examples, so "
-                         "drop_remainder=True would yield nothing; use a smaller batch_size or "
-                         "drop_remainder=False.")
+        raise ValueError(
+            f"batches: batch_size={batch_size} is larger than the {n} examples, so "
+            "drop_remainder=True would yield nothing; use a smaller batch_size or "
+            "drop_remainder=False."
+        )
     if skip < 0:
         raise ValueError(f"batches: skip must be >= 0, got {skip}.")
     if shuffle:
         if rng is None:
-            raise ValueError("batches: shuffle=True needs rng= (an int seed or a jax PRNG key) "
-                             "so the order is reproducible.")
+            raise ValueError(
+                "batches: shuffle=True needs rng= (an int seed or a jax PRNG key) so the order is reproducible."
+            )
         order = epoch_order(n, rng, epoch)
     else:
         order = None
@@ -211,9 +232,16 @@ def batches(arrays: ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike], b
         for i in range(skip, total):
             yield rows.take(i * batch_size, min((i + 1) * batch_size, n))
 
-    return Batches(generate(), n=n, batch_size=batch_size, shuffle=bool(shuffle),
-                   rng=rng if shuffle else None, drop_remainder=bool(drop_remainder),
-                   skip=skip, rows=rows)
+    return Batches(
+        generate(),
+        n=n,
+        batch_size=batch_size,
+        shuffle=bool(shuffle),
+        rng=rng if shuffle else None,
+        drop_remainder=bool(drop_remainder),
+        skip=skip,
+        rows=rows,
+    )
 
 
 class _Rows:
@@ -232,8 +260,7 @@ class _Rows:
             idx = self.order[start:stop]
         else:
             idx = np.arange(start, stop) if self.order is None else self.order[start:stop]
-            idx = np.concatenate([idx] + [idx[-self.batch_size:]] *
-                                 ((pad_to - (stop - start)) // self.batch_size))
+            idx = np.concatenate([idx] + [idx[-self.batch_size :]] * ((pad_to - (stop - start)) // self.batch_size))
         return self.pack([v[idx] for v in self.values])
 
 
@@ -273,9 +300,18 @@ class Batches:
       []
     """
 
-    def __init__(self, generator: Iterator[Any], *, n: int, batch_size: int, shuffle: bool,
-                 rng: Optional[int | jax.Array | np.random.Generator], drop_remainder: bool,
-                 skip: int = 0, rows: Optional[_Rows] = None) -> None:
+    def __init__(
+        self,
+        generator: Iterator[Any],
+        *,
+        n: int,
+        batch_size: int,
+        shuffle: bool,
+        rng: Optional[int | jax.Array | np.random.Generator],
+        drop_remainder: bool,
+        skip: int = 0,
+        rows: Optional[_Rows] = None,
+    ) -> None:
         self._generator = generator
         self.n, self.batch_size, self.shuffle = n, batch_size, shuffle
         self.rng, self.drop_remainder, self.skip = rng, drop_remainder, skip
@@ -317,15 +353,15 @@ class Batches:
         """
         self._check_readable("batch")
         if not 0 <= i < self.num_batches:
-            raise ValueError(f"Batches.batch: batch {i} is not among the epoch's "
-                             f"{self.num_batches} batches.")
+            raise ValueError(f"Batches.batch: batch {i} is not among the epoch's {self.num_batches} batches.")
         b = self.batch_size
         return self._rows.take(i * b, min((i + 1) * b, self.n))
 
     def _check_readable(self, method: str) -> None:
         if self._rows is None:
-            raise ValueError(f"Batches.{method}: this iterator has no random access (it was "
-                             f"not made by funcnet.data.batches).")
+            raise ValueError(
+                f"Batches.{method}: this iterator has no random access (it was not made by funcnet.data.batches)."
+            )
 
     def stacked(self, start: int, count: int, size: Optional[int] = None):
         """Batches ``start .. start + count - 1`` of the epoch (numbered from 0, ``skip``
@@ -360,10 +396,12 @@ class Batches:
         size = count if size is None else size
         self._check_readable("stacked")
         if not (0 <= start and 1 <= count <= size and start + count <= self.full_batches):
-            raise ValueError(f"Batches.stacked: batches {start}..{start + count - 1} padded to "
-                             f"{size} are not among the epoch's {self.full_batches} full "
-                             f"batches of {self.batch_size} (need 0 <= start, 1 <= count <= "
-                             f"size, start + count <= {self.full_batches}).")
+            raise ValueError(
+                f"Batches.stacked: batches {start}..{start + count - 1} padded to "
+                f"{size} are not among the epoch's {self.full_batches} full "
+                f"batches of {self.batch_size} (need 0 <= start, 1 <= count <= "
+                f"size, start + count <= {self.full_batches})."
+            )
         b = self.batch_size
         flat = self._rows.take(start * b, (start + count) * b, pad_to=size * b)
         return jax.tree.map(lambda a: a.reshape((size, b) + a.shape[1:]), flat)
@@ -379,13 +417,16 @@ class Batches:
         self._generator.close()
 
     def __repr__(self):
-        return (f"Batches(n={self.n}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-                f"drop_remainder={self.drop_remainder})")
+        return (
+            f"Batches(n={self.n}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+            f"drop_remainder={self.drop_remainder})"
+        )
 
 
 # --------------------------------------------------------------------------- #
 # A data set held on the device
 # --------------------------------------------------------------------------- #
+
 
 class DeviceData:
     """Aligned arrays put on the device once; batches are gathered there, by index.
@@ -443,26 +484,33 @@ class DeviceData:
       True
     """
 
-    def __init__(self, arrays: ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike],
-                 batch_size: int, *, shuffle: bool = False,
-                 rng: Optional[int | jax.Array | np.random.Generator] = None,
-                 drop_remainder: bool = True,
-                 device: Optional[jax.Device | jax.sharding.Mesh] = None) -> None:
+    def __init__(
+        self,
+        arrays: ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike],
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        rng: Optional[int | jax.Array | np.random.Generator] = None,
+        drop_remainder: bool = True,
+        device: Optional[jax.Device | jax.sharding.Mesh] = None,
+    ) -> None:
         pack, values, n = _aligned("DeviceData", arrays, to_numpy=False)
         bad = [str(v.dtype) for v in values if not _gatherable(v.dtype)]
         if bad:
-            raise TypeError(f"DeviceData: arrays must have boolean, integer or floating dtypes, "
-                            f"got {bad}.")
+            raise TypeError(f"DeviceData: arrays must have boolean, integer or floating dtypes, got {bad}.")
         checks.fits_x32("DeviceData", pack(values))
         self.batch_size = checks.positive_int("DeviceData", "batch_size", batch_size)
         self.drop_remainder = checks.flag("DeviceData", "drop_remainder", drop_remainder)
         if self.drop_remainder and n < self.batch_size:
-            raise ValueError(f"DeviceData: batch_size={batch_size} is larger than the {n} "
-                             f"examples, so drop_remainder=True would give no batch; use a "
-                             f"smaller batch_size or drop_remainder=False.")
+            raise ValueError(
+                f"DeviceData: batch_size={batch_size} is larger than the {n} "
+                f"examples, so drop_remainder=True would give no batch; use a "
+                f"smaller batch_size or drop_remainder=False."
+            )
         if shuffle and rng is None:
-            raise ValueError("DeviceData: shuffle=True needs rng= (an int seed or a jax PRNG "
-                             "key) so the order is reproducible.")
+            raise ValueError(
+                "DeviceData: shuffle=True needs rng= (an int seed or a jax PRNG key) so the order is reproducible."
+            )
         if shuffle:
             epoch_order(1, rng, 0)  # a bad rng fails here, not in the first epoch
         self.shuffle, self.rng, self.n = bool(shuffle), rng, int(n)
@@ -473,8 +521,10 @@ class DeviceData:
         elif device is None or isinstance(device, jax.Device):
             self.arrays = jax.device_put(pack(values), device)
         else:
-            raise TypeError(f"DeviceData: device must be None (the default device), a "
-                            f"jax.Device or a jax.sharding.Mesh, got {type(device).__name__}.")
+            raise TypeError(
+                f"DeviceData: device must be None (the default device), a "
+                f"jax.Device or a jax.sharding.Mesh, got {type(device).__name__}."
+            )
 
     @property
     def num_batches(self) -> int:
@@ -484,13 +534,12 @@ class DeviceData:
         """``(full, tail)``: int32 indices of epoch ``epoch``'s full batches, shape
         ``(n // batch_size, batch_size)``, and of the last, smaller batch (None
         with ``drop_remainder`` or when ``batch_size`` divides ``n``)."""
-        idx = (epoch_order(self.n, self.rng, epoch) if self.shuffle
-               else np.arange(self.n)).astype(np.int32)
+        idx = (epoch_order(self.n, self.rng, epoch) if self.shuffle else np.arange(self.n)).astype(np.int32)
         full = self.n // self.batch_size
         tail = None
         if not self.drop_remainder and self.n % self.batch_size:
-            tail = idx[full * self.batch_size:]
-        return idx[:full * self.batch_size].reshape(full, self.batch_size), tail
+            tail = idx[full * self.batch_size :]
+        return idx[: full * self.batch_size].reshape(full, self.batch_size), tail
 
     def placed(self, mesh=None) -> "DeviceData":
         """This data set with its arrays split over ``mesh`` (None: whole on the
@@ -501,11 +550,10 @@ class DeviceData:
         out.__dict__.update(self.__dict__)
         out._take_jit = None
         if mesh is None:
-            out.arrays = jax.device_put(jax.tree.map(lambda a: np.asarray(a)[:self.n], self.arrays))
+            out.arrays = jax.device_put(jax.tree.map(lambda a: np.asarray(a)[: self.n], self.arrays))
         else:
             out._check_mesh(mesh)
-            rows = self.arrays if self.mesh is None else jax.tree.map(
-                lambda a: np.asarray(a)[:self.n], self.arrays)
+            rows = self.arrays if self.mesh is None else jax.tree.map(lambda a: np.asarray(a)[: self.n], self.arrays)
             out.arrays = _split_rows(mesh, rows, self.n)
         out.mesh = mesh
         return out
@@ -532,25 +580,34 @@ class DeviceData:
         tail = 0 if self.drop_remainder else self.n % self.batch_size
         for size in (self.batch_size, tail):
             if size % n_split:
-                fix = (f"Use a batch_size that is a multiple of {n_split} (e.g. "
-                       f"{max(n_split, size // n_split * n_split)})." if size == self.batch_size
-                       else f"It is each epoch's last batch, the rows left of n={self.n} after "
-                            f"batches of batch_size={self.batch_size}: drop it "
-                            f"(drop_remainder=True) or pick a batch_size that leaves a multiple "
-                            f"of {n_split}.")
-                raise ValueError(f"DeviceData: a batch of {size} examples cannot be split evenly "
-                                 f"over {n_split} devices (mesh axis {axis!r}). {fix}")
+                fix = (
+                    f"Use a batch_size that is a multiple of {n_split} (e.g. "
+                    f"{max(n_split, size // n_split * n_split)})."
+                    if size == self.batch_size
+                    else f"It is each epoch's last batch, the rows left of n={self.n} after "
+                    f"batches of batch_size={self.batch_size}: drop it "
+                    f"(drop_remainder=True) or pick a batch_size that leaves a multiple "
+                    f"of {n_split}."
+                )
+                raise ValueError(
+                    f"DeviceData: a batch of {size} examples cannot be split evenly "
+                    f"over {n_split} devices (mesh axis {axis!r}). {fix}"
+                )
 
     def __repr__(self) -> str:
-        where = ("" if self.mesh is None else
-                 f", split over {self.mesh.shape[data_axis(self.mesh)]} devices")
-        return (f"DeviceData(n={self.n}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-                f"drop_remainder={self.drop_remainder}{where})")
+        where = "" if self.mesh is None else f", split over {self.mesh.shape[data_axis(self.mesh)]} devices"
+        return (
+            f"DeviceData(n={self.n}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+            f"drop_remainder={self.drop_remainder}{where})"
+        )
 
 
 def _gatherable(dtype) -> bool:
-    return (dtype == np.bool_ or jax.numpy.issubdtype(dtype, np.integer)
-            or (jax.numpy.issubdtype(dtype, np.floating) and dtype.itemsize in (1, 2, 4, 8)))
+    return (
+        dtype == np.bool_
+        or jax.numpy.issubdtype(dtype, np.integer)
+        or (jax.numpy.issubdtype(dtype, np.floating) and dtype.itemsize in (1, 2, 4, 8))
+    )
 
 
 def _split_rows(mesh, tree, n: int):
@@ -566,10 +623,9 @@ def _split_rows(mesh, tree, n: int):
         def part(index):
             start = index[0].start or 0
             stop = per * split if index[0].stop is None else index[0].stop
-            piece = x[start:min(stop, n)]
+            piece = x[start : min(stop, n)]
             if stop > n:
-                piece = xp.concatenate([piece, xp.zeros((stop - max(start, n),) + x.shape[1:],
-                                                        x.dtype)])
+                piece = xp.concatenate([piece, xp.zeros((stop - max(start, n),) + x.shape[1:], x.dtype)])
             return piece
 
         return jax.make_array_from_callback((per * split,) + x.shape[1:], sharding, part)
@@ -589,6 +645,7 @@ def _take_split(mesh, arrays, idx):
     -0.0 and NaN payloads included, arrives exactly.
     """
     from jax import lax
+
     jnp = jax.numpy
     axis = data_axis(mesh)
     spec = jax.sharding.PartitionSpec(axis)
@@ -608,8 +665,9 @@ def _take_split(mesh, arrays, idx):
             else:
                 bits = lax.bitcast_convert_type(got, _UINT[a.dtype.itemsize])
             keep = mine.reshape(mine.shape + (1,) * (got.ndim - 1))
-            bits = lax.psum_scatter(jnp.where(keep, bits, jnp.zeros((), bits.dtype)), axis,
-                                    scatter_dimension=0, tiled=True)
+            bits = lax.psum_scatter(
+                jnp.where(keep, bits, jnp.zeros((), bits.dtype)), axis, scatter_dimension=0, tiled=True
+            )
             if a.dtype == np.bool_:
                 return bits != 0
             if jnp.issubdtype(a.dtype, np.integer):
@@ -618,14 +676,14 @@ def _take_split(mesh, arrays, idx):
 
         return jax.tree.map(one, arrays)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, jax.sharding.PartitionSpec()),
-                         out_specs=spec)(arrays, idx)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, jax.sharding.PartitionSpec()), out_specs=spec)(arrays, idx)
 
 
 def _with_mesh(mesh, fn):
     def run(*args):
         with jax.set_mesh(mesh):
             return fn(*args)
+
     return run
 
 
@@ -633,19 +691,25 @@ def _with_mesh(mesh, fn):
 # Prefetching
 # --------------------------------------------------------------------------- #
 
+
 def _placement(device):
     if device is None or isinstance(device, (jax.Device, jax.sharding.Sharding)):
         return device
     if isinstance(device, (list, tuple)) and device and all(isinstance(d, jax.Device) for d in device):
         mesh = jax.sharding.Mesh(np.array(device), ("devices",))
         return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("devices"))
-    raise TypeError("prefetch_to_device: device must be None, a jax.Device, a "
-                    f"jax.sharding.Sharding or a list of devices, got {device!r}.")
+    raise TypeError(
+        "prefetch_to_device: device must be None, a jax.Device, a "
+        f"jax.sharding.Sharding or a list of devices, got {device!r}."
+    )
 
 
-def prefetch_to_device(iterator: Iterable, size: int = 2,
-                       device: Optional[jax.Device | jax.sharding.Sharding | Sequence[jax.Device]] = None,
-                       transform: Optional[Callable[[Any], Any]] = None) -> Iterator:
+def prefetch_to_device(
+    iterator: Iterable,
+    size: int = 2,
+    device: Optional[jax.Device | jax.sharding.Sharding | Sequence[jax.Device]] = None,
+    transform: Optional[Callable[[Any], Any]] = None,
+) -> Iterator:
     """Yields the items of ``iterator`` already on device, ``size`` ahead.
 
     Each item (a pytree of host arrays) goes through ``transform`` (if given)
@@ -733,8 +797,9 @@ class Background:
         # Taken here, on the caller's thread: an argument error of the source's
         # iter() is the caller's, as with a plain for loop.
         source = iter(iterable)
-        self._thread = threading.Thread(target=self._produce, args=(source, transform),
-                                        name="funcnet-background", daemon=True)
+        self._thread = threading.Thread(
+            target=self._produce, args=(source, transform), name="funcnet-background", daemon=True
+        )
         self._thread.start()
 
     def _put(self, message) -> bool:
@@ -784,9 +849,11 @@ class Background:
         self._thread.join()
         if kind == _END:
             raise StopIteration
-        value.add_note(f"funcnet.data.background: raised in the background thread while it "
-                       f"produced item {index} (0-based) of the iterable (in fit: the batch "
-                       f"index in the epoch).")
+        value.add_note(
+            f"funcnet.data.background: raised in the background thread while it "
+            f"produced item {index} (0-based) of the iterable (in fit: the batch "
+            f"index in the epoch)."
+        )
         raise value
 
     def close(self) -> None:
@@ -812,8 +879,7 @@ class Background:
             self._stop.set()  # no join from a finalizer: the thread ends at its next check
 
 
-def background(iterable: Iterable, size: int = 2,
-               transform: Optional[Callable[[Any], Any]] = None) -> Background:
+def background(iterable: Iterable, size: int = 2, transform: Optional[Callable[[Any], Any]] = None) -> Background:
     """Iterates ``iterable`` in a background thread, ``size`` items ahead, in order.
 
     The thread takes each item, applies ``transform`` (e.g. ``jax.device_put``, which

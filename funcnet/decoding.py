@@ -36,8 +36,9 @@ __all__ = ["generate", "sample_logits"]
 INVALID = -1  # the token of a row that could not be sampled
 
 
-def sample_logits(rng: Optional[jax.Array], logits: ArrayLike, *, temperature: float = 1.0,
-                  top_k: Optional[int] = None) -> jax.Array:
+def sample_logits(
+    rng: Optional[jax.Array], logits: ArrayLike, *, temperature: float = 1.0, top_k: Optional[int] = None
+) -> jax.Array:
     """One token per row of ``logits`` ``(..., vocab)``, as nanoGPT samples.
 
     ``logits / temperature``, then (``top_k``) every logit below the k-th largest set
@@ -104,16 +105,24 @@ def _temperature(where: str, value) -> float:
         raise checks.ArgumentError(
             f"{where}: temperature must be a number known when tracing, got a traced value "
             f"({value.dtype}{list(value.shape)}); under jax.jit mark it static "
-            f"(static_argnames=('temperature', ...)) or close over it.")
-    if isinstance(value, (np.ndarray, jax.Array)) and value.shape == () and (
-            jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer)):
+            f"(static_argnames=('temperature', ...)) or close over it."
+        )
+    if (
+        isinstance(value, (np.ndarray, jax.Array))
+        and value.shape == ()
+        and (jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer))
+    ):
         value = value.item()  # a concrete 0-d array: its number
     if not checks.is_real(value) or not np.isfinite(float(value)) or value < 0:
         raise checks.ArgumentError(
             f"{where}: temperature must be a finite real number >= 0 (0: greedy, the argmax), "
             f"got {checks.got(value)}."
-            + (" A negative temperature would make the least likely token the most likely."
-               if checks.is_real(value) and value < 0 else ""))
+            + (
+                " A negative temperature would make the least likely token the most likely."
+                if checks.is_real(value) and value < 0
+                else ""
+            )
+        )
     return float(value)
 
 
@@ -123,7 +132,8 @@ def _top_k(where: str, value) -> Optional[int]:
     if not checks.is_int(value) or value < 1:
         raise checks.ArgumentError(
             f"{where}: top_k must be None (every token) or a positive int (keep the top_k most "
-            f"likely tokens of each row), got {checks.got(value)}.")
+            f"likely tokens of each row), got {checks.got(value)}."
+        )
     return int(value)
 
 
@@ -132,7 +142,8 @@ def _rng(where: str, rng, temperature: float):
         raise checks.ArgumentError(
             f"{where}: rng must be a jax PRNG key to sample at temperature={temperature:g}, got "
             f"None: pass jax.random.key(0) (or temperature=0 for greedy decoding, which "
-            f"needs no key).")
+            f"needs no key)."
+        )
     return checks.prng_key(where, rng)
 
 
@@ -141,20 +152,33 @@ def _logits(where: str, logits):
         try:
             logits = jnp.asarray(logits)
         except (TypeError, ValueError) as e:
-            raise checks.ArgumentError(f"{where}: logits must be a real array (..., vocab), "
-                                       f"got {checks.got(logits)}: {e}") from e
-    if (logits.ndim == 0 or logits.shape[-1] == 0
-            or not (jnp.issubdtype(logits.dtype, jnp.floating)
-                    or jnp.issubdtype(logits.dtype, jnp.integer))):
+            raise checks.ArgumentError(
+                f"{where}: logits must be a real array (..., vocab), got {checks.got(logits)}: {e}"
+            ) from e
+    if (
+        logits.ndim == 0
+        or logits.shape[-1] == 0
+        or not (jnp.issubdtype(logits.dtype, jnp.floating) or jnp.issubdtype(logits.dtype, jnp.integer))
+    ):
         raise checks.ArgumentError(
             f"{where}: logits must be a real array of shape (..., vocab) with vocab >= 1, got "
-            f"{logits.dtype} of shape {tuple(logits.shape)}.")
+            f"{logits.dtype} of shape {tuple(logits.shape)}."
+        )
     return logits
 
 
-def generate(net: Layer, params: PyTree, state: PyTree, prompt: ArrayLike, max_new_tokens: int, *,
-             rng: Optional[jax.Array], temperature: float = 1.0, top_k: Optional[int] = None,
-             window: Optional[int] = None) -> jax.Array:
+def generate(
+    net: Layer,
+    params: PyTree,
+    state: PyTree,
+    prompt: ArrayLike,
+    max_new_tokens: int,
+    *,
+    rng: Optional[jax.Array],
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    window: Optional[int] = None,
+) -> jax.Array:
     """``prompt`` ``(B, P)`` ints followed by ``max_new_tokens`` sampled tokens: ``(B, P + N)``.
 
     ``net`` maps ids ``(B, T)`` to logits ``(B, T, vocab)``. Without ``window`` it is a
@@ -227,14 +251,18 @@ def generate(net: Layer, params: PyTree, state: PyTree, prompt: ArrayLike, max_n
     if window is None:
         lengths = cache_lengths(state)
         if not lengths:
-            raise ValueError("generate: state holds no key/value cache. Pass the decoding form "
-                             "of the network (attention built with cache_length=..., e.g. "
-                             "GPT(..., decode=True)) and its init state, or give window= to "
-                             "re-run the ordinary network on the last tokens.")
+            raise ValueError(
+                "generate: state holds no key/value cache. Pass the decoding form "
+                "of the network (attention built with cache_length=..., e.g. "
+                "GPT(..., decode=True)) and its init state, or give window= to "
+                "re-run the ordinary network on the last tokens."
+            )
         if total > min(lengths):
-            raise ValueError(f"generate: the prompt ({P}) and max_new_tokens ({max_new_tokens}) "
-                             f"need {total} positions, but the cache holds {min(lengths)}. Use "
-                             f"fewer tokens, a larger cache_length, or window= (no limit).")
+            raise ValueError(
+                f"generate: the prompt ({P}) and max_new_tokens ({max_new_tokens}) "
+                f"need {total} positions, but the cache holds {min(lengths)}. Use "
+                f"fewer tokens, a larger cache_length, or window= (no limit)."
+            )
         used = _used_cache(where, state)
         width = P
     else:
@@ -249,8 +277,7 @@ def generate(net: Layer, params: PyTree, state: PyTree, prompt: ArrayLike, max_n
     tokens = jnp.zeros((B, total), dtype).at[:, :P].set(prompt)
 
     def sample(i, logits):
-        return _sample(None if keys is None else keys[i], logits, temperature,
-                       top_k).astype(dtype)
+        return _sample(None if keys is None else keys[i], logits, temperature, top_k).astype(dtype)
 
     if window is None:
         logits, state = net.apply(params, state, prompt)
@@ -265,6 +292,7 @@ def generate(net: Layer, params: PyTree, state: PyTree, prompt: ArrayLike, max_n
 
         tokens, _ = lax.fori_loop(1, max_new_tokens, step, (tokens, state))
     else:
+
         def step(i, tokens):
             pos = P + i - 1  # the last known token
             start = jnp.maximum(pos + 1 - width, 0)
@@ -287,15 +315,15 @@ def _prompt(where: str, prompt):
         try:
             prompt = np.asarray(prompt)
         except (TypeError, ValueError) as e:  # ragged nested lists
-            raise ValueError(f"{where}: prompt must be integer token ids of shape (batch, "
-                             f"length), got {type(prompt).__name__}: {e}") from e
-    if (prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer)
-            or 0 in prompt.shape):
+            raise ValueError(
+                f"{where}: prompt must be integer token ids of shape (batch, length), got {type(prompt).__name__}: {e}"
+            ) from e
+    if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer) or 0 in prompt.shape:
         raise ValueError(
             f"{where}: prompt must be integer token ids of shape (batch, length), with at least "
             f"one sequence of at least one token, got {prompt.dtype} of shape "
-            f"{tuple(prompt.shape)}."
-            + (" Add the batch axis: prompt[None]." if prompt.ndim == 1 else ""))
+            f"{tuple(prompt.shape)}." + (" Add the batch axis: prompt[None]." if prompt.ndim == 1 else "")
+        )
     # the tokens are signed, to hold -1, and wide enough for any vocabulary: int32, or
     # int64 for 64-bit ids under x64 (int32 without it: out-of-range ids are checked)
     wide = prompt.dtype.itemsize == 8
@@ -304,15 +332,19 @@ def _prompt(where: str, prompt):
 
 def _vocab(where: str, net, params, state, shape, dtype) -> int:
     """The vocabulary size, from the logits' shape (traced only, nothing runs)."""
-    out = jax.eval_shape(lambda p, s, x: net.apply(p, s, x), params, state,
-                         jax.ShapeDtypeStruct(shape, dtype))
+    out = jax.eval_shape(lambda p, s, x: net.apply(p, s, x), params, state, jax.ShapeDtypeStruct(shape, dtype))
     logits = out[0] if isinstance(out, (tuple, list)) and len(out) == 2 else out
-    if (not isinstance(logits, jax.ShapeDtypeStruct) or len(logits.shape) != 3
-            or tuple(logits.shape[:2]) != tuple(shape) or logits.shape[2] < 1):
+    if (
+        not isinstance(logits, jax.ShapeDtypeStruct)
+        or len(logits.shape) != 3
+        or tuple(logits.shape[:2]) != tuple(shape)
+        or logits.shape[2] < 1
+    ):
         got = logits.shape if isinstance(logits, jax.ShapeDtypeStruct) else logits
         raise ValueError(
             f"{where}: net must map ids (batch, length) to logits (batch, length, vocab); "
-            f"given ids of shape {tuple(shape)} its apply returns {got}.")
+            f"given ids of shape {tuple(shape)} its apply returns {got}."
+        )
     return int(logits.shape[2])
 
 
@@ -327,7 +359,8 @@ def _check_ids(where: str, prompt, vocab: int) -> None:
             f"{where}: prompt must hold token ids in [0, {vocab}) (the vocabulary of the "
             f"network's logits), got {known[at]} at index {at} (ids from {known.min()} to "
             f"{known.max()}). Check the tokenizer and the model's vocab_size. Under jit such "
-            f"ids are not checked: the tokens sampled after them are -1.")
+            f"ids are not checked: the tokens sampled after them are -1."
+        )
 
 
 def _cache_indices(state) -> list:
@@ -338,8 +371,11 @@ def _cache_indices(state) -> list:
     def visit(node):
         if isinstance(node, dict):
             index = node.get("index")
-            if index is not None and getattr(index, "shape", None) == () and (
-                    set(node) == {"index"} or {"key", "value"} <= set(node)):
+            if (
+                index is not None
+                and getattr(index, "shape", None) == ()
+                and (set(node) == {"index"} or {"key", "value"} <= set(node))
+            ):
                 found.append(index)
                 return
             for v in node.values():
@@ -347,6 +383,7 @@ def _cache_indices(state) -> list:
         elif isinstance(node, (tuple, list)):
             for v in node:
                 visit(v)
+
     visit(state)
     return found
 
@@ -363,6 +400,7 @@ def _used_cache(where: str, state):
                 f"not 0, so it holds the tokens of an earlier apply, which the new tokens "
                 f"would follow instead of the prompt (and run past the cache's end). Pass the "
                 f"fresh state init returned: generate never changes the state it is given, "
-                f"so keep that one and pass it again.")
+                f"so keep that one and pass it again."
+            )
         return jnp.zeros((), bool)
     return jnp.any(jnp.stack([jnp.asarray(i) != 0 for i in indices]))

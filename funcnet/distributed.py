@@ -36,25 +36,49 @@ import numpy as np
 from funcnet import _checks as checks
 from funcnet._deprecation import moved_names
 from funcnet.core import PyTree
+
 # The explicit-axis helpers layers use live below layers and this module (funcnet._mesh);
 # this module is their public path.
 from funcnet._mesh import data_axis, explicit_sharding, explicit_spec, gather, on_global_mesh
 
-__all__ = ["initialize", "data_mesh", "replicate_on", "shard_batch", "shard_local_batch",
-           "replicate", "unreplicate", "shard", "process_slice", "is_main_process",
-           "local_device_count", "InFlight", "explicit_spec", "explicit_sharding", "gather",
-           "on_global_mesh", "data_axis"]
+__all__ = [
+    "initialize",
+    "data_mesh",
+    "replicate_on",
+    "shard_batch",
+    "shard_local_batch",
+    "replicate",
+    "unreplicate",
+    "shard",
+    "process_slice",
+    "is_main_process",
+    "local_device_count",
+    "InFlight",
+    "explicit_spec",
+    "explicit_sharding",
+    "gather",
+    "on_global_mesh",
+    "data_axis",
+]
 
 # The sharding plan's names were re-exported here in 0.2's development line; their one
 # path is funcnet.sharding.
-__getattr__ = moved_names(__name__, dict.fromkeys(
-    ["shard_params", "param_specs", "fsdp_rules", "megatron_rules", "explain",
-     "state_shardings"], "funcnet.sharding"))
+__getattr__ = moved_names(
+    __name__,
+    dict.fromkeys(
+        ["shard_params", "param_specs", "fsdp_rules", "megatron_rules", "explain", "state_shardings"],
+        "funcnet.sharding",
+    ),
+)
 
 
-def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-               process_id: Optional[int] = None, local_device_ids: Optional[Sequence[int]] = None,
-               **kwargs) -> None:
+def initialize(
+    coordinator_address: Optional[str] = None,
+    num_processes: Optional[int] = None,
+    process_id: Optional[int] = None,
+    local_device_ids: Optional[Sequence[int]] = None,
+    **kwargs,
+) -> None:
     """Starts JAX's multi-process runtime (a thin wrapper over ``jax.distributed.initialize``).
 
     Arguments left as None come from the environment, as ``jax.distributed`` reads it
@@ -90,21 +114,34 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     if coordinator_address is None and "FUNCNET_COORDINATOR" in env:
         coordinator_address = _env_address("FUNCNET_COORDINATOR", env["FUNCNET_COORDINATOR"])
     if num_processes is None and "FUNCNET_NUM_PROCESSES" in env:
-        num_processes = _env_int("FUNCNET_NUM_PROCESSES", env["FUNCNET_NUM_PROCESSES"], 1,
-                                 "the number of processes", "2")
+        num_processes = _env_int(
+            "FUNCNET_NUM_PROCESSES", env["FUNCNET_NUM_PROCESSES"], 1, "the number of processes", "2"
+        )
     if process_id is None and "FUNCNET_PROCESS_ID" in env:
-        process_id = _env_int("FUNCNET_PROCESS_ID", env["FUNCNET_PROCESS_ID"], 0,
-                              "this process's index, 0 to FUNCNET_NUM_PROCESSES - 1", "0")
+        process_id = _env_int(
+            "FUNCNET_PROCESS_ID",
+            env["FUNCNET_PROCESS_ID"],
+            0,
+            "this process's index, 0 to FUNCNET_NUM_PROCESSES - 1",
+            "0",
+        )
     if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
-        raise ValueError(f"initialize: process_id={process_id} is not in [0, num_processes="
-                         f"{num_processes}); number the processes 0 to {num_processes - 1} "
-                         f"(FUNCNET_PROCESS_ID).")
+        raise ValueError(
+            f"initialize: process_id={process_id} is not in [0, num_processes="
+            f"{num_processes}); number the processes 0 to {num_processes - 1} "
+            f"(FUNCNET_PROCESS_ID)."
+        )
     platforms = (env.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
     if platforms in ("", "cpu") or platforms.startswith("cpu"):
         # Harmless on GPU/TPU backends; required for CPU all-reduce across processes.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id, local_device_ids=local_device_ids, **kwargs)
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_device_ids=local_device_ids,
+        **kwargs,
+    )
 
 
 def _env_int(name: str, text: str, low: int, meaning: str, example: str) -> int:
@@ -114,8 +151,10 @@ def _env_int(name: str, text: str, low: int, meaning: str, example: str) -> int:
     except ValueError:
         value = None
     if value is None or value < low:
-        raise ValueError(f"initialize: the environment variable {name}={text!r} must be an int "
-                         f">= {low} ({meaning}), e.g. {name}={example}. Fix or unset it.")
+        raise ValueError(
+            f"initialize: the environment variable {name}={text!r} must be an int "
+            f">= {low} ({meaning}), e.g. {name}={example}. Fix or unset it."
+        )
     return value
 
 
@@ -123,14 +162,17 @@ def _env_address(name: str, text: str) -> str:
     """``host:port`` from an environment variable, or an error naming it."""
     host, _, port = text.strip().rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"initialize: the environment variable {name}={text!r} must be the "
-                         f"coordinator's host:port (process 0's address and a free port), e.g. "
-                         f"{name}=10.0.0.1:1234. Fix or unset it.")
+        raise ValueError(
+            f"initialize: the environment variable {name}={text!r} must be the "
+            f"coordinator's host:port (process 0's address and a free port), e.g. "
+            f"{name}=10.0.0.1:1234. Fix or unset it."
+        )
     return text.strip()
 
 
-def data_mesh(devices: Optional[int | Sequence[jax.Device]] = None, axis_name: str = "data", *,
-              explicit: bool = True) -> jax.sharding.Mesh:
+def data_mesh(
+    devices: Optional[int | Sequence[jax.Device]] = None, axis_name: str = "data", *, explicit: bool = True
+) -> jax.sharding.Mesh:
     """A 1-D mesh over ``devices`` (default: every device of every process), axis ``axis_name``.
 
     ``devices`` is a device count (the first ones of ``jax.devices()``) or a list of
@@ -159,8 +201,7 @@ def data_mesh(devices: Optional[int | Sequence[jax.Device]] = None, axis_name: s
     elif checks.is_int(devices):
         n = checks.positive_int("data_mesh", "devices", devices)
         if n > jax.device_count():
-            raise ValueError(f"data_mesh: asked for {n} devices but there are "
-                             f"{jax.device_count()} ({jax.devices()}).")
+            raise ValueError(f"data_mesh: asked for {n} devices but there are {jax.device_count()} ({jax.devices()}).")
         devices = jax.devices()[:n]
     devices = list(devices)
     kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
@@ -194,8 +235,7 @@ def replicate_on(mesh: jax.sharding.Mesh, tree: PyTree) -> PyTree:
 
     def put(x):
         if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            return jax.random.wrap_key_data(put(jax.random.key_data(x)),
-                                            impl=jax.random.key_impl(x))
+            return jax.random.wrap_key_data(put(jax.random.key_data(x)), impl=jax.random.key_impl(x))
         # A host copy: the caller's buffer (or, on CPU, a NumPy view of it) could otherwise
         # be reused on its device, and a donating step would then consume the caller's array.
         x = np.array(x, copy=True)
@@ -271,19 +311,18 @@ def shard_local_batch(mesh: jax.sharding.Mesh, batch: PyTree) -> PyTree:
     axis = data_axis(mesh)
     # the devices along the data axis whose rows this process feeds
     rows = np.moveaxis(mesh.devices, list(mesh.axis_names).index(axis), 0)
-    local_devices = sum(any(d.process_index == jax.process_index() for d in np.ravel(r))
-                        for r in rows)
+    local_devices = sum(any(d.process_index == jax.process_index() for d in np.ravel(r)) for r in rows)
     sharding = _batch_sharding("shard_local_batch", mesh, batch, local_devices)
     _check_fits_x32("shard_local_batch", batch)
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
-                        batch)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
 
 
 def _need_mesh(fn, mesh):
     if not isinstance(mesh, jax.sharding.Mesh):
         raise checks.ArgumentError(
             f"{fn}(mesh, batch): mesh must be a jax.sharding.Mesh, got {checks.got(mesh)[:120]}. "
-            f"The mesh comes first: {fn}(mesh, batch).")
+            f"The mesh comes first: {fn}(mesh, batch)."
+        )
 
 
 def _batch_sharding(fn, mesh, batch, divisor):
@@ -292,16 +331,20 @@ def _batch_sharding(fn, mesh, batch, divisor):
     leaves = jax.tree.leaves(batch)
     sizes = {tuple(np.shape(x)[:1]) for x in leaves}
     if not leaves or () in sizes or len(sizes) != 1:
-        raise ValueError(f"{fn}: every leaf of the batch needs the same leading (batch) size, "
-                         f"got leading shapes {sorted(np.shape(x)[:1] for x in leaves)}.")
+        raise ValueError(
+            f"{fn}: every leaf of the batch needs the same leading (batch) size, "
+            f"got leading shapes {sorted(np.shape(x)[:1] for x in leaves)}."
+        )
     (size,) = sizes.pop()
     if size % divisor:
-        raise ValueError(f"{fn}: a batch of {size} examples cannot be split evenly over "
-                         f"{divisor} devices (mesh axis {axis!r}): {size} % {divisor} = "
-                         f"{size % divisor}. Use a batch size that is a multiple of {divisor} "
-                         f"(e.g. {max(divisor, size // divisor * divisor)}); if this is an "
-                         f"epoch's last, partial batch, drop it (funcnet.data.batches(..., "
-                         f"drop_remainder=True)).")
+        raise ValueError(
+            f"{fn}: a batch of {size} examples cannot be split evenly over "
+            f"{divisor} devices (mesh axis {axis!r}): {size} % {divisor} = "
+            f"{size % divisor}. Use a batch size that is a multiple of {divisor} "
+            f"(e.g. {max(divisor, size // divisor * divisor)}); if this is an "
+            f"epoch's last, partial batch, drop it (funcnet.data.batches(..., "
+            f"drop_remainder=True))."
+        )
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
 
 
@@ -326,10 +369,12 @@ def local_device_count(devices: Optional[int] = None) -> int:
         return available
     devices = checks.positive_int("local_device_count", "devices", devices)
     if devices > available:
-        raise ValueError(f"asked for {devices} devices but this process has {available} "
-                         f"({jax.local_devices()}). On CPU, simulate more with "
-                         f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} set "
-                         f"before jax is imported.")
+        raise ValueError(
+            f"asked for {devices} devices but this process has {available} "
+            f"({jax.local_devices()}). On CPU, simulate more with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} set "
+            f"before jax is imported."
+        )
     return devices
 
 
@@ -357,8 +402,9 @@ def replicate(tree: PyTree, devices: Optional[int | Sequence[jax.Device]] = None
     """
     devices = _devices(devices)
     _check_fits_x32("replicate", tree)
-    sharding = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("devices",)),
-                                          jax.sharding.PartitionSpec("devices"))
+    sharding = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.array(devices), ("devices",)), jax.sharding.PartitionSpec("devices")
+    )
 
     def put(x):
         # One copy straight to each device: never n copies on one device first.
@@ -396,19 +442,23 @@ def unreplicate(tree: PyTree) -> PyTree:
     sizes = {_where(path, "the value"): np.shape(x)[0] for path, x in leaves}
     if len(set(sizes.values())) > 1:
         shown = ", ".join(f"{k}: {v}" for k, v in sizes.items())
-        raise ValueError(f"unreplicate: the leaves have different leading sizes ({shown}), so "
-                         f"they are not replicas of one tree (replicas share their leading, "
-                         f"device axis). Unreplicate only what replicate() or a pmapped "
-                         f"function returned.")
+        raise ValueError(
+            f"unreplicate: the leaves have different leading sizes ({shown}), so "
+            f"they are not replicas of one tree (replicas share their leading, "
+            f"device axis). Unreplicate only what replicate() or a pmapped "
+            f"function returned."
+        )
     return jax.tree.map(lambda x: x[0], tree)
 
 
 def _check_replicas(path, x) -> None:
     where = _where(path, "the value")
     if np.ndim(x) == 0:
-        raise ValueError(f"unreplicate: {where} has no leading replica axis (it is a scalar), "
-                         f"so it was never replicated. Unreplicate only what replicate() or a "
-                         f"pmapped function returned.")
+        raise ValueError(
+            f"unreplicate: {where} has no leading replica axis (it is a scalar), "
+            f"so it was never replicated. Unreplicate only what replicate() or a "
+            f"pmapped function returned."
+        )
     if not isinstance(x, jax.Array):
         return  # a host copy: only its leading size can be checked (above)
     sharding = x.sharding
@@ -416,15 +466,19 @@ def _check_replicas(path, x) -> None:
     if x.shape[0] == n and tuple(sharding.shard_shape(x.shape)) == (1,) + tuple(x.shape[1:]):
         return
     if n > 1 and sharding.is_fully_replicated:
-        raise ValueError(f"unreplicate: {where} (shape {tuple(x.shape)}) is whole on every device "
-                         f"of a mesh (as replicate_on and jit over a mesh leave it), not one "
-                         f"replica per device: there is no replica axis to drop. Use it as it "
-                         f"is (or jax.device_get it).")
-    raise ValueError(f"unreplicate: {where} is not split one row per device (shape "
-                     f"{tuple(x.shape)} on {n} device{'s' if n > 1 else ''}), so it was never "
-                     f"replicated and its first row is not a replica. unreplicate takes the first "
-                     f"replica of a tree made by replicate() or a pmapped function; a tree that "
-                     f"was not replicated needs no unreplicate.")
+        raise ValueError(
+            f"unreplicate: {where} (shape {tuple(x.shape)}) is whole on every device "
+            f"of a mesh (as replicate_on and jit over a mesh leave it), not one "
+            f"replica per device: there is no replica axis to drop. Use it as it "
+            f"is (or jax.device_get it)."
+        )
+    raise ValueError(
+        f"unreplicate: {where} is not split one row per device (shape "
+        f"{tuple(x.shape)} on {n} device{'s' if n > 1 else ''}), so it was never "
+        f"replicated and its first row is not a replica. unreplicate takes the first "
+        f"replica of a tree made by replicate() or a pmapped function; a tree that "
+        f"was not replicated needs no unreplicate."
+    )
 
 
 def _where(path, whole: str) -> str:
@@ -465,20 +519,24 @@ def shard(batch: PyTree, n_devices: Optional[int] = None) -> PyTree:
     sizes = {_where(path, "the batch"): np.shape(x)[0] for path, x in leaves if np.ndim(x)}
     if len(set(sizes.values())) > 1:
         shown = ", ".join(f"{k}: {v}" for k, v in sizes.items())
-        raise ValueError(f"shard: every leaf of the batch needs the same leading (batch) size, "
-                         f"got {shown}. Split like this, device i would get rows of different "
-                         f"examples from different leaves; pass aligned arrays (e.g. from "
-                         f"funcnet.data.batches).")
+        raise ValueError(
+            f"shard: every leaf of the batch needs the same leading (batch) size, "
+            f"got {shown}. Split like this, device i would get rows of different "
+            f"examples from different leaves; pass aligned arrays (e.g. from "
+            f"funcnet.data.batches)."
+        )
     _check_fits_x32("shard", batch)
 
     def split(x):
         x = np.asarray(x) if not isinstance(x, jax.Array) else x
         if x.ndim == 0 or x.shape[0] % n:
             size = x.shape[0] if x.ndim else "a scalar"
-            raise ValueError(f"shard: a batch of {size} examples cannot be split evenly over {n} "
-                             f"devices. Use a batch size that is a multiple of {n} (e.g. "
-                             f"{max(n, (x.shape[0] // n) * n) if x.ndim else n}), or drop the "
-                             f"last partial batch (drop_remainder=True).")
+            raise ValueError(
+                f"shard: a batch of {size} examples cannot be split evenly over {n} "
+                f"devices. Use a batch size that is a multiple of {n} (e.g. "
+                f"{max(n, (x.shape[0] // n) * n) if x.ndim else n}), or drop the "
+                f"last partial batch (drop_remainder=True)."
+            )
         return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
     return jax.tree.map(split, batch)
@@ -562,8 +620,7 @@ class InFlight:
             jax.block_until_ready(self._pending.popleft())
 
 
-def process_slice(num_examples: int, process_index: Optional[int] = None,
-                  process_count: Optional[int] = None) -> slice:
+def process_slice(num_examples: int, process_index: Optional[int] = None, process_count: Optional[int] = None) -> slice:
     """This process's contiguous part of a global batch of ``num_examples``.
 
     Every process builds the same global batch order (same seed) and keeps its
@@ -587,8 +644,10 @@ def process_slice(num_examples: int, process_index: Optional[int] = None,
     i = jax.process_index() if process_index is None else process_index
     p = jax.process_count() if process_count is None else process_count
     if num_examples % p:
-        raise ValueError(f"process_slice: a global batch of {num_examples} cannot be split evenly "
-                         f"over {p} processes; use a multiple of {p}.")
+        raise ValueError(
+            f"process_slice: a global batch of {num_examples} cannot be split evenly "
+            f"over {p} processes; use a multiple of {p}."
+        )
     per = num_examples // p
     return slice(i * per, (i + 1) * per)
 
@@ -610,5 +669,5 @@ def _devices(devices):
     if devices is None:
         return jax.local_devices()
     if checks.is_int(devices):
-        return jax.local_devices()[:local_device_count(devices)]
+        return jax.local_devices()[: local_device_count(devices)]
     return list(devices)

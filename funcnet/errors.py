@@ -23,10 +23,19 @@ from __future__ import annotations
 
 from typing import Iterable
 
-__all__ = ["ArgumentError", "MismatchError", "MetricStateError", "StateDictMismatchError",
-           "CheckpointError", "CheckpointCorruptError", "CheckpointMismatchError",
-           "CheckpointVersionError", "CheckpointOwnershipError", "CorruptFileError",
-           "MNISTNotFoundError"]
+__all__ = [
+    "ArgumentError",
+    "MismatchError",
+    "MetricStateError",
+    "StateDictMismatchError",
+    "CheckpointError",
+    "CheckpointCorruptError",
+    "CheckpointMismatchError",
+    "CheckpointVersionError",
+    "CheckpointOwnershipError",
+    "CorruptFileError",
+    "MNISTNotFoundError",
+]
 
 
 class ArgumentError(ValueError, TypeError):
@@ -70,8 +79,9 @@ class MismatchError(ValueError, TypeError):
       params returned by this layer's init.
     """
 
-    def __init__(self, where: str, what: str, layer: str, expected: str, given: str,
-                 hint: str = "", message: str = "") -> None:
+    def __init__(
+        self, where: str, what: str, layer: str, expected: str, given: str, hint: str = "", message: str = ""
+    ) -> None:
         self.where, self.what, self.layer = where, what, layer
         self.expected, self.given, self.hint = expected, given, hint
         self.path: list = []
@@ -84,8 +94,10 @@ class MismatchError(ValueError, TypeError):
             return self._message
         verb = "do" if self.what == "params" else "does"
         at = "/".join(str(k) for k in self.path)
-        return (f"{self.where}: the {self.what} given to layer {at} ({self.layer}) {verb} not fit "
-                f"it: it expects {self.expected}, got {self.given}. {self.hint}").rstrip()
+        return (
+            f"{self.where}: the {self.what} given to layer {at} ({self.layer}) {verb} not fit "
+            f"it: it expects {self.expected}, got {self.given}. {self.hint}"
+        ).rstrip()
 
     def placed_under(self, where: str, key) -> "MismatchError":
         """This error, one combinator further out (``key`` is the child's key there)."""
@@ -121,8 +133,7 @@ class StateDictMismatchError(MismatchError):
       unexpected: the ``state_dict``'s keys that no parameter takes, a list.
     """
 
-    def __init__(self, message: str, missing: Iterable[str] = (),
-                 unexpected: Iterable[str] = ()) -> None:
+    def __init__(self, message: str, missing: Iterable[str] = (), unexpected: Iterable[str] = ()) -> None:
         self.missing, self.unexpected = list(missing), list(unexpected)
         # MismatchError's fields describe a layer's place in a network; this error has
         # none (the loader pairs whole trees), so its message stands as given.
@@ -155,9 +166,11 @@ class CorruptFileError(ValueError):
     @classmethod
     def at(cls, path, why: str) -> "CorruptFileError":
         """The error for ``path``, saying ``why`` and how to get a good copy."""
-        return cls(f"{path}: {why}. The file is truncated, corrupt or not an idx file; delete it "
-                   f"and fetch the original again (or point data_dir=/FUNCNET_DATA_DIR at a good "
-                   f"copy).")
+        return cls(
+            f"{path}: {why}. The file is truncated, corrupt or not an idx file; delete it "
+            f"and fetch the original again (or point data_dir=/FUNCNET_DATA_DIR at a good "
+            f"copy)."
+        )
 
 
 class MNISTNotFoundError(FileNotFoundError):

@@ -51,8 +51,9 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_write(dest: str | os.PathLike, *, prefix: str | None = None,
-                 suffix: str = ".tmp") -> Iterator[Tuple[BinaryIO, Path]]:
+def atomic_write(
+    dest: str | os.PathLike, *, prefix: str | None = None, suffix: str = ".tmp"
+) -> Iterator[Tuple[BinaryIO, Path]]:
     """Yields ``(file, temp_path)`` opened for binary writing; on success it becomes ``dest``.
 
     Verify the content inside the ``with`` block (flush first) to keep a bad

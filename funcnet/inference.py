@@ -39,8 +39,9 @@ from funcnet.params import path_str
 __all__ = ["make_predict_fn", "export", "load_exported"]
 
 
-def make_predict_fn(layer: Layer, params: PyTree, state: PyTree = (), *,
-                    policy: Optional[precision.Policy | str] = None) -> Callable[[PyTree], PyTree]:
+def make_predict_fn(
+    layer: Layer, params: PyTree, state: PyTree = (), *, policy: Optional[precision.Policy | str] = None
+) -> Callable[[PyTree], PyTree]:
     """Returns ``predict(inputs) -> outputs``: ``layer.apply`` in eval mode, jitted.
 
     ``predict(x)`` is ``layer.apply(params, state, x, rng=None, train=False)[0]``
@@ -118,7 +119,8 @@ def _policy(where: str, policy):
         return precision.Policy.make(*policy)
     raise checks.ArgumentError(
         f"{where}: policy must be None, a funcnet.precision.Policy or a string like "
-        f"'bf16' or 'params=float32,compute=bfloat16,output=float32', got {checks.got(policy)}.")
+        f"'bf16' or 'params=float32,compute=bfloat16,output=float32', got {checks.got(policy)}."
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -129,8 +131,7 @@ def _with_policy(layer, policy):
 
 def _policy_text(policy) -> str:
     name = lambda d: jnp.dtype(d).name
-    return (f"params={name(policy.param_dtype)},compute={name(policy.compute_dtype)},"
-            f"output={name(policy.output_dtype)}")
+    return f"params={name(policy.param_dtype)},compute={name(policy.compute_dtype)},output={name(policy.output_dtype)}"
 
 
 # --------------------------------------------------------------------------- #
@@ -152,10 +153,18 @@ _HEADER_CRC = struct.Struct("<I")
 _PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
-def export(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
-           path: str | os.PathLike, *, policy: Optional[precision.Policy | str] = None,
-           dtype: DTypeLike = jnp.float32,
-           platforms: Optional[Sequence[str]] = None, format_version: int = 3) -> Path:
+def export(
+    layer: Layer,
+    params: PyTree,
+    state: PyTree,
+    input_spec: InputSpec,
+    path: str | os.PathLike,
+    *,
+    policy: Optional[precision.Policy | str] = None,
+    dtype: DTypeLike = jnp.float32,
+    platforms: Optional[Sequence[str]] = None,
+    format_version: int = 3,
+) -> Path:
     """Writes the eval-mode network, with its params and state, to one file for serving.
 
     The file holds ``predict = make_predict_fn(layer, params, state, policy=policy)``
@@ -256,7 +265,8 @@ def export(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
     if format_version not in (2, 3) or isinstance(format_version, bool):
         raise checks.ArgumentError(
             f"{where}: format_version must be 3 (the zip of standard parts) or 2 (the single "
-            f"file earlier funcnet versions wrote and read), got {format_version!r}.")
+            f"file earlier funcnet versions wrote and read), got {format_version!r}."
+        )
     path = dest_path(where, path)
     leaves, names, weights_tree = _weight_leaves(where, params, state)
 
@@ -267,8 +277,7 @@ def export(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
 
     weight_structs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     try:
-        exported = jax.export.export(jax.jit(predict), platforms=platforms)(weight_structs,
-                                                                            structs)
+        exported = jax.export.export(jax.jit(predict), platforms=platforms)(weight_structs, structs)
     except Exception as e:
         if type(e).__name__ == "InconclusiveDimensionOperation":
             raise ValueError(
@@ -276,21 +285,31 @@ def export(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
                 f"number while it is traced, which a symbolic batch (-1 in input_spec) "
                 f"cannot answer: {e}\n"
                 f"Export a fixed batch size instead (input_spec without -1, one file per "
-                f"batch size), or change the layer to decide without the batch size.") from e
+                f"batch size), or change the layer to decide without the batch size."
+            ) from e
         raise
     blob = _serialize(where, exported)
 
     out_paths = jax.tree_util.tree_flatten_with_path(
-        jax.tree.unflatten(exported.out_tree, range(len(exported.out_avals))))[0]
+        jax.tree.unflatten(exported.out_tree, range(len(exported.out_avals)))
+    )[0]
     header = {
-        "format": "funcnet-export", "version": format_version,
-        "funcnet_version": _funcnet_version(), "jax_version": jax.__version__,
-        "name": layer.name, "policy": None if policy is None else _policy_text(policy),
+        "format": "funcnet-export",
+        "version": format_version,
+        "funcnet_version": _funcnet_version(),
+        "jax_version": jax.__version__,
+        "name": layer.name,
+        "policy": None if policy is None else _policy_text(policy),
         "platforms": list(exported.platforms),
         "inputs": specs,
-        "outputs": [{"path": jax.tree_util.keystr(keys),
-                     "shape": [_dim_json(d) for d in exported.out_avals[i].shape],
-                     "dtype": exported.out_avals[i].dtype.name} for keys, i in out_paths],
+        "outputs": [
+            {
+                "path": jax.tree_util.keystr(keys),
+                "shape": [_dim_json(d) for d in exported.out_avals[i].shape],
+                "dtype": exported.out_avals[i].dtype.name,
+            }
+            for keys, i in out_paths
+        ],
     }
     if format_version == 2:
         _write_v2(path, header, leaves, blob)
@@ -303,12 +322,15 @@ def _write_v2(path: Path, header: dict, leaves: list, blob: bytes) -> None:
     """Format 2: magic line, header length, JSON header, its CRC32, raw weights, program."""
     weights_meta, offset, crc = [], 0, 0
     for x in leaves:
-        weights_meta.append({"shape": list(x.shape), "dtype": x.dtype.name, "offset": offset,
-                             "nbytes": x.nbytes})
+        weights_meta.append({"shape": list(x.shape), "dtype": x.dtype.name, "offset": offset, "nbytes": x.nbytes})
         offset += x.nbytes
         crc = zlib.crc32(_le_bytes(x), crc)
-    header = {**header, "weights": weights_meta, "module": {"offset": offset, "nbytes": len(blob)},
-              "crc32": zlib.crc32(blob, crc)}
+    header = {
+        **header,
+        "weights": weights_meta,
+        "module": {"offset": offset, "nbytes": len(blob)},
+        "crc32": zlib.crc32(blob, crc),
+    }
     head = json.dumps(header).encode("utf-8")
     lead = _MAGIC + _HEADER_LEN.pack(len(head)) + head
     with atomic_write(path) as (f, _):
@@ -319,23 +341,27 @@ def _write_v2(path: Path, header: dict, leaves: list, blob: bytes) -> None:
         f.write(blob)
 
 
-def _write_v3(where: str, path: Path, header: dict, names: list, leaves: list,
-              blob: bytes) -> None:
+def _write_v3(where: str, path: Path, header: dict, names: list, leaves: list, blob: bytes) -> None:
     """Format 3: a zip, members stored uncompressed (loading is a read, not an inflate),
     the header first so that a damaged file is still recognised as an export."""
     if len(set(names)) != len(names):  # safetensors keys weights by name
         twice = sorted({n for n in names if names.count(n) > 1})
         raise checks.ArgumentError(
             f"{where}: params/state paths {twice} name more than one leaf (a dict key holding "
-            f"'/'); rename those keys, or export with format_version=2 (weights by position).")
+            f"'/'); rename those keys, or export with format_version=2 (weights by position)."
+        )
     st = _safetensors(where)
-    header = {**header, "weights": [{"name": n, "shape": list(x.shape), "dtype": x.dtype.name}
-                                    for n, x in zip(names, leaves)],
-              "files": {"program": _PROGRAM_NAME, "weights": _WEIGHTS_NAME}}
-    tensors = st.numpy.save(dict(zip(names, leaves)),
-                            metadata={"funcnet.version": _funcnet_version()})
-    members = ((_HEADER_NAME, json.dumps(header, indent=1).encode("utf-8")),
-               (_PROGRAM_NAME, blob), (_WEIGHTS_NAME, tensors))
+    header = {
+        **header,
+        "weights": [{"name": n, "shape": list(x.shape), "dtype": x.dtype.name} for n, x in zip(names, leaves)],
+        "files": {"program": _PROGRAM_NAME, "weights": _WEIGHTS_NAME},
+    }
+    tensors = st.numpy.save(dict(zip(names, leaves)), metadata={"funcnet.version": _funcnet_version()})
+    members = (
+        (_HEADER_NAME, json.dumps(header, indent=1).encode("utf-8")),
+        (_PROGRAM_NAME, blob),
+        (_WEIGHTS_NAME, tensors),
+    )
     with atomic_write(path) as (f, _), zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
         for name, data in members:
             info = zipfile.ZipInfo(name, _ZIP_TIME)
@@ -350,7 +376,8 @@ def _safetensors(where: str):
         raise ImportError(
             f"{where}: export files (format {_FORMAT_VERSION}) hold their weights as "
             f"safetensors, and the safetensors package is not installed. Install it with "
-            f'pip install "funcnet[export]" (or pip install safetensors).') from None
+            f'pip install "funcnet[export]" (or pip install safetensors).'
+        ) from None
     return safetensors
 
 
@@ -415,8 +442,7 @@ def load_exported(path: str | os.PathLike) -> Callable[[PyTree], PyTree]:
     """
     where = "funcnet.inference.load_exported"
     if not isinstance(path, (str, os.PathLike)):
-        raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), "
-                                   f"got {checks.got(path)}.")
+        raise checks.ArgumentError(f"{where}: path must be a file path (str or os.PathLike), got {checks.got(path)}.")
     path = Path(os.fspath(path))
     data = path.read_bytes()
     if data.startswith(_MAGIC):
@@ -426,19 +452,22 @@ def load_exported(path: str | os.PathLike) -> Callable[[PyTree], PyTree]:
     try:
         exported = jax.export.deserialize(bytearray(blob))
     except ImportError as e:
-        raise ImportError(f"{where}: jax's deserializer needs the 'flatbuffers' package: "
-                          f"pip install flatbuffers ({e}).") from e
+        raise ImportError(
+            f"{where}: jax's deserializer needs the 'flatbuffers' package: pip install flatbuffers ({e})."
+        ) from e
     except Exception as e:
         raise ValueError(
             f"{where}: jax {jax.__version__} cannot read the program in {path}, written "
             f"with jax {header.get('jax_version')}: {e}. Load it with a jax version close to "
-            f"that one, or export it again with this one.{_expired_hint(e)}") from e
+            f"that one, or export it again with this one.{_expired_hint(e)}"
+        ) from e
     here = jax.export.default_export_platform()
     if here not in exported.platforms:
         raise ValueError(
             f"{where}: {path} was exported for {tuple(exported.platforms)}, but this process "
             f"runs on {here!r}. Export with platforms=({', '.join(map(repr, exported.platforms))}"
-            f", {here!r}), or run this process on one of those (e.g. JAX_PLATFORMS=cpu).")
+            f", {here!r}), or run this process on one of those (e.g. JAX_PLATFORMS=cpu)."
+        )
     _check_x64(where, path, header)
     weights = [jax.device_put(w) for w in weights]
     return _Loaded(path, header, exported, weights)
@@ -449,32 +478,44 @@ def _read_v2(where: str, path: Path, data: bytes):
     header, body = _read_header(where, path, data)
     module = header["module"]
     if len(body) != module["offset"] + module["nbytes"]:
-        raise ValueError(f"{where}: {path} is {len(data)} bytes, not the size its header "
-                         f"describes: the file is truncated or was changed. Export it again.")
+        raise ValueError(
+            f"{where}: {path} is {len(data)} bytes, not the size its header "
+            f"describes: the file is truncated or was changed. Export it again."
+        )
     if zlib.crc32(body) != header["crc32"]:
-        raise ValueError(f"{where}: {path} is corrupt (its checksum does not match). "
-                         f"Export it again.")
+        raise ValueError(f"{where}: {path} is corrupt (its checksum does not match). Export it again.")
     weights = []
     for w in header["weights"]:
         dt = jnp.dtype(w["dtype"])
         raw = np.frombuffer(body, dt.newbyteorder("<"), math.prod(w["shape"]), w["offset"])
         weights.append(raw.astype(dt).reshape(w["shape"]))
-    return header, body[module["offset"]:], weights
+    return header, body[module["offset"] :], weights
 
 
 # What a damaged zip raises in zipfile (a changed CRC, size, offset, flag or method byte).
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, EOFError,
-               KeyError, OSError, struct.error, ValueError)
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    EOFError,
+    KeyError,
+    OSError,
+    struct.error,
+    ValueError,
+)
 
 
 def _read_v3(where: str, path: Path, data: bytes):
     """A format 3 file's header, program bytes and weights (host arrays), checked."""
-    first = data[_ZIP_NAME_AT:_ZIP_NAME_AT + len(_HEADER_NAME)]  # a prefix, if truncated
+    first = data[_ZIP_NAME_AT : _ZIP_NAME_AT + len(_HEADER_NAME)]  # a prefix, if truncated
     ours = data.startswith(_ZIP_LOCAL) and first and _HEADER_NAME.encode().startswith(first)
     if not ours and not zipfile.is_zipfile(io.BytesIO(data)):
-        raise ValueError(f"{where}: {path} is not a file written by funcnet.inference.export "
-                         f"(neither a zip holding {_HEADER_NAME} nor a file starting with "
-                         f"{_MAGIC!r}).")
+        raise ValueError(
+            f"{where}: {path} is not a file written by funcnet.inference.export "
+            f"(neither a zip holding {_HEADER_NAME} nor a file starting with "
+            f"{_MAGIC!r})."
+        )
     damaged = f"{where}: {path} is truncated or corrupt"
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
@@ -482,26 +523,24 @@ def _read_v3(where: str, path: Path, data: bytes):
             if _HEADER_NAME not in names:
                 members = None
             else:  # read() checks each member's CRC32: a changed byte is refused here
-                members = {n: z.read(n) for n in (_HEADER_NAME, _PROGRAM_NAME, _WEIGHTS_NAME)
-                           if n in names}
+                members = {n: z.read(n) for n in (_HEADER_NAME, _PROGRAM_NAME, _WEIGHTS_NAME) if n in names}
     except _ZIP_ERRORS as e:
         raise ValueError(f"{damaged} ({type(e).__name__}: {e}). Export it again.") from e
     if members is None:
-        raise ValueError(f"{where}: {path} is a zip but not a file written by "
-                         f"funcnet.inference.export: it has no {_HEADER_NAME} (it holds "
-                         f"{', '.join(names[:8]) or 'nothing'}).")
+        raise ValueError(
+            f"{where}: {path} is a zip but not a file written by "
+            f"funcnet.inference.export: it has no {_HEADER_NAME} (it holds "
+            f"{', '.join(names[:8]) or 'nothing'})."
+        )
     try:
         header = json.loads(members[_HEADER_NAME].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{where}: {path} has an unreadable {_HEADER_NAME} ({e}). "
-                         f"Export it again.") from e
+        raise ValueError(f"{where}: {path} has an unreadable {_HEADER_NAME} ({e}). Export it again.") from e
     _check_header(where, path, header, ("inputs", "outputs", "weights"))
     lost = [n for n in (_PROGRAM_NAME, _WEIGHTS_NAME) if n not in members]
     if lost:
-        raise ValueError(f"{where}: {path} lacks {', '.join(lost)}: the zip was changed after "
-                         f"export. Export it again.")
-    return header, members[_PROGRAM_NAME], _v3_weights(where, path, header,
-                                                       members[_WEIGHTS_NAME])
+        raise ValueError(f"{where}: {path} lacks {', '.join(lost)}: the zip was changed after export. Export it again.")
+    return header, members[_PROGRAM_NAME], _v3_weights(where, path, header, members[_WEIGHTS_NAME])
 
 
 def _v3_weights(where: str, path: Path, header: dict, blob: bytes) -> list:
@@ -511,8 +550,7 @@ def _v3_weights(where: str, path: Path, header: dict, blob: bytes) -> list:
     except ImportError:
         raise
     except Exception as e:  # safetensors' own error type for a malformed file
-        raise ValueError(f"{where}: {path}'s {_WEIGHTS_NAME} is unreadable ({e}). Export it "
-                         f"again.") from e
+        raise ValueError(f"{where}: {path}'s {_WEIGHTS_NAME} is unreadable ({e}). Export it again.") from e
     weights, wrong = [], []
     for w in header["weights"]:
         x = tensors.get(w["name"])
@@ -523,7 +561,8 @@ def _v3_weights(where: str, path: Path, header: dict, blob: bytes) -> list:
         raise ValueError(
             f"{where}: {path}'s {_WEIGHTS_NAME} does not hold the weights its {_HEADER_NAME} "
             f"lists (missing or of another shape or dtype: {wrong[:8]}; {len(tensors)} tensors "
-            f"for {len(weights)} names): the zip was changed after export. Export it again.")
+            f"for {len(weights)} names): the zip was changed after export. Export it again."
+        )
     return weights
 
 
@@ -535,10 +574,12 @@ def _expired_hint(error) -> str:
     of its own lets them load, at the user's risk: name it where this jax has it."""
     if "compatibility window" not in str(error) or _EXPIRED_FLAG not in jax.config.values:
         return ""
-    return (f" The file is older than jax's compatibility window for exports: exporting "
-            f"it again is the fix. To load it anyway, accepting that jax no longer "
-            f"guarantees its behaviour, set jax.config.update({_EXPIRED_FLAG!r}, True) or "
-            f"{_EXPIRED_FLAG.upper()}=1 before loading.")
+    return (
+        f" The file is older than jax's compatibility window for exports: exporting "
+        f"it again is the fix. To load it anyway, accepting that jax no longer "
+        f"guarantees its behaviour, set jax.config.update({_EXPIRED_FLAG!r}, True) or "
+        f"{_EXPIRED_FLAG.upper()}=1 before loading."
+    )
 
 
 class _Loaded:
@@ -567,34 +608,39 @@ class _Loaded:
             raise checks.ArgumentError(
                 f"{where}: expected inputs structured as {self._in_tree}: "
                 f"{', '.join(_label(s) + ' ' + _spec_text(s) for s in self.input_spec)}; "
-                f"got {tree}.")
+                f"got {tree}."
+            )
         batch, checked = None, []
         for x, spec in zip(leaves, self.input_spec):
             name = _label(spec)
             x = x if isinstance(x, jax.Array) else _as_array(where, name, x)
             shape, want = tuple(x.shape), spec["shape"]
-            if len(shape) != len(want) or any(w is not None and w != d
-                                               for d, w in zip(shape, want)):
-                why = ("Only the batch size (-1 in the exported input_spec) may vary; the other "
-                       "dimensions are fixed by the exported params." if None in want else
-                       "The file was exported for this shape only (no -1 in its input_spec).")
+            if len(shape) != len(want) or any(w is not None and w != d for d, w in zip(shape, want)):
+                why = (
+                    "Only the batch size (-1 in the exported input_spec) may vary; the other "
+                    "dimensions are fixed by the exported params."
+                    if None in want
+                    else "The file was exported for this shape only (no -1 in its input_spec)."
+                )
                 raise checks.ArgumentError(
-                    f"{where}: {name} must have shape {_spec_text(spec, batch)}, got shape "
-                    f"{shape}. {why}")
+                    f"{where}: {name} must have shape {_spec_text(spec, batch)}, got shape {shape}. {why}"
+                )
             for d in (d for d, w in zip(shape, want) if w is None):
                 if d < 1 or (batch is not None and d != batch):
                     raise checks.ArgumentError(
                         f"{where}: {name} has shape {shape}, but its batch dimensions "
                         f"({_spec_text(spec)}) must be one size >= 1"
                         + ("" if batch is None else f", the {batch} of the inputs before it")
-                        + ".")
+                        + "."
+                    )
                 batch = d
             want_dt = jnp.dtype(spec["dtype"])
             if x.dtype != want_dt:
                 if _KIND[_kind(x.dtype)] > _KIND[_kind(want_dt)]:
                     raise checks.ArgumentError(
                         f"{where}: {name} must have dtype {want_dt.name} (the exported dtype), "
-                        f"got {x.dtype}; convert it explicitly if that is what you mean.")
+                        f"got {x.dtype}; convert it explicitly if that is what you mean."
+                    )
                 _check_fits(where, name, x, want_dt)
                 x = x.astype(want_dt)
             checked.append(x)
@@ -609,8 +655,7 @@ _KIND = {"b": 0, "i": 1, "f": 2, "c": 3, "?": 4}  # an input converts to a kind 
 
 
 def _kind(dt) -> str:
-    for kind, base in (("b", jnp.bool_), ("i", jnp.integer), ("f", jnp.floating),
-                       ("c", jnp.complexfloating)):
+    for kind, base in (("b", jnp.bool_), ("i", jnp.integer), ("f", jnp.floating), ("c", jnp.complexfloating)):
         if jnp.issubdtype(dt, base):
             return kind
     return "?"
@@ -620,8 +665,9 @@ def _as_array(where: str, name: str, x) -> np.ndarray:
     try:
         return np.asarray(x)
     except (TypeError, ValueError) as e:  # ragged nested lists
-        raise checks.ArgumentError(f"{where}: {name} must be an array (or nested lists of one "
-                                   f"shape), got {type(x).__name__}: {e}") from e
+        raise checks.ArgumentError(
+            f"{where}: {name} must be an array (or nested lists of one shape), got {type(x).__name__}: {e}"
+        ) from e
 
 
 def _check_fits(where: str, name: str, x, want: np.dtype) -> None:
@@ -658,10 +704,13 @@ def _check_fits(where: str, name: str, x, want: np.dtype) -> None:
             f"{where}: {name} holds {bad} (at index {at}), which the exported dtype "
             f"{want.name} cannot hold ({want.name} holds {_num(lo)} to {_num(hi)}): converting "
             f"the {x.dtype} input to {want.name} would silently make it {becomes}. "
-            + ("Pass values within that range (no vocabulary or class id is that large), or "
-               "export with a wider input dtype (int64 needs jax_enable_x64 on)."
-               if _kind(want) == "i" else
-               "Scale the input into that range, or export with a wider float input dtype."))
+            + (
+                "Pass values within that range (no vocabulary or class id is that large), or "
+                "export with a wider input dtype (int64 needs jax_enable_x64 on)."
+                if _kind(want) == "i"
+                else "Scale the input into that range, or export with a wider float input dtype."
+            )
+        )
 
 
 def _num(v) -> str:
@@ -672,15 +721,15 @@ def _check_x64(where: str, path: Path, header: dict) -> None:
     """A file exported with jax_enable_x64 on holds 64-bit dtypes jax truncates with it off."""
     if jax.config.jax_enable_x64:
         return
-    dtypes = {jnp.dtype(e["dtype"])
-              for e in header["inputs"] + header["weights"] + header["outputs"]}
+    dtypes = {jnp.dtype(e["dtype"]) for e in header["inputs"] + header["weights"] + header["outputs"]}
     wide = sorted(d.name for d in dtypes if jax.dtypes.canonicalize_dtype(d) != d)
     if wide:
         raise ValueError(
             f"{where}: {path} was exported with 64-bit types ({', '.join(wide)}: "
             f"jax_enable_x64 was on), which this process would truncate to 32 bits "
             f"(jax_enable_x64 is off). Load it with jax.config.update('jax_enable_x64', True) "
-            f"at startup, or export it again with jax_enable_x64 off.")
+            f"at startup, or export it again with jax_enable_x64 off."
+        )
 
 
 def _label(spec: dict) -> str:
@@ -705,15 +754,18 @@ def _platforms(where: str, platforms):
         return None
     if isinstance(platforms, str):
         platforms = (platforms,)
-    if (not isinstance(platforms, (tuple, list)) or not platforms
-            or any(p not in _PLATFORMS for p in platforms)
-            or len(set(platforms)) != len(platforms)):
-        hint = " ('gpu' is 'cuda' or 'rocm')" if isinstance(platforms, (tuple, list)) \
-            and "gpu" in platforms else ""
+    if (
+        not isinstance(platforms, (tuple, list))
+        or not platforms
+        or any(p not in _PLATFORMS for p in platforms)
+        or len(set(platforms)) != len(platforms)
+    ):
+        hint = " ('gpu' is 'cuda' or 'rocm')" if isinstance(platforms, (tuple, list)) and "gpu" in platforms else ""
         raise checks.ArgumentError(
             f"{where}: platforms must be None (this process's backend) or distinct names "
             f"among {', '.join(map(repr, _PLATFORMS))}, e.g. ('cpu', 'cuda'), got "
-            f"{platforms!r}{hint}.")
+            f"{platforms!r}{hint}."
+        )
     return tuple(platforms)
 
 
@@ -729,7 +781,8 @@ def _weight_leaves(where: str, params, state):
         if hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
             raise checks.ArgumentError(
                 f"{where}: {at} is a {x.dtype} array; only numeric params and state can be "
-                f"exported. Keep PRNG keys out of them, or store jax.random.key_data(key).")
+                f"exported. Keep PRNG keys out of them, or store jax.random.key_data(key)."
+            )
         if not hasattr(x, "dtype") and not checks.is_real(x) and not isinstance(x, bool):
             raise checks.ArgumentError(f"{where}: {at} must be an array, got {checks.got(x)}.")
         a = np.asarray(x)  # gathers a sharded array onto the host
@@ -745,8 +798,9 @@ def _serialize(where: str, exported) -> bytes:
     try:
         return bytes(exported.serialize())
     except ImportError as e:
-        raise ImportError(f"{where}: jax's serializer needs the 'flatbuffers' package: "
-                          f"pip install flatbuffers ({e}).") from e
+        raise ImportError(
+            f"{where}: jax's serializer needs the 'flatbuffers' package: pip install flatbuffers ({e})."
+        ) from e
 
 
 def _funcnet_version() -> str:
@@ -755,72 +809,92 @@ def _funcnet_version() -> str:
 
 def _check_header(where: str, path: Path, header, keys) -> None:
     """A format 3 header: ours, not newer than this funcnet, with ``keys``."""
-    if not isinstance(header, dict) or header.get("format") != "funcnet-export" \
-            or not isinstance(header.get("version"), int) or header["version"] < 3:
-        raise ValueError(f"{where}: {path}'s {_HEADER_NAME} is no funcnet export header "
-                         f"(format 3 or later). Export it again.")
+    if (
+        not isinstance(header, dict)
+        or header.get("format") != "funcnet-export"
+        or not isinstance(header.get("version"), int)
+        or header["version"] < 3
+    ):
+        raise ValueError(
+            f"{where}: {path}'s {_HEADER_NAME} is no funcnet export header (format 3 or later). Export it again."
+        )
     if header["version"] > _FORMAT_VERSION:
         raise ValueError(
             f"{where}: {path} is export format {header['version']}, written by funcnet "
             f"{header.get('funcnet_version')}; this funcnet reads formats 1 to "
-            f"{_FORMAT_VERSION}. Upgrade funcnet to load it.")
+            f"{_FORMAT_VERSION}. Upgrade funcnet to load it."
+        )
     missing = [k for k in ("name", "platforms") + tuple(keys) if k not in header]
     if missing:
-        raise ValueError(f"{where}: {path}'s header lacks {', '.join(missing)}; the file was not "
-                         f"written by funcnet.inference.export or was changed. Export it again.")
+        raise ValueError(
+            f"{where}: {path}'s header lacks {', '.join(missing)}; the file was not "
+            f"written by funcnet.inference.export or was changed. Export it again."
+        )
 
 
 def _read_header(where: str, path: Path, data: bytes):
     """The JSON header, checked (its checksum in format 2), and the bytes after it."""
     n = len(_MAGIC) + _HEADER_LEN.size
     if not data.startswith(_MAGIC):
-        raise ValueError(f"{where}: {path} is not a file written by funcnet.inference.export "
-                         f"(it does not start with {_MAGIC!r}).")
+        raise ValueError(
+            f"{where}: {path} is not a file written by funcnet.inference.export (it does not start with {_MAGIC!r})."
+        )
     if len(data) < n:
         raise ValueError(f"{where}: {path} is truncated ({len(data)} bytes). Export it again.")
     (size,) = _HEADER_LEN.unpack_from(data, len(_MAGIC))
     end = n + size
     if end + _HEADER_CRC.size > len(data):
-        raise ValueError(f"{where}: {path} is {len(data)} bytes, too short for the {size}-byte "
-                         f"header it announces: the file is truncated or corrupt. Export it "
-                         f"again.")
+        raise ValueError(
+            f"{where}: {path} is {len(data)} bytes, too short for the {size}-byte "
+            f"header it announces: the file is truncated or corrupt. Export it "
+            f"again."
+        )
     (stored,) = _HEADER_CRC.unpack_from(data, end)
     intact = zlib.crc32(data[:end]) == stored
-    corrupt = (f"{where}: {path} is corrupt: its header's checksum does not match (a byte of "
-               f"the header or its length was changed). Export it again.")
+    corrupt = (
+        f"{where}: {path} is corrupt: its header's checksum does not match (a byte of "
+        f"the header or its length was changed). Export it again."
+    )
     try:
         header = json.loads(data[n:end].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(corrupt if not intact else
-                         f"{where}: {path} has an unreadable header ({e}). Export it "
-                         f"again.") from e
-    if not isinstance(header, dict) or header.get("format") != "funcnet-export" \
-            or not isinstance(header.get("version"), int) or header["version"] < 1 \
-            or header["version"] == 3:  # format 3 files are zips: this header is not right
-        raise ValueError(corrupt if not intact else
-                         f"{where}: {path} has no funcnet export header. Export it again.")
+        raise ValueError(
+            corrupt if not intact else f"{where}: {path} has an unreadable header ({e}). Export it again."
+        ) from e
+    if (
+        not isinstance(header, dict)
+        or header.get("format") != "funcnet-export"
+        or not isinstance(header.get("version"), int)
+        or header["version"] < 1
+        or header["version"] == 3
+    ):  # format 3 files are zips: this header is not right
+        raise ValueError(corrupt if not intact else f"{where}: {path} has no funcnet export header. Export it again.")
     version = header["version"]
     if version > _FORMAT_VERSION:
         raise ValueError(
             f"{where}: {path} is export format {version}, written by funcnet "
             f"{header.get('funcnet_version')}; this funcnet reads formats 1 to "
             f"{_FORMAT_VERSION}. Upgrade funcnet to load it"
-            + ("." if intact else " (if this funcnet wrote it, its header is corrupt: export "
-               "it again)."))
+            + ("." if intact else " (if this funcnet wrote it, its header is corrupt: export it again).")
+        )
     if version == 1:
         # No header checksum in format 1: the body's size and checksum are still checked.
-        warnings.warn(f"{where}: {path} is export format 1, whose header no checksum covers "
-                      f"(a changed byte there would go unnoticed). Export it again with this "
-                      f"funcnet (format {_FORMAT_VERSION}) to protect it.", UserWarning,
-                      stacklevel=4)
+        warnings.warn(
+            f"{where}: {path} is export format 1, whose header no checksum covers "
+            f"(a changed byte there would go unnoticed). Export it again with this "
+            f"funcnet (format {_FORMAT_VERSION}) to protect it.",
+            UserWarning,
+            stacklevel=4,
+        )
         body = data[end:]
     elif not intact:
         raise ValueError(corrupt)
     else:
-        body = data[end + _HEADER_CRC.size:]
-    missing = [k for k in ("name", "platforms", "inputs", "outputs", "weights", "module", "crc32")
-               if k not in header]
+        body = data[end + _HEADER_CRC.size :]
+    missing = [k for k in ("name", "platforms", "inputs", "outputs", "weights", "module", "crc32") if k not in header]
     if missing:
-        raise ValueError(f"{where}: {path}'s header lacks {', '.join(missing)}; the file was not "
-                         f"written by funcnet.inference.export or was changed. Export it again.")
+        raise ValueError(
+            f"{where}: {path}'s header lacks {', '.join(missing)}; the file was not "
+            f"written by funcnet.inference.export or was changed. Export it again."
+        )
     return header, body

@@ -44,10 +44,28 @@ from jax.nn.initializers import (  # re-exported: use these rather than re-writi
 )
 
 __all__ = [
-    "constant", "glorot_normal", "glorot_uniform", "he_normal", "he_uniform", "lecun_normal",
-    "lecun_uniform", "normal", "ones", "orthogonal", "truncated_normal", "uniform",
-    "variance_scaling", "zeros", "xavier_uniform", "xavier_normal", "kaiming_uniform",
-    "kaiming_normal", "torch_default", "torch_default_bias", "uniform_symmetric", "calculate_gain",
+    "constant",
+    "glorot_normal",
+    "glorot_uniform",
+    "he_normal",
+    "he_uniform",
+    "lecun_normal",
+    "lecun_uniform",
+    "normal",
+    "ones",
+    "orthogonal",
+    "truncated_normal",
+    "uniform",
+    "variance_scaling",
+    "zeros",
+    "xavier_uniform",
+    "xavier_normal",
+    "kaiming_uniform",
+    "kaiming_normal",
+    "torch_default",
+    "torch_default_bias",
+    "uniform_symmetric",
+    "calculate_gain",
     "Initializer",
 ]
 
@@ -80,11 +98,13 @@ def calculate_gain(nonlinearity: str = "leaky_relu", negative_slope: float = 0.0
     if nonlinearity == "relu":
         return math.sqrt(2.0)
     if nonlinearity == "leaky_relu":
-        return math.sqrt(2.0 / (1.0 + negative_slope ** 2))
+        return math.sqrt(2.0 / (1.0 + negative_slope**2))
     if nonlinearity == "selu":
         return 3.0 / 4.0
-    raise ValueError(f"calculate_gain: unknown nonlinearity {nonlinearity!r}; expected one of "
-                     f"linear, sigmoid, tanh, relu, leaky_relu, selu.")
+    raise ValueError(
+        f"calculate_gain: unknown nonlinearity {nonlinearity!r}; expected one of "
+        f"linear, sigmoid, tanh, relu, leaky_relu, selu."
+    )
 
 
 def xavier_uniform(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1) -> Initializer:
@@ -106,7 +126,7 @@ def xavier_uniform(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1) -> 
       >>> W.shape, W.dtype, bool(abs(W).max() <= 1.0)  # a = sqrt(6 / 6)
       ((4, 2), dtype('float32'), True)
     """
-    return variance_scaling(gain ** 2, "fan_avg", "uniform", in_axis=in_axis, out_axis=out_axis)
+    return variance_scaling(gain**2, "fan_avg", "uniform", in_axis=in_axis, out_axis=out_axis)
 
 
 def xavier_normal(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1) -> Initializer:
@@ -125,12 +145,16 @@ def xavier_normal(gain: float = 1.0, in_axis: int = -2, out_axis: int = -1) -> I
       >>> W.shape, round(float(W.std()), 2)  # std = sqrt(2 / 400)
       ((200, 200), 0.07)
     """
-    return variance_scaling(gain ** 2, "fan_avg", "normal", in_axis=in_axis, out_axis=out_axis)
+    return variance_scaling(gain**2, "fan_avg", "normal", in_axis=in_axis, out_axis=out_axis)
 
 
-def kaiming_uniform(negative_slope: float = 0.0, mode: str = "fan_in",
-                    nonlinearity: str = "leaky_relu", in_axis: int = -2,
-                    out_axis: int = -1) -> Initializer:
+def kaiming_uniform(
+    negative_slope: float = 0.0,
+    mode: str = "fan_in",
+    nonlinearity: str = "leaky_relu",
+    in_axis: int = -2,
+    out_axis: int = -1,
+) -> Initializer:
     """``U(-b, b)``, ``b = gain * sqrt(3 / fan)``, ``gain = calculate_gain(nonlinearity, negative_slope)``.
 
     Matches ``torch.nn.init.kaiming_uniform_(w, a=negative_slope, mode, nonlinearity)``.
@@ -154,12 +178,16 @@ def kaiming_uniform(negative_slope: float = 0.0, mode: str = "fan_in",
       ((6, 3), True)
     """
     gain = calculate_gain(nonlinearity, negative_slope)
-    return variance_scaling(gain ** 2, mode, "uniform", in_axis=in_axis, out_axis=out_axis)
+    return variance_scaling(gain**2, mode, "uniform", in_axis=in_axis, out_axis=out_axis)
 
 
-def kaiming_normal(negative_slope: float = 0.0, mode: str = "fan_in",
-                   nonlinearity: str = "leaky_relu", in_axis: int = -2,
-                   out_axis: int = -1) -> Initializer:
+def kaiming_normal(
+    negative_slope: float = 0.0,
+    mode: str = "fan_in",
+    nonlinearity: str = "leaky_relu",
+    in_axis: int = -2,
+    out_axis: int = -1,
+) -> Initializer:
     """``N(0, std²)``, ``std = gain / sqrt(fan)`` (not truncated), as ``torch.nn.init.kaiming_normal_``.
 
     Args:
@@ -181,7 +209,7 @@ def kaiming_normal(negative_slope: float = 0.0, mode: str = "fan_in",
       ((200, 200), 0.1)
     """
     gain = calculate_gain(nonlinearity, negative_slope)
-    return variance_scaling(gain ** 2, mode, "normal", in_axis=in_axis, out_axis=out_axis)
+    return variance_scaling(gain**2, mode, "normal", in_axis=in_axis, out_axis=out_axis)
 
 
 def torch_default(in_axis: int = -2, out_axis: int = -1) -> Initializer:

@@ -48,10 +48,20 @@ sorted by name, so they take the layer order as `order=`).
 # The loaders live in private modules, one per source; this module is their one import path.
 from funcnet.errors import StateDictMismatchError
 from funcnet._torch_state_dict import load_torch_state_dict
+
 # safetensors files (funcnet's own names, or a PyTorch model's from Hugging Face)
 from funcnet._safetensors import load_safetensors, read_safetensors, save_safetensors
+
 # Flax, Haiku and Equinox trees: renamed to torch's layouts, then through the state_dict loader
 from funcnet._jax_frameworks import load_equinox_params, load_flax_params, load_haiku_params
 
-__all__ = ["load_torch_state_dict", "StateDictMismatchError", "save_safetensors", "load_safetensors",
-           "read_safetensors", "load_flax_params", "load_haiku_params", "load_equinox_params"]
+__all__ = [
+    "load_torch_state_dict",
+    "StateDictMismatchError",
+    "save_safetensors",
+    "load_safetensors",
+    "read_safetensors",
+    "load_flax_params",
+    "load_haiku_params",
+    "load_equinox_params",
+]

@@ -56,8 +56,13 @@ class Summary(NamedTuple):
         return self.table
 
 
-def summary(layer: Layer, input_shape: Sequence[Any], *, rng: Optional[jax.Array] = None,
-            print_fn: Optional[Callable[[str], None]] = print) -> Summary:
+def summary(
+    layer: Layer,
+    input_shape: Sequence[Any],
+    *,
+    rng: Optional[jax.Array] = None,
+    print_fn: Optional[Callable[[str], None]] = print,
+) -> Summary:
     """Tabulates every layer: name, output shape, parameter count, state count, and totals.
 
     Like Keras' ``model.summary()`` and MXNet's ``print_summary``. Runs ``init``
@@ -100,18 +105,27 @@ def summary(layer: Layer, input_shape: Sequence[Any], *, rng: Optional[jax.Array
     total_params, total_state = count(params), count(state)
 
     header = ("Layer", "Output shape", "Params", "State")
-    body = [("  " * r.depth + r.name, _fmt_shape(r.output_shape), f"{count(r.params):,}",
-             f"{count(r.state):,}") for r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
-              for i, h in enumerate(header)]
+    body = [
+        ("  " * r.depth + r.name, _fmt_shape(r.output_shape), f"{count(r.params):,}", f"{count(r.state):,}")
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
 
     def line(cells):
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     rule = "-" * len(line(header))
-    table = "\n".join([line(header), rule, *map(line, body), rule,
-                       f"Total params: {total_params:,}", f"Total state: {total_state:,}",
-                       f"Input shape: {_fmt_shape(input_shape)} -> output shape: {_fmt_shape(out_shape)}"])
+    table = "\n".join(
+        [
+            line(header),
+            rule,
+            *map(line, body),
+            rule,
+            f"Total params: {total_params:,}",
+            f"Total state: {total_state:,}",
+            f"Input shape: {_fmt_shape(input_shape)} -> output shape: {_fmt_shape(out_shape)}",
+        ]
+    )
     if print_fn is not None:
         print_fn(table)
     return Summary(rows, out_shape, total_params, total_state, table)

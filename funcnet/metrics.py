@@ -45,8 +45,21 @@ from funcnet import _mesh
 from funcnet.core import PyTree, describe_tree
 from funcnet.errors import MetricStateError
 
-__all__ = ["Metric", "MetricStateError", "Accuracy", "TopKAccuracy", "Mean", "MSE", "MAE", "RMSE",
-           "ConfusionMatrix", "F1", "ROCAUC", "collection", "merge"]
+__all__ = [
+    "Metric",
+    "MetricStateError",
+    "Accuracy",
+    "TopKAccuracy",
+    "Mean",
+    "MSE",
+    "MAE",
+    "RMSE",
+    "ConfusionMatrix",
+    "F1",
+    "ROCAUC",
+    "collection",
+    "merge",
+]
 
 
 class Metric(NamedTuple):
@@ -75,6 +88,7 @@ class Metric(NamedTuple):
 # Argument checks (static shapes and dtypes: they fire once, at trace time).
 # --------------------------------------------------------------------------- #
 
+
 def _array(fn: str, x, what: str):
     try:
         return jnp.asarray(x)
@@ -88,43 +102,57 @@ def _class_ids(fn: str, predictions, labels, *, need_scores: bool = False):
     labels = _array(fn, labels, "labels")
     _check_not_one_hot(fn, predictions, labels)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise TypeError(f"{fn}: labels must be integer class ids, got dtype {labels.dtype}. "
-                        f"Cast them, e.g. labels.astype(jnp.int32).")
+        raise TypeError(
+            f"{fn}: labels must be integer class ids, got dtype {labels.dtype}. "
+            f"Cast them, e.g. labels.astype(jnp.int32)."
+        )
     if predictions.ndim == labels.ndim + 1 and predictions.shape[:-1] == labels.shape:
         return predictions, labels, True
     if not need_scores and predictions.shape == labels.shape:
         if not jnp.issubdtype(predictions.dtype, jnp.integer):
-            raise TypeError(f"{fn}: predictions of the labels' shape {labels.shape} must be "
-                            f"integer class ids, got dtype {predictions.dtype}. Pass scores "
-                            f"with a trailing class axis, shape {labels.shape + ('C',)}, to "
-                            f"take their argmax.")
+            raise TypeError(
+                f"{fn}: predictions of the labels' shape {labels.shape} must be "
+                f"integer class ids, got dtype {predictions.dtype}. Pass scores "
+                f"with a trailing class axis, shape {labels.shape + ('C',)}, to "
+                f"take their argmax."
+            )
         return predictions, labels, False
     want = f"{labels.shape + ('C',)}" + ("" if need_scores else f" (scores) or {labels.shape} (ids)")
     hint = ""
-    if predictions.ndim == labels.ndim + 1 and predictions.ndim >= 3 \
-            and predictions.shape[:1] + predictions.shape[2:] == labels.shape:
-        hint = (" The shapes fit classes on axis 1 (PyTorch's (N, C, d1, ...) layout): metrics "
-                "take them last, jnp.moveaxis(predictions, 1, -1).")
-    raise ValueError(f"{fn}: predictions of shape {predictions.shape} do not fit labels of "
-                     f"shape {labels.shape}: expected {want}.{hint}")
+    if (
+        predictions.ndim == labels.ndim + 1
+        and predictions.ndim >= 3
+        and predictions.shape[:1] + predictions.shape[2:] == labels.shape
+    ):
+        hint = (
+            " The shapes fit classes on axis 1 (PyTorch's (N, C, d1, ...) layout): metrics "
+            "take them last, jnp.moveaxis(predictions, 1, -1)."
+        )
+    raise ValueError(
+        f"{fn}: predictions of shape {predictions.shape} do not fit labels of "
+        f"shape {labels.shape}: expected {want}.{hint}"
+    )
 
 
 def _check_not_one_hot(fn: str, predictions, labels) -> None:
     """One-hot labels next to scores have the scores' shape: the usual errors would blame
     the predictions' dtype or suggest a cast. Say what the labels look like instead."""
-    if not (labels.ndim >= 2 and labels.shape == predictions.shape
-            and jnp.issubdtype(predictions.dtype, jnp.floating)):
+    if not (labels.ndim >= 2 and labels.shape == predictions.shape and jnp.issubdtype(predictions.dtype, jnp.floating)):
         return
     values = checks.concrete(labels)
-    advice = (f"pass class ids of shape {labels.shape[:-1]} instead, labels.argmax(-1) (metrics "
-              f"take integer class ids, the scores' argmax is compared with them)")
+    advice = (
+        f"pass class ids of shape {labels.shape[:-1]} instead, labels.argmax(-1) (metrics "
+        f"take integer class ids, the scores' argmax is compared with them)"
+    )
     if values is None:
         raise checks.ArgumentError(
             f"{fn}: labels of shape {labels.shape} have the shape of the scores. If they are "
-            f"one-hot, {advice}; if the predictions are class ids, give them an integer dtype.")
+            f"one-hot, {advice}; if the predictions are class ids, give them an integer dtype."
+        )
     if np.isin(values, (0, 1)).all() and (values.sum(axis=-1) == 1).all():
-        raise checks.ArgumentError(f"{fn}: labels of shape {labels.shape} look one-hot (a single "
-                                   f"1 on the last axis of every row): {advice}.")
+        raise checks.ArgumentError(
+            f"{fn}: labels of shape {labels.shape} look one-hot (a single 1 on the last axis of every row): {advice}."
+        )
 
 
 def _mask(fn: str, mask, shape):
@@ -134,8 +162,7 @@ def _mask(fn: str, mask, shape):
     try:
         return jnp.broadcast_to(mask != 0, shape)
     except ValueError:
-        raise ValueError(f"{fn}: mask of shape {mask.shape} does not broadcast to the labels' "
-                         f"shape {shape}.") from None
+        raise ValueError(f"{fn}: mask of shape {mask.shape} does not broadcast to the labels' shape {shape}.") from None
 
 
 def _fits(state, want) -> bool:
@@ -147,8 +174,10 @@ def _fits(state, want) -> bool:
         return False
     if jax.tree.structure(state) != jax.tree.structure(want):
         return False
-    return all(tuple(jnp.shape(g))[len(jnp.shape(g)) - len(w.shape):] == tuple(w.shape)
-               and len(jnp.shape(g)) >= len(w.shape) for g, w in pairs)
+    return all(
+        tuple(jnp.shape(g))[len(jnp.shape(g)) - len(w.shape) :] == tuple(w.shape) and len(jnp.shape(g)) >= len(w.shape)
+        for g, w in pairs
+    )
 
 
 def _checked(name: str, init, update, compute) -> Metric:
@@ -161,10 +190,12 @@ def _checked(name: str, init, update, compute) -> Metric:
         if not want:  # once; init builds small zero arrays, eval_shape none at all
             want.append(jax.eval_shape(init))
         if not _fits(state, want[0]):
-            raise MetricStateError(f"{fn}.{method}: the state does not fit this metric: it expects "
-                             f"{describe_tree(want[0])}, got {describe_tree(state)}. Pass this "
-                             f"metric's init() (or what its last update returned); the state "
-                             f"of another metric does not fit.")
+            raise MetricStateError(
+                f"{fn}.{method}: the state does not fit this metric: it expects "
+                f"{describe_tree(want[0])}, got {describe_tree(state)}. Pass this "
+                f"metric's init() (or what its last update returned); the state "
+                f"of another metric does not fit."
+            )
 
     def checked_update(state, *args, **kwargs):
         check("update", state)
@@ -189,6 +220,7 @@ def _counts_state():
 # --------------------------------------------------------------------------- #
 # Classification metrics.
 # --------------------------------------------------------------------------- #
+
 
 def Accuracy() -> Metric:
     """Fraction of correct predictions (MXNet ``Accuracy``).
@@ -220,8 +252,10 @@ def Accuracy() -> Metric:
             predictions = jnp.argmax(predictions, axis=-1)
         mask = _mask(fn, mask, labels.shape)
         hit = (predictions == labels) & mask
-        return {"correct": state["correct"] + jnp.sum(hit, dtype=jnp.int32),
-                "count": state["count"] + jnp.sum(mask, dtype=jnp.int32)}
+        return {
+            "correct": state["correct"] + jnp.sum(hit, dtype=jnp.int32),
+            "count": state["count"] + jnp.sum(mask, dtype=jnp.int32),
+        }
 
     def compute(state):
         return _ratio(state["correct"], state["count"])
@@ -260,13 +294,14 @@ def TopKAccuracy(k: int) -> Metric:
     def update(state, scores, labels, mask=None):
         scores, labels, _ = _class_ids(fn + ".update", scores, labels, need_scores=True)
         if scores.shape[-1] < k:
-            raise ValueError(f"{fn}.update: k={k} exceeds the number of classes "
-                             f"{scores.shape[-1]}.")
+            raise ValueError(f"{fn}.update: k={k} exceeds the number of classes {scores.shape[-1]}.")
         _, top = lax.top_k(scores, k)
         mask = _mask(fn + ".update", mask, labels.shape)
         hit = jnp.any(top == labels[..., None], axis=-1) & mask
-        return {"correct": state["correct"] + jnp.sum(hit, dtype=jnp.int32),
-                "count": state["count"] + jnp.sum(mask, dtype=jnp.int32)}
+        return {
+            "correct": state["correct"] + jnp.sum(hit, dtype=jnp.int32),
+            "count": state["count"] + jnp.sum(mask, dtype=jnp.int32),
+        }
 
     def compute(state):
         return _ratio(state["correct"], state["count"])
@@ -307,16 +342,18 @@ def ConfusionMatrix(num_classes: int) -> Metric:
         predictions, labels, scores = _class_ids(fn + ".update", predictions, labels)
         if scores:
             if predictions.shape[-1] != n:
-                raise ValueError(f"{fn}.update: scores have {predictions.shape[-1]} classes, "
-                                 f"the matrix {n}.")
+                raise ValueError(f"{fn}.update: scores have {predictions.shape[-1]} classes, the matrix {n}.")
             predictions = jnp.argmax(predictions, axis=-1)
         mask = _mask(fn + ".update", mask, labels.shape)
         ok = mask & (labels >= 0) & (labels < n) & (predictions >= 0) & (predictions < n)
         # Flat cell index; uncounted pairs go to cell n*n, which the scatter drops.
         cell = jnp.where(ok, labels * n + predictions, n * n).ravel()
         # A batch split over Explicit mesh axes adds into one whole matrix.
-        counts = jnp.zeros((n * n,), jnp.int32).at[cell].add(
-            1, mode="drop", out_sharding=_mesh.explicit_sharding(cell, None))
+        counts = (
+            jnp.zeros((n * n,), jnp.int32)
+            .at[cell]
+            .add(1, mode="drop", out_sharding=_mesh.explicit_sharding(cell, None))
+        )
         return state + counts.reshape(n, n)
 
     def compute(state):
@@ -330,8 +367,7 @@ def _bincount(ids, n: int):
     uncounted entries, is dropped (negative ids would wrap: map them to ``n`` first)."""
     ids = ids.ravel()
     # A batch split over Explicit mesh axes adds into one whole vector.
-    return jnp.zeros((n,), jnp.int32).at[ids].add(
-        1, mode="drop", out_sharding=_mesh.explicit_sharding(ids, None))
+    return jnp.zeros((n,), jnp.int32).at[ids].add(1, mode="drop", out_sharding=_mesh.explicit_sharding(ids, None))
 
 
 _F1_AVERAGES = ("binary", "micro", "macro", "weighted", None)
@@ -339,14 +375,21 @@ _F1_AVERAGES = ("binary", "micro", "macro", "weighted", None)
 
 def _zero_division(fn: str, value) -> float:
     if not checks.is_real(value) or not (value in (0, 1) or np.isnan(value)):
-        raise checks.ArgumentError(f"{fn}: zero_division must be 0.0, 1.0 or float('nan') (the "
-                                   f"value of an F1 whose denominator is 0, as scikit-learn's "
-                                   f"zero_division), got {value!r}.")
+        raise checks.ArgumentError(
+            f"{fn}: zero_division must be 0.0, 1.0 or float('nan') (the "
+            f"value of an F1 whose denominator is 0, as scikit-learn's "
+            f"zero_division), got {value!r}."
+        )
     return float(value)
 
 
-def F1(average: Optional[str] = "binary", num_classes: Optional[int] = None, *, threshold: float = 0.5,
-       zero_division: float = 0.0) -> Metric:
+def F1(
+    average: Optional[str] = "binary",
+    num_classes: Optional[int] = None,
+    *,
+    threshold: float = 0.5,
+    zero_division: float = 0.0,
+) -> Metric:
     """F1 score, ``2 tp / (2 tp + fp + fn)``, as scikit-learn's ``f1_score(y_true, y_pred,
     average=average)``.
 
@@ -417,11 +460,13 @@ def F1(average: Optional[str] = "binary", num_classes: Optional[int] = None, *, 
             raise checks.ArgumentError(
                 f"{fn}: average='binary' is the F1 of class 1 among 2 classes, got "
                 f"num_classes={num_classes!r}. For {num_classes} classes pass "
-                f"average='macro', 'micro', 'weighted' or None.")
+                f"average='macro', 'micro', 'weighted' or None."
+            )
         return _binary_f1(fn, threshold, zero_division)
     if num_classes is None:
-        raise checks.ArgumentError(f"{fn}: average={average!r} needs the number of classes, "
-                                   f"e.g. F1({average!r}, num_classes=10).")
+        raise checks.ArgumentError(
+            f"{fn}: average={average!r} needs the number of classes, e.g. F1({average!r}, num_classes=10)."
+        )
     n = checks.positive_int(fn, "num_classes", num_classes)
 
     def init():
@@ -431,16 +476,19 @@ def F1(average: Optional[str] = "binary", num_classes: Optional[int] = None, *, 
         predictions, labels, scores = _class_ids(fn + ".update", predictions, labels)
         if scores:
             if predictions.shape[-1] != n:
-                raise ValueError(f"{fn}.update: scores have {predictions.shape[-1]} classes, "
-                                 f"the metric num_classes={n}.")
+                raise ValueError(
+                    f"{fn}.update: scores have {predictions.shape[-1]} classes, the metric num_classes={n}."
+                )
             predictions = jnp.argmax(predictions, axis=-1)
         mask = _mask(fn + ".update", mask, labels.shape)
         ok = mask & (labels >= 0) & (labels < n) & (predictions >= 0) & (predictions < n)
         hit = ok & (predictions == labels)
         miss = ok & (predictions != labels)
-        return {"tp": state["tp"] + _bincount(jnp.where(hit, labels, n), n),
-                "fp": state["fp"] + _bincount(jnp.where(miss, predictions, n), n),
-                "fn": state["fn"] + _bincount(jnp.where(miss, labels, n), n)}
+        return {
+            "tp": state["tp"] + _bincount(jnp.where(hit, labels, n), n),
+            "fp": state["fp"] + _bincount(jnp.where(miss, predictions, n), n),
+            "fn": state["fn"] + _bincount(jnp.where(miss, labels, n), n),
+        }
 
     def compute(state):
         tp, fp, fn_ = (state[k].astype(jnp.float32) for k in ("tp", "fp", "fn"))
@@ -455,8 +503,7 @@ def F1(average: Optional[str] = "binary", num_classes: Optional[int] = None, *, 
             value = _ratio(2 * jnp.sum(tp, axis=-1), jnp.sum(denom, axis=-1))
         else:
             weights = present.astype(jnp.float32) if average == "macro" else tp + fn_
-            value = (jnp.sum(jnp.where(present, per_class, 0.0) * weights, axis=-1)
-                     / jnp.sum(weights, axis=-1))
+            value = jnp.sum(jnp.where(present, per_class, 0.0) * weights, axis=-1) / jnp.sum(weights, axis=-1)
         return jnp.where(counted > 0, value, jnp.nan)
 
     return _checked("F1", init, update, compute)
@@ -481,9 +528,12 @@ def _binary_f1(fn: str, threshold: float, zero_division: float) -> Metric:
         def count(x):
             return jnp.sum(x, dtype=jnp.int32)
 
-        return {"tp": state["tp"] + count(pos & true), "fp": state["fp"] + count(pos & ~true),
-                "fn": state["fn"] + count(ok & (predictions == 0) & true),
-                "count": state["count"] + count(ok)}
+        return {
+            "tp": state["tp"] + count(pos & true),
+            "fp": state["fp"] + count(pos & ~true),
+            "fn": state["fn"] + count(ok & (predictions == 0) & true),
+            "count": state["count"] + count(ok),
+        }
 
     def compute(state):
         tp, fp, fn_ = (state[k].astype(jnp.float32) for k in ("tp", "fp", "fn"))
@@ -501,17 +551,20 @@ def _binary_labels(fn: str, predictions, labels, extra=()):
     predictions = _array(fn, predictions, "predictions")
     labels = _array(fn, labels, "labels")
     if not (jnp.issubdtype(labels.dtype, jnp.integer) or labels.dtype == jnp.bool_):
-        raise TypeError(f"{fn}: labels must be 0/1 integers or bools, got dtype {labels.dtype}. "
-                        f"Cast them, e.g. labels.astype(jnp.int32).")
+        raise TypeError(
+            f"{fn}: labels must be 0/1 integers or bools, got dtype {labels.dtype}. "
+            f"Cast them, e.g. labels.astype(jnp.int32)."
+        )
     if predictions.shape == labels.shape or (extra and predictions.shape == labels.shape + extra):
         return predictions, labels.astype(jnp.int32)
     want = f"{labels.shape}" + (f" or {labels.shape + extra}" if extra else "")
     hint = ""
     if not extra and predictions.shape == labels.shape + (2,):
-        hint = (" For two-class scores or probabilities pass the positive class's column, "
-                "predictions[..., 1].")
-    raise ValueError(f"{fn}: predictions of shape {predictions.shape} do not fit labels of "
-                     f"shape {labels.shape}: expected {want}.{hint}")
+        hint = " For two-class scores or probabilities pass the positive class's column, predictions[..., 1]."
+    raise ValueError(
+        f"{fn}: predictions of shape {predictions.shape} do not fit labels of "
+        f"shape {labels.shape}: expected {want}.{hint}"
+    )
 
 
 def ROCAUC(capacity: Optional[int] = None) -> Metric:
@@ -575,38 +628,49 @@ def ROCAUC(capacity: Optional[int] = None) -> Metric:
         raise checks.ArgumentError(
             f"{fn}: capacity is required: the most examples one evaluation adds (the buffer "
             f"of scores keeps them all, to rank them exactly), e.g. "
-            f"ROCAUC(capacity=len(eval_labels)).")
+            f"ROCAUC(capacity=len(eval_labels))."
+        )
     cap = checks.positive_int(fn, "capacity", capacity)
 
     def init():
-        return {"scores": jnp.zeros((cap,), jnp.float32),
-                "labels": jnp.full((cap,), -1, jnp.int8),
-                "count": jnp.zeros((), jnp.int32)}
+        return {
+            "scores": jnp.zeros((cap,), jnp.float32),
+            "labels": jnp.full((cap,), -1, jnp.int8),
+            "count": jnp.zeros((), jnp.int32),
+        }
 
     def update(state, scores, labels, mask=None):
         where = fn + ".update"
         scores, labels = _binary_labels(where, scores, labels)
-        if not (jnp.issubdtype(scores.dtype, jnp.floating)
-                or jnp.issubdtype(scores.dtype, jnp.integer) or scores.dtype == jnp.bool_):
+        if not (
+            jnp.issubdtype(scores.dtype, jnp.floating)
+            or jnp.issubdtype(scores.dtype, jnp.integer)
+            or scores.dtype == jnp.bool_
+        ):
             raise TypeError(f"{where}: scores must be real numbers, got dtype {scores.dtype}.")
         mask = _mask(where, mask, labels.shape)
         n = labels.size
         if n > cap:
-            raise ValueError(f"{where}: a batch of {n} examples does not fit the buffer of "
-                             f"capacity={cap}. Make the capacity at least the number of "
-                             f"examples one evaluation adds.")
+            raise ValueError(
+                f"{where}: a batch of {n} examples does not fit the buffer of "
+                f"capacity={cap}. Make the capacity at least the number of "
+                f"examples one evaluation adds."
+            )
         seen = checks.concrete(state["count"])
         if seen is not None and seen.ndim == 0 and int(seen) + n > cap:
-            raise ValueError(f"{where}: {int(seen)} examples seen plus this batch of {n} "
-                             f"exceed capacity={cap}. Make the capacity at least the number "
-                             f"of examples one evaluation adds, or start from init().")
+            raise ValueError(
+                f"{where}: {int(seen)} examples seen plus this batch of {n} "
+                f"exceed capacity={cap}. Make the capacity at least the number "
+                f"of examples one evaluation adds, or start from init()."
+            )
         counted = mask & ((labels == 0) | (labels == 1))
         new_labels = jnp.where(counted, labels, -1).astype(jnp.int8).ravel()
         start = jnp.minimum(state["count"], cap - n)  # past capacity compute gives NaN anyway
-        return {"scores": lax.dynamic_update_slice(
-                    state["scores"], scores.astype(jnp.float32).ravel(), (start,)),
-                "labels": lax.dynamic_update_slice(state["labels"], new_labels, (start,)),
-                "count": state["count"] + n}
+        return {
+            "scores": lax.dynamic_update_slice(state["scores"], scores.astype(jnp.float32).ravel(), (start,)),
+            "labels": lax.dynamic_update_slice(state["labels"], new_labels, (start,)),
+            "count": state["count"] + n,
+        }
 
     def compute(state):
         scores = jnp.reshape(state["scores"], (-1,))
@@ -616,20 +680,20 @@ def ROCAUC(capacity: Optional[int] = None) -> Metric:
         order = jnp.argsort(scores)
         ranked = scores[order]
         # negatives_below[i]: negatives among the i lowest scores.
-        negatives_below = jnp.concatenate(
-            [jnp.zeros((1,), jnp.int32), jnp.cumsum(neg[order], dtype=jnp.int32)])
+        negatives_below = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(neg[order], dtype=jnp.int32)])
         # Each score's tie group in the sorted order: [lo, hi).
         index = jnp.arange(ranked.shape[0], dtype=jnp.int32)
         differs = ranked[1:] != ranked[:-1]
         lo = lax.cummax(jnp.where(jnp.concatenate([jnp.ones((1,), bool), differs]), index, 0))
-        hi = lax.cummin(jnp.where(jnp.concatenate([differs, jnp.ones((1,), bool)]), index + 1,
-                                  ranked.shape[0]), reverse=True)
+        hi = lax.cummin(
+            jnp.where(jnp.concatenate([differs, jnp.ones((1,), bool)]), index + 1, ranked.shape[0]), reverse=True
+        )
         below, tied = negatives_below[lo], negatives_below[hi] - negatives_below[lo]
         # Twice each positive's wins (ties count 1): ints, summed exactly in chunks small
         # enough for int32; only the chunk sums are added in float32.
         twice = jnp.where(pos[order], 2 * below + tied, 0)
         size = twice.shape[0]
-        chunk = max(1, min(size, (2 ** 31 - 1) // max(1, 2 * size)))
+        chunk = max(1, min(size, (2**31 - 1) // max(1, 2 * size)))
         twice = jnp.pad(twice, (0, -size % chunk)).reshape(-1, chunk)
         wins = jnp.sum(jnp.sum(twice, axis=1, dtype=jnp.int32).astype(jnp.float32))
         n_pos = jnp.sum(pos, dtype=jnp.int32).astype(jnp.float32)
@@ -644,6 +708,7 @@ def ROCAUC(capacity: Optional[int] = None) -> Metric:
 # --------------------------------------------------------------------------- #
 # Averages.
 # --------------------------------------------------------------------------- #
+
 
 def Mean() -> Metric:
     """(Weighted) running mean of values, e.g. a loss (MXNet ``Loss``).
@@ -676,10 +741,10 @@ def Mean() -> Metric:
             try:
                 weights = jnp.broadcast_to(weights, values.shape)
             except ValueError:
-                raise ValueError(f"{fn}: weights of shape {weights.shape} do not broadcast "
-                                 f"to values of shape {values.shape}.") from None
-        return {"total": state["total"] + jnp.sum(values * weights),
-                "weight": state["weight"] + jnp.sum(weights)}
+                raise ValueError(
+                    f"{fn}: weights of shape {weights.shape} do not broadcast to values of shape {values.shape}."
+                ) from None
+        return {"total": state["total"] + jnp.sum(values * weights), "weight": state["weight"] + jnp.sum(weights)}
 
     def compute(state):
         return state["total"] / state["weight"]
@@ -694,12 +759,15 @@ def _error_metric(name: str, elementwise, finish) -> Metric:
         predictions = _array(fn, predictions, "predictions")
         labels = _array(fn, labels, "labels")
         if predictions.shape != labels.shape:
-            raise ValueError(f"{fn}: predictions {predictions.shape} and labels "
-                             f"{labels.shape} must have the same shape.")
+            raise ValueError(
+                f"{fn}: predictions {predictions.shape} and labels {labels.shape} must have the same shape."
+            )
         mask = _mask(fn, mask, labels.shape)
         err = elementwise(predictions.astype(jnp.float32) - labels.astype(jnp.float32))
-        return {"total": state["total"] + jnp.sum(jnp.where(mask, err, 0.0)),
-                "count": state["count"] + jnp.sum(mask, dtype=jnp.int32)}
+        return {
+            "total": state["total"] + jnp.sum(jnp.where(mask, err, 0.0)),
+            "count": state["count"] + jnp.sum(mask, dtype=jnp.int32),
+        }
 
     def compute(state):
         return finish(_ratio(state["total"], state["count"]))
@@ -756,6 +824,7 @@ def RMSE() -> Metric:
 # Combining metrics and devices.
 # --------------------------------------------------------------------------- #
 
+
 def collection(**metrics: Metric) -> Metric:
     """Several named metrics as one (MXNet ``CompositeEvalMetric``).
 
@@ -799,26 +868,29 @@ def collection(**metrics: Metric) -> Metric:
         """The collection's keys, then each named metric's own state, so that a state
         mix-up names the entry rather than failing inside one metric."""
         if not isinstance(state, dict) or set(state) != set(metrics):
-            raise MetricStateError(f"{fn}.{method}: the state does not fit this collection: it "
-                             f"expects a dict of {sorted(metrics)}, got {describe_tree(state)}. "
-                             f"Pass this collection's init() (or what its last update "
-                             f"returned).")
+            raise MetricStateError(
+                f"{fn}.{method}: the state does not fit this collection: it "
+                f"expects a dict of {sorted(metrics)}, got {describe_tree(state)}. "
+                f"Pass this collection's init() (or what its last update "
+                f"returned)."
+            )
         if not want:
             want.append(jax.eval_shape(init))
         for name in names:
             if not _fits(state[name], want[0][name]):
                 what = getattr(metrics[name].update, "metric_name", "a user metric")
-                raise MetricStateError(f"{fn}.{method}: state[{name!r}] does not fit metric {name!r} "
-                                 f"({what}): it expects {describe_tree(want[0][name])}, got "
-                                 f"{describe_tree(state[name])}. Are two metrics' states "
-                                 f"swapped? Pass this collection's init() (or what its last "
-                                 f"update returned).")
+                raise MetricStateError(
+                    f"{fn}.{method}: state[{name!r}] does not fit metric {name!r} "
+                    f"({what}): it expects {describe_tree(want[0][name])}, got "
+                    f"{describe_tree(state[name])}. Are two metrics' states "
+                    f"swapped? Pass this collection's init() (or what its last "
+                    f"update returned)."
+                )
 
     def update(state, **args):
         unknown = sorted(set(args) - set(metrics))
         if unknown:
-            raise ValueError(f"{fn}.update: no metric named {unknown}; the collection has "
-                             f"{sorted(metrics)}.")
+            raise ValueError(f"{fn}.update: no metric named {unknown}; the collection has {sorted(metrics)}.")
         check("update", state, args)
         new = dict(state)
         for name, a in args.items():

@@ -46,14 +46,23 @@ def _jax2onnx():
         raise ImportError(
             f"{_WHERE} needs the jax2onnx package (and onnxruntime to run the model), which is "
             f'not installed. Install them with pip install "funcnet[onnx]" (or pip install '
-            f"jax2onnx onnxruntime).") from None
+            f"jax2onnx onnxruntime)."
+        ) from None
     return jax2onnx
 
 
-def to_onnx(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
-            path: Optional[str | os.PathLike] = None, *, dtype: DTypeLike = jnp.float32,
-            input_names: Optional[Sequence[str]] = None,
-            output_names: Optional[Sequence[str]] = None, opset: Optional[int] = None) -> Any:
+def to_onnx(
+    layer: Layer,
+    params: PyTree,
+    state: PyTree,
+    input_spec: InputSpec,
+    path: Optional[str | os.PathLike] = None,
+    *,
+    dtype: DTypeLike = jnp.float32,
+    input_names: Optional[Sequence[str]] = None,
+    output_names: Optional[Sequence[str]] = None,
+    opset: Optional[int] = None,
+) -> Any:
     """The eval-mode network, params and state included, as an ONNX model.
 
     ``model(x) = layer.apply(params, state, x, rng=None, train=False)[0]`` (PyTorch's
@@ -106,18 +115,21 @@ def to_onnx(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
         raise checks.ArgumentError(
             f"{_WHERE}: input_spec must be one input's shape or a tuple/list of them (ONNX "
             f"inputs are positional), got a dict with keys {sorted(input_spec)}; wrap the "
-            f"layer to take a tuple instead.")
+            f"layer to take a tuple instead."
+        )
     _, structs = input_specs(_WHERE, input_spec, check_dtype(_WHERE, "dtype", dtype))
     several = isinstance(structs, (tuple, list))
     structs = list(structs) if several else [structs]
     if any(not isinstance(s, jax.ShapeDtypeStruct) for s in structs):
-        raise checks.ArgumentError(f"{_WHERE}: input_spec must be flat: one shape, or a tuple/"
-                                   f"list of shapes, got {input_spec!r}.")
+        raise checks.ArgumentError(
+            f"{_WHERE}: input_spec must be flat: one shape, or a tuple/list of shapes, got {input_spec!r}."
+        )
     if input_names is None:
         input_names = [f"input_{i}" for i in range(len(structs))] if several else ["input"]
     if len(input_names) != len(structs) or not all(isinstance(n, str) for n in input_names):
-        raise checks.ArgumentError(f"{_WHERE}: input_names must be {len(structs)} strings (one "
-                                   f"per input), got {input_names!r}.")
+        raise checks.ArgumentError(
+            f"{_WHERE}: input_names must be {len(structs)} strings (one per input), got {input_names!r}."
+        )
     dest = None if path is None else dest_path(_WHERE, path)
     j2o = _jax2onnx()
 
@@ -130,10 +142,14 @@ def to_onnx(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
         output_names = ["output"]
     kwargs = {} if opset is None else {"opset": opset}
     try:
-        proto = j2o.to_onnx(model, structs, model_name=layer.name,
-                            input_names=list(input_names),
-                            output_names=None if output_names is None else list(output_names),
-                            **kwargs)
+        proto = j2o.to_onnx(
+            model,
+            structs,
+            model_name=layer.name,
+            input_names=list(input_names),
+            output_names=None if output_names is None else list(output_names),
+            **kwargs,
+        )
     except AttributeError as e:  # jax2onnx reads jax internals that move between versions
         raise RuntimeError(_incompatible(layer.name, _version(j2o), e)) from e
     if dest is not None:
@@ -144,18 +160,21 @@ def to_onnx(layer: Layer, params: PyTree, state: PyTree, input_spec: InputSpec,
 
 def _incompatible(name: str, j2o_version: str, error: AttributeError) -> str:
     """What to tell when jax2onnx fails inside its own code: a jax it does not support."""
-    return (f"{_WHERE}: jax2onnx {j2o_version} cannot convert {name} on jax {jax.__version__}: "
-            f"it failed inside its own code ({type(error).__name__}: {error}). jax2onnx 0.17.1 "
-            f"(the newest release) supports jax 0.10 and 0.11, not jax 0.12 or later: it reads "
-            f"jax._src.core.ClosedJaxpr, which jax 0.12 removed, so every network with a nested "
-            f"jax.jit (Dense, Conv, ...) fails there. Export with funcnet.inference.export instead "
-            f"(StableHLO, served with jax alone), or convert in an environment with jax<0.12 "
-            f"(pip install \"jax<0.12\" \"jaxlib<0.12\"), or upgrade jax2onnx once a release "
-            f"supports this jax.")
+    return (
+        f"{_WHERE}: jax2onnx {j2o_version} cannot convert {name} on jax {jax.__version__}: "
+        f"it failed inside its own code ({type(error).__name__}: {error}). jax2onnx 0.17.1 "
+        f"(the newest release) supports jax 0.10 and 0.11, not jax 0.12 or later: it reads "
+        f"jax._src.core.ClosedJaxpr, which jax 0.12 removed, so every network with a nested "
+        f"jax.jit (Dense, Conv, ...) fails there. Export with funcnet.inference.export instead "
+        f"(StableHLO, served with jax alone), or convert in an environment with jax<0.12 "
+        f'(pip install "jax<0.12" "jaxlib<0.12"), or upgrade jax2onnx once a release '
+        f"supports this jax."
+    )
 
 
 def _version(module: Any) -> str:
     from importlib import metadata
+
     try:
         return metadata.version(module.__name__)
     except metadata.PackageNotFoundError:

@@ -50,9 +50,20 @@ import optax
 from funcnet import _checks as checks
 from funcnet.core import PyTree
 
-__all__ = ["sgd", "adam", "adamw", "radam", "rmsprop", "adagrad", "adadelta", "torch_momentum",
-           "TorchMomentumState", "scale_by_torch_adam", "scale_by_torch_adagrad",
-           "scale_by_torch_radam"]
+__all__ = [
+    "sgd",
+    "adam",
+    "adamw",
+    "radam",
+    "rmsprop",
+    "adagrad",
+    "adadelta",
+    "torch_momentum",
+    "TorchMomentumState",
+    "scale_by_torch_adam",
+    "scale_by_torch_adagrad",
+    "scale_by_torch_radam",
+]
 
 
 # Python and NumPy scalars are "concrete": they can decide the structure of the
@@ -82,8 +93,7 @@ class TorchMomentumState(NamedTuple):
     trace: Any
 
 
-def torch_momentum(momentum: float, dampening: float = 0.0,
-                   nesterov: bool = False) -> optax.GradientTransformation:
+def torch_momentum(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> optax.GradientTransformation:
     """Heavy-ball momentum exactly as ``torch.optim.SGD`` applies it.
 
     With ``g`` the incoming update and ``b`` the buffer:
@@ -120,10 +130,9 @@ def torch_momentum(momentum: float, dampening: float = 0.0,
       >>> out["w"].tolist(), int(state.count)
       ([1.5, 1.5], 2)
     """
+
     def init_fn(params):
-        return TorchMomentumState(
-            count=jnp.zeros([], jnp.int32),
-            trace=jax.tree.map(jnp.zeros_like, params))
+        return TorchMomentumState(count=jnp.zeros([], jnp.int32), trace=jax.tree.map(jnp.zeros_like, params))
 
     def update_fn(updates, state, params=None):
         del params
@@ -144,9 +153,13 @@ def torch_momentum(momentum: float, dampening: float = 0.0,
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.0,
-        dampening: float = 0.0, nesterov: bool = False,
-        weight_decay: float = 0.0) -> optax.GradientTransformation:
+def sgd(
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+) -> optax.GradientTransformation:
     """Stochastic gradient descent with the trajectory of ``torch.optim.SGD``.
 
     Per parameter ``p`` with gradient ``g`` at update ``t`` (``lr_t`` from the
@@ -201,11 +214,11 @@ def sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.0,
     checks.learning_rate("sgd", learning_rate)
     _check_nonnegative("sgd", "momentum", momentum)
     _check_nonnegative("sgd", "weight_decay", weight_decay)
-    if nesterov and _is_python_number(momentum) and _is_python_number(dampening) and (
-            momentum <= 0 or dampening != 0):
+    if nesterov and _is_python_number(momentum) and _is_python_number(dampening) and (momentum <= 0 or dampening != 0):
         raise ValueError(
             "sgd: Nesterov momentum requires momentum > 0 and dampening == 0 "
-            f"(as torch.optim.SGD), got momentum={momentum!r}, dampening={dampening!r}.")
+            f"(as torch.optim.SGD), got momentum={momentum!r}, dampening={dampening!r}."
+        )
     parts = []
     if not (_is_python_number(weight_decay) and weight_decay == 0):
         parts.append(optax.add_decayed_weights(weight_decay))
@@ -215,8 +228,13 @@ def sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.0,
     return optax.chain(*parts)
 
 
-def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-         eps: float = 1e-8, weight_decay: float = 0.0) -> optax.GradientTransformation:
+def adam(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> optax.GradientTransformation:
     """Adam with the semantics of ``torch.optim.Adam`` (L2 weight decay, not AdamW).
 
     Per parameter, at update ``t = 1, 2, ...``:
@@ -279,8 +297,15 @@ def adam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.9
 # below exist only where optax's own differs from torch's formula.
 # --------------------------------------------------------------------------- #
 
-def _check_recipe(fn: str, learning_rate: Any, *, nonnegative: Optional[dict] = None,
-                  below_one: Optional[dict] = None, at_most_one: Optional[dict] = None) -> None:
+
+def _check_recipe(
+    fn: str,
+    learning_rate: Any,
+    *,
+    nonnegative: Optional[dict] = None,
+    below_one: Optional[dict] = None,
+    at_most_one: Optional[dict] = None,
+) -> None:
     """PyTorch's constructor checks: ``learning_rate`` and ``nonnegative`` >= 0,
     ``below_one`` in ``[0, 1)`` (betas), ``at_most_one`` in ``[0, 1]`` (rho)."""
     checks.learning_rate(fn, learning_rate)
@@ -315,6 +340,7 @@ def _float_count(count: jax.Array) -> jax.Array:
 # leave no difference of nearly equal numbers, so float32 runs track torch's float32
 # trajectories (tests/test_optim.py: 1e-5 over 30 steps).
 
+
 def _log_beta(beta: Any) -> Any:
     """``log(beta)``: Python double for a number (``-inf`` at 0), else ``jnp.log``."""
     if _is_python_number(beta):
@@ -339,8 +365,7 @@ def _langevin(z: jax.Array) -> jax.Array:
     small = z < 0.5
     zs = jnp.where(small, z, 0.0)
     z2 = zs * zs
-    coefs = (1 / 3, -1 / 45, 2 / 945, -1 / 4725, 2 / 93555, -1382 / 638512875,
-             4 / 18243225, -3617 / 162820783125)
+    coefs = (1 / 3, -1 / 45, 2 / 945, -1 / 4725, 2 / 93555, -1382 / 638512875, 4 / 18243225, -3617 / 162820783125)
     series = coefs[-1]
     for c in coefs[-2::-1]:
         series = c + z2 * series
@@ -348,8 +373,7 @@ def _langevin(z: jax.Array) -> jax.Array:
     return jnp.where(small, zs * series, 1.0 / jnp.tanh(zl) - 1.0 / zl)
 
 
-def scale_by_torch_adagrad(initial_accumulator_value: float = 0.0,
-                           eps: float = 1e-10) -> optax.GradientTransformation:
+def scale_by_torch_adagrad(initial_accumulator_value: float = 0.0, eps: float = 1e-10) -> optax.GradientTransformation:
     """Adagrad's scaling as ``torch.optim.Adagrad`` computes it (``eps`` outside the root):
 
     ```
@@ -376,9 +400,9 @@ def scale_by_torch_adagrad(initial_accumulator_value: float = 0.0,
       >>> np.round(out["w"], 4), state.sum_of_squares["w"].tolist()
       (Array([ 0.5, -0.5], dtype=float32), [4.0, 4.0])
     """
+
     def init_fn(params):
-        return optax.ScaleByRssState(
-            sum_of_squares=optax.tree.full_like(params, initial_accumulator_value))
+        return optax.ScaleByRssState(sum_of_squares=optax.tree.full_like(params, initial_accumulator_value))
 
     def update_fn(updates, state, params=None):
         del params
@@ -409,13 +433,12 @@ def _radam_rectification(count: jax.Array, b2: Any):
 
 
 def _adam_state_init(params) -> optax.ScaleByAdamState:
-    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
-                                  mu=optax.tree.zeros_like(params),
-                                  nu=optax.tree.zeros_like(params))
+    return optax.ScaleByAdamState(
+        count=jnp.zeros([], jnp.int32), mu=optax.tree.zeros_like(params), nu=optax.tree.zeros_like(params)
+    )
 
 
-def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999,
-                        eps: float = 1e-8) -> optax.GradientTransformation:
+def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
     """Adam's scaling as ``torch.optim.Adam`` computes it. At update ``t = 1, 2, ...``:
 
     ```
@@ -445,6 +468,7 @@ def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999,
       >>> np.round(out["w"], 4), int(state.count)
       (Array([ 1., -1.], dtype=float32), 1)
     """
+
     def update_fn(updates, state, params=None):
         del params
         mu = optax.tree.update_moment(updates, state.mu, b1, 1)
@@ -463,8 +487,7 @@ def scale_by_torch_adam(b1: float = 0.9, b2: float = 0.999,
     return optax.GradientTransformation(_adam_state_init, update_fn)
 
 
-def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
-                         eps: float = 1e-8) -> optax.GradientTransformation:
+def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
     """RAdam's scaling as ``torch.optim.RAdam`` computes it. At update ``t = 1, 2, ...``:
 
     ```
@@ -500,6 +523,7 @@ def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
       >>> np.round(out["w"], 4), int(state.count)
       (Array([ 0.5, -3. ], dtype=float32), 1)
     """
+
     def update_fn(updates, state, params=None):
         del params
         mu = optax.tree.update_moment(updates, state.mu, b1, 1)
@@ -521,9 +545,14 @@ def scale_by_torch_radam(b1: float = 0.9, b2: float = 0.999,
     return optax.GradientTransformation(_adam_state_init, update_fn)
 
 
-def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: float = 1e-8,
-            weight_decay: float = 0.0, momentum: float = 0.0,
-            centered: bool = False) -> optax.GradientTransformation:
+def rmsprop(
+    learning_rate: optax.ScalarOrSchedule,
+    alpha: float = 0.99,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+    centered: bool = False,
+) -> optax.GradientTransformation:
     """RMSprop with the trajectory of ``torch.optim.RMSprop``.
 
     Per parameter (``v``, ``gbar`` and ``b`` start at zero):
@@ -574,8 +603,12 @@ def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: flo
     """
     # alpha > 1 makes (1 - alpha) * g**2 negative and the square root NaN (torch only
     # checks alpha >= 0 and fails two steps later with a non-finite loss).
-    _check_recipe("rmsprop", learning_rate, nonnegative=dict(
-        eps=eps, weight_decay=weight_decay, momentum=momentum), at_most_one=dict(alpha=alpha))
+    _check_recipe(
+        "rmsprop",
+        learning_rate,
+        nonnegative=dict(eps=eps, weight_decay=weight_decay, momentum=momentum),
+        at_most_one=dict(alpha=alpha),
+    )
     scale = optax.scale_by_stddev if centered else optax.scale_by_rms
     parts = _coupled_weight_decay(weight_decay)
     parts.append(scale(decay=alpha, eps=eps, initial_scale=0.0, eps_in_sqrt=False))
@@ -585,9 +618,13 @@ def rmsprop(learning_rate: optax.ScalarOrSchedule, alpha: float = 0.99, eps: flo
     return optax.chain(*parts)
 
 
-def adagrad(learning_rate: optax.ScalarOrSchedule, lr_decay: float = 0.0,
-            weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
-            eps: float = 1e-10) -> optax.GradientTransformation:
+def adagrad(
+    learning_rate: optax.ScalarOrSchedule,
+    lr_decay: float = 0.0,
+    weight_decay: float = 0.0,
+    initial_accumulator_value: float = 0.0,
+    eps: float = 1e-10,
+) -> optax.GradientTransformation:
     """Adagrad with the trajectory of ``torch.optim.Adagrad``.
 
     Per parameter at update ``t = 1, 2, ...`` (``s`` starts at
@@ -632,21 +669,29 @@ def adagrad(learning_rate: optax.ScalarOrSchedule, lr_decay: float = 0.0,
       >>> np.round(optax.apply_updates(params, updates)["w"], 4)  # first step: lr * sign(g)
       Array([0.9, 2.1], dtype=float32)
     """
-    _check_recipe("adagrad", learning_rate, nonnegative=dict(
-        lr_decay=lr_decay, weight_decay=weight_decay,
-        initial_accumulator_value=initial_accumulator_value, eps=eps))
+    _check_recipe(
+        "adagrad",
+        learning_rate,
+        nonnegative=dict(
+            lr_decay=lr_decay, weight_decay=weight_decay, initial_accumulator_value=initial_accumulator_value, eps=eps
+        ),
+    )
     parts = _coupled_weight_decay(weight_decay)
     parts.append(scale_by_torch_adagrad(initial_accumulator_value, eps))
     if not _is_static_zero(lr_decay):
-        parts.append(optax.scale_by_schedule(
-            lambda count: 1.0 / (1.0 + _float_count(count) * lr_decay)))
+        parts.append(optax.scale_by_schedule(lambda count: 1.0 / (1.0 + _float_count(count) * lr_decay)))
     parts.append(optax.scale_by_learning_rate(learning_rate))
     return optax.chain(*parts)
 
 
-def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-          eps: float = 1e-8, weight_decay: float = 0.01,
-          mask: Optional[PyTree | Callable[[PyTree], PyTree]] = None) -> optax.GradientTransformation:
+def adamw(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    mask: Optional[PyTree | Callable[[PyTree], PyTree]] = None,
+) -> optax.GradientTransformation:
     """AdamW with the trajectory of ``torch.optim.AdamW`` (decoupled weight decay).
 
     Per parameter at update ``t = 1, 2, ...``:
@@ -699,8 +744,9 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
       >>> np.round(optax.apply_updates(params, updates)["w"], 4)
       Array([0.95, 1.9 ], dtype=float32)
     """
-    _check_recipe("adamw", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
-                  below_one=dict(b1=b1, b2=b2))
+    _check_recipe(
+        "adamw", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay), below_one=dict(b1=b1, b2=b2)
+    )
     parts = [scale_by_torch_adam(b1, b2, eps)]
     if not _is_static_zero(weight_decay):
         parts.append(optax.add_decayed_weights(weight_decay, mask=mask))
@@ -708,8 +754,13 @@ def adamw(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
     return optax.chain(*parts)
 
 
-def radam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
-          eps: float = 1e-8, weight_decay: float = 0.0) -> optax.GradientTransformation:
+def radam(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> optax.GradientTransformation:
     """RAdam with the trajectory of ``torch.optim.RAdam`` (coupled weight decay).
 
     Per parameter at update ``t``: ``g = g + weight_decay * p`` (L2, torch's
@@ -747,16 +798,18 @@ def radam(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.
       >>> np.round(optax.apply_updates(params, updates)["w"], 4)  # first steps: p - lr * g
       Array([0.95, 2.3 ], dtype=float32)
     """
-    _check_recipe("radam", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
-                  below_one=dict(b1=b1, b2=b2))
+    _check_recipe(
+        "radam", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay), below_one=dict(b1=b1, b2=b2)
+    )
     parts = _coupled_weight_decay(weight_decay)
     parts.append(scale_by_torch_radam(b1, b2, eps))
     parts.append(optax.scale_by_learning_rate(learning_rate))
     return optax.chain(*parts)
 
 
-def adadelta(learning_rate: optax.ScalarOrSchedule = 1.0, rho: float = 0.9, eps: float = 1e-6,
-             weight_decay: float = 0.0) -> optax.GradientTransformation:
+def adadelta(
+    learning_rate: optax.ScalarOrSchedule = 1.0, rho: float = 0.9, eps: float = 1e-6, weight_decay: float = 0.0
+) -> optax.GradientTransformation:
     """Adadelta with the trajectory of ``torch.optim.Adadelta``.
 
     Per parameter (``v`` and ``u`` start at zero):
@@ -801,8 +854,9 @@ def adadelta(learning_rate: optax.ScalarOrSchedule = 1.0, rho: float = 0.9, eps:
       >>> np.round(updates["w"], 4)  # -sqrt(eps) / sqrt(0.1 + eps): small first steps
       Array([-0.0032, -0.0032], dtype=float32)
     """
-    _check_recipe("adadelta", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay),
-                  at_most_one=dict(rho=rho))
+    _check_recipe(
+        "adadelta", learning_rate, nonnegative=dict(eps=eps, weight_decay=weight_decay), at_most_one=dict(rho=rho)
+    )
     parts = _coupled_weight_decay(weight_decay)
     parts.append(optax.scale_by_adadelta(rho=rho, eps=eps))
     parts.append(optax.scale_by_learning_rate(learning_rate))

@@ -63,6 +63,7 @@ _NORMALIZATIONS = ("null", "batch", "valid")
 # Shared machinery.
 # --------------------------------------------------------------------------- #
 
+
 def _loss_op(forward: Callable, data_grad: Callable, data, *extra):
     """Builds ``forward(data)`` whose VJP is ``data_grad(out, *extra)``.
 
@@ -93,8 +94,10 @@ def _loss_op(forward: Callable, data_grad: Callable, data, *extra):
 def _as_float_data(fn: str, data):
     data = jnp.asarray(data)
     if not jnp.issubdtype(data.dtype, jnp.floating):
-        raise TypeError(f"{fn}: data must be a floating-point array, got dtype {data.dtype}. "
-                        f"Cast it first, e.g. data.astype(jnp.float32).")
+        raise TypeError(
+            f"{fn}: data must be a floating-point array, got dtype {data.dtype}. "
+            f"Cast it first, e.g. data.astype(jnp.float32)."
+        )
     if data.ndim == 0:
         raise ValueError(f"{fn}: data must have a batch axis, got a scalar (shape ()).")
     return _at_least_f32(data)
@@ -107,8 +110,7 @@ def _at_least_f32(data):
 
 def _as_label(fn: str, label):
     label = jnp.asarray(label)
-    if not (jnp.issubdtype(label.dtype, jnp.floating)
-            or jnp.issubdtype(label.dtype, jnp.integer)):
+    if not (jnp.issubdtype(label.dtype, jnp.floating) or jnp.issubdtype(label.dtype, jnp.integer)):
         raise TypeError(f"{fn}: label must be a float or integer array, got dtype {label.dtype}.")
     return label
 
@@ -120,20 +122,26 @@ def _class_index(label):
 
 def _check_normalization(fn: str, normalization) -> None:
     if normalization not in _NORMALIZATIONS:
-        raise ValueError(f"{fn}: normalization must be one of {_NORMALIZATIONS}, "
-                         f"got {normalization!r}.")
-
-
+        raise ValueError(f"{fn}: normalization must be one of {_NORMALIZATIONS}, got {normalization!r}.")
 
 
 # --------------------------------------------------------------------------- #
 # SoftmaxOutput.
 # --------------------------------------------------------------------------- #
 
-def softmax_output(data: ArrayLike, label: ArrayLike, *, grad_scale: float = 1.0,
-                   ignore_label: float = -1.0, use_ignore: bool = False,
-                   normalization: str = "null", multi_output: bool = False,
-                   preserve_shape: bool = False, smooth_alpha: float = 0.0) -> jax.Array:
+
+def softmax_output(
+    data: ArrayLike,
+    label: ArrayLike,
+    *,
+    grad_scale: float = 1.0,
+    ignore_label: float = -1.0,
+    use_ignore: bool = False,
+    normalization: str = "null",
+    multi_output: bool = False,
+    preserve_shape: bool = False,
+    smooth_alpha: float = 0.0,
+) -> jax.Array:
     r"""Softmax forward with the softmax-cross-entropy gradient (MXNet ``SoftmaxOutput``).
 
     Layouts (``C`` classes; MXNet's label-shape rules):
@@ -223,9 +231,13 @@ def softmax_output(data: ArrayLike, label: ArrayLike, *, grad_scale: float = 1.0
     ignore_label = checks.real(fn, "ignore_label", ignore_label)
     smooth_alpha = checks.real(fn, "smooth_alpha", smooth_alpha)
     use_ignore = checks.flag(fn, "use_ignore", use_ignore)
-    layout = _softmax_layout(fn, data.shape, label.shape,
-                             multi_output=checks.flag(fn, "multi_output", multi_output),
-                             preserve_shape=checks.flag(fn, "preserve_shape", preserve_shape))
+    layout = _softmax_layout(
+        fn,
+        data.shape,
+        label.shape,
+        multi_output=checks.flag(fn, "multi_output", multi_output),
+        preserve_shape=checks.flag(fn, "preserve_shape", preserve_shape),
+    )
     _check_smoothing(fn, layout, smooth_alpha, label.shape, data.shape)
     if not layout.probability_label:
         _check_class_labels(fn, label, layout, ignore_label)
@@ -234,31 +246,41 @@ def softmax_output(data: ArrayLike, label: ArrayLike, *, grad_scale: float = 1.0
         return jax.nn.softmax(x, axis=layout.axis)
 
     if layout.probability_label:
+
         def data_grad(out, lab):
             return (out - lab.astype(out.dtype)) * grad_scale
     else:
-        data_grad = _class_index_grad(layout, grad_scale=grad_scale,
-                                      ignore_index=int(ignore_label), use_ignore=use_ignore,
-                                      normalization=normalization, smooth_alpha=smooth_alpha)
+        data_grad = _class_index_grad(
+            layout,
+            grad_scale=grad_scale,
+            ignore_index=int(ignore_label),
+            use_ignore=use_ignore,
+            normalization=normalization,
+            smooth_alpha=smooth_alpha,
+        )
     return _loss_op(forward, data_grad, data, label)
 
 
 class _SoftmaxLayout(NamedTuple):
     """Where the classes are and how labels pair with rows (MXNet's label-shape rules)."""
-    axis: int                   # the class axis
+
+    axis: int  # the class axis
     num_classes: int
     multi_output: bool
-    probability_label: bool     # label has data's shape: a distribution per position
-    label_shape: tuple          # class-index labels reshaped to this before one_hot
-    per_norm: dict              # the "null" and "batch" normalizers
+    probability_label: bool  # label has data's shape: a distribution per position
+    label_shape: tuple  # class-index labels reshaped to this before one_hot
+    per_norm: dict  # the "null" and "batch" normalizers
 
 
-def _softmax_layout(fn: str, shape: tuple, label_shape: tuple, *, multi_output: bool,
-                    preserve_shape: bool) -> _SoftmaxLayout:
+def _softmax_layout(
+    fn: str, shape: tuple, label_shape: tuple, *, multi_output: bool, preserve_shape: bool
+) -> _SoftmaxLayout:
     if multi_output and preserve_shape:
-        raise ValueError(f"{fn}: multi_output=True (softmax over axis 1) and "
-                         f"preserve_shape=True (softmax over the last axis) conflict; "
-                         f"set only one.")
+        raise ValueError(
+            f"{fn}: multi_output=True (softmax over axis 1) and "
+            f"preserve_shape=True (softmax over the last axis) conflict; "
+            f"set only one."
+        )
     if len(shape) < 2:
         raise ValueError(f"{fn}: data must be at least 2-D (N, C, ...), got shape {shape}.")
     probability_label = label_shape == shape
@@ -270,34 +292,40 @@ def _softmax_layout(fn: str, shape: tuple, label_shape: tuple, *, multi_output: 
             raise ValueError(
                 f"{fn}: with multi_output=True and data of shape {shape}, label must have "
                 f"shape {accepted[0]}, {accepted[1]} or {accepted[2]} (class indices) or "
-                f"{shape} (probabilities); got {label_shape}.")
-        return _SoftmaxLayout(1, shape[1], True, probability_label, (shape[0],) + spatial,
-                              {"null": d, "batch": shape[0] * d})
+                f"{shape} (probabilities); got {label_shape}."
+            )
+        return _SoftmaxLayout(
+            1, shape[1], True, probability_label, (shape[0],) + spatial, {"null": d, "batch": shape[0] * d}
+        )
     if len(shape) > 2 and not preserve_shape:
         raise ValueError(
             f"{fn}: data of shape {shape} has rank > 2; pass multi_output=True for "
             f"classes on axis 1 (data (N, C, d1, ...)) or preserve_shape=True for "
-            f"classes on the last axis.")
+            f"classes on the last axis."
+        )
     if not probability_label and label_shape != shape[:-1]:
         raise ValueError(
             f"{fn}: data of shape {shape} needs label of shape {shape[:-1]} (class "
-            f"indices) or {shape} (probabilities); got {label_shape}.")
-    return _SoftmaxLayout(len(shape) - 1, shape[-1], False, probability_label, shape[:-1],
-                          {"null": 1, "batch": math.prod(shape[:-1])})
+            f"indices) or {shape} (probabilities); got {label_shape}."
+        )
+    return _SoftmaxLayout(
+        len(shape) - 1, shape[-1], False, probability_label, shape[:-1], {"null": 1, "batch": math.prod(shape[:-1])}
+    )
 
 
-def _check_smoothing(fn: str, layout: _SoftmaxLayout, smooth_alpha: float, label_shape: tuple,
-                     shape: tuple) -> None:
+def _check_smoothing(fn: str, layout: _SoftmaxLayout, smooth_alpha: float, label_shape: tuple, shape: tuple) -> None:
     if smooth_alpha == 0.0:
         return
     if layout.multi_output or layout.probability_label:
         raise ValueError(
             f"{fn}: smooth_alpha is only supported for class-index labels without "
             f"multi_output (MXNet silently ignores it otherwise); got "
-            f"multi_output={layout.multi_output}, label shape {label_shape} for data {shape}.")
+            f"multi_output={layout.multi_output}, label shape {label_shape} for data {shape}."
+        )
     if layout.num_classes < 2:
-        raise ValueError(f"{fn}: smooth_alpha needs at least 2 classes, data has "
-                         f"{layout.num_classes} on axis {layout.axis}.")
+        raise ValueError(
+            f"{fn}: smooth_alpha needs at least 2 classes, data has {layout.num_classes} on axis {layout.axis}."
+        )
 
 
 def _check_class_labels(fn: str, label, layout: _SoftmaxLayout, ignore_label: float) -> None:
@@ -307,7 +335,7 @@ def _check_class_labels(fn: str, label, layout: _SoftmaxLayout, ignore_label: fl
     values = checks.concrete(label)
     if values is None or values.size == 0:
         return
-    k = np.trunc(values.astype(np.float64))   # static_cast<int>: toward zero
+    k = np.trunc(values.astype(np.float64))  # static_cast<int>: toward zero
     bad = ((k < 0) | (k >= layout.num_classes)) & (k != math.trunc(ignore_label))
     if bad.any():
         found = [int(v) for v in np.unique(k[bad])[:8]]
@@ -318,11 +346,19 @@ def _check_class_labels(fn: str, label, layout: _SoftmaxLayout, ignore_label: fl
             f"MXNet compares labels). data has {layout.num_classes} classes on {where}: check "
             f"the number of classes, the class axis (multi_output=True for (N, C, ...) data), "
             f"or pass ignore_label= (with use_ignore=True) for padding labels. Under jit labels "
-            f"are not checked and an out-of-range one matches no class, as in MXNet.")
+            f"are not checked and an out-of-range one matches no class, as in MXNet."
+        )
 
 
-def _class_index_grad(layout: _SoftmaxLayout, *, grad_scale: float, ignore_index: int,
-                      use_ignore: bool, normalization: str, smooth_alpha: float) -> Callable:
+def _class_index_grad(
+    layout: _SoftmaxLayout,
+    *,
+    grad_scale: float,
+    ignore_index: int,
+    use_ignore: bool,
+    normalization: str,
+    smooth_alpha: float,
+) -> Callable:
     """SoftmaxOutput's backward for class-index labels: ``(out - t) * grad_scale / norm``."""
     axis, num_classes = layout.axis, layout.num_classes
 
@@ -352,6 +388,7 @@ def _class_index_grad(layout: _SoftmaxLayout, *, grad_scale: float, ignore_index
 # Regression outputs.
 # --------------------------------------------------------------------------- #
 
+
 def _regression(fn: str, forward: Callable, residual_grad: Callable, data, label, grad_scale):
     data = _as_float_data(fn, data)
     label = _as_label(fn, label)
@@ -360,7 +397,8 @@ def _regression(fn: str, forward: Callable, residual_grad: Callable, data, label
         raise ValueError(
             f"{fn}: label must have the batch size of data and as many elements "
             f"(MXNet reshapes it to data's shape): data {data.shape}, label {label.shape}. "
-            f"Use label of shape {data.shape}.")
+            f"Use label of shape {data.shape}."
+        )
     num_output = data.size // data.shape[0] if data.shape[0] else 1
 
     def data_grad(out, lab):
@@ -370,8 +408,7 @@ def _regression(fn: str, forward: Callable, residual_grad: Callable, data, label
     return _loss_op(forward, data_grad, data, label)
 
 
-def linear_regression_output(data: ArrayLike, label: ArrayLike, *,
-                             grad_scale: float = 1.0) -> jax.Array:
+def linear_regression_output(data: ArrayLike, label: ArrayLike, *, grad_scale: float = 1.0) -> jax.Array:
     r"""Identity forward with the squared-error gradient (MXNet ``LinearRegressionOutput``).
 
     ``out = data``;  ``grad = (out - label) * grad_scale / num_output`` with
@@ -399,12 +436,10 @@ def linear_regression_output(data: ArrayLike, label: ArrayLike, *,
       >>> jax.grad(f)(jnp.array([[3.0, 2.0]])).tolist()  # (out - label) / num_output
       [[1.0, 1.0]]
     """
-    return _regression("linear_regression_output", lambda x: x,
-                       lambda out, lab: out - lab, data, label, grad_scale)
+    return _regression("linear_regression_output", lambda x: x, lambda out, lab: out - lab, data, label, grad_scale)
 
 
-def logistic_regression_output(data: ArrayLike, label: ArrayLike, *,
-                               grad_scale: float = 1.0) -> jax.Array:
+def logistic_regression_output(data: ArrayLike, label: ArrayLike, *, grad_scale: float = 1.0) -> jax.Array:
     r"""Sigmoid forward with the logistic-loss gradient (MXNet ``LogisticRegressionOutput``).
 
     ``out = sigmoid(data)``;  ``grad = (out - label) * grad_scale / num_output`` with
@@ -431,12 +466,12 @@ def logistic_regression_output(data: ArrayLike, label: ArrayLike, *,
       >>> jax.grad(lambda d: f(d).sum())(jnp.zeros((1, 1))).tolist()  # out - label
       [[-0.5]]
     """
-    return _regression("logistic_regression_output", jax.nn.sigmoid,
-                       lambda out, lab: out - lab, data, label, grad_scale)
+    return _regression(
+        "logistic_regression_output", jax.nn.sigmoid, lambda out, lab: out - lab, data, label, grad_scale
+    )
 
 
-def mae_regression_output(data: ArrayLike, label: ArrayLike, *,
-                          grad_scale: float = 1.0) -> jax.Array:
+def mae_regression_output(data: ArrayLike, label: ArrayLike, *, grad_scale: float = 1.0) -> jax.Array:
     r"""Identity forward with the absolute-error gradient (MXNet ``MAERegressionOutput``).
 
     ``out = data``;  ``grad = s * grad_scale / num_output`` with
@@ -462,6 +497,7 @@ def mae_regression_output(data: ArrayLike, label: ArrayLike, *,
       >>> jax.grad(f)(jnp.array([[2.0], [1.0]])).tolist()  # the tie gets -1
       [[1.0], [-1.0]]
     """
+
     def sign(out, lab):
         return jnp.where(out - lab > 0, jnp.ones_like(out), -jnp.ones_like(out))
 
@@ -472,8 +508,15 @@ def mae_regression_output(data: ArrayLike, label: ArrayLike, *,
 # SVMOutput.
 # --------------------------------------------------------------------------- #
 
-def svm_output(data: ArrayLike, label: ArrayLike, *, margin: float = 1.0,
-               regularization_coefficient: float = 1.0, use_linear: bool = False) -> jax.Array:
+
+def svm_output(
+    data: ArrayLike,
+    label: ArrayLike,
+    *,
+    margin: float = 1.0,
+    regularization_coefficient: float = 1.0,
+    use_linear: bool = False,
+) -> jax.Array:
     r"""Identity forward with a one-vs-all hinge gradient (MXNet ``SVMOutput``).
 
     ``data (..., C)`` scores with classes on the last axis, ``label data.shape[:-1]``
@@ -528,8 +571,10 @@ def svm_output(data: ArrayLike, label: ArrayLike, *, margin: float = 1.0,
     reg = checks.real(fn, "regularization_coefficient", regularization_coefficient)
     use_linear = checks.flag(fn, "use_linear", use_linear)
     if label.shape != data.shape[:-1]:
-        raise ValueError(f"{fn}: data of shape {data.shape} (classes on the last axis) needs "
-                         f"label of shape {data.shape[:-1]}, got {label.shape}.")
+        raise ValueError(
+            f"{fn}: data of shape {data.shape} (classes on the last axis) needs "
+            f"label of shape {data.shape[:-1]}, got {label.shape}."
+        )
     num_classes = data.shape[-1]
 
     def data_grad(out, lab):
@@ -550,8 +595,10 @@ def svm_output(data: ArrayLike, label: ArrayLike, *, margin: float = 1.0,
 # MakeLoss and BlockGrad.
 # --------------------------------------------------------------------------- #
 
-def make_loss(data: ArrayLike, *, grad_scale: float = 1.0, normalization: str = "null",
-              valid_thresh: float = 0.0) -> jax.Array:
+
+def make_loss(
+    data: ArrayLike, *, grad_scale: float = 1.0, normalization: str = "null", valid_thresh: float = 0.0
+) -> jax.Array:
     r"""Marks ``data`` as a loss (MXNet ``MakeLoss``): identity forward, constant gradient.
 
     ``out = data``;  ``grad = grad_scale / norm`` for every element, where
@@ -622,6 +669,7 @@ def block_grad(x: PyTree) -> PyTree:
 # Differentiating networks that end in output ops.
 # --------------------------------------------------------------------------- #
 
+
 def _seeded(fun: Callable, has_aux: bool) -> Callable:
     """Wraps ``fun`` as ``args -> (sum of all floating output leaves, (outputs, aux))``.
 
@@ -634,22 +682,21 @@ def _seeded(fun: Callable, has_aux: bool) -> Callable:
         result = fun(*args, **kwargs)
         if has_aux:
             if not (isinstance(result, tuple) and len(result) == 2):
-                raise TypeError("funcnet.outputs.grad(has_aux=True): the function must "
-                                f"return a pair (outputs, aux), got {type(result).__name__}.")
+                raise TypeError(
+                    "funcnet.outputs.grad(has_aux=True): the function must "
+                    f"return a pair (outputs, aux), got {type(result).__name__}."
+                )
             outputs, aux = result
         else:
             outputs, aux = result, None
-        leaves = [leaf for leaf in jax.tree.leaves(outputs)
-                  if jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
-        total = sum((jnp.sum(leaf).astype(jnp.float32) for leaf in leaves),
-                    jnp.zeros((), jnp.float32))
+        leaves = [leaf for leaf in jax.tree.leaves(outputs) if jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
+        total = sum((jnp.sum(leaf).astype(jnp.float32) for leaf in leaves), jnp.zeros((), jnp.float32))
         return total, (outputs, aux)
 
     return scalar_fun
 
 
-def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0,
-                   has_aux: bool = False) -> Callable:
+def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0, has_aux: bool = False) -> Callable:
     """Like :func:`jax.value_and_grad` for networks whose outputs are output ops.
 
     ``fun`` may return any pytree of arrays (several heads, like an MXNet
@@ -692,8 +739,7 @@ def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0,
     return wrapped
 
 
-def grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0,
-         has_aux: bool = False) -> Callable:
+def grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0, has_aux: bool = False) -> Callable:
     """Like :func:`jax.grad` for networks whose outputs are output ops.
 
     See :func:`value_and_grad` for the seeding rule. Returns ``grads``, or

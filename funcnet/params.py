@@ -34,8 +34,7 @@ import optax
 from funcnet import _checks as checks
 from funcnet.core import PyTree
 
-__all__ = ["paths", "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze",
-           "KERNEL_NAMES"]
+__all__ = ["paths", "path_str", "mask_where", "kernel_mask", "subtree_mask", "freeze", "KERNEL_NAMES"]
 
 KERNEL_NAMES = frozenset({"W", "E"})
 """Leaf keys that hold kernels: ``W`` (Dense, Conv, ConvTranspose) and ``E`` (Embedding).
@@ -101,8 +100,7 @@ def mask_where(params: PyTree, predicate: Callable[[str, Any], bool]) -> PyTree:
       >>> mask_where(params, lambda path, x: x.ndim == 1)
       {'W': False, 'b': True}
     """
-    return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: bool(predicate(path_str(path), leaf)), params)
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: bool(predicate(path_str(path), leaf)), params)
 
 
 def kernel_mask(params: PyTree) -> PyTree:
@@ -159,14 +157,14 @@ def subtree_mask(params: PyTree, *prefixes: str) -> PyTree:
       paths: decoder/W, encoder/W.
     """
     if not prefixes:
-        raise TypeError("subtree_mask: give at least one path prefix, e.g. "
-                        "subtree_mask(params, 'encoder').")
+        raise TypeError("subtree_mask: give at least one path prefix, e.g. subtree_mask(params, 'encoder').")
     all_paths = list(paths(params))
     for prefix in prefixes:
         if not any(_under(path, prefix) for path in all_paths):
             shown = ", ".join(all_paths[:12]) + (", ..." if len(all_paths) > 12 else "")
-            raise ValueError(f"subtree_mask: no parameter path starts with {prefix!r}. The "
-                             f"params have the paths: {shown}.")
+            raise ValueError(
+                f"subtree_mask: no parameter path starts with {prefix!r}. The params have the paths: {shown}."
+            )
     return mask_where(params, lambda path, leaf: any(_under(path, p) for p in prefixes))
 
 
@@ -175,8 +173,9 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def freeze(optimizer: optax.GradientTransformation, mask: PyTree | Callable[[PyTree], PyTree], *,
-           allow_empty: bool = False) -> optax.GradientTransformation:
+def freeze(
+    optimizer: optax.GradientTransformation, mask: PyTree | Callable[[PyTree], PyTree], *, allow_empty: bool = False
+) -> optax.GradientTransformation:
     """``optimizer`` for the leaves where ``mask`` is False; zero updates where it is True.
 
     ``mask`` is a bool pytree with the params' structure, or a function ``params ->
@@ -211,24 +210,30 @@ def freeze(optimizer: optax.GradientTransformation, mask: PyTree | Callable[[PyT
     def labels(params):
         tree = mask(params) if callable(mask) else mask
         if jax.tree.structure(params) != jax.tree.structure(tree):
-            raise ValueError(f"freeze: mask must have the params' structure, one bool per "
-                             f"parameter array; got {jax.tree.structure(tree)} for params "
-                             f"{jax.tree.structure(params)}. Build it with subtree_mask(params, "
-                             f"'prefix') or mask_where(params, fn).")
+            raise ValueError(
+                f"freeze: mask must have the params' structure, one bool per "
+                f"parameter array; got {jax.tree.structure(tree)} for params "
+                f"{jax.tree.structure(params)}. Build it with subtree_mask(params, "
+                f"'prefix') or mask_where(params, fn)."
+            )
         flags = []
         for path, frozen in jax.tree_util.tree_flatten_with_path(tree)[0]:
             value = checks.concrete(frozen)
             if value is None or value.ndim != 0 or value.dtype != np.bool_:
-                raise TypeError(f"freeze: mask{jax.tree_util.keystr(tuple(path))} must be one "
-                                f"bool per parameter array (True: frozen), got "
-                                f"{checks.got(frozen)[:80]}; whole arrays are frozen or not, "
-                                f"element-wise masks are not supported.")
+                raise TypeError(
+                    f"freeze: mask{jax.tree_util.keystr(tuple(path))} must be one "
+                    f"bool per parameter array (True: frozen), got "
+                    f"{checks.got(frozen)[:80]}; whole arrays are frozen or not, "
+                    f"element-wise masks are not supported."
+                )
             flags.append(bool(value))
         if flags and not any(flags) and not allow_empty:
-            raise ValueError("freeze: the mask selects no parameter, so nothing would be "
-                             "frozen (a typo in a path prefix?). Check it with "
-                             "funcnet.params.paths(params); pass allow_empty=True if freezing "
-                             "nothing is intended.")
+            raise ValueError(
+                "freeze: the mask selects no parameter, so nothing would be "
+                "frozen (a typo in a path prefix?). Check it with "
+                "funcnet.params.paths(params); pass allow_empty=True if freezing "
+                "nothing is intended."
+            )
         return jax.tree.map(lambda frozen: "frozen" if frozen else "trained", tree)
 
     return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)

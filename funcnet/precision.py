@@ -60,15 +60,39 @@ from jax.typing import ArrayLike, DTypeLike
 
 from funcnet.core import Layer, PyTree, as_layer, named
 
-__all__ = ["Policy", "parse_policy", "as_policy", "apply_policy", "cast_floating", "LossScale",
-           "static_loss_scale", "dynamic_loss_scale", "scale_loss", "unscale_grads",
-           "all_finite", "update_loss_scale"]
+__all__ = [
+    "Policy",
+    "parse_policy",
+    "as_policy",
+    "apply_policy",
+    "cast_floating",
+    "LossScale",
+    "static_loss_scale",
+    "dynamic_loss_scale",
+    "scale_loss",
+    "unscale_grads",
+    "all_finite",
+    "update_loss_scale",
+]
 
-_ALIASES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64",
-            "half": "float16", "float": "float32", "full": "float32"}
-_KEYS = {"params": "param_dtype", "param": "param_dtype", "p": "param_dtype",
-         "compute": "compute_dtype", "c": "compute_dtype",
-         "output": "output_dtype", "o": "output_dtype"}
+_ALIASES = {
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f64": "float64",
+    "half": "float16",
+    "float": "float32",
+    "full": "float32",
+}
+_KEYS = {
+    "params": "param_dtype",
+    "param": "param_dtype",
+    "p": "param_dtype",
+    "compute": "compute_dtype",
+    "c": "compute_dtype",
+    "output": "output_dtype",
+    "o": "output_dtype",
+}
 
 
 def _float_dtype(where: str, what: str, dtype) -> np.dtype:
@@ -78,8 +102,10 @@ def _float_dtype(where: str, what: str, dtype) -> np.dtype:
     except TypeError:
         dt = None
     if dt is None or not jnp.issubdtype(dt, jnp.floating):
-        raise ValueError(f"{where}: {what} must be a floating dtype (float32, bfloat16, "
-                         f"float16, float64 or the short names f32/bf16/f16), got {dtype!r}.")
+        raise ValueError(
+            f"{where}: {what} must be a floating dtype (float32, bfloat16, "
+            f"float16, float64 or the short names f32/bf16/f16), got {dtype!r}."
+        )
     return dt
 
 
@@ -118,8 +144,7 @@ class Policy(NamedTuple):
 
     def cast_to_output(self, tree):
         """Floating leaves of ``tree`` in ``output_dtype`` (the compute dtype if None)."""
-        return cast_floating(tree, self.compute_dtype if self.output_dtype is None
-                             else self.output_dtype)
+        return cast_floating(tree, self.compute_dtype if self.output_dtype is None else self.output_dtype)
 
 
 def parse_policy(spec: str) -> Policy:
@@ -140,8 +165,9 @@ def parse_policy(spec: str) -> Policy:
     """
     where = "funcnet.precision.parse_policy"
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"{where}: expected a string like 'params=float32,compute=bfloat16,"
-                         f"output=float32', got {spec!r}.")
+        raise ValueError(
+            f"{where}: expected a string like 'params=float32,compute=bfloat16,output=float32', got {spec!r}."
+        )
     if "=" not in spec:
         d = spec.strip()
         return Policy.make(d, d, d)
@@ -149,8 +175,10 @@ def parse_policy(spec: str) -> Policy:
     for part in spec.split(","):
         key, sep, value = (s.strip() for s in part.partition("="))
         if not sep or key not in _KEYS:
-            raise ValueError(f"{where}: cannot read {part.strip()!r} in {spec!r}; expected "
-                             f"key=dtype with key one of params, compute, output.")
+            raise ValueError(
+                f"{where}: cannot read {part.strip()!r} in {spec!r}; expected "
+                f"key=dtype with key one of params, compute, output."
+            )
         if _KEYS[key] in fields:
             raise ValueError(f"{where}: {key!r} is given twice in {spec!r}.")
         fields[_KEYS[key]] = value
@@ -165,10 +193,12 @@ def cast_floating(tree: PyTree, dtype: DTypeLike) -> PyTree:
       >>> tree["w"].dtype, tree["ids"].dtype
       (dtype(bfloat16), dtype('int32'))
     """
+
     def cast(x):
         if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
             return jnp.asarray(x).astype(dtype)
         return x
+
     return jax.tree.map(cast, tree)
 
 
@@ -198,9 +228,11 @@ def as_policy(policy: Policy | str, where: str = "funcnet.precision.as_policy") 
         return parse_policy(policy)
     if isinstance(policy, Policy):
         return Policy.make(*policy)
-    raise TypeError(f"{where}: policy must be a funcnet.precision.Policy or a string like "
-                    f"'params=float32,compute=bfloat16,output=float32', got "
-                    f"{type(policy).__name__}.")
+    raise TypeError(
+        f"{where}: policy must be a funcnet.precision.Policy or a string like "
+        f"'params=float32,compute=bfloat16,output=float32', got "
+        f"{type(policy).__name__}."
+    )
 
 
 def apply_policy(layer: Layer, policy: Policy | str) -> Layer:
@@ -231,18 +263,23 @@ def apply_policy(layer: Layer, policy: Policy | str) -> Layer:
         return out_shape, policy.cast_to_param(params), state
 
     def apply(params, state, inputs, *, rng=None, train=False):
-        out, new_state = inner.apply(policy.cast_to_compute(params), state,
-                                     policy.cast_to_compute(inputs), rng=rng, train=train)
+        out, new_state = inner.apply(
+            policy.cast_to_compute(params), state, policy.cast_to_compute(inputs), rng=rng, train=train
+        )
         return policy.cast_to_output(out), new_state
 
     short = lambda d: jnp.dtype(d).name
-    return named(f"{inner.name}@{short(policy.param_dtype)}/{short(policy.compute_dtype)}/"
-                 f"{short(policy.output_dtype)}", init, apply)
+    return named(
+        f"{inner.name}@{short(policy.param_dtype)}/{short(policy.compute_dtype)}/{short(policy.output_dtype)}",
+        init,
+        apply,
+    )
 
 
 # --------------------------------------------------------------------------- #
 # Loss scaling.
 # --------------------------------------------------------------------------- #
+
 
 class LossScale(NamedTuple):
     """Loss-scale state; every field is an array, so it jits, pmaps and checkpoints.
@@ -272,15 +309,20 @@ class LossScale(NamedTuple):
 
 
 def _positive(where: str, what: str, value, integer=False):
-    ok = (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
-          and np.isfinite(value) and value > 0 and (not integer or float(value).is_integer()))
+    ok = (
+        isinstance(value, (int, float, np.number))
+        and not isinstance(value, bool)
+        and np.isfinite(value)
+        and value > 0
+        and (not integer or float(value).is_integer())
+    )
     if not ok:
         kind = "positive int" if integer else "positive finite number"
         raise ValueError(f"{where}: {what} must be a {kind}, got {value!r}.")
     return value
 
 
-def static_loss_scale(scale: float = 2.0 ** 15) -> LossScale:
+def static_loss_scale(scale: float = 2.0**15) -> LossScale:
     """A fixed scale ``S``: steps with non-finite gradients are still skipped, ``S`` never changes.
 
     Examples:
@@ -288,13 +330,18 @@ def static_loss_scale(scale: float = 2.0 ** 15) -> LossScale:
       1024.0
     """
     scale = _positive("funcnet.precision.static_loss_scale", "scale", scale)
-    return LossScale(jnp.asarray(scale, jnp.float32), jnp.zeros((), jnp.int32),
-                     jnp.ones((), jnp.int32), jnp.ones((), jnp.float32),
-                     jnp.asarray(scale, jnp.float32))
+    return LossScale(
+        jnp.asarray(scale, jnp.float32),
+        jnp.zeros((), jnp.int32),
+        jnp.ones((), jnp.int32),
+        jnp.ones((), jnp.float32),
+        jnp.asarray(scale, jnp.float32),
+    )
 
 
-def dynamic_loss_scale(initial: float = 2.0 ** 15, *, period: int = 2000, factor: float = 2.0,
-                       min_scale: float = 1.0) -> LossScale:
+def dynamic_loss_scale(
+    initial: float = 2.0**15, *, period: int = 2000, factor: float = 2.0, min_scale: float = 1.0
+) -> LossScale:
     """A scale that shrinks by ``factor`` on every non-finite step and grows by it after
     ``period`` finite steps in a row (PyTorch ``GradScaler``'s ``backoff_factor = 1/factor``,
     ``growth_factor = factor``, ``growth_interval = period``; its defaults are ``2**16``,
@@ -312,22 +359,28 @@ def dynamic_loss_scale(initial: float = 2.0 ** 15, *, period: int = 2000, factor
     _positive(where, "initial", initial)
     _positive(where, "period", period, integer=True)
     _positive(where, "min_scale", min_scale)
-    if not (isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1
-            and np.isfinite(factor)):
-        raise ValueError(f"{where}: factor must be a finite number > 1, got {factor!r}. "
-                         f"Use static_loss_scale for a fixed scale.")
-    return LossScale(jnp.asarray(initial, jnp.float32), jnp.zeros((), jnp.int32),
-                     jnp.asarray(period, jnp.int32), jnp.asarray(factor, jnp.float32),
-                     jnp.asarray(min_scale, jnp.float32))
+    if not (isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1 and np.isfinite(factor)):
+        raise ValueError(
+            f"{where}: factor must be a finite number > 1, got {factor!r}. Use static_loss_scale for a fixed scale."
+        )
+    return LossScale(
+        jnp.asarray(initial, jnp.float32),
+        jnp.zeros((), jnp.int32),
+        jnp.asarray(period, jnp.int32),
+        jnp.asarray(factor, jnp.float32),
+        jnp.asarray(min_scale, jnp.float32),
+    )
 
 
 def _check_scale(where: str, other: str, loss_scale) -> None:
     # Swapped arguments otherwise fail inside with "has no attribute 'scale'".
     if not isinstance(loss_scale, LossScale):
-        raise TypeError(f"{where}: the first argument must be the LossScale (from "
-                        f"static_loss_scale() or dynamic_loss_scale()), got "
-                        f"{type(loss_scale).__name__}; call {where}(loss_scale, {other}) "
-                        f"(arguments swapped?).")
+        raise TypeError(
+            f"{where}: the first argument must be the LossScale (from "
+            f"static_loss_scale() or dynamic_loss_scale()), got "
+            f"{type(loss_scale).__name__}; call {where}(loss_scale, {other}) "
+            f"(arguments swapped?)."
+        )
 
 
 def scale_loss(loss_scale: LossScale, loss: ArrayLike) -> jax.Array:
@@ -368,8 +421,9 @@ def all_finite(tree: PyTree) -> jax.Array:
       >>> bool(all_finite([jnp.ones(2), jnp.asarray([1.0, jnp.inf])]))
       False
     """
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-              if jnp.issubdtype(jnp.result_type(x), jnp.floating)]
+    leaves = [
+        jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.floating)
+    ]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
@@ -411,4 +465,5 @@ def update_loss_scale(loss_scale: LossScale, grads_finite: ArrayLike) -> LossSca
     shrunk = jnp.maximum(ls.scale / ls.factor, ls.min_scale)
     return ls._replace(
         scale=jnp.where(grads_finite, grown, shrunk).astype(jnp.float32),
-        good_steps=jnp.where(grads_finite & ~grow, good, 0).astype(jnp.int32))
+        good_steps=jnp.where(grads_finite & ~grow, good, 0).astype(jnp.int32),
+    )

@@ -50,9 +50,23 @@ from funcnet._mesh import at_use, data_axis, matmul_sharding, merge_last, split_
 from funcnet.core import PyTree
 from funcnet.params import path_str
 
-__all__ = ["Spec", "Rules", "data_axis", "fsdp", "fsdp_rules", "megatron_rules", "param_specs",
-           "shard_params", "state_shardings", "explain", "Explained", "at_use", "matmul_sharding",
-           "split_last", "merge_last"]
+__all__ = [
+    "Spec",
+    "Rules",
+    "data_axis",
+    "fsdp",
+    "fsdp_rules",
+    "megatron_rules",
+    "param_specs",
+    "shard_params",
+    "state_shardings",
+    "explain",
+    "Explained",
+    "at_use",
+    "matmul_sharding",
+    "split_last",
+    "merge_last",
+]
 
 Spec = Union[P, Callable[[Tuple[int, ...], jax.sharding.Mesh], P]]
 """A leaf's layout: a ``PartitionSpec``, or ``spec(shape, mesh) -> PartitionSpec``."""
@@ -66,7 +80,8 @@ finds in its path."""
 # Rules
 # --------------------------------------------------------------------------- #
 
-def fsdp(axis: str = "data", min_size: int = 2 ** 14) -> Callable:
+
+def fsdp(axis: str = "data", min_size: int = 2**14) -> Callable:
     """The FSDP spec function: a leaf of at least ``min_size`` elements is split over
     ``axis`` along its largest dimension that the axis size divides (the first such
     one on ties); smaller leaves, and leaves no dimension of which divides, stay whole.
@@ -108,7 +123,7 @@ def fsdp(axis: str = "data", min_size: int = 2 ** 14) -> Callable:
     return spec
 
 
-def fsdp_rules(axis: str = "data", min_size: int = 2 ** 14) -> List[Tuple[str, Spec]]:
+def fsdp_rules(axis: str = "data", min_size: int = 2**14) -> List[Tuple[str, Spec]]:
     """ZeRO-3 / FSDP as rules: every leaf through :func:`fsdp` (``[(".*", fsdp(...))]``).
 
     Put your own rules before these to give some leaves another layout:
@@ -137,11 +152,15 @@ def fsdp_rules(axis: str = "data", min_size: int = 2 ** 14) -> List[Tuple[str, S
 _HEADS = (r"attn/attn/(query|key|value)", r"attn/attn/out")
 
 
-def megatron_rules(column: Sequence[str] = (r"attn/attn/(query|key|value)", r"mlp/fc"),
-                   row: Sequence[str] = (r"attn/attn/out", r"mlp/proj"), *,
-                   axis: str = "model", fsdp_axis: Optional[str] = None,
-                   num_heads: Optional[int] = None,
-                   heads: Sequence[str] = _HEADS) -> List[Tuple[str, Spec]]:
+def megatron_rules(
+    column: Sequence[str] = (r"attn/attn/(query|key|value)", r"mlp/fc"),
+    row: Sequence[str] = (r"attn/attn/out", r"mlp/proj"),
+    *,
+    axis: str = "model",
+    fsdp_axis: Optional[str] = None,
+    num_heads: Optional[int] = None,
+    heads: Sequence[str] = _HEADS,
+) -> List[Tuple[str, Spec]]:
     """Megatron-LM tensor parallelism over ``axis`` for Dense pairs named by path prefix.
 
     A *column* layer's ``W`` (``(in, out)``) and ``b`` are split along ``out``
@@ -193,17 +212,23 @@ def megatron_rules(column: Sequence[str] = (r"attn/attn/(query|key|value)", r"ml
         raise checks.ArgumentError(
             f"megatron_rules: fsdp_axis={fsdp_axis!r} is the tensor-parallel axis too; a mesh "
             f"axis splits one dimension only. Name the data axis, e.g. axis='model', "
-            f"fsdp_axis='data' on jax.make_mesh((2, 2), ('data', 'model')).")
+            f"fsdp_axis='data' on jax.make_mesh((2, 2), ('data', 'model'))."
+        )
     if num_heads is not None:
         num_heads = checks.positive_int("megatron_rules", "num_heads", num_heads)
     rules: List[Tuple[str, Spec]] = []
     for prefix in column:
-        rules.append((rf"(^|/)({prefix})/(W|b)$",
-                      _column_spec(axis, fsdp_axis, num_heads if prefix in heads else None)))
+        rules.append(
+            (rf"(^|/)({prefix})/(W|b)$", _column_spec(axis, fsdp_axis, num_heads if prefix in heads else None))
+        )
     for prefix in row:
         rule = P(axis, fsdp_axis)
-        rules.append((rf"(^|/)({prefix})/W$", rule if num_heads is None or prefix not in heads
-                      else _heads_checked(rule, axis, num_heads, 0)))
+        rules.append(
+            (
+                rf"(^|/)({prefix})/W$",
+                rule if num_heads is None or prefix not in heads else _heads_checked(rule, axis, num_heads, 0),
+            )
+        )
     return rules
 
 
@@ -236,12 +261,14 @@ def _check_heads(shape, spec, mesh, axis, num_heads, dim) -> None:
             f"num_heads={num_heads} heads of {shape[dim] // num_heads}) over {axis!r} of size "
             f"{n} (mesh axes: {dict(mesh.shape)}), which does not divide {num_heads} heads: "
             f"a device would hold part of a head. Use a number of heads that {n} divides, "
-            f"or a {axis!r} axis whose size divides {num_heads}.")
+            f"or a {axis!r} axis whose size divides {num_heads}."
+        )
 
 
 # --------------------------------------------------------------------------- #
 # Placing a tree
 # --------------------------------------------------------------------------- #
+
 
 def param_specs(tree: PyTree, mesh: jax.sharding.Mesh, rules: Rules) -> PyTree:
     """The ``PartitionSpec`` of every leaf of ``tree`` under ``rules`` (what
@@ -279,10 +306,13 @@ def param_specs(tree: PyTree, mesh: jax.sharding.Mesh, rules: Rules) -> PyTree:
         specs = tree._replace(
             params=params,
             state=_leaf_specs(tree.state, mesh, rules, used),
-            **{f: _mirror_specs(getattr(tree, f), tree.params, params)
-               for f in mirrors if f in tree._fields},
-            **{f: jax.tree.map(lambda _: P(), getattr(tree, f))
-               for f in tree._fields if f not in ("params", "state") + mirrors})
+            **{f: _mirror_specs(getattr(tree, f), tree.params, params) for f in mirrors if f in tree._fields},
+            **{
+                f: jax.tree.map(lambda _: P(), getattr(tree, f))
+                for f in tree._fields
+                if f not in ("params", "state") + mirrors
+            },
+        )
     else:
         specs = _leaf_specs(tree, mesh, rules, used)
     for i in range(len(rules)):
@@ -326,8 +356,9 @@ def shard_params(tree: PyTree, mesh: jax.sharding.Mesh, rules: Rules) -> PyTree:
     # _place copies host values to the devices as int32 when x64 is off: 2**40 would be 0.
     checks.fits_x32("shard_params", tree)
     specs = param_specs(tree, mesh, rules)
-    return jax.tree.map(lambda spec, x: _place(x, NamedSharding(mesh, spec)), specs, tree,
-                        is_leaf=lambda s: isinstance(s, P))
+    return jax.tree.map(
+        lambda spec, x: _place(x, NamedSharding(mesh, spec)), specs, tree, is_leaf=lambda s: isinstance(s, P)
+    )
 
 
 def state_shardings(tree: PyTree) -> PyTree:
@@ -353,8 +384,7 @@ def state_shardings(tree: PyTree) -> PyTree:
 
 def _place(x, sharding):
     if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        return jax.random.wrap_key_data(_place(jax.random.key_data(x), sharding),
-                                        impl=jax.random.key_impl(x))
+        return jax.random.wrap_key_data(_place(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x))
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         return jax.device_put(x, sharding)  # a global array: reshard it where it lies
     # A host copy: a donating step would otherwise consume the caller's buffer.
@@ -363,41 +393,53 @@ def _place(x, sharding):
 
 
 def _is_train_state(tree) -> bool:
-    return isinstance(tree, tuple) and {"params", "state", "opt_state"} <= set(
-        getattr(tree, "_fields", ()))
+    return isinstance(tree, tuple) and {"params", "state", "opt_state"} <= set(getattr(tree, "_fields", ()))
 
 
 def _checked_rules(rules) -> List[Tuple[str, Spec]]:
     if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
-        hint = (" For a dict {pattern: spec}, pass list(rules.items()) (the first match "
-                "wins, so the order matters)." if isinstance(rules, dict) else "")
-        raise TypeError(f"shard_params: rules must be a sequence of (pattern, spec) pairs, "
-                        f"e.g. [(r'mlp/fc/W$', P(None, 'model'))] + fsdp_rules('data'); "
-                        f"got {type(rules).__name__}.{hint}")
+        hint = (
+            " For a dict {pattern: spec}, pass list(rules.items()) (the first match wins, so the order matters)."
+            if isinstance(rules, dict)
+            else ""
+        )
+        raise TypeError(
+            f"shard_params: rules must be a sequence of (pattern, spec) pairs, "
+            f"e.g. [(r'mlp/fc/W$', P(None, 'model'))] + fsdp_rules('data'); "
+            f"got {type(rules).__name__}.{hint}"
+        )
     out = []
     for i, rule in enumerate(rules):
-        if not (isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
-                and (isinstance(rule[1], P) or callable(rule[1]))):
-            raise TypeError(f"shard_params: rule {i} is {rule!r}; each rule is a "
-                            f"(pattern, spec) pair: a regular expression and a PartitionSpec "
-                            f"or a function spec(shape, mesh) -> PartitionSpec.")
+        if not (
+            isinstance(rule, (tuple, list))
+            and len(rule) == 2
+            and isinstance(rule[0], str)
+            and (isinstance(rule[1], P) or callable(rule[1]))
+        ):
+            raise TypeError(
+                f"shard_params: rule {i} is {rule!r}; each rule is a "
+                f"(pattern, spec) pair: a regular expression and a PartitionSpec "
+                f"or a function spec(shape, mesh) -> PartitionSpec."
+            )
         try:
             re.compile(rule[0])
         except re.error as e:
-            raise ValueError(f"shard_params: rule {i}'s pattern {rule[0]!r} is not a regular "
-                             f"expression: {e}.") from None
+            raise ValueError(
+                f"shard_params: rule {i}'s pattern {rule[0]!r} is not a regular expression: {e}."
+            ) from None
         out.append((rule[0], rule[1]))
     return out
 
 
 class _RuleUse(NamedTuple):
-    placed: set      # the indices of the rules that gave some leaf its spec
-    shadowed: dict   # rule index -> (index of an earlier rule that took a leaf it matches, path)
+    placed: set  # the indices of the rules that gave some leaf its spec
+    shadowed: dict  # rule index -> (index of an earlier rule that took a leaf it matches, path)
 
 
 def _leaf_specs(tree, mesh, rules, used: _RuleUse):
     """Each leaf's spec, recording in ``used`` which rules placed a leaf and which only
     matched leaves an earlier rule took (what the warning about a shadowed rule names)."""
+
     def one(path, x):
         name = path_str(path)
         shape = tuple(np.shape(x))
@@ -419,18 +461,21 @@ def _called_spec(name, shape, spec, mesh, pattern):
     try:
         return spec(shape, mesh)
     except ValueError as e:  # a spec function knows the shape, not the path: add it
-        raise ValueError(f"shard_params: the rule {pattern!r} for {name!r} (shape {shape}): "
-                         f"{e}") from None
+        raise ValueError(f"shard_params: the rule {pattern!r} for {name!r} (shape {shape}): {e}") from None
 
 
 def _checked_spec(name, shape, spec, mesh, pattern) -> P:
     if not isinstance(spec, P):
-        raise TypeError(f"shard_params: the rule {pattern!r} gave {spec!r} for {name!r}; a "
-                        f"spec function must return a PartitionSpec.")
+        raise TypeError(
+            f"shard_params: the rule {pattern!r} gave {spec!r} for {name!r}; a "
+            f"spec function must return a PartitionSpec."
+        )
     if len(spec) > len(shape):
-        raise ValueError(f"shard_params: the rule {pattern!r} gives {name!r} (shape {shape}) "
-                         f"the spec {spec}, which names {len(spec)} dimensions; the leaf has "
-                         f"{len(shape)}. Narrow the pattern (e.g. end it with '/W$').")
+        raise ValueError(
+            f"shard_params: the rule {pattern!r} gives {name!r} (shape {shape}) "
+            f"the spec {spec}, which names {len(spec)} dimensions; the leaf has "
+            f"{len(shape)}. Narrow the pattern (e.g. end it with '/W$')."
+        )
     seen = {}  # mesh axis -> the dimension it already splits
     for dim, entry in enumerate(spec):
         axes = _spec_axes(name, spec, pattern, entry)
@@ -442,34 +487,48 @@ def _checked_spec(name, shape, spec, mesh, pattern) -> P:
                     f"spec {_spec_text(spec)}, which names the mesh axis {axis!r} twice (for "
                     f"dimensions {seen[axis]} and {dim}); an axis can split one dimension "
                     f"only (mesh axes: {dict(mesh.shape)}). Split the other dimension over "
-                    f"another axis, or leave it None.")
+                    f"another axis, or leave it None."
+                )
             seen[axis] = dim
             if axis not in mesh.shape:
-                raise ValueError(f"shard_params: the rule {pattern!r} splits {name!r} over the "
-                                 f"axis {axis!r}, which the mesh does not have (its axes: "
-                                 f"{dict(mesh.shape)}). Name one of those axes.")
+                raise ValueError(
+                    f"shard_params: the rule {pattern!r} splits {name!r} over the "
+                    f"axis {axis!r}, which the mesh does not have (its axes: "
+                    f"{dict(mesh.shape)}). Name one of those axes."
+                )
         n = math.prod(mesh.shape[a] for a in axes)
         if shape[dim] % n:
-            raise ValueError(f"shard_params: {name!r} has shape {shape}, and its dimension "
-                             f"{dim} ({shape[dim]}) cannot be split evenly over "
-                             f"{(axes[0] if len(axes) == 1 else axes)!r} (size "
-                             f"{n}), as the rule {pattern!r} asks ({spec}). Choose sizes the "
-                             f"axis divides, a rule that leaves this leaf whole, or "
-                             f"fsdp_rules(), which replicates what it cannot split.")
+            raise ValueError(
+                f"shard_params: {name!r} has shape {shape}, and its dimension "
+                f"{dim} ({shape[dim]}) cannot be split evenly over "
+                f"{(axes[0] if len(axes) == 1 else axes)!r} (size "
+                f"{n}), as the rule {pattern!r} asks ({spec}). Choose sizes the "
+                f"axis divides, a rule that leaves this leaf whole, or "
+                f"fsdp_rules(), which replicates what it cannot split."
+            )
     return spec
 
 
 def _spec_axes(name, spec, pattern, entry) -> tuple:
     """The mesh axes one entry of a spec names: None, an axis name, or a tuple of them."""
-    axes = ((() if entry is None else (entry,) if isinstance(entry, str) else
-             tuple(entry) if isinstance(entry, (tuple, list)) else None))
+    axes = (
+        ()
+        if entry is None
+        else (entry,)
+        if isinstance(entry, str)
+        else tuple(entry)
+        if isinstance(entry, (tuple, list))
+        else None
+    )
     if axes is None or not all(isinstance(a, str) for a in axes):
         # P(1) is easily meant as "split dimension 1": jax takes it, then fails placing it
-        raise ValueError(f"shard_params: the rule {pattern!r} gives {name!r} the spec "
-                         f"{_spec_text(spec)}, whose entry {entry!r} is not a mesh axis: the "
-                         f"i-th entry of a PartitionSpec names the axis (None, an axis name, "
-                         f"or a tuple of names) that splits dimension i; e.g. P(None, 'model') "
-                         f"splits dimension 1 over 'model'.")
+        raise ValueError(
+            f"shard_params: the rule {pattern!r} gives {name!r} the spec "
+            f"{_spec_text(spec)}, whose entry {entry!r} is not a mesh axis: the "
+            f"i-th entry of a PartitionSpec names the axis (None, an axis name, "
+            f"or a tuple of names) that splits dimension i; e.g. P(None, 'model') "
+            f"splits dimension 1 over 'model'."
+        )
     return axes
 
 
@@ -486,14 +545,18 @@ def _warn_unmatched(rules, i: int, shadow) -> None:
         return
     _WARNED.add(key)
     if shadow is None:
-        text = (f"shard_params: the rule pattern {pattern!r} matches no leaf path, so it "
-                f"places nothing (a typo?). See the paths with funcnet.paths(params).")
+        text = (
+            f"shard_params: the rule pattern {pattern!r} matches no leaf path, so it "
+            f"places nothing (a typo?). See the paths with funcnet.paths(params)."
+        )
     else:
         earlier, path = shadow
-        text = (f"shard_params: the rule {i} pattern {pattern!r} is shadowed by the earlier "
-                f"rule {earlier} {rules[earlier][0]!r}: every leaf it matches (e.g. "
-                f"{path!r}) takes that rule's spec first, so it places nothing. Put it before "
-                f"rule {earlier}, or narrow that rule's pattern.")
+        text = (
+            f"shard_params: the rule {i} pattern {pattern!r} is shadowed by the earlier "
+            f"rule {earlier} {rules[earlier][0]!r}: every leaf it matches (e.g. "
+            f"{path!r}) takes that rule's spec first, so it places nothing. Put it before "
+            f"rule {earlier}, or narrow that rule's pattern."
+        )
     warnings.warn(text, stacklevel=4)
 
 
@@ -518,12 +581,14 @@ def _mirror_specs(opt_state, params, specs):
 
     out = visit(opt_state)
     if loose and not mirrored:
-        raise ValueError(f"shard_params: the optimizer state holds arrays shaped like params "
-                         f"({sorted(set(loose))[:3]}), but no part of it has the params' "
-                         f"structure, so which param each belongs to is unknown and it would "
-                         f"stay whole on every device. Use an optax optimizer whose state "
-                         f"mirrors the params (sgd, adam, adamw, ...), or place the state's "
-                         f"fields yourself with param_specs(train_state.params, ...).")
+        raise ValueError(
+            f"shard_params: the optimizer state holds arrays shaped like params "
+            f"({sorted(set(loose))[:3]}), but no part of it has the params' "
+            f"structure, so which param each belongs to is unknown and it would "
+            f"stay whole on every device. Use an optax optimizer whose state "
+            f"mirrors the params (sgd, adam, adamw, ...), or place the state's "
+            f"fields yourself with param_specs(train_state.params, ...)."
+        )
     return out
 
 
@@ -540,16 +605,17 @@ def _match(node, params, specs):
         return None
     for p, sub in zip(jax.tree.leaves(params), subtrees):
         leaves = jax.tree.leaves(sub)
-        if leaves and (len(leaves) != 1 or np.shape(leaves[0]) != np.shape(p)
-                       or not hasattr(leaves[0], "shape")):
+        if leaves and (len(leaves) != 1 or np.shape(leaves[0]) != np.shape(p) or not hasattr(leaves[0], "shape")):
             return None
-    return treedef.unflatten([jax.tree.map(lambda _, s=s: s, sub)
-                              for s, sub in zip(treedef.flatten_up_to(specs), subtrees)])
+    return treedef.unflatten(
+        [jax.tree.map(lambda _, s=s: s, sub) for s, sub in zip(treedef.flatten_up_to(specs), subtrees)]
+    )
 
 
 # --------------------------------------------------------------------------- #
 # Reading a placement
 # --------------------------------------------------------------------------- #
+
 
 class Explained(NamedTuple):
     """What :func:`explain` found: one row per array leaf, and totals in bytes.
@@ -571,16 +637,16 @@ class Explained(NamedTuple):
       >>> out.rows, out.bytes_total, out.bytes_per_device
       ([('W', (8, 4), 'float32', "P('data')", 32)], 128, 32)
     """
+
     rows: List[Tuple[str, Tuple[int, ...], str, str, int]]  # path, shape, dtype, spec, bytes/device
-    bytes_total: int       # the whole tree, as one copy
+    bytes_total: int  # the whole tree, as one copy
     bytes_per_device: int  # the most any one device holds
 
     def __str__(self):
         lines = [f"{'path':<44} {'shape':<18} {'dtype':<9} {'spec':<24} {'per device':>12}"]
         for path, shape, dtype, spec, nbytes in self.rows:
             lines.append(f"{path:<44} {str(shape):<18} {dtype:<9} {spec:<24} {_human(nbytes):>12}")
-        lines.append(f"total {_human(self.bytes_total)}; per device at most "
-                     f"{_human(self.bytes_per_device)}")
+        lines.append(f"total {_human(self.bytes_total)}; per device at most {_human(self.bytes_per_device)}")
         return "\n".join(lines)
 
 
@@ -627,8 +693,7 @@ def explain(tree: PyTree, *, print_fn: Optional[Callable[[str], None]] = print) 
             shard, spec, devices = tuple(x.shape), "host", ()
         else:
             shard = tuple(sharding.shard_shape(x.shape))
-            spec = (_spec_text(sharding.spec) if hasattr(sharding, "spec")
-                    else type(sharding).__name__)
+            spec = _spec_text(sharding.spec) if hasattr(sharding, "spec") else type(sharding).__name__
             devices = sharding.device_set
         nbytes = int(np.prod(shard)) * itemsize
         for d in devices:
@@ -652,8 +717,7 @@ def _copies(x, sharding) -> int:
         return 1
     pmapped = type(sharding).__name__ == "PmapSharding"  # what jax.pmap returns
     mesh = getattr(sharding, "mesh", None)
-    replicated = (getattr(mesh, "axis_names", None) == ("devices",)
-                  and tuple(sharding.spec)[:1] == ("devices",))
+    replicated = getattr(mesh, "axis_names", None) == ("devices",) and tuple(sharding.spec)[:1] == ("devices",)
     return n if pmapped or replicated else 1
 
 
@@ -666,6 +730,7 @@ def _human(n: int) -> str:
 
 def _axis_size(where, mesh, axis) -> int:
     if axis not in mesh.shape:
-        raise ValueError(f"{where}: the mesh has no axis {axis!r} (its axes: "
-                         f"{dict(mesh.shape)}). Pass axis= one of them.")
+        raise ValueError(
+            f"{where}: the mesh has no axis {axis!r} (its axes: {dict(mesh.shape)}). Pass axis= one of them."
+        )
     return mesh.shape[axis]

@@ -51,8 +51,9 @@ def fill_batch(shape: Sequence[Any], batch: int = 2) -> tuple:
     return type(shape)(fill_batch(s, batch) for s in shape)
 
 
-def random_inputs(rng: jax.Array, input_shape: Sequence[Any], dtype: DTypeLike = jnp.float32,
-                  batch: int = 2) -> jax.Array | Tuple[jax.Array, ...]:
+def random_inputs(
+    rng: jax.Array, input_shape: Sequence[Any], dtype: DTypeLike = jnp.float32, batch: int = 2
+) -> jax.Array | Tuple[jax.Array, ...]:
     """Standard-normal inputs of ``input_shape`` (a shape or a tuple of shapes).
 
     Args:
@@ -77,10 +78,19 @@ def random_inputs(rng: jax.Array, input_shape: Sequence[Any], dtype: DTypeLike =
     return tuple(random_inputs(k, s, dtype, batch) for k, s in zip(keys, input_shape))
 
 
-def check_layer(layer: Layer, input_shape: Sequence[Any], *, rng: Optional[jax.Array] = None,
-                train_modes: Sequence[bool] = (False, True), grad_check: bool = True,
-                inputs: Optional[PyTree] = None, batch: int = 2, atol: float = 1e-5,
-                rtol: float = 1e-5, grad_eps: float = 1e-4) -> Tuple[Any, PyTree, PyTree]:
+def check_layer(
+    layer: Layer,
+    input_shape: Sequence[Any],
+    *,
+    rng: Optional[jax.Array] = None,
+    train_modes: Sequence[bool] = (False, True),
+    grad_check: bool = True,
+    inputs: Optional[PyTree] = None,
+    batch: int = 2,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    grad_eps: float = 1e-4,
+) -> Tuple[Any, PyTree, PyTree]:
     """Asserts that ``layer`` honours funcnet's layer contract; raises AssertionError if not.
 
     Args:
@@ -125,23 +135,32 @@ def check_layer(layer: Layer, input_shape: Sequence[Any], *, rng: Optional[jax.A
         expected = fill_batch(out_shape, _batch_of(inputs, input_shape, batch))
         actual = jax.tree.map(lambda x: tuple(x.shape), out)
         if _is_shape(expected):
-            chex.assert_shape(out, expected, custom_message=f"{where}: init's output shape "
-                              f"{tuple(out_shape)} disagrees with apply's output")
+            chex.assert_shape(
+                out,
+                expected,
+                custom_message=f"{where}: init's output shape {tuple(out_shape)} disagrees with apply's output",
+            )
         else:
             assert _shapes_equal(actual, expected), (
-                f"{where}: init's output shapes {out_shape} disagree with apply's {actual}")
+                f"{where}: init's output shapes {out_shape} disagree with apply's {actual}"
+            )
 
         if _is_empty_tuple(state):
-            assert _is_empty_tuple(new_state), (
-                f"{where}: a stateless layer must return state (), got {new_state!r}")
+            assert _is_empty_tuple(new_state), f"{where}: a stateless layer must return state (), got {new_state!r}"
         else:
             chex.assert_trees_all_equal_structs(state, new_state)
             chex.assert_trees_all_equal_shapes_and_dtypes(state, new_state)
 
-        jit_out, jit_state = jax.jit(
-            lambda p, s, x, k: layer.apply(p, s, x, rng=k, train=train))(params, state, inputs, apply_key)
-        chex.assert_trees_all_close((jit_out, jit_state), (out, new_state), atol=atol, rtol=rtol,
-                                    custom_message=f"{where}: jit(apply) differs from apply")
+        jit_out, jit_state = jax.jit(lambda p, s, x, k: layer.apply(p, s, x, rng=k, train=train))(
+            params, state, inputs, apply_key
+        )
+        chex.assert_trees_all_close(
+            (jit_out, jit_state),
+            (out, new_state),
+            atol=atol,
+            rtol=rtol,
+            custom_message=f"{where}: jit(apply) differs from apply",
+        )
 
         if grad_check:
             _check_grads(layer, params, state, inputs, apply_key, train, grad_eps)
@@ -174,6 +193,7 @@ def _to_f64(tree):
     def cast(x):
         x = jnp.asarray(x)
         return x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
     return jax.tree.map(cast, tree)
 
 
@@ -199,5 +219,8 @@ def _leaf_shapes(shape):
 def _shapes_equal(actual, expected) -> bool:
     if _is_shape(expected):
         return tuple(actual) == tuple(expected)
-    return (isinstance(actual, (tuple, list)) and len(actual) == len(expected)
-            and all(_shapes_equal(a, e) for a, e in zip(actual, expected)))
+    return (
+        isinstance(actual, (tuple, list))
+        and len(actual) == len(expected)
+        and all(_shapes_equal(a, e) for a, e in zip(actual, expected))
+    )

@@ -64,8 +64,16 @@ from funcnet import metrics as metrics_lib
 from funcnet import precision
 from funcnet.core import Layer, PyTree, Shape, as_layer
 
-__all__ = ["TrainState", "Aux", "EMA", "make_train_step", "make_eval_step", "copy_params",
-           "polyak_update", "make_scaled_train_step"]
+__all__ = [
+    "TrainState",
+    "Aux",
+    "EMA",
+    "make_train_step",
+    "make_eval_step",
+    "copy_params",
+    "polyak_update",
+    "make_scaled_train_step",
+]
 
 # What ``optimizer`` takes: one optax optimizer, or {model name: optimizer} for several models.
 Optimizers = Union[optax.GradientTransformation, Mapping[str, optax.GradientTransformation]]
@@ -150,9 +158,17 @@ class TrainState(NamedTuple):
         return self._replace(**changes)
 
     @classmethod
-    def create(cls, layer: Union[Layer, Mapping[str, tuple[Layer, Shape]]], optimizer: Optimizers,
-               rng: jax.Array, input_shape: Optional[Shape] = None, *, loss_state: PyTree = (),
-               ema: bool = False, loss_scale: Optional[precision.LossScale] = None) -> TrainState:
+    def create(
+        cls,
+        layer: Union[Layer, Mapping[str, tuple[Layer, Shape]]],
+        optimizer: Optimizers,
+        rng: jax.Array,
+        input_shape: Optional[Shape] = None,
+        *,
+        loss_state: PyTree = (),
+        ema: bool = False,
+        loss_scale: Optional[precision.LossScale] = None,
+    ) -> TrainState:
         """Initialises ``layer`` for ``input_shape`` and the optimizer on its params.
 
         ``ema=True`` also keeps an exponential moving average of the params
@@ -196,30 +212,46 @@ class TrainState(NamedTuple):
           >>> ts = TrainState.create(Dense(2), optax.sgd(0.1), jax.random.key(0), (-1, 3))
           >>> ts.params["W"].shape, int(ts.step), ts.ema, ts.loss_scale
           ((3, 2), 0, (), ())
-    """
+        """
         init_key, rng = jax.random.split(checks.prng_key("TrainState.create", rng))
         if isinstance(layer, dict):
             if input_shape is not None:
-                raise TypeError("TrainState.create: with a dict of models, each model's input "
-                                "shape goes in the dict, {name: (layer, input_shape)}; leave "
-                                f"input_shape out (got {input_shape!r}).")
+                raise TypeError(
+                    "TrainState.create: with a dict of models, each model's input "
+                    "shape goes in the dict, {name: (layer, input_shape)}; leave "
+                    f"input_shape out (got {input_shape!r})."
+                )
             params, state = _init_models(layer, init_key)
             opt_state = _init_optimizers(optimizer, params)
         else:
             if input_shape is None:
-                raise TypeError("TrainState.create: input_shape is required for a single layer, "
-                                "e.g. TrainState.create(net, optimizer, rng, (-1, 784)).")
+                raise TypeError(
+                    "TrainState.create: input_shape is required for a single layer, "
+                    "e.g. TrainState.create(net, optimizer, rng, (-1, 784))."
+                )
             _, params, state = as_layer(layer, "TrainState.create").init(init_key, input_shape)
             opt_state = optimizer.init(params)
-        average = (EMA(jax.tree.map(jnp.copy, params), jnp.zeros((), jnp.int32))
-                   if checks.flag("TrainState.create", "ema", ema) else ())
+        average = (
+            EMA(jax.tree.map(jnp.copy, params), jnp.zeros((), jnp.int32))
+            if checks.flag("TrainState.create", "ema", ema)
+            else ()
+        )
         if loss_scale is not None and not isinstance(loss_scale, precision.LossScale):
             raise checks.ArgumentError(
                 f"TrainState.create: loss_scale must be None or a funcnet.precision.LossScale "
                 f"(precision.dynamic_loss_scale() or precision.static_loss_scale(S)), got "
-                f"{checks.got(loss_scale)[:120]}.")
-        return cls(params, state, opt_state, jnp.zeros((), jnp.int32), rng, loss_state, average,
-                   () if loss_scale is None else loss_scale)
+                f"{checks.got(loss_scale)[:120]}."
+            )
+        return cls(
+            params,
+            state,
+            opt_state,
+            jnp.zeros((), jnp.int32),
+            rng,
+            loss_state,
+            average,
+            () if loss_scale is None else loss_scale,
+        )
 
 
 def _unknown_fields_message(unknown, fields) -> str:
@@ -227,15 +259,24 @@ def _unknown_fields_message(unknown, fields) -> str:
     the nearest field for a misspelt one."""
     import difflib  # only on this error path
 
-    hints = [f"{name!r} -> {close[0]!r}" for name in unknown
-             for close in [difflib.get_close_matches(name, fields, n=1)] if close]
+    hints = [
+        f"{name!r} -> {close[0]!r}"
+        for name in unknown
+        for close in [difflib.get_close_matches(name, fields, n=1)]
+        if close
+    ]
     flax = [name for name in unknown if name in ("apply_fn", "tx")]
-    return (f"TrainState.replace: {unknown} {'is not a field' if len(unknown) == 1 else 'are not fields'}"
-            f" of TrainState; its fields are {list(fields)}."
-            + (f" Did you mean {', '.join(hints)}?" if hints else "")
-            + (f" Flax's TrainState keeps {flax} in the state; funcnet's step gets the model "
-               f"and the optimizer from make_train_step(loss_fn, optimizer) instead."
-               if flax else ""))
+    return (
+        f"TrainState.replace: {unknown} {'is not a field' if len(unknown) == 1 else 'are not fields'}"
+        f" of TrainState; its fields are {list(fields)}."
+        + (f" Did you mean {', '.join(hints)}?" if hints else "")
+        + (
+            f" Flax's TrainState keeps {flax} in the state; funcnet's step gets the model "
+            f"and the optimizer from make_train_step(loss_fn, optimizer) instead."
+            if flax
+            else ""
+        )
+    )
 
 
 class EMA(NamedTuple):
@@ -298,8 +339,10 @@ def _init_models(models: dict, rng):
     for name, key in zip(names, jax.random.split(rng, len(names))):
         entry = models[name]
         if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], (tuple, list))):
-            raise TypeError(f"TrainState.create: models[{name!r}] must be (layer, input_shape), "
-                            f"e.g. {{{name!r}: (net, (-1, 784))}}; got {type(entry).__name__}.")
+            raise TypeError(
+                f"TrainState.create: models[{name!r}] must be (layer, input_shape), "
+                f"e.g. {{{name!r}: (net, (-1, 784))}}; got {type(entry).__name__}."
+            )
         layer, shape = entry
         _, params[name], state[name] = as_layer(layer, f"TrainState.create[{name!r}]").init(key, shape)
     return params, state
@@ -316,9 +359,11 @@ def _check_model_names(where, what, names, params):
     unknown = sorted(set(names) - set(params)) if isinstance(params, dict) else sorted(names)
     if unknown:
         have = sorted(params) if isinstance(params, dict) else "a single model (not a dict)"
-        raise ValueError(f"{where}: {what} names the models {unknown}, which the TrainState does "
-                         f"not have; its models are {have}. Create it with a dict of models, "
-                         f"TrainState.create({{name: (layer, input_shape), ...}}, ...).")
+        raise ValueError(
+            f"{where}: {what} names the models {unknown}, which the TrainState does "
+            f"not have; its models are {have}. Create it with a dict of models, "
+            f"TrainState.create({{name: (layer, input_shape), ...}}, ...)."
+        )
 
 
 class Aux(NamedTuple):
@@ -348,18 +393,25 @@ def _as_aux(aux, where) -> Aux:
         return aux
     if isinstance(aux, dict) and "state" in aux and set(aux) <= set(Aux._fields):
         return Aux(**aux)
-    raise TypeError(f"{where}: loss_fn must return (loss, funcnet.train.Aux(state=new_state, ...)), "
-                    f"got aux of type {type(aux).__name__}. Wrap the new layer state: "
-                    f"return loss, Aux(state=new_state).")
+    raise TypeError(
+        f"{where}: loss_fn must return (loss, funcnet.train.Aux(state=new_state, ...)), "
+        f"got aux of type {type(aux).__name__}. Wrap the new layer state: "
+        f"return loss, Aux(state=new_state)."
+    )
 
 
-def make_train_step(loss_fn: Callable, optimizer: Optimizers, *,
-                    update: Union[str, Sequence[str], None] = None,
-                    axis_name: Optional[str] = None, clip_grad_norm: Optional[float] = None,
-                    microbatches: Optional[int] = None,
-                    ema_decay: Optional[float] = None,
-                    grad_norm: Optional[bool] = None,
-                    ema_start: str = "first_update") -> Callable:
+def make_train_step(
+    loss_fn: Callable,
+    optimizer: Optimizers,
+    *,
+    update: Union[str, Sequence[str], None] = None,
+    axis_name: Optional[str] = None,
+    clip_grad_norm: Optional[float] = None,
+    microbatches: Optional[int] = None,
+    ema_decay: Optional[float] = None,
+    grad_norm: Optional[bool] = None,
+    ema_start: str = "first_update",
+) -> Callable:
     """Builds ``step(train_state, batch) -> (train_state, metrics)``, pure and unjitted.
 
     Per step: split ``train_state.rng``; compute ``value_and_grad`` of ``loss_fn``;
@@ -462,20 +514,17 @@ def make_train_step(loss_fn: Callable, optimizer: Optimizers, *,
     """
     takes_loss_state = _takes_loss_state(loss_fn)
     updater = _updater(optimizer, update)
-    clip_grad_norm, k, ema_decay, report_norm = _checked_options(
-        clip_grad_norm, microbatches, ema_decay, grad_norm)
+    clip_grad_norm, k, ema_decay, report_norm = _checked_options(clip_grad_norm, microbatches, ema_decay, grad_norm)
     ema_start = _checked_ema_start(ema_start, ema_decay)
     # The stages, innermost first: each wraps the one before, as optax.chain composes.
     objective = _loss_scaled(_objective(loss_fn, takes_loss_state, updater.merge))
     gradient = _microbatched(_gradient(objective, updater.select), updater.select, k)
-    gradient = _clipped(_unscaled(_cross_device(_measured(gradient), axis_name)),
-                        clip_grad_norm, report_norm)
+    gradient = _clipped(_unscaled(_cross_device(_measured(gradient), axis_name)), clip_grad_norm, report_norm)
     apply = _skip_nonfinite(_ema(_updated(updater), ema_decay, ema_start))
 
     def step(train_state: TrainState, batch):
         rng, key = jax.random.split(train_state.rng)
-        _check_state_fits(train_state, not _is_empty(train_state.loss_state), takes_loss_state,
-                          loss_fn, ema_decay)
+        _check_state_fits(train_state, not _is_empty(train_state.loss_state), takes_loss_state, loss_fn, ema_decay)
         out = gradient(train_state, batch, key)
         new = apply(train_state, out)._replace(step=train_state.step + 1, rng=rng)
         if jax.tree.leaves(out.outputs):
@@ -485,8 +534,7 @@ def make_train_step(loss_fn: Callable, optimizer: Optimizers, *,
     return step
 
 
-def make_scaled_train_step(loss_fn: Callable, optimizer: Optimizers, *,
-                           axis_name: Optional[str] = None) -> Callable:
+def make_scaled_train_step(loss_fn: Callable, optimizer: Optimizers, *, axis_name: Optional[str] = None) -> Callable:
     """Deprecated (until 0.3): create the state with ``TrainState.create(...,
     loss_scale=...)`` and use :func:`make_train_step`, which scales the loss then.
 
@@ -523,19 +571,22 @@ def make_scaled_train_step(loss_fn: Callable, optimizer: Optimizers, *,
       >>> int(ts.step), ts.loss_scale, float(ls.scale), sorted(metrics)
       (1, (), 1024.0, ['grad_norm', 'grads_finite', 'loss', 'loss_scale'])
     """
-    warnings.warn("make_scaled_train_step is deprecated and goes in funcnet 0.3: create the "
-                  "state with TrainState.create(..., loss_scale=precision.dynamic_loss_scale()) "
-                  "and use make_train_step, which then scales the loss.", DeprecationWarning,
-                  stacklevel=2)
+    warnings.warn(
+        "make_scaled_train_step is deprecated and goes in funcnet 0.3: create the "
+        "state with TrainState.create(..., loss_scale=precision.dynamic_loss_scale()) "
+        "and use make_train_step, which then scales the loss.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     inner = make_train_step(loss_fn, optimizer, axis_name=axis_name, grad_norm=True)
 
     def step(train_state: TrainState, loss_scale, batch):
-        if not isinstance(train_state, TrainState) or not isinstance(loss_scale,
-                                                                     precision.LossScale):
+        if not isinstance(train_state, TrainState) or not isinstance(loss_scale, precision.LossScale):
             raise checks.ArgumentError(
                 f"make_scaled_train_step: the step takes (train_state, loss_scale, batch), got "
                 f"({type(train_state).__name__}, {type(loss_scale).__name__}, ...): pass the "
-                f"TrainState first and the precision.LossScale second.")
+                f"TrainState first and the precision.LossScale second."
+            )
         new, metrics, *outputs = inner(train_state._replace(loss_scale=loss_scale), batch)
         return (new._replace(loss_scale=()), new.loss_scale, metrics, *outputs)
 
@@ -551,14 +602,15 @@ def make_scaled_train_step(loss_fn: Callable, optimizer: Optimizers, *,
 # adds no operation to the step.
 # --------------------------------------------------------------------------- #
 
+
 class _Gradients(NamedTuple):
     """What the gradient stages hand to the update stages."""
 
-    grads: Any       # of the trained params (updater.select)
-    metrics: dict    # {"loss": ..., [grad_norm], **Aux.metrics, [loss_scale, grads_finite]}
-    state: Any       # the new layer state
+    grads: Any  # of the trained params (updater.select)
+    metrics: dict  # {"loss": ..., [grad_norm], **Aux.metrics, [loss_scale, grads_finite]}
+    state: Any  # the new layer state
     loss_state: Any  # the new loss state (whatever came in when the TrainState holds none)
-    outputs: Any     # Aux.outputs, never averaged
+    outputs: Any  # Aux.outputs, never averaged
     finite: Any = None  # under loss scaling: whether every gradient is finite
 
 
@@ -570,6 +622,7 @@ def _scaling(train_state) -> bool:
 def _objective(loss_fn, takes_loss_state, merge):
     """``loss_fn`` called as its signature asks (``loss_state=`` by keyword or not at all) on
     the full params: ``(ts, trained, state, loss_state, batch, key) -> (loss, aux)``."""
+
     def objective(ts, trained, state, loss_state, batch, key):
         params = merge(ts.params, trained)
         if takes_loss_state:
@@ -577,28 +630,33 @@ def _objective(loss_fn, takes_loss_state, merge):
         else:
             out = loss_fn(params, state, batch, key)
         return _check_loss_output(out, loss_fn)
+
     return objective
 
 
 def _loss_scaled(objective):
     """Loss scaling's first part, torch's ``GradScaler.scale(loss)``: the loss times ``S``
     (:func:`funcnet.precision.scale_loss`) before differentiation; a no-op without one."""
+
     def scaled(ts, *args):
         loss, aux = objective(ts, *args)
         return (precision.scale_loss(ts.loss_scale, loss) if _scaling(ts) else loss), aux
+
     return scaled
 
 
 def _gradient(objective, select):
     """``jax.value_and_grad`` of ``objective`` with respect to the trained params (torch's
     ``loss.backward()``): ``(ts, state, loss_state, batch, key) -> (loss, aux, grads)``."""
+
     def one(ts, state, loss_state, batch, key):
         has_loss_state = not _is_empty(ts.loss_state)
         (loss, aux), grads = jax.value_and_grad(partial(objective, ts), has_aux=True)(
-            select(ts), state, loss_state, batch, key)
+            select(ts), state, loss_state, batch, key
+        )
         aux = _checked_aux(aux, has_loss_state)
-        return loss, aux._replace(loss_state=aux.loss_state if has_loss_state
-                                  else loss_state), grads
+        return loss, aux._replace(loss_state=aux.loss_state if has_loss_state else loss_state), grads
+
     return one
 
 
@@ -614,12 +672,13 @@ def _microbatched(one, select, k):
 def _measured(gradient):
     """The gradient stage's results as a :class:`_Gradients`, with ``metrics = {"loss":
     loss, **aux.metrics}`` and the loss divided by the loss scale ``S`` again."""
+
     def measured(ts, batch, key):
         loss, aux, grads = gradient(ts, batch, key)
         if _scaling(ts):
             loss = loss / ts.loss_scale.scale
-        return _Gradients(grads, {"loss": loss, **aux.metrics}, aux.state, aux.loss_state,
-                          aux.outputs)
+        return _Gradients(grads, {"loss": loss, **aux.metrics}, aux.state, aux.loss_state, aux.outputs)
+
     return measured
 
 
@@ -637,9 +696,13 @@ def _cross_device(gradient, axis_name):
         loss_state = out.loss_state
         if not _is_empty(ts.loss_state):
             loss_state = _pmean_floating(loss_state, axis_name)
-        return out._replace(grads=_mean_gradients(out.grads, axis_name),
-                            metrics=jax.lax.pmean(out.metrics, axis_name),
-                            state=_pmean_floating(out.state, axis_name), loss_state=loss_state)
+        return out._replace(
+            grads=_mean_gradients(out.grads, axis_name),
+            metrics=jax.lax.pmean(out.metrics, axis_name),
+            state=_pmean_floating(out.state, axis_name),
+            loss_state=loss_state,
+        )
+
     return averaged
 
 
@@ -647,6 +710,7 @@ def _unscaled(gradient):
     """Loss scaling's second part, torch's ``GradScaler.unscale_``: the gradients divided by
     ``S`` (after the cross-device mean, so every device sees the same ``finite``), and
     ``metrics["loss_scale"]``, ``metrics["grads_finite"]``. A no-op without loss scaling."""
+
     def unscaled(ts, batch, key):
         out = gradient(ts, batch, key)
         if not _scaling(ts):
@@ -655,6 +719,7 @@ def _unscaled(gradient):
         finite = precision.all_finite(grads)
         metrics = dict(out.metrics, loss_scale=ts.loss_scale.scale, grads_finite=finite)
         return out._replace(grads=grads, metrics=metrics, finite=finite)
+
     return unscaled
 
 
@@ -666,9 +731,9 @@ def _clipped(gradient, clip_grad_norm, report_norm):
 
     def clipped(ts, batch, key):
         out = gradient(ts, batch, key)
-        grads, metrics = _clip_and_report_norm(out.grads, out.metrics, clip_grad_norm,
-                                               report_norm)
+        grads, metrics = _clip_and_report_norm(out.grads, out.metrics, clip_grad_norm, report_norm)
         return out._replace(grads=grads, metrics=metrics)
+
     return clipped
 
 
@@ -677,11 +742,12 @@ def _updated(updater):
     ``apply_updates``, per model under ``update=``): ``(ts, gradients) -> TrainState``
     with the new params, optimizer state, layer state and loss state (``step`` and ``rng``
     are the step's to advance)."""
+
     def apply(ts, out):
         params, opt_state = updater.apply(out.grads, ts, out.metrics["loss"])
         loss_state = out.loss_state if not _is_empty(ts.loss_state) else ts.loss_state
-        return TrainState(params, out.state, opt_state, ts.step, ts.rng, loss_state, ts.ema,
-                          ts.loss_scale)
+        return TrainState(params, out.state, opt_state, ts.step, ts.rng, loss_state, ts.ema, ts.loss_scale)
+
     return apply
 
 
@@ -695,6 +761,7 @@ def _ema(apply, decay, start):
     def averaged(ts, out):
         new = apply(ts, out)
         return new._replace(ema=_ema_update(ts.ema, new.params, decay, start))
+
     return averaged
 
 
@@ -702,16 +769,21 @@ def _skip_nonfinite(apply):
     """Loss scaling's last part, torch's ``GradScaler.step`` and ``update``: when a gradient
     is inf/NaN the params, layer state, optimizer state, loss state and EMA stay as they
     were; then :func:`funcnet.precision.update_loss_scale`. A no-op without loss scaling."""
+
     def guarded(ts, out):
         new = apply(ts, out)
         if out.finite is None:
             return new
         fields = ("params", "state", "opt_state", "loss_state", "ema")
-        kept = jax.tree.map(lambda a, b: jnp.where(out.finite, a, b),
-                            tuple(getattr(new, f) for f in fields),
-                            tuple(getattr(ts, f) for f in fields))
-        return new._replace(**dict(zip(fields, kept)),
-                            loss_scale=precision.update_loss_scale(ts.loss_scale, out.finite))
+        kept = jax.tree.map(
+            lambda a, b: jnp.where(out.finite, a, b),
+            tuple(getattr(new, f) for f in fields),
+            tuple(getattr(ts, f) for f in fields),
+        )
+        return new._replace(
+            **dict(zip(fields, kept)), loss_scale=precision.update_loss_scale(ts.loss_scale, out.finite)
+        )
+
     return guarded
 
 
@@ -731,10 +803,14 @@ def _accumulate(one, train_state, trained, batch, key, k):
 
     zeros = jax.tree.map(jnp.zeros_like, trained)  # the gradients' shapes, dtypes and layouts
     (state, loss_state, total), (losses, metrics, outputs) = jax.lax.scan(
-        body, (train_state.state, train_state.loss_state, zeros), (micro, jnp.arange(k)))
-    aux = Aux(state=state, loss_state=loss_state,
-              metrics=jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics),
-              outputs=jax.tree.map(_mesh.merge_leading, outputs))
+        body, (train_state.state, train_state.loss_state, zeros), (micro, jnp.arange(k))
+    )
+    aux = Aux(
+        state=state,
+        loss_state=loss_state,
+        metrics=jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics),
+        outputs=jax.tree.map(_mesh.merge_leading, outputs),
+    )
     return jnp.mean(losses), aux, jax.tree.map(lambda g: g / k, total)
 
 
@@ -742,9 +818,11 @@ def _split_rows(where, x, k):
     x = jnp.asarray(x)
     if x.ndim == 0 or x.shape[0] % k:
         size = x.shape[0] if x.ndim else "a scalar"
-        raise ValueError(f"{where}: microbatches={k} must divide the batch's leading size, got "
-                         f"{size} (a batch of {size} cannot be cut into {k} equal micro-batches). "
-                         f"Use a batch size that is a multiple of {k}, or another microbatches.")
+        raise ValueError(
+            f"{where}: microbatches={k} must divide the batch's leading size, got "
+            f"{size} (a batch of {size} cannot be cut into {k} equal micro-batches). "
+            f"Use a batch size that is a multiple of {k}, or another microbatches."
+        )
     return _mesh.split_leading(x, k)
 
 
@@ -756,20 +834,26 @@ def _check_micro_leaves(batch, k):
         # keystr: "['x']", or "" when the batch is one array
         where, shape = jax.tree_util.keystr(tuple(path)), tuple(jnp.shape(x))
         if not shape:
-            raise ValueError(f"make_train_step: microbatches={k} cuts every batch leaf along "
-                             f"its leading (batch) axis, but batch{where} is a scalar (shape "
-                             f"()). Give it a batch axis (one value per example), or pass "
-                             f"constants through the loss_fn (a closure), not the batch.")
+            raise ValueError(
+                f"make_train_step: microbatches={k} cuts every batch leaf along "
+                f"its leading (batch) axis, but batch{where} is a scalar (shape "
+                f"()). Give it a batch axis (one value per example), or pass "
+                f"constants through the loss_fn (a closure), not the batch."
+            )
         if shape[0] % k:
-            raise ValueError(f"make_train_step: microbatches={k} must divide the batch's leading "
-                             f"size, got {shape[0]} for batch{where} of shape {shape} (a batch "
-                             f"of {shape[0]} cannot be cut into {k} equal micro-batches). Use a "
-                             f"batch size that is a multiple of {k}, or another microbatches.")
+            raise ValueError(
+                f"make_train_step: microbatches={k} must divide the batch's leading "
+                f"size, got {shape[0]} for batch{where} of shape {shape} (a batch "
+                f"of {shape[0]} cannot be cut into {k} equal micro-batches). Use a "
+                f"batch size that is a multiple of {k}, or another microbatches."
+            )
         if first is not None and shape[0] != first[1][0]:
-            raise ValueError(f"make_train_step: with microbatches={k} every batch leaf needs the "
-                             f"same leading (batch) size, got batch{first[0]} of shape "
-                             f"{first[1]} and batch{where} of shape {shape}; cut apart, their "
-                             f"rows would no longer match. Give every leaf one row per example.")
+            raise ValueError(
+                f"make_train_step: with microbatches={k} every batch leaf needs the "
+                f"same leading (batch) size, got batch{first[0]} of shape "
+                f"{first[1]} and batch{where} of shape {shape}; cut apart, their "
+                f"rows would no longer match. Give every leaf one row per example."
+            )
         first = first or (where, shape)
 
 
@@ -781,17 +865,19 @@ def _checked_options(clip_grad_norm, microbatches, ema_decay, grad_norm):
     if clip_grad_norm is not None:
         clip_grad_norm = checks.real(where, "clip_grad_norm", clip_grad_norm)
         if not clip_grad_norm > 0:
-            raise checks.ArgumentError(f"{where}: clip_grad_norm={clip_grad_norm!r} must be > 0 "
-                                       f"(the largest global gradient norm let through), or "
-                                       f"None for no clipping.")
+            raise checks.ArgumentError(
+                f"{where}: clip_grad_norm={clip_grad_norm!r} must be > 0 "
+                f"(the largest global gradient norm let through), or "
+                f"None for no clipping."
+            )
     k = 1 if microbatches is None else checks.positive_int(where, "microbatches", microbatches)
-    report_norm = (clip_grad_norm is not None if grad_norm is None
-                   else checks.flag(where, "grad_norm", grad_norm))
+    report_norm = clip_grad_norm is not None if grad_norm is None else checks.flag(where, "grad_norm", grad_norm)
     if ema_decay is not None:
         ema_decay = checks.real(where, "ema_decay", ema_decay)
         if not 0.0 < ema_decay < 1.0:
-            raise checks.ArgumentError(f"{where}: ema_decay={ema_decay!r} must be in (0, 1), "
-                                       f"e.g. 0.999 (the weight of the old average).")
+            raise checks.ArgumentError(
+                f"{where}: ema_decay={ema_decay!r} must be in (0, 1), e.g. 0.999 (the weight of the old average)."
+            )
     return clip_grad_norm, k, ema_decay, report_norm
 
 
@@ -806,20 +892,25 @@ def _checked_ema_start(ema_start, ema_decay) -> str:
         raise checks.ArgumentError(
             f"make_train_step: ema_start={ema_start!r} is given without ema_decay, so the "
             f"step keeps no moving average for it to start. Add ema_decay=, e.g. 0.999 (and "
-            f"create the state with TrainState.create(..., ema=True)), or drop ema_start.")
+            f"create the state with TrainState.create(..., ema=True)), or drop ema_start."
+        )
     return ema_start
 
 
 def _check_state_fits(train_state, has_loss_state, takes_loss_state, loss_fn, ema_decay):
     """The step's options against what the TrainState holds (at trace time)."""
     if has_loss_state and not takes_loss_state:
-        raise TypeError(f"make_train_step: the TrainState holds loss state, but "
-                        f"{_fn_name(loss_fn)} has no loss_state parameter, so it could "
-                        f"neither read nor return it. Define it as loss_fn(params, state, "
-                        f"batch, rng, loss_state) and return Aux(..., loss_state=new).")
+        raise TypeError(
+            f"make_train_step: the TrainState holds loss state, but "
+            f"{_fn_name(loss_fn)} has no loss_state parameter, so it could "
+            f"neither read nor return it. Define it as loss_fn(params, state, "
+            f"batch, rng, loss_state) and return Aux(..., loss_state=new)."
+        )
     if ema_decay is not None and not isinstance(train_state.ema, EMA):
-        raise ValueError("make_train_step: ema_decay is set but the TrainState keeps no "
-                         "EMA; create it with TrainState.create(..., ema=True).")
+        raise ValueError(
+            "make_train_step: ema_decay is set but the TrainState keeps no "
+            "EMA; create it with TrainState.create(..., ema=True)."
+        )
 
 
 def _clip_and_report_norm(grads, metrics, clip_grad_norm, report_norm):
@@ -830,8 +921,7 @@ def _clip_and_report_norm(grads, metrics, clip_grad_norm, report_norm):
         return grads, metrics
     norm = _global_norm(grads)
     if report_norm:
-        metrics = {"loss": metrics["loss"], "grad_norm": norm,
-                   **{n: v for n, v in metrics.items() if n != "loss"}}
+        metrics = {"loss": metrics["loss"], "grad_norm": norm, **{n: v for n, v in metrics.items() if n != "loss"}}
     if clip_grad_norm is not None:
         scale = jnp.minimum(1.0, clip_grad_norm / (norm + 1e-6))
         grads = jax.tree.map(lambda g: g * scale.astype(g.dtype), grads)
@@ -843,40 +933,42 @@ def _global_norm(grads):
     leaves = jax.tree.leaves(grads)
     if not leaves:
         return jnp.zeros((), jnp.float32)
-    return jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.promote_types(g.dtype, jnp.float32))))
-                        for g in leaves))
+    return jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.promote_types(g.dtype, jnp.float32)))) for g in leaves))
 
 
 def _ema_update(average, params, decay, start="first_update"):
     """One :class:`EMA` update, the formula ``start`` (``make_train_step``'s ``ema_start``)
     picks."""
     if start == "init":
-        new = jax.tree.map(lambda e, p: (e + (1.0 - decay) * (p - e)).astype(e.dtype),
-                           average.params, params)
+        new = jax.tree.map(lambda e, p: (e + (1.0 - decay) * (p - e)).astype(e.dtype), average.params, params)
         return EMA(new, average.count + 1)
     if start == "zeros_debiased":
         # optax's debiased ema, z_t / (1 - decay^t), kept corrected: z_{t-1} = d_{t-1} *
         # (1 - decay^(t-1)) gives d_t = d_{t-1} + (1 - decay) / (1 - decay^t) * (p - d_{t-1})
         t = (average.count + 1).astype(jnp.float32)
         weight = (1.0 - decay) / (1.0 - jnp.power(jnp.float32(decay), t))
-        new = jax.tree.map(lambda e, p: (e + weight.astype(e.dtype) * (p - e)).astype(e.dtype),
-                           average.params, params)
+        new = jax.tree.map(lambda e, p: (e + weight.astype(e.dtype) * (p - e)).astype(e.dtype), average.params, params)
         return EMA(new, average.count + 1)
     first = average.count == 0
-    new = jax.tree.map(lambda e, p: jnp.where(first, p, e + (1.0 - decay) * (p - e)).astype(e.dtype),
-                       average.params, params)
+    new = jax.tree.map(
+        lambda e, p: jnp.where(first, p, e + (1.0 - decay) * (p - e)).astype(e.dtype), average.params, params
+    )
     return EMA(new, average.count + 1)
 
 
 def _checked_aux(aux, has_loss_state) -> Aux:
     aux = _as_aux(aux, "make_train_step")
     if has_loss_state and _is_empty(aux.loss_state):
-        raise ValueError("make_train_step: the TrainState holds loss state but loss_fn "
-                         "returned Aux without loss_state; return the updated value, "
-                         "e.g. Aux(state=new_state, loss_state=new_centers).")
+        raise ValueError(
+            "make_train_step: the TrainState holds loss state but loss_fn "
+            "returned Aux without loss_state; return the updated value, "
+            "e.g. Aux(state=new_state, loss_state=new_centers)."
+        )
     if "loss" in aux.metrics:
-        raise ValueError("make_train_step: Aux.metrics may not contain 'loss'; the step "
-                         "reports the loss_fn's value under that name. Rename the metric.")
+        raise ValueError(
+            "make_train_step: Aux.metrics may not contain 'loss'; the step "
+            "reports the loss_fn's value under that name. Rename the metric."
+        )
     return aux
 
 
@@ -884,18 +976,19 @@ class _Updater(NamedTuple):
     """Which params a step differentiates, and how it updates them."""
 
     select: Callable  # train_state -> the trained params (what value_and_grad sees)
-    merge: Callable   # (all params, trained params) -> the params loss_fn sees
-    apply: Callable   # (grads, train_state, loss) -> (new params, new opt_state)
+    merge: Callable  # (all params, trained params) -> the params loss_fn sees
+    apply: Callable  # (grads, train_state, loss) -> (new params, new opt_state)
 
 
 def _updater(optimizer, update) -> _Updater:
     if not isinstance(optimizer, dict) and update is None:
+
         def apply(grads, ts, loss):
             _check_joint_opt_state(optimizer, ts)
             _check_opt_state("opt_state", optimizer, ts.opt_state, ts.params)
-            updates, opt_state = optimizer.update(grads, ts.opt_state, ts.params,
-                                                  **_extra_args(optimizer, loss))
+            updates, opt_state = optimizer.update(grads, ts.opt_state, ts.params, **_extra_args(optimizer, loss))
             return optax.apply_updates(ts.params, updates), opt_state
+
         return _Updater(lambda ts: ts.params, lambda params, trained: trained, apply)
     names = _update_names(optimizer, update)
     opts = optimizer if isinstance(optimizer, dict) else dict.fromkeys(names, optimizer)
@@ -903,20 +996,21 @@ def _updater(optimizer, update) -> _Updater:
     def select(ts):
         _check_model_names("make_train_step", "update", names, ts.params)
         if not (isinstance(ts.opt_state, dict) and set(names) <= set(ts.opt_state)):
-            raise ValueError(f"make_train_step: update={list(names)} needs one optimizer state "
-                             f"per model, but the TrainState's opt_state is one joint state. "
-                             f"Create it with a dict of optimizers, e.g. "
-                             f"TrainState.create(models, {{{names[0]!r}: optimizer, ...}}, rng).")
+            raise ValueError(
+                f"make_train_step: update={list(names)} needs one optimizer state "
+                f"per model, but the TrainState's opt_state is one joint state. "
+                f"Create it with a dict of optimizers, e.g. "
+                f"TrainState.create(models, {{{names[0]!r}: optimizer, ...}}, rng)."
+            )
         return {name: ts.params[name] for name in names}
 
     def apply(grads, ts, loss):
         params, opt_state = dict(ts.params), dict(ts.opt_state)
         for name in names:
-            _check_opt_state(f"opt_state[{name!r}]", opts[name], ts.opt_state[name],
-                             ts.params[name])
-            updates, opt_state[name] = opts[name].update(grads[name], ts.opt_state[name],
-                                                         ts.params[name],
-                                                         **_extra_args(opts[name], loss))
+            _check_opt_state(f"opt_state[{name!r}]", opts[name], ts.opt_state[name], ts.params[name])
+            updates, opt_state[name] = opts[name].update(
+                grads[name], ts.opt_state[name], ts.params[name], **_extra_args(opts[name], loss)
+            )
             params[name] = optax.apply_updates(ts.params[name], updates)
         return params, opt_state
 
@@ -931,15 +1025,22 @@ def _extra_args(optimizer, loss) -> dict:
 
 def _check_joint_opt_state(optimizer, ts) -> None:
     """A per-model opt_state stepped with one optimizer: say so instead of optax's tree error."""
-    keyed_by_model = (isinstance(ts.opt_state, dict) and isinstance(ts.params, dict)
-                      and ts.opt_state and set(ts.opt_state) <= set(ts.params))
-    if keyed_by_model and (jax.tree.structure(ts.opt_state)
-                           != jax.tree.structure(jax.eval_shape(optimizer.init, ts.params))):
-        raise ValueError(f"make_train_step: the TrainState keeps one optimizer state per model "
-                         f"({sorted(ts.opt_state)}), but the step was built with one optimizer "
-                         f"for the whole params. Build it with the dict of optimizers the state "
-                         f"was created with, make_train_step(loss_fn, {{name: optimizer, ...}}), "
-                         f"optionally with update=name.")
+    keyed_by_model = (
+        isinstance(ts.opt_state, dict)
+        and isinstance(ts.params, dict)
+        and ts.opt_state
+        and set(ts.opt_state) <= set(ts.params)
+    )
+    if keyed_by_model and (
+        jax.tree.structure(ts.opt_state) != jax.tree.structure(jax.eval_shape(optimizer.init, ts.params))
+    ):
+        raise ValueError(
+            f"make_train_step: the TrainState keeps one optimizer state per model "
+            f"({sorted(ts.opt_state)}), but the step was built with one optimizer "
+            f"for the whole params. Build it with the dict of optimizers the state "
+            f"was created with, make_train_step(loss_fn, {{name: optimizer, ...}}), "
+            f"optionally with update=name."
+        )
 
 
 def _check_opt_state(what: str, optimizer, opt_state, params) -> None:
@@ -949,15 +1050,18 @@ def _check_opt_state(what: str, optimizer, opt_state, params) -> None:
     want = jax.eval_shape(optimizer.init, params)
     if jax.tree.structure(opt_state) == jax.tree.structure(want):
         return
-    raise ValueError(f"make_train_step: the TrainState's {what} was made by another optimizer: "
-                     f"it holds {_state_kinds(opt_state)}, this optimizer's init gives "
-                     f"{_state_kinds(want)}. Step it with the same optimizer it was created "
-                     f"with (TrainState.create(..., optimizer, ...)), or start this optimizer "
-                     f"afresh: ts._replace(opt_state=optimizer.init(ts.params)).")
+    raise ValueError(
+        f"make_train_step: the TrainState's {what} was made by another optimizer: "
+        f"it holds {_state_kinds(opt_state)}, this optimizer's init gives "
+        f"{_state_kinds(want)}. Step it with the same optimizer it was created "
+        f"with (TrainState.create(..., optimizer, ...)), or start this optimizer "
+        f"afresh: ts._replace(opt_state=optimizer.init(ts.params))."
+    )
 
 
 def _state_kinds(tree, limit: int = 200) -> str:
     """An optimizer state by the names of its parts: ``(ScaleByAdamState, EmptyState)``."""
+
     def show(t):
         if hasattr(t, "_fields"):
             return type(t).__name__
@@ -966,8 +1070,9 @@ def _state_kinds(tree, limit: int = 200) -> str:
         if isinstance(t, dict):
             return "{" + ", ".join(f"{k!r}: {show(v)}" for k, v in sorted(t.items())) + "}"
         return type(t).__name__
+
     text = show(tree)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _update_names(optimizer, update) -> tuple:
@@ -975,13 +1080,14 @@ def _update_names(optimizer, update) -> tuple:
         return tuple(optimizer)
     names = (update,) if isinstance(update, str) else tuple(update)
     if not names or not all(isinstance(n, str) for n in names):
-        raise TypeError(f"make_train_step: update must be a model name or a sequence of model "
-                        f"names, got {update!r}.")
+        raise TypeError(f"make_train_step: update must be a model name or a sequence of model names, got {update!r}.")
     if isinstance(optimizer, dict) and set(names) - set(optimizer):
-        raise ValueError(f"make_train_step: update={list(names)} names models without an "
-                         f"optimizer: {sorted(set(names) - set(optimizer))}; the optimizers are "
-                         f"for {sorted(optimizer)}. Add an optimizer for them, or update only "
-                         f"those models.")
+        raise ValueError(
+            f"make_train_step: update={list(names)} names models without an "
+            f"optimizer: {sorted(set(names) - set(optimizer))}; the optimizers are "
+            f"for {sorted(optimizer)}. Add an optimizer for them, or update only "
+            f"those models."
+        )
     return names
 
 
@@ -993,18 +1099,24 @@ def _check_loss_output(out, loss_fn):
             got = f"an array of shape {tuple(out.shape)} alone (the loss without its Aux?)"
         else:
             got = type(out).__name__
-        raise TypeError(f"make_train_step: {_fn_name(loss_fn)} must return (loss, Aux(...)), got "
-                        f"{got}. A loss without layer state returns: loss, Aux(state=state).")
+        raise TypeError(
+            f"make_train_step: {_fn_name(loss_fn)} must return (loss, Aux(...)), got "
+            f"{got}. A loss without layer state returns: loss, Aux(state=state)."
+        )
     loss = out[0]
     if jnp.ndim(loss) != 0:
-        raise TypeError(f"make_train_step: {_fn_name(loss_fn)} returned a loss of shape "
-                        f"{jnp.shape(loss)}; it must be a scalar (reduce it, e.g. .mean()).")
+        raise TypeError(
+            f"make_train_step: {_fn_name(loss_fn)} returned a loss of shape "
+            f"{jnp.shape(loss)}; it must be a scalar (reduce it, e.g. .mean())."
+        )
     if not jnp.issubdtype(jnp.result_type(loss), jnp.floating):
         # jax.grad refuses integer outputs with a message about the dtype alone.
-        raise TypeError(f"make_train_step: {_fn_name(loss_fn)} returned a loss of dtype "
-                        f"{jnp.result_type(loss)}; it must be floating to be differentiated "
-                        f"(an argmax/count instead of a loss? compute it from the float "
-                        f"outputs, or cast: loss.astype(jnp.float32)).")
+        raise TypeError(
+            f"make_train_step: {_fn_name(loss_fn)} returned a loss of dtype "
+            f"{jnp.result_type(loss)}; it must be floating to be differentiated "
+            f"(an argmax/count instead of a loss? compute it from the float "
+            f"outputs, or cast: loss.astype(jnp.float32))."
+        )
     return out
 
 
@@ -1013,8 +1125,7 @@ def _takes_loss_state(loss_fn) -> bool:
         params = inspect.signature(loss_fn).parameters.values()
     except (TypeError, ValueError):  # builtins and some C callables have no signature
         return False
-    return any(p.name == "loss_state" and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD
-               for p in params)
+    return any(p.name == "loss_state" and p.kind is not p.POSITIONAL_ONLY or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _fn_name(fn) -> str:
@@ -1039,8 +1150,7 @@ def _mean_gradients(grads, axis_name):
     if not _varies(jax.lax.axis_index(axis_name), axis_name):
         return jax.lax.pmean(grads, axis_name)
     size = jax.lax.axis_size(axis_name)
-    return jax.tree.map(lambda g: jax.lax.pmean(g, axis_name) if _varies(g, axis_name)
-                        else g / size, grads)
+    return jax.tree.map(lambda g: jax.lax.pmean(g, axis_name) if _varies(g, axis_name) else g / size, grads)
 
 
 def _varies(x, axis_name) -> bool:
@@ -1050,12 +1160,10 @@ def _varies(x, axis_name) -> bool:
 
 
 def _pmean_floating(tree, axis_name):
-    return jax.tree.map(
-        lambda x: jax.lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+    return jax.tree.map(lambda x: jax.lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
-def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None,
-                   ema: bool = False) -> Callable:
+def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None, ema: bool = False) -> Callable:
     """Builds ``eval_step(train_state, batch) -> metric_state``.
 
     ``metric_fn(params, state, batch)`` returns the metric state of one batch (e.g.
@@ -1083,9 +1191,11 @@ def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None,
         params = train_state.params
         if ema:
             if not isinstance(train_state.ema, EMA):
-                raise ValueError("make_eval_step: ema=True but the TrainState keeps no EMA; "
-                                 "create it with TrainState.create(..., ema=True) and train "
-                                 "with make_train_step(..., ema_decay=...).")
+                raise ValueError(
+                    "make_eval_step: ema=True but the TrainState keeps no EMA; "
+                    "create it with TrainState.create(..., ema=True) and train "
+                    "with make_train_step(..., ema_decay=...)."
+                )
             params = train_state.ema.params
         out = metric_fn(params, train_state.state, batch)
         return metrics_lib.merge(out, axis_name) if axis_name is not None else out
@@ -1096,6 +1206,7 @@ def make_eval_step(metric_fn: Callable, *, axis_name: Optional[str] = None,
 # --------------------------------------------------------------------------- #
 # Target networks
 # --------------------------------------------------------------------------- #
+
 
 def copy_params(train_state: TrainState, src: str, dst: str) -> TrainState:
     """``train_state`` with model ``dst`` set to a copy of model ``src``: params and layer state.
@@ -1174,14 +1285,18 @@ def polyak_update(train_state: TrainState, src: str, dst: str, tau: Union[float,
     """
     _check_pair("polyak_update", train_state, src, dst)
     if isinstance(tau, (str, bytes)):
-        raise TypeError(f"polyak_update: tau must be a number in [0, 1] (e.g. tau=0.005), got "
-                        f"the string {tau!r}; pass float({tau!r}).")
+        raise TypeError(
+            f"polyak_update: tau must be a number in [0, 1] (e.g. tau=0.005), got "
+            f"the string {tau!r}; pass float({tau!r})."
+        )
     value = checks.concrete(tau)
     if value is not None and (value.size != 1 or not 0.0 <= float(value) <= 1.0):
         # Outside [0, 1] optax extrapolates past src or away from it without a word.
-        raise ValueError(f"polyak_update: tau must be in [0, 1] (the fraction of {src!r} mixed "
-                         f"into {dst!r}; 1 copies, 0 keeps), got {tau!r}. Typical soft updates "
-                         f"use tau=0.005.")
+        raise ValueError(
+            f"polyak_update: tau must be in [0, 1] (the fraction of {src!r} mixed "
+            f"into {dst!r}; 1 copies, 0 keeps), got {tau!r}. Typical soft updates "
+            f"use tau=0.005."
+        )
     averaged = optax.incremental_update(train_state.params[src], train_state.params[dst], tau)
     return train_state._replace(params={**train_state.params, dst: averaged})
 
@@ -1189,14 +1304,19 @@ def polyak_update(train_state: TrainState, src: str, dst: str, tau: Union[float,
 def _check_pair(where, train_state, src, dst):
     _check_model_names(where, "src/dst", (src, dst), train_state.params)
     if jax.tree.structure(train_state.params[src]) != jax.tree.structure(train_state.params[dst]):
-        raise ValueError(f"{where}: models {src!r} and {dst!r} have differently structured "
-                         f"params, so one cannot be copied onto the other. Build both from "
-                         f"the same layer and input shape.")
-    pairs = zip(jax.tree_util.tree_flatten_with_path(train_state.params[src])[0],
-                jax.tree.leaves(train_state.params[dst]))
+        raise ValueError(
+            f"{where}: models {src!r} and {dst!r} have differently structured "
+            f"params, so one cannot be copied onto the other. Build both from "
+            f"the same layer and input shape."
+        )
+    pairs = zip(
+        jax.tree_util.tree_flatten_with_path(train_state.params[src])[0], jax.tree.leaves(train_state.params[dst])
+    )
     for (path, a), b in pairs:
         if jnp.shape(a) != jnp.shape(b):
-            raise ValueError(f"{where}: models {src!r} and {dst!r} are different architectures: "
-                             f"params{jax.tree_util.keystr(tuple(path))} has shape {jnp.shape(a)} "
-                             f"in {src!r} but {jnp.shape(b)} in {dst!r}, so {dst!r}'s layer could "
-                             f"not use the copy. Build both from the same layer and input shape.")
+            raise ValueError(
+                f"{where}: models {src!r} and {dst!r} are different architectures: "
+                f"params{jax.tree_util.keystr(tuple(path))} has shape {jnp.shape(a)} "
+                f"in {src!r} but {jnp.shape(b)} in {dst!r}, so {dst!r}'s layer could "
+                f"not use the copy. Build both from the same layer and input shape."
+            )

@@ -120,8 +120,10 @@ def jit(fun: Callable, *, options: Optional[dict] = None, **jit_kwargs) -> Calla
       >>> f(params, jnp.ones((2, 8, 8, 1))).shape
       (2, 6, 6, 4)
     """
-    options = {**(compiler_options() if options is None else options),
-               **(jit_kwargs.pop("compiler_options", None) or {})}
+    options = {
+        **(compiler_options() if options is None else options),
+        **(jit_kwargs.pop("compiler_options", None) or {}),
+    }
     if not options:
         return jax.jit(fun, **jit_kwargs)
     # Layers read the flag to pick kernels for XLA's multi-threaded convolutions: only

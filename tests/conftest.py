@@ -29,6 +29,7 @@ inherit the environment) load a program another one compiled: about a quarter of
 suite's time on 2 cores. The executables are XLA's own. A cache directory you set
 yourself (``JAX_COMPILATION_CACHE_DIR``) is used as it is and never deleted.
 """
+
 import os
 import re
 import shutil
@@ -56,8 +57,9 @@ if not ON_CPU:
 def _backend_starts(xla_flags):
     """``(True, "")`` if jax starts its backend with ``xla_flags``, else ``(False, stderr)``."""
     env = dict(os.environ, XLA_FLAGS=xla_flags)
-    run = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True, timeout=300
+    )
     return run.returncode == 0, run.stderr
 
 
@@ -77,7 +79,8 @@ def _known_flags():
             raise pytest.UsageError(
                 f"jax's backend does not start in this environment (JAX_PLATFORMS="
                 f"{os.environ['JAX_PLATFORMS']}, XLA_FLAGS={user!r}), so no test can run. "
-                f"XLA said:\n{err.strip()[-3000:]}")
+                f"XLA said:\n{err.strip()[-3000:]}"
+            )
         flags = [f for f in flags if f not in ours]
 
 
@@ -85,22 +88,26 @@ def _known_flags():
 # workers and subprocesses find the decision in the environment they inherit.
 if "FUNCNET_TEST_XLA_FLAGS" not in os.environ:
     os.environ["FUNCNET_TEST_XLA_FLAGS"] = _known_flags()
-os.environ["XLA_FLAGS"] = " ".join(f for f in (
-    os.environ.get("XLA_FLAGS", ""), os.environ["FUNCNET_TEST_XLA_FLAGS"],
-    f"--xla_force_host_platform_device_count={DEVICES}") if f)
+os.environ["XLA_FLAGS"] = " ".join(
+    f
+    for f in (
+        os.environ.get("XLA_FLAGS", ""),
+        os.environ["FUNCNET_TEST_XLA_FLAGS"],
+        f"--xla_force_host_platform_device_count={DEVICES}",
+    )
+    if f
+)
 
 _OWN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
-        prefix="funcnet-tests-jax-cache-")
+    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="funcnet-tests-jax-cache-")
 # Cache every program: the suite's are small and quick to compile, but there are thousands.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "devices(n): needs n devices (the CPU run simulates 4); skips with fewer")
+    config.addinivalue_line("markers", "devices(n): needs n devices (the CPU run simulates 4); skips with fewer")
 
 
 def pytest_runtest_setup(item):
@@ -109,18 +116,20 @@ def pytest_runtest_setup(item):
     if marker is None:
         return
     import jax
+
     need, have = marker.args[0], jax.device_count()
     if have < need:
-        pytest.skip(f"needs {need} devices; this run has {have} ({jax.default_backend()}); "
-                    f"the CPU run simulates them (FUNCNET_TEST_DEVICES, default 4)")
+        pytest.skip(
+            f"needs {need} devices; this run has {have} ({jax.default_backend()}); "
+            f"the CPU run simulates them (FUNCNET_TEST_DEVICES, default 4)"
+        )
 
 
 def pytest_terminal_summary(terminalreporter):
     """What skipped, by reason: the PyTorch parity tests as one line, then the rest."""
     reasons = Counter()
     for report in terminalreporter.stats.get("skipped", []):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(
-            report.longrepr)
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         reason = reason.removeprefix("Skipped: ")
         reasons["torch" if reason.startswith(SKIP_REASON) else reason] += 1
     parity = reasons.pop("torch", 0)
@@ -146,5 +155,4 @@ def pytest_xdist_auto_num_workers(config):
 
     Each worker is a process with its own JAX, torch and compilations: past a few
     workers, start-up and memory cost more than the parallelism gains."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1))
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

@@ -21,13 +21,37 @@ import pytest
 import funcnet
 
 ANNOTATED = [
-    "funcnet.core", "funcnet.combinators", "funcnet.layers", "funcnet.losses", "funcnet.outputs",
-    "funcnet.initializers", "funcnet.optim", "funcnet.params", "funcnet.metrics", "funcnet.data",
-    "funcnet.callbacks", "funcnet.checkpoint", "funcnet.checkpoint_orbax", "funcnet.sharding",
-    "funcnet.distributed", "funcnet.precision", "funcnet.xla", "funcnet.decoding", "funcnet.models",
-    "funcnet.models.gpt", "funcnet.interop", "funcnet.introspect", "funcnet.testing",
-    "funcnet.fileio", "funcnet.errors", "funcnet.datasets", "funcnet.datasets.idx",
-    "funcnet.train", "funcnet.inference", "funcnet.datasets.mnist", "funcnet.onnx",
+    "funcnet.core",
+    "funcnet.combinators",
+    "funcnet.layers",
+    "funcnet.losses",
+    "funcnet.outputs",
+    "funcnet.initializers",
+    "funcnet.optim",
+    "funcnet.params",
+    "funcnet.metrics",
+    "funcnet.data",
+    "funcnet.callbacks",
+    "funcnet.checkpoint",
+    "funcnet.checkpoint_orbax",
+    "funcnet.sharding",
+    "funcnet.distributed",
+    "funcnet.precision",
+    "funcnet.xla",
+    "funcnet.decoding",
+    "funcnet.models",
+    "funcnet.models.gpt",
+    "funcnet.interop",
+    "funcnet.introspect",
+    "funcnet.testing",
+    "funcnet.fileio",
+    "funcnet.errors",
+    "funcnet.datasets",
+    "funcnet.datasets.idx",
+    "funcnet.train",
+    "funcnet.inference",
+    "funcnet.datasets.mnist",
+    "funcnet.onnx",
 ]
 
 
@@ -47,9 +71,11 @@ def _missing(fn) -> list:
     """The names of ``fn``'s unannotated parameters, and ``"return"`` if it has none."""
     sig = inspect.signature(fn)
     skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    missing = [p.name for p in sig.parameters.values()
-               if p.name not in ("self", "cls") and p.kind not in skip
-               and p.annotation is inspect.Parameter.empty]
+    missing = [
+        p.name
+        for p in sig.parameters.values()
+        if p.name not in ("self", "cls") and p.kind not in skip and p.annotation is inspect.Parameter.empty
+    ]
     if sig.return_annotation is inspect.Signature.empty:
         missing.append("return")
     return missing
@@ -59,8 +85,10 @@ def _missing(fn) -> list:
 def test_public_functions_are_annotated(module_name):
     module = importlib.import_module(module_name)
     bad = {name: _missing(fn) for name, fn in _public_callables(module) if _missing(fn)}
-    assert not bad, (f"{module_name}: these public functions lack annotations (parameter names, "
-                     f"'return' for the return type): {bad}. Annotate them in the def line.")
+    assert not bad, (
+        f"{module_name}: these public functions lack annotations (parameter names, "
+        f"'return' for the return type): {bad}. Annotate them in the def line."
+    )
 
 
 @pytest.mark.parametrize("module_name", ANNOTATED)
@@ -70,8 +98,10 @@ def test_annotations_resolve(module_name):
         try:
             typing.get_type_hints(fn)
         except Exception as e:  # a NameError for a name only imported under TYPE_CHECKING, ...
-            pytest.fail(f"{module_name}.{name}: typing.get_type_hints fails ({e!r}); every name an "
-                        f"annotation uses must be importable at run time in its module.")
+            pytest.fail(
+                f"{module_name}.{name}: typing.get_type_hints fails ({e!r}); every name an "
+                f"annotation uses must be importable at run time in its module."
+            )
 
 
 def test_the_check_catches_a_missing_annotation():

@@ -12,6 +12,7 @@ every CI lane; ``mkdocs build --strict`` (warn_unknown_params in mkdocs.yml) rep
 - ``fit`` comes first on the loop page;
 - no public docstring or docs page points readers at a private module (``funcnet._mesh``).
 """
+
 import ast
 import glob
 import importlib
@@ -27,11 +28,22 @@ import funcnet
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PUBLIC_MODULES = ["funcnet"] + sorted(
-    f"funcnet.{n}" for n in funcnet.__all__ if isinstance(getattr(funcnet, n), types.ModuleType))
+    f"funcnet.{n}" for n in funcnet.__all__ if isinstance(getattr(funcnet, n), types.ModuleType)
+)
 
 # Google-style section headers whose entries are parameters (griffe's spellings).
-_PARAM_SECTIONS = {"Args", "Arguments", "Params", "Parameters", "Keyword Args", "Keyword Arguments",
-                   "Other Args", "Other Arguments", "Other Params", "Other Parameters"}
+_PARAM_SECTIONS = {
+    "Args",
+    "Arguments",
+    "Params",
+    "Parameters",
+    "Keyword Args",
+    "Keyword Arguments",
+    "Other Args",
+    "Other Arguments",
+    "Other Params",
+    "Other Parameters",
+}
 _SECTION = re.compile(r"^(?P<indent>\s*)(?P<title>[A-Z][A-Za-z ]*):\s*$")
 _ENTRY = re.compile(r"^(?P<name>\*{0,2}[A-Za-z_][\w, *]*?)\s*(\([^)]*\))?:(\s|$)")
 
@@ -84,12 +96,16 @@ def _unknown_params(func, doc):
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)
 def test_every_args_entry_is_one_parameter_of_the_signature(module_name):
-    bad = [f"{qual}: {name!r}" for qual, func, doc in _documented_callables(module_name)
-           for name in _unknown_params(func, doc)]
+    bad = [
+        f"{qual}: {name!r}"
+        for qual, func, doc in _documented_callables(module_name)
+        for name in _unknown_params(func, doc)
+    ]
     assert not bad, (
         f"Args entries that are not one parameter of the signature in {module_name} (a grouped "
         f"entry like 'b1, b2:' renders as one 'required' row with no default; give each name "
-        f"its own line):\n  " + "\n  ".join(bad))
+        f"its own line):\n  " + "\n  ".join(bad)
+    )
 
 
 def test_the_args_parser_reads_grouped_and_typed_entries():
@@ -108,6 +124,7 @@ def test_the_args_parser_reads_grouped_and_typed_entries():
 
     def f(x, b1, b2, *args):
         pass
+
     assert _unknown_params(f, doc) == ["b1, b2"]
 
 
@@ -128,11 +145,15 @@ def _attribute_docstring(module_name, name, seen=()):
         # a def turned into a value by its decorator (activations' Elu) keeps its docstring
         if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and stmt.name == name:
             return ast.get_docstring(stmt)
-        targets = (stmt.targets if isinstance(stmt, ast.Assign)
-                   else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
+        targets = (
+            stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        )
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            if (isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)):
+            if (
+                isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 return after.value.value
             return None
         if isinstance(stmt, ast.ImportFrom) and stmt.module:
@@ -160,7 +181,8 @@ def test_every_public_name_has_a_docstring(module_name):
     missing = [n for n in module.__all__ if not (_docstring(module_name, n) or "").strip()]
     assert not missing, (
         f"public names of {module_name} without a docstring (a value takes a string literal on the "
-        f"line right after its assignment): {missing}")
+        f"line right after its assignment): {missing}"
+    )
 
 
 def test_attribute_docstrings_are_found_through_imports():
@@ -177,14 +199,14 @@ def _rendered_members(page):
     found = []
     for m in _MEMBERS.finditer(text):
         listed = re.search(r"members:\s*\[([^\]]*)\]", m["options"])
-        found.append((m["target"], [s.strip().strip("\"'") for s in listed[1].split(",") if s.strip()]
-                      if listed else None))
+        found.append(
+            (m["target"], [s.strip().strip("\"'") for s in listed[1].split(",") if s.strip()] if listed else None)
+        )
     return found
 
 
 def test_the_layer_pages_render_every_public_layer_exactly_once():
-    pages = sorted(os.path.relpath(p, ROOT)
-                   for p in glob.glob(os.path.join(ROOT, "docs", "api", "layers", "*.md")))
+    pages = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "api", "layers", "*.md")))
     assert len(pages) >= 10, pages
     rendered = []
     for page in pages:
@@ -200,7 +222,8 @@ def test_the_layer_pages_render_every_public_layer_exactly_once():
     assert not duplicates, f"layers rendered on more than one page: {duplicates}"
     assert sorted(rendered) == sorted(funcnet.layers.__all__), (
         f"missing from the layer pages: {sorted(set(funcnet.layers.__all__) - set(rendered))}; "
-        f"not public: {sorted(set(rendered) - set(funcnet.layers.__all__))}")
+        f"not public: {sorted(set(rendered) - set(funcnet.layers.__all__))}"
+    )
     index = open(os.path.join(ROOT, "docs", "api", "layers.md")).read()
     assert _rendered_members("docs/api/layers.md") == [("funcnet.layers", None)]
     assert "members: false" in index, "docs/api/layers.md is the index; the layers render on the family pages"
@@ -234,13 +257,17 @@ def _public_texts():
 
 def test_no_public_text_names_a_private_module():
     bad = sorted({f"{where}: {hit}" for where, text in _public_texts() for hit in _PRIVATE.findall(text)})
-    assert not bad, ("public docstrings and docs pages name private modules (readers cannot rely on "
-                     "them; name the public home instead):\n  " + "\n  ".join(bad))
+    assert not bad, (
+        "public docstrings and docs pages name private modules (readers cannot rely on "
+        "them; name the public home instead):\n  " + "\n  ".join(bad)
+    )
 
 
 def test_the_private_module_pattern():
     assert _PRIVATE.findall("see funcnet._mesh and funcnet.layers._windows, not funcnet.layers") == [
-        "funcnet._mesh", "funcnet.layers._windows"]
+        "funcnet._mesh",
+        "funcnet.layers._windows",
+    ]
 
 
 def _intro(page_text):
@@ -263,6 +290,8 @@ def test_a_module_page_shows_its_summary_once():
         if intro and not intro.startswith("See also:"):
             bad.append(f"{os.path.relpath(page, ROOT)}: {intro.splitlines()[0]}")
     assert len(pages) >= 25, pages
-    assert not bad, ("API pages with a summary of their own above the module docstring's (say "
-                     "it in the docstring; a link goes on a 'See also:' line):\n  " + "\n  ".join(bad))
+    assert not bad, (
+        "API pages with a summary of their own above the module docstring's (say "
+        "it in the docstring; a link goes on a 'See also:' line):\n  " + "\n  ".join(bad)
+    )
     assert _intro("# funcnet.x\n\nThe x module.\n\n::: funcnet.x\n") == "The x module."

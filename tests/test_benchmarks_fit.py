@@ -37,8 +37,10 @@ def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
     scan = np.asarray(fit._scan_epoch(update, start(), x, y, steps, batch, n)())
     shuffled = np.asarray(fit._shuffled_scan_epoch(update, start(), x, y, steps, batch, n)())
     order = data.epoch_order(n, 0, 0)
-    batches = [(jnp.asarray(x[order][i * batch:(i + 1) * batch]), jnp.asarray(y[order][i * batch:(i + 1) * batch]))
-               for i in range(steps)]
+    batches = [
+        (jnp.asarray(x[order][i * batch : (i + 1) * batch]), jnp.asarray(y[order][i * batch : (i + 1) * batch]))
+        for i in range(steps)
+    ]
     losses = []
 
     def step(carry, xb, yb):  # the hand loop, its losses kept

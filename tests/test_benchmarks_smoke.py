@@ -54,8 +54,11 @@ def test_im2col_convs_match_lax_conv():
     W = jnp.asarray(rng.standard_normal((5, 5, 3, 4), dtype=np.float32))
     ref = jax.lax.conv_general_dilated(x, W, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
     dy = jnp.asarray(rng.standard_normal(ref.shape, dtype=np.float32))
-    ref_dx, ref_dw = jax.vjp(lambda x, W: jax.lax.conv_general_dilated(
-        x, W, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")), x, W)[1](dy)
+    ref_dx, ref_dw = jax.vjp(
+        lambda x, W: jax.lax.conv_general_dilated(x, W, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        x,
+        W,
+    )[1](dy)
     for conv in (cnn.im2col_conv, cnn.conv_im2col_vjp):  # the formulations the cnn peers use
         y, vjp = jax.vjp(conv, x, W)
         dx, dw = vjp(dy)
@@ -78,9 +81,14 @@ def test_cnn_funcnet_one_step():
     assert 0.5 < ours["extra"]["loss_first"] < 5.0
 
 
-@pytest.mark.parametrize("net,peers", [("flax-cnn", ("fit-device", "flax")),
-                                       ("lenet", ("fit-device-loop", "jit-loop")),
-                                       ("gpt", ("fit", "fit-device-options"))])
+@pytest.mark.parametrize(
+    "net,peers",
+    [
+        ("flax-cnn", ("fit-device", "flax")),
+        ("lenet", ("fit-device-loop", "jit-loop")),
+        ("gpt", ("fit", "fit-device-options")),
+    ],
+)
 def test_fit_nets_peers_train_each_network(net, peers):
     case = dict(net=net, batch=4, steps=10, reps=1, quick_steps=10, quick_reps=1)
     for peer in peers:
@@ -126,8 +134,10 @@ def test_gpt_peers_start_from_the_same_loss():
     if not HAVE_TORCH:
         pytest.skip(f"{SKIP_REASON}; the reference peer here is PyTorch's GPT")
     case = dict(n_layer=2, n_head=2, n_embd=16, block=8, batch=4, steps=1, reps=1)
-    results = {peer: fn(peer, CFG, case) for peer, fn in (
-        ("funcnet-2dev", gpt.run_funcnet), ("jax", gpt.run_jax), ("torch", gpt.run_torch))}
+    results = {
+        peer: fn(peer, CFG, case)
+        for peer, fn in (("funcnet-2dev", gpt.run_funcnet), ("jax", gpt.run_jax), ("torch", gpt.run_torch))
+    }
     ref = results["torch"]["extra"]["loss_first"]
     assert ref == pytest.approx(math.log(gpt.VOCAB), abs=0.1)
     for peer, r in results.items():
@@ -142,15 +152,15 @@ def test_sharding_memory_runs_its_three_layouts_on_tiny_models():
     quarter of the replicated state per device, and the table has a row for each."""
     rows = sharding_memory._child(4, ["mlp", "gpt"], steps=1, tiny=True)
     assert [(r["model"], r["layout"]) for r in rows] == [
-        (m, layout) for m in ("mlp", "gpt") for layout in ("replicated", "fsdp", "2d")]
+        (m, layout) for m in ("mlp", "gpt") for layout in ("replicated", "fsdp", "2d")
+    ]
     for r in rows:
         assert r["devices"] == 4 and 0 < r["params"] < 50_000, r
         assert math.isfinite(r["loss"]) and r["step_ms_median"] > 0, r
         assert r["compiled_argument_bytes"] is None or r["compiled_argument_bytes"] > 0, r
         base = next(b for b in rows if b["model"] == r["model"] and b["layout"] == "replicated")
         assert r["loss"] == pytest.approx(base["loss"], rel=1e-4), r
-        assert r["ratio_to_replicated"] == pytest.approx(
-            r["state_bytes_per_device"] / base["state_bytes_per_device"])
+        assert r["ratio_to_replicated"] == pytest.approx(r["state_bytes_per_device"] / base["state_bytes_per_device"])
         if r["layout"] == "replicated":
             assert r["ratio_to_replicated"] == 1.0
         elif r["layout"] == "fsdp":  # the issue's target, held even by the tiny models
@@ -166,6 +176,7 @@ def test_sharding_memory_runs_its_three_layouts_on_tiny_models():
 # without a GPU - the tier's registry, the parsers, the budget, and a rehearsal on CPU.
 # --------------------------------------------------------------------------- #
 
+
 def test_gpu_tier_leaves_out_the_cpu_device_peers_and_has_the_gpu_peers():
     assert peers_on(by_name()["pmap"], "gpu") == []
     gpt_gpu = [p.name for p in peers_on(by_name()["gpt"], "gpu")]
@@ -176,8 +187,7 @@ def test_gpu_tier_leaves_out_the_cpu_device_peers_and_has_the_gpu_peers():
             tier = {p.name for p in peers_on(by_name()[name], "gpu")}
             assert set(wanted) <= tier, (name, set(wanted) - tier)
     (gpt_case,) = [by_name()["gpt"].cases[i] for i in cases_on(by_name()["gpt"], "gpu")]
-    assert (gpt_case["n_layer"], gpt_case["n_embd"], gpt_case["block"], gpt_case["batch"]) == (
-        6, 384, 256, 64)
+    assert (gpt_case["n_layer"], gpt_case["n_embd"], gpt_case["block"], gpt_case["batch"]) == (6, 384, 256, 64)
     assert gpu_tier.GPU_PEERS["gpt"][-1] == "torch-compile"  # a slow compile cuts no other peer
     # named peers run in the order given; the tier's defaults otherwise
     [(w, peers, cases)] = list(bench_run._selected(["gpt:torch-compile", "gpt:funcnet"], "gpu"))
@@ -204,8 +214,7 @@ def test_run_child_settings_for_the_gpu_tier():
 def test_gpu_bf16_peers_start_from_the_float32_loss():
     """The GPU tier's bfloat16 funcnet peers (run here on CPU) load the shared weights: their
     first loss is the float32 one to bfloat16 rounding."""
-    case = dict(sizes=(784, 16, 10), batch=8, opt="adam", lr=1e-3, reps=1, quick_reps=1,
-                quick_steps=3)
+    case = dict(sizes=(784, 16, 10), batch=8, opt="adam", lr=1e-3, reps=1, quick_reps=1, quick_steps=3)
     cfg = dict(CFG, quick=True, device="cpu")
     f32 = mlp.run("funcnet", cfg, case)["extra"]["loss_first"]
     bf16 = mlp.run("funcnet-bf16", cfg, case)
@@ -246,8 +255,10 @@ training took 80.5 s
     parsed = gpu_tier.parse_training_log(text)
     assert parsed["params_m"] == 10.65 and parsed["compile_s"] == 31.6
     assert parsed["training_s"] == 80.5
-    assert parsed["evals"] == [{"step": 0, "train_loss": 4.2874, "val_loss": 4.2823},
-                               {"step": 500, "train_loss": 1.6012, "val_loss": 1.8023}]
+    assert parsed["evals"] == [
+        {"step": 0, "train_loss": 4.2874, "val_loss": 4.2823},
+        {"step": 500, "train_loss": 1.6012, "val_loss": 1.8023},
+    ]
     assert [i["iter"] for i in parsed["iters"]] == [0, 100, 200, 300]
     assert parsed["iters"][0]["mfu_pct"] == -100.0 and parsed["iters"][2]["mfu_pct"] is None
     s = gpu_tier.summarize_training(parsed)
@@ -271,8 +282,7 @@ def test_gpu_budget_keeps_the_later_stages_reserves():
     assert gpu_tier.stage_timeout(plan, opt, 400) == plan[opt]["cap"]
     half = gpu_tier.plan_timeouts(240, ["suite"])
     assert half == [dict(plan[1], cap=plan[1]["cap"] / 2, reserve=plan[1]["reserve"] / 2)]
-    assert gpu_tier._selected_stages("workloads,device") == ["device", "mlp", "cnn", "fit", "gpt",
-                                                             "fit-nets"]
+    assert gpu_tier._selected_stages("workloads,device") == ["device", "mlp", "cnn", "fit", "gpt", "fit-nets"]
     with pytest.raises(SystemExit):
         gpu_tier._selected_stages("bogus")
 
@@ -286,13 +296,18 @@ def test_gpu_shakespeare_stage_reruns_without_a_refused_dtype_flag(tmp_path, mon
     def fake_run(cmd, env, timeout, log_path, prefix="", cwd=None):
         calls.append(list(cmd))
         if any(c.startswith("--dtype") for c in cmd):
-            return {"rc": 2, "seconds": 0.1, "timed_out": False,
-                    "output": "usage: ...\nerror: unrecognized arguments: --dtype=bfloat16\n"}
+            return {
+                "rc": 2,
+                "seconds": 0.1,
+                "timed_out": False,
+                "output": "usage: ...\nerror: unrecognized arguments: --dtype=bfloat16\n",
+            }
         return {"rc": 0, "seconds": 1.0, "timed_out": False, "output": log}
 
     monkeypatch.setattr(gpu_tier, "run_command", fake_run)
-    ctx = gpu_tier.Ctx(out=str(tmp_path), rehearse=True, nanogpt_dir=None,
-                       env={"JAX_PLATFORMS": "cpu"}, results={"stages": {}})
+    ctx = gpu_tier.Ctx(
+        out=str(tmp_path), rehearse=True, nanogpt_dir=None, env={"JAX_PLATFORMS": "cpu"}, results={"stages": {}}
+    )
     rec = gpu_tier._run_stage(ctx, "shakespeare-bf16", 100)
     assert len(calls) == 2 and not any(c.startswith("--dtype") for c in calls[1])
     assert rec["status"] == "ok" and rec["dtype_flag"].startswith("rejected")
@@ -313,15 +328,29 @@ def test_gpu_rehearsal_records_every_stage(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NANOGPT_DIR"}
     out = tmp_path / "gpu"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu", "--rehearse", "--stages",
-         "device,suite,mlp,nanogpt", "--out", str(out), "--nanogpt-dir", str(tmp_path / "none")],
-        cwd=gpu_tier.ROOT, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu",
+            "--rehearse",
+            "--stages",
+            "device,suite,mlp,nanogpt",
+            "--out",
+            str(out),
+            "--nanogpt-dir",
+            str(tmp_path / "none"),
+        ],
+        cwd=gpu_tier.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "gpu-results.json").read_text())
     stages = results["stages"]
     assert list(stages) == ["device", "suite", "mlp", "nanogpt"] and results["rehearse"]
-    assert all(s["status"] in ("ok", "partial", "failed", "timeout", "skipped")
-               for s in stages.values())
+    assert all(s["status"] in ("ok", "partial", "failed", "timeout", "skipped") for s in stages.values())
     assert stages["device"]["status"] == "ok"
     assert stages["device"]["probe"]["jax"]["backend"] == "cpu"
     assert stages["suite"]["status"] == "ok" and stages["suite"]["summary"]["counts"]["passed"] >= 1
@@ -343,8 +372,24 @@ def test_gpu_suite_stage_runs_without_pytest_xdist():
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "tests/test_layers_dense.py"],
-        cwd=gpu_tier.ROOT, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-o",
+            "addopts=",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "tests/test_layers_dense.py",
+        ],
+        cwd=gpu_tier.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     summary = gpu_tier.parse_pytest_summary(proc.stdout)
     assert proc.returncode == 0 and summary["counts"]["passed"] >= 1, proc.stdout[-2000:]

@@ -32,44 +32,74 @@ def test_monitored_keys_fit_never_logs_fail_before_training(tmp_path):
         def on_step_end(self, ctx, step):
             steps.append(step)
 
-    with pytest.raises(ValueError, match=r"EarlyStopping: monitor='val_acc' is not a key fit will "
-                       r"log.*'eval_acc', 'eval_loss'"):
-        fit(ts, loss_fn, opt, train_data, callbacks=[Steps(), callbacks.EarlyStopping("val_acc")],
-            **kw)
+    with pytest.raises(
+        ValueError,
+        match=r"EarlyStopping: monitor='val_acc' is not a key fit will "
+        r"log.*'eval_acc', 'eval_loss'",
+    ):
+        fit(ts, loss_fn, opt, train_data, callbacks=[Steps(), callbacks.EarlyStopping("val_acc")], **kw)
     with pytest.raises(ValueError, match=r"monitor='eval_loss'.*eval_data, eval_fn and metric"):
-        fit(ts, loss_fn, opt, train_data, callbacks=[Steps(), callbacks.EarlyStopping()],
-            progress=False)
+        fit(ts, loss_fn, opt, train_data, callbacks=[Steps(), callbacks.EarlyStopping()], progress=False)
     with pytest.raises(ValueError, match=r"monitor='lr'.*LearningRateLogger adds it after"):
-        fit(ts, loss_fn, opt, train_data, callbacks=[Steps(), callbacks.EarlyStopping("lr"),
-                                                     callbacks.LearningRateLogger(0.1)], **kw)
-    (tmp_path / "h.csv").write_text("epoch,loss\n0,1.0\n")   # a resumed log with other columns
-    with pytest.raises(ValueError, match=r"CSVLogger: .*h.csv has no column for \['eval_acc', "
-                       r"'eval_loss', 'samples_per_s', 'seconds'\]"):
-        fit(ts, loss_fn, opt, train_data, callbacks=[Steps(), callbacks.CSVLogger(
-            tmp_path / "h.csv")], **kw)
+        fit(
+            ts,
+            loss_fn,
+            opt,
+            train_data,
+            callbacks=[Steps(), callbacks.EarlyStopping("lr"), callbacks.LearningRateLogger(0.1)],
+            **kw,
+        )
+    (tmp_path / "h.csv").write_text("epoch,loss\n0,1.0\n")  # a resumed log with other columns
+    with pytest.raises(
+        ValueError,
+        match=r"CSVLogger: .*h.csv has no column for \['eval_acc', "
+        r"'eval_loss', 'samples_per_s', 'seconds'\]",
+    ):
+        fit(ts, loss_fn, opt, train_data, callbacks=[Steps(), callbacks.CSVLogger(tmp_path / "h.csv")], **kw)
     assert steps == []
 
-    class AddsKey(callbacks.Callback):      # a user callback may add any key: not refused
+    class AddsKey(callbacks.Callback):  # a user callback may add any key: not refused
         def on_epoch_end(self, ctx, epoch, logs):
             logs["custom"] = 1.0
 
     # The step's own metrics ("acc", from Aux.metrics), a logger's "lr", a user's key: fine.
-    _, history = fit(ts, loss_fn, opt, train_data, epochs=1, progress=False, callbacks=[
-        callbacks.LearningRateLogger(0.1), AddsKey(), callbacks.EarlyStopping("acc"),
-        callbacks.EarlyStopping("lr"), callbacks.EarlyStopping("custom")])
+    _, history = fit(
+        ts,
+        loss_fn,
+        opt,
+        train_data,
+        epochs=1,
+        progress=False,
+        callbacks=[
+            callbacks.LearningRateLogger(0.1),
+            AddsKey(),
+            callbacks.EarlyStopping("acc"),
+            callbacks.EarlyStopping("lr"),
+            callbacks.EarlyStopping("custom"),
+        ],
+    )
     assert len(history) == 1
 
 
 def test_callback_arguments_that_would_silently_do_nothing_are_refused(tmp_path):
     from funcnet import _checks as checks
+
     # every_steps=0 / every_epochs=0 never saved; every_steps=-1 saved at every step.
-    for kw, says in (({"every_steps": 0}, "every_steps"), ({"every_steps": -1}, "every_steps"),
-                     ({"every_epochs": 0}, "every_epochs"), ({"every_epochs": 1.5}, "every_epochs"),
-                     ({"every_steps": None, "every_epochs": None}, "would never save")):
+    for kw, says in (
+        ({"every_steps": 0}, "every_steps"),
+        ({"every_steps": -1}, "every_steps"),
+        ({"every_epochs": 0}, "every_epochs"),
+        ({"every_epochs": 1.5}, "every_epochs"),
+        ({"every_steps": None, "every_epochs": None}, "would never save"),
+    ):
         with pytest.raises(checks.ArgumentError, match=rf"Checkpoint: .*{says}"):
             callbacks.Checkpoint(tmp_path / "a", **kw)
-    for kw, says in (({"patience": -1}, "patience"), ({"patience": 1.5}, "patience"),
-                     ({"min_delta": -0.1}, "min_delta"), ({"monitor": 3}, "monitor")):
+    for kw, says in (
+        ({"patience": -1}, "patience"),
+        ({"patience": 1.5}, "patience"),
+        ({"min_delta": -0.1}, "min_delta"),
+        ({"monitor": 3}, "monitor"),
+    ):
         with pytest.raises(checks.ArgumentError, match=rf"EarlyStopping: {says}"):
             callbacks.EarlyStopping(**kw)
-    callbacks.EarlyStopping(patience=0)   # Keras' meaning: stop at the first epoch without gain
+    callbacks.EarlyStopping(patience=0)  # Keras' meaning: stop at the first epoch without gain

@@ -1,4 +1,5 @@
 """funcnet.checkpoint: round trips, target checks, keep, corruption, SIGKILL during save."""
+
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ import optax
 import pytest
 from funcnet import checkpoint, optim
 
+
 class TrainState(NamedTuple):
     params: dict
     opt_state: object
@@ -22,8 +24,10 @@ class TrainState(NamedTuple):
 
 
 def make_state():
-    params = {"dense": {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.zeros(3)},
-              "head": (jnp.ones((3,), jnp.bfloat16), np.arange(4, dtype=np.int64))}
+    params = {
+        "dense": {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.zeros(3)},
+        "head": (jnp.ones((3,), jnp.bfloat16), np.arange(4, dtype=np.int64)),
+    }
     opt_state = optim.adam(1e-3).init(params)
     return TrainState(params, opt_state, 7, jax.random.key(42))
 
@@ -42,8 +46,12 @@ def zoo():
         "np_scalar": np.float32(2.5),
         "py": [1, 2.5, True, None, 3 + 4j],
         "empty": (),
-        "keys": (jax.random.key(0), jax.random.split(jax.random.key(1), 3),
-                 jax.random.key(5, impl="rbg"), jax.random.PRNGKey(3)),
+        "keys": (
+            jax.random.key(0),
+            jax.random.split(jax.random.key(1), 3),
+            jax.random.key(5, impl="rbg"),
+            jax.random.PRNGKey(3),
+        ),
     }
 
 
@@ -69,6 +77,7 @@ def _mismatch(tmp_path, saved, target, backend="npz"):
         return str(info.value)
     pytest.importorskip("orbax.checkpoint")
     from funcnet.checkpoint import OrbaxCheckpointer
+
     ckptr = OrbaxCheckpointer(tmp_path, async_=False)
     try:
         ckptr.save(1, saved)
@@ -95,7 +104,8 @@ def _corrupt_and_check(tmp_path, mutate, match):
 BIG = 12_500_000  # float32 elements: 50 MB per checkpoint
 
 
-WRITER = r"""
+WRITER = (
+    r"""
 import sys
 import numpy as np
 from funcnet import checkpoint
@@ -104,12 +114,13 @@ for step in range(first, first + 100000):
     checkpoint.save(directory, {"big": np.arange(%d, dtype=np.float32) + step,
                                 "meta": {"step": step, "tag": np.full(3, step, np.int32)}},
                     step, keep=2)
-""" % BIG
+"""
+    % BIG
+)
 
 
 def expected_tree(step):
-    return {"big": np.arange(BIG, dtype=np.float32) + step,
-            "meta": {"step": step, "tag": np.full(3, step, np.int32)}}
+    return {"big": np.arange(BIG, dtype=np.float32) + step, "meta": {"step": step, "tag": np.full(3, step, np.int32)}}
 
 
 def _temp_files(directory):
@@ -121,8 +132,9 @@ def _kill_mid_write(directory, first_step, threshold, log):
     temp file holds `threshold` bytes and at least one complete checkpoint
     exists. Returns True if a partial temp file was left behind."""
     with open(log, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(first_step)],
-                                stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(directory), str(first_step)], stdout=subprocess.DEVNULL, stderr=err
+        )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -157,8 +169,7 @@ def test_roundtrip_with_target(tmp_path):
     assert isinstance(restored.params["head"][1], np.ndarray)
     assert type(restored.step) is int
     # the typed key still works and draws the same numbers
-    np.testing.assert_array_equal(jax.random.normal(restored.rng, (3,)),
-                                  jax.random.normal(state.rng, (3,)))
+    np.testing.assert_array_equal(jax.random.normal(restored.rng, (3,)), jax.random.normal(state.rng, (3,)))
 
 
 def test_roundtrip_every_leaf_kind(tmp_path):
@@ -186,21 +197,19 @@ def test_restore_without_target_gives_plain_containers(tmp_path):
     assert z["py"] == [1, 2.5, True, None, 3 + 4j] and type(z["py"][2]) is bool
     assert z["empty"] == ()
     assert jnp.issubdtype(z["keys"][1].dtype, jax.dtypes.prng_key) and z["keys"][1].shape == (3,)
-    np.testing.assert_array_equal(jax.random.key_data(z["keys"][1]),
-                                  jax.random.key_data(jax.random.split(jax.random.key(1), 3)))
+    np.testing.assert_array_equal(
+        jax.random.key_data(z["keys"][1]), jax.random.key_data(jax.random.split(jax.random.key(1), 3))
+    )
 
 
 def test_restore_into_abstract_target(tmp_path):
     state = make_state()
     checkpoint.save(tmp_path, state, 1)
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, state)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, state)
     assert isinstance(abstract.params["dense"]["w"], jax.ShapeDtypeStruct)
     restored = checkpoint.restore(tmp_path, target=abstract)
-    np.testing.assert_array_equal(np.asarray(restored.opt_state[0].mu["dense"]["w"]),
-                                  np.zeros((2, 3)))
-    np.testing.assert_array_equal(np.asarray(restored.params["dense"]["w"]),
-                                  np.asarray(state.params["dense"]["w"]))
+    np.testing.assert_array_equal(np.asarray(restored.opt_state[0].mu["dense"]["w"]), np.zeros((2, 3)))
+    np.testing.assert_array_equal(np.asarray(restored.params["dense"]["w"]), np.asarray(state.params["dense"]["w"]))
 
 
 def test_restore_keeps_pmap_replication(tmp_path):
@@ -214,8 +223,9 @@ def test_restore_keeps_pmap_replication(tmp_path):
 
 @BACKENDS
 def test_mismatch_shape(tmp_path, backend):
-    msg = _mismatch(tmp_path, {"a": {"w": np.zeros((2, 3), np.float32)}},
-                    {"a": {"w": np.zeros((3, 2), np.float32)}}, backend)
+    msg = _mismatch(
+        tmp_path, {"a": {"w": np.zeros((2, 3), np.float32)}}, {"a": {"w": np.zeros((3, 2), np.float32)}}, backend
+    )
     if backend == "npz":
         assert "['a']['w']" in msg and "float32[3, 2]" in msg and "float32[2, 3]" in msg
         assert "ckpt-1.npz" in msg
@@ -225,9 +235,12 @@ def test_mismatch_shape(tmp_path, backend):
 
 @BACKENDS
 def test_mismatch_dtype_and_kind(tmp_path, backend):
-    msg = _mismatch(tmp_path, {"x": np.zeros(2, np.float64), "n": 3, "k": jax.random.PRNGKey(0)},
-                    {"x": np.zeros(2, np.float32), "n": np.int64(3), "k": jax.random.key(0)},
-                    backend)
+    msg = _mismatch(
+        tmp_path,
+        {"x": np.zeros(2, np.float64), "n": 3, "k": jax.random.PRNGKey(0)},
+        {"x": np.zeros(2, np.float32), "n": np.int64(3), "k": jax.random.key(0)},
+        backend,
+    )
     assert "['x']: target expects float32[2], the checkpoint has float64[2]" in msg
     if backend == "npz":  # orbax stores a key as its key data, a Python int as an array
         assert "['n']: target expects int64[], the checkpoint has Python int" in msg
@@ -240,15 +253,13 @@ def test_a_float32_checkpoint_is_not_cast_into_another_dtype(tmp_path, backend, 
     # a float16 or int32 target would get rounded or truncated values without a word
     name = jnp.dtype(dtype).name
     for like in (np.zeros((2, 3), dtype), jnp.zeros((2, 3), dtype)):  # host and device targets
-        msg = _mismatch(tmp_path / type(like).__name__, {"w": jnp.full((2, 3), 1.7)},
-                        {"w": like}, backend)
+        msg = _mismatch(tmp_path / type(like).__name__, {"w": jnp.full((2, 3), 1.7)}, {"w": like}, backend)
         assert f"['w']: target expects {name}[2, 3], the checkpoint has float32[2, 3]" in msg
 
 
 @BACKENDS
 def test_mismatch_missing_and_extra_paths(tmp_path, backend):
-    msg = _mismatch(tmp_path, {"a": np.zeros(1), "b": np.zeros(1)},
-                    {"a": np.zeros(1), "c": np.zeros(1)}, backend)
+    msg = _mismatch(tmp_path, {"a": np.zeros(1), "b": np.zeros(1)}, {"a": np.zeros(1), "c": np.zeros(1)}, backend)
     if backend == "npz":
         assert "in target but not in the checkpoint: ['c']" in msg
         assert "in the checkpoint but not in target: ['b']" in msg
@@ -273,7 +284,7 @@ def test_steps_and_keep_last_k(tmp_path):
     checkpoint.save(tmp_path, {"s": np.array(11)}, jnp.asarray(11), keep=2)
     assert checkpoint.all_steps(tmp_path) == [10, 11]
     assert sorted(os.listdir(tmp_path)) == ["ckpt-10.npz", "ckpt-11.npz"]
-    checkpoint.save(tmp_path, {"s": np.array(-11)}, 11, keep=1)   # same step: replaced
+    checkpoint.save(tmp_path, {"s": np.array(-11)}, 11, keep=1)  # same step: replaced
     assert checkpoint.all_steps(tmp_path) == [11]
     assert int(checkpoint.restore(tmp_path)["s"]) == -11
 
@@ -313,6 +324,7 @@ def test_corrupt_flipped_data_byte(tmp_path):
         i = bytes(raw).index(data.tobytes()) + 4000
         raw[i] ^= 0x01
         return bytes(raw)
+
     _corrupt_and_check(tmp_path, flip, "checksum|CRC")
 
 
@@ -337,7 +349,7 @@ def test_sigkill_during_save_keeps_last_checkpoint(tmp_path):
         left_partial.append(_kill_mid_write(directory, step, threshold, tmp_path / "log"))
         steps = checkpoint.all_steps(directory)
         assert steps and steps[-1] >= step - 1
-        for s in steps[:-1]:    # every listed checkpoint is complete
+        for s in steps[:-1]:  # every listed checkpoint is complete
             assert checkpoint.restore(directory, step=s)["meta"]["step"] == s
         latest = checkpoint.restore(directory, target=expected_tree(0))
         assert latest["meta"]["step"] == steps[-1]

@@ -1,5 +1,6 @@
 """funcnet.checkpoint.OrbaxCheckpointer: a 4-device sharded state saved asynchronously and restored
 with its shardings, SIGKILL during an async save, keep=N, run ownership, finite steps."""
+
 import os
 import signal
 import subprocess
@@ -21,11 +22,15 @@ from orbax.checkpoint._src.path import atomicity  # noqa: E402  (to hold a commi
 
 def sharded_state(v=0.0):
     mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
-    w = jax.device_put(jnp.arange(64 * 8, dtype=jnp.float32).reshape(64, 8) + v,
-                       NamedSharding(mesh, P("d", None)))
+    w = jax.device_put(jnp.arange(64 * 8, dtype=jnp.float32).reshape(64, 8) + v, NamedSharding(mesh, P("d", None)))
     b = jax.device_put(jnp.full((8,), v, jnp.bfloat16), NamedSharding(mesh, P()))
-    return {"params": {"w": w, "b": b}, "step": jnp.int32(int(v)), "rng": jax.random.key(7),
-            "epoch": np.int64(3), "count": 5}
+    return {
+        "params": {"w": w, "b": b},
+        "step": jnp.int32(int(v)),
+        "rng": jax.random.key(7),
+        "epoch": np.int64(3),
+        "count": 5,
+    }
 
 
 def assert_same(a, b):
@@ -64,8 +69,7 @@ def test_async_sharded_save_and_bit_identical_restore(tmp_path, held_commit):
     ck.save(1, state)
     # save returned, the commit is held: the step is not there yet, and training goes on
     assert ck.latest_step() is None
-    state2 = jax.tree.map(lambda x: x * 2 if isinstance(x, jax.Array) and x.dtype == jnp.float32
-                          else x, state)
+    state2 = jax.tree.map(lambda x: x * 2 if isinstance(x, jax.Array) and x.dtype == jnp.float32 else x, state)
     assert float(state2["params"]["w"][1, 0]) == 2 * float(state["params"]["w"][1, 0])
     held_commit.set()
     ck.wait()
@@ -76,9 +80,14 @@ def test_async_sharded_save_and_bit_identical_restore(tmp_path, held_commit):
     assert restored["params"]["w"].sharding == state["params"]["w"].sharding
     ck.close()
     # a fresh checkpointer (a new process) reads it, also into abstract targets
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-                            if isinstance(x, jax.Array) and not
-                            jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x, target)
+    abstract = jax.tree.map(
+        lambda x: (
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+            if isinstance(x, jax.Array) and not jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+            else x
+        ),
+        target,
+    )
     again = OrbaxCheckpointer(tmp_path).restore(abstract, step=1)
     assert again["params"]["w"].sharding == state["params"]["w"].sharding
     np.testing.assert_array_equal(np.asarray(again["params"]["w"]), np.asarray(state["params"]["w"]))
@@ -144,8 +153,9 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_sigkill_during_async_save_keeps_previous_step(tmp_path):
     env = dict(os.environ)
     env["XLA_FLAGS"] = env.get("FUNCNET_TEST_XLA_FLAGS", "")
-    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert "in flight" in proc.stdout
     assert any(n.startswith("2.") and "tmp" in n for n in os.listdir(tmp_path)), os.listdir(tmp_path)

@@ -1,6 +1,7 @@
 """Reading back what fit saved (issue G3): restore_train_state / restore_fit_checkpoint
 from both backends with concrete and abstract targets; mismatch errors that name the
 path and shapes on the orbax backend too."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,19 +40,25 @@ def runs(tmp_path_factory):
     for backend in ("npz", "orbax"):
         directory = tmp_path_factory.mktemp(backend)
         trained, _ = funcnet.fit(
-            _ts(), _loss, OPT, data.DeviceData((X, Y), 16), epochs=2, progress=False,
-            callbacks=[callbacks.EarlyStopping(monitor="loss", patience=5),
-                       callbacks.Checkpoint(directory, every_steps=6, every_epochs=1,
-                                            backend=backend)])
+            _ts(),
+            _loss,
+            OPT,
+            data.DeviceData((X, Y), 16),
+            epochs=2,
+            progress=False,
+            callbacks=[
+                callbacks.EarlyStopping(monitor="loss", patience=5),
+                callbacks.Checkpoint(directory, every_steps=6, every_epochs=1, backend=backend),
+            ],
+        )
         out[backend] = directory, trained
     return out
 
 
 def _source(backend, directory, as_checkpointer):
     if not as_checkpointer:
-        return str(directory)   # a path: the backend is recognised from the files
-    return (OrbaxCheckpointer(directory) if backend == "orbax"
-            else checkpoint.NpzCheckpointer(directory))
+        return str(directory)  # a path: the backend is recognised from the files
+    return OrbaxCheckpointer(directory) if backend == "orbax" else checkpoint.NpzCheckpointer(directory)
 
 
 @pytest.mark.parametrize("backend", ["npz", "orbax"])
@@ -62,7 +69,7 @@ def test_restore_train_state_of_a_fit_checkpoint(runs, backend, abstract):
     back = checkpoint.restore_train_state(_source(backend, directory, abstract), target)
     assert isinstance(back, TrainState) and int(back.step) == 8
     for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(trained)):
-        assert isinstance(got, jax.Array)   # ready for a model, abstract target or not
+        assert isinstance(got, jax.Array)  # ready for a model, abstract target or not
         if jnp.issubdtype(got.dtype, jax.dtypes.prng_key):
             got, want = jax.random.key_data(got), jax.random.key_data(want)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -80,16 +87,15 @@ def test_restore_fit_checkpoint_gives_the_position_and_the_rest(runs, backend):
     assert set(mid.extras) == {"data", "callbacks", "epoch_metrics"}
     assert int(mid.extras["data"]["batch_size"]) == 16
     assert list(mid.extras["callbacks"]) == ["0_EarlyStopping"]
-    assert int(mid.extras["epoch_metrics"]["count"]) == 2   # steps 5 and 6 of epoch 1
-    end = checkpoint.restore_fit_checkpoint(_source(backend, directory, False),
-                                            jax.eval_shape(_ts))
+    assert int(mid.extras["epoch_metrics"]["count"]) == 2  # steps 5 and 6 of epoch 1
+    end = checkpoint.restore_fit_checkpoint(_source(backend, directory, False), jax.eval_shape(_ts))
     assert end.step == 8 and end.position == LoopPosition(epoch=2, batch_in_epoch=0)
 
 
 @pytest.mark.parametrize("backend", ["npz", "orbax"])
 def test_a_wrong_model_names_the_path_and_both_shapes(runs, backend):
     directory, _ = runs[backend]
-    both = r"\.params\['W'\].*[\[(]4, 3[\])].*[\[(]4, 1[\])]"   # npz: [4, 3]; orbax: (4, 3)
+    both = r"\.params\['W'\].*[\[(]4, 3[\])].*[\[(]4, 1[\])]"  # npz: [4, 3]; orbax: (4, 3)
     with pytest.raises(CheckpointMismatchError, match=both):
         checkpoint.restore_train_state(_source(backend, directory, True), _ts(width=3))
 
@@ -98,8 +104,11 @@ def test_a_wrong_model_names_the_path_and_both_shapes(runs, backend):
 def test_the_old_three_entry_target_says_how_to_read_a_fit_checkpoint(runs, backend):
     # What code restoring {"train_state", "epoch", "batch_in_epoch"} now meets.
     directory, _ = runs[backend]
-    with pytest.raises(CheckpointMismatchError, match=r"(?s)in the checkpoint but not in "
-                                                      r"target: .*\['data'\].*restore_train_state"):
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"(?s)in the checkpoint but not in "
+        r"target: .*\['data'\].*restore_train_state",
+    ):
         LoopPosition.restore(_source(backend, directory, True), _ts())
 
 
@@ -115,15 +124,19 @@ def test_orbax_mismatch_names_the_paths_like_npz(tmp_path):
     ckptr.save(1, {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)})
     # a path the checkpoint lacks, and one it has that target lacks: orbax itself said
     # only "tree structures do not match"
-    with pytest.raises(CheckpointMismatchError,
-                       match=r"in target but not in the checkpoint: \['v'\] \(float32\[2, 3\]\)"
-                             r"\n.*in the checkpoint but not in target: \['b'\] \(float32\[3\]\)"):
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"in target but not in the checkpoint: \['v'\] \(float32\[2, 3\]\)"
+        r"\n.*in the checkpoint but not in target: \['b'\] \(float32\[3\]\)",
+    ):
         ckptr.restore({"w": np.zeros((2, 3), np.float32), "v": np.zeros((2, 3), np.float32)})
     with pytest.raises(CheckpointMismatchError, match=r"not in target: \['b'\]"):
         ckptr.restore({"w": np.zeros((2, 3), np.float32)})
-    with pytest.raises(CheckpointMismatchError,
-                       match=r"\['w'\]: target expects shape \(3, 2\), the checkpoint has "
-                             r"\(2, 3\)"):
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"\['w'\]: target expects shape \(3, 2\), the checkpoint has "
+        r"\(2, 3\)",
+    ):
         ckptr.restore({"w": np.zeros((3, 2), np.float32), "b": np.zeros(3, np.float32)})
     ckptr.close()
 

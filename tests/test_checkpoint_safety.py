@@ -1,5 +1,6 @@
 """funcnet.checkpoint safety: run ownership, non-finite checkpoints, a full disk,
 and files of a newer format version."""
+
 import errno
 import json
 import os
@@ -18,6 +19,7 @@ def tree(v):
 # --------------------------------------------------------------------------- #
 # a. run ownership
 # --------------------------------------------------------------------------- #
+
 
 def test_new_run_cannot_save_into_another_runs_directory(tmp_path):
     for s in (10, 11):
@@ -80,6 +82,7 @@ def test_anonymous_save_after_every_step_continues_that_run(tmp_path):
 # b. non-finite state
 # --------------------------------------------------------------------------- #
 
+
 def test_non_finite_state_is_marked_and_never_rotates_away_the_last_finite(tmp_path):
     checkpoint.save(tmp_path, tree(1.0), 1, keep=2, run_id="r")
     checkpoint.save(tmp_path, tree(2.0), 2, keep=2, run_id="r")
@@ -98,6 +101,7 @@ def test_non_finite_state_is_marked_and_never_rotates_away_the_last_finite(tmp_p
 
 def test_integer_and_key_leaves_do_not_count_as_non_finite(tmp_path):
     import jax
+
     checkpoint.save(tmp_path, {"i": np.arange(3), "k": jax.random.key(0), "b": True}, 1)
     assert checkpoint.info(tmp_path, 1).finite
 
@@ -105,6 +109,7 @@ def test_integer_and_key_leaves_do_not_count_as_non_finite(tmp_path):
 # --------------------------------------------------------------------------- #
 # c. a full disk
 # --------------------------------------------------------------------------- #
+
 
 def test_full_disk_names_path_and_space_and_leaves_no_trace(tmp_path, monkeypatch):
     checkpoint.save(tmp_path, tree(1.0), 1, keep=1)
@@ -129,6 +134,7 @@ def test_full_disk_names_path_and_space_and_leaves_no_trace(tmp_path, monkeypatc
 # --------------------------------------------------------------------------- #
 # d. a newer format version
 # --------------------------------------------------------------------------- #
+
 
 def _rewrite_header(path, drop=(), **changes):
     with np.load(path) as z:

@@ -1,12 +1,25 @@
 """funcnet._checks: one rule for ints, reals and flags, used by every constructor."""
+
 import numpy as np
 import pytest
 
 import funcnet
 from funcnet import _checks as checks
 from funcnet import losses, metrics, optim
-from funcnet.layers import (GRU, LSTM, RNN, AvgPool, BatchNorm, Conv, ConvTranspose, Dense,
-                            Dropout, Embedding, LeakyRelu, MaxPool)
+from funcnet.layers import (
+    GRU,
+    LSTM,
+    RNN,
+    AvgPool,
+    BatchNorm,
+    Conv,
+    ConvTranspose,
+    Dense,
+    Dropout,
+    Embedding,
+    LeakyRelu,
+    MaxPool,
+)
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])
@@ -49,8 +62,11 @@ def test_learning_rate_accepts_numbers_schedules_and_arrays_only():
     assert checks.learning_rate("adam", 1e-3) == 1e-3
     sched = lambda step: 0.1
     assert checks.learning_rate("adam", sched) is sched
-    with pytest.raises(checks.ArgumentError, match=r"adam: learning_rate .* got the string '1e-3'. "
-                                                   r"Pass a number, e.g. adam\(0.001\)"):
+    with pytest.raises(
+        checks.ArgumentError,
+        match=r"adam: learning_rate .* got the string '1e-3'. "
+        r"Pass a number, e.g. adam\(0.001\)",
+    ):
         checks.learning_rate("adam", "1e-3")
     with pytest.raises(checks.ArgumentError, match="learning_rate is required"):
         checks.learning_rate("sgd", None)
@@ -87,9 +103,16 @@ def test_constructors_take_numpy_ints_and_refuse_bools(name):
         build(True)
 
 
-@pytest.mark.parametrize("build", [lambda r: Dropout(r), lambda r: LeakyRelu(r),
-                                   lambda r: optim.sgd(r), lambda r: optim.adam(r),
-                                   lambda r: BatchNorm(momentum=r)])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda r: Dropout(r),
+        lambda r: LeakyRelu(r),
+        lambda r: optim.sgd(r),
+        lambda r: optim.adam(r),
+        lambda r: BatchNorm(momentum=r),
+    ],
+)
 def test_real_arguments_take_numpy_floats_and_refuse_bools_and_strings(build):
     build(np.float32(0.5))
     for bad in (True, "0.5"):
@@ -97,38 +120,48 @@ def test_real_arguments_take_numpy_floats_and_refuse_bools_and_strings(build):
             build(bad)
 
 
-@pytest.mark.parametrize("build,arg", [
-    (lambda f: Dense(3, W_init=f), "W_init"),
-    (lambda f: Dense(3, b_init=f), "b_init"),
-    (lambda f: Conv(3, (2, 2), W_init=f), "W_init"),
-    (lambda f: ConvTranspose(3, (2, 2), b_init=f), "b_init"),
-    (lambda f: Embedding(10, 3, E_init=f), "E_init"),
-])
+@pytest.mark.parametrize(
+    "build,arg",
+    [
+        (lambda f: Dense(3, W_init=f), "W_init"),
+        (lambda f: Dense(3, b_init=f), "b_init"),
+        (lambda f: Conv(3, (2, 2), W_init=f), "W_init"),
+        (lambda f: ConvTranspose(3, (2, 2), b_init=f), "b_init"),
+        (lambda f: Embedding(10, 3, E_init=f), "E_init"),
+    ],
+)
 def test_an_initializer_factory_passed_uncalled_is_refused_at_construction(build, arg):
     from funcnet import initializers
+
     for factory in (initializers.xavier_uniform, initializers.normal, initializers.torch_default):
-        with pytest.raises(checks.ArgumentError, match=rf"{arg}={factory.__name__} is an "
-                           rf"initializer factory.*call it: {arg}=initializers."
-                           rf"{factory.__name__}\(\)"):
+        with pytest.raises(
+            checks.ArgumentError,
+            match=rf"{arg}={factory.__name__} is an "
+            rf"initializer factory.*call it: {arg}=initializers."
+            rf"{factory.__name__}\(\)",
+        ):
             build(factory)
-    build(initializers.zeros)              # zeros and ones are initializers themselves
+    build(initializers.zeros)  # zeros and ones are initializers themselves
     build(initializers.xavier_uniform())
 
 
 def test_a_user_factory_passed_uncalled_is_named_at_init():
     import jax
 
-    def my_init(scale=1.0, mode="fan_in", dtype=None):    # a factory: makes the initializer
+    def my_init(scale=1.0, mode="fan_in", dtype=None):  # a factory: makes the initializer
         return lambda key, shape, dtype=np.float32: scale * jax.random.normal(key, shape, dtype)
 
-    with pytest.raises(checks.ArgumentError, match=r"Dense\(3\): W_init\(key, shape, dtype\) "
-                       r"returned function, not an array.*call it: W_init=my_init\(...\)"):
+    with pytest.raises(
+        checks.ArgumentError,
+        match=r"Dense\(3\): W_init\(key, shape, dtype\) "
+        r"returned function, not an array.*call it: W_init=my_init\(...\)",
+    ):
         Dense(3, W_init=my_init).init(jax.random.key(0), (-1, 4))
     Dense(3, W_init=my_init()).init(jax.random.key(0), (-1, 4))
 
     def one_arg_factory(scale=1.0):
         return my_init(scale)
 
-    with pytest.raises(TypeError) as info:                 # the call itself fails: a note
+    with pytest.raises(TypeError) as info:  # the call itself fails: a note
         Dense(3, W_init=one_arg_factory).init(jax.random.key(0), (-1, 4))
     assert "W_init=one_arg_factory(...)" in info.value.__notes__[0]

@@ -1,4 +1,5 @@
 """funcnet.combinators: serial, parallel, fan-out/in, residual; keys and errors."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,8 +54,7 @@ def test_serial_threads_state_and_nests():
 
 
 def test_parallel_fanout_fanin_and_state():
-    net = funcnet.serial(funcnet.FanOut(2), funcnet.parallel(_counter_layer(), Dense(3)),
-                         funcnet.FanInConcat(axis=-1))
+    net = funcnet.serial(funcnet.FanOut(2), funcnet.parallel(_counter_layer(), Dense(3)), funcnet.FanInConcat(axis=-1))
     out_shape, params, state = check_layer(net, (-1, 3))
     assert out_shape == (-1, 6)
     x = jax.random.normal(KEY, (2, 3))
@@ -63,8 +63,7 @@ def test_parallel_fanout_fanin_and_state():
     np.testing.assert_allclose(y[:, 3:], x @ params[1][1]["W"] + params[1][1]["b"], rtol=1e-6)
     assert int(new_state[1][0]["calls"]) == 1
 
-    summed = funcnet.serial(funcnet.FanOut(3), funcnet.parallel(Dense(4), Dense(4), Dense(4)),
-                            funcnet.FanInSum)
+    summed = funcnet.serial(funcnet.FanOut(3), funcnet.parallel(Dense(4), Dense(4), Dense(4)), funcnet.FanInSum)
     out_shape, params, state = check_layer(summed, (-1, 3))
     y, _ = summed.apply(params, state, x)
     want = sum(x @ p["W"] + p["b"] for p in params[1])
@@ -128,28 +127,36 @@ def test_plain_pairs_are_accepted_by_combinators():
 
 def test_params_of_another_network_name_the_layer_and_the_keys():
     from funcnet.layers import BatchNorm, Relu
+
     net = funcnet.serial(Dense(3), Relu, Dense(2))
-    other = funcnet.serial(BatchNorm(), Relu, Dense(2))      # as many layers: no length error
+    other = funcnet.serial(BatchNorm(), Relu, Dense(2))  # as many layers: no length error
     x = jnp.ones((2, 4))
     _, params, state = net.init(KEY, (-1, 4))
     _, other_params, _ = other.init(KEY, (-1, 4))
-    with pytest.raises(ValueError, match=r"serial: the params given to layer 0 \(Dense\(3\)\) do "
-                       r"not fit it: it expects \{'W': float32\[4, 3\], 'b': float32\[3\]\}, got "
-                       r"\{'bias': float32\[4\], 'scale': float32\[4\]\}.*init"):
+    with pytest.raises(
+        ValueError,
+        match=r"serial: the params given to layer 0 \(Dense\(3\)\) do "
+        r"not fit it: it expects \{'W': float32\[4, 3\], 'b': float32\[3\]\}, got "
+        r"\{'bias': float32\[4\], 'scale': float32\[4\]\}.*init",
+    ):
         net.apply(other_params, state, x)
     with pytest.raises(ValueError, match=r"params and state look swapped.*apply\(params, state"):
-        net.apply(state, params, x)                          # today: tuple indices must be...
+        net.apply(state, params, x)  # today: tuple indices must be...
     with pytest.raises(ValueError, match=r"apply needs this layer's state.*swapped"):
         other.apply(*reversed(other.init(KEY, (-1, 4))[1:]), x)
     # Nested: the path is the params path (funcnet.params.paths), the layer named.
     deep = funcnet.serial(Relu, funcnet.serial(encoder=Dense(3), head=Dense(2)))
     _, deep_params, _ = deep.init(KEY, (-1, 4))
     wrong = (deep_params[0], {"encoder": {"E": jnp.ones((5, 3))}, "head": deep_params[1]["head"]})
-    with pytest.raises(ValueError, match=r"serial: the params given to layer 1/encoder "
-                       r"\(Dense\(3\)\) do not fit it"):
+    with pytest.raises(
+        ValueError,
+        match=r"serial: the params given to layer 1/encoder "
+        r"\(Dense\(3\)\) do not fit it",
+    ):
         deep.apply(wrong, (), x)
     with pytest.raises(ValueError, match=r"layer 1 \(serial\).*encoder.*got \['a'\]"):
         deep.apply((deep_params[0], {"a": 1}), (), x)
+
     # A layer's own bug (a KeyError with the right params) is left as it is.
     def init(rng, shape):
         return shape, {"w": jnp.ones(())}, ()

@@ -1,4 +1,5 @@
 """funcnet.combinators: Remat (jax.checkpoint) and Scan (lax.scan over stacked copies)."""
+
 import math
 
 import chex
@@ -29,12 +30,13 @@ def _bn_block():
 
 def _value_and_grads(layer, params, state, x, train=True, rng=APPLY_KEY):
     """(outputs, new_state) and the grads of a scalar loss w.r.t. params and inputs."""
+
     def loss(p, x):
         out, s = layer.apply(p, state, x, rng=rng, train=train)
         return jnp.sum(jnp.sin(out)), (out, s)
+
     # jit: one compilation instead of one per primitive, eagerly.
-    (_, (out, new_state)), grads = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(
-        params, x)
+    (_, (out, new_state)), grads = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(params, x)
     return out, new_state, grads
 
 
@@ -54,6 +56,7 @@ def _residual_bytes(fn, *args):
 # Remat
 # --------------------------------------------------------------------------- #
 
+
 def test_remat_matches_the_layer_with_dropout():
     plain, remat = _block(), Remat(_block())
     shape, params, state = plain.init(KEY, (-1, 4))
@@ -66,8 +69,7 @@ def test_remat_matches_the_layer_with_dropout():
     chex.assert_trees_all_close(got, want, **TOL)
     assert np.any(np.asarray(got[0]) == 0)  # the dropout mask did apply inside the checkpoint
     # rng=None in eval mode goes through the checkpoint too.
-    chex.assert_trees_all_close(*_jitted(lambda: (remat.apply(params, state, X)[0],
-                                                   plain.apply(params, state, X)[0])))
+    chex.assert_trees_all_close(*_jitted(lambda: (remat.apply(params, state, X)[0], plain.apply(params, state, X)[0])))
     # Not a tautology: the apply really runs under jax.checkpoint.
     run = lambda p: remat.apply(p, state, X, rng=APPLY_KEY, train=True)  # noqa: E731
     jaxpr = str(jax.make_jaxpr(run)(params))
@@ -99,8 +101,9 @@ def test_remat_policy_is_passed_and_checked():
     everything = saved(Remat(net, policy=jax.checkpoint_policies.everything_saveable))
     assert nothing < dots < plain and everything >= dots
     no_cse = Remat(net, policy=jax.checkpoint_policies.dots_saveable, prevent_cse=False)
-    chex.assert_trees_all_close(*_jitted(lambda: (no_cse.apply(params, state, x)[0],
-                                                   net.apply(params, state, x)[0])), **TOL)
+    chex.assert_trees_all_close(
+        *_jitted(lambda: (no_cse.apply(params, state, x)[0], net.apply(params, state, x)[0])), **TOL
+    )
     with pytest.raises(TypeError, match=r"Remat: policy must be .*got str"):
         Remat(net, policy="dots_saveable")
     with pytest.raises(ValueError, match=r"Remat: prevent_cse must be True or False"):
@@ -147,9 +150,11 @@ def test_remat_lowers_compiled_temp_memory(form):
     and it drops on every backend.
     """
     if form == "serial" and jax.default_backend() == "cpu":
-        pytest.skip("XLA:CPU CSEs the rematerialised forward of an unrolled stack back into "
-                    "the forward pass: temp_size does not drop (the scan form and "
-                    "test_remat_keeps_fewer_intermediates_for_the_backward_pass cover it)")
+        pytest.skip(
+            "XLA:CPU CSEs the rematerialised forward of an unrolled stack back into "
+            "the forward pass: temp_size does not drop (the scan form and "
+            "test_remat_keeps_fewer_intermediates_for_the_backward_pass cover it)"
+        )
     x = np.random.RandomState(1).randn(256, 256).astype(np.float32)
     if form == "scan":
         block = serial(Dense(256), Tanh, Dense(256), Tanh)
@@ -163,6 +168,7 @@ def test_remat_lowers_compiled_temp_memory(form):
 # Scan
 # --------------------------------------------------------------------------- #
 
+
 def test_scan_init_is_serials_init_stacked():
     n = 3
     shape, params, state = Scan(_block(), n).init(KEY, (-1, 4))
@@ -174,8 +180,7 @@ def test_scan_init_is_serials_init_stacked():
     assert state == s_state[0] == ((), (), ())  # nothing to stack: the copy's own ()
     _, bn_params, bn_state = Scan(_bn_block(), n).init(KEY, (-1, 4))
     _, s_params, s_state = serial(*[_bn_block()] * n).init(KEY, (-1, 4))
-    chex.assert_trees_all_equal((bn_params, bn_state), (stack_params(s_params),
-                                                         stack_params(s_state)))
+    chex.assert_trees_all_equal((bn_params, bn_state), (stack_params(s_params), stack_params(s_state)))
 
 
 def test_scan_equals_serial_with_dropout():
@@ -204,13 +209,16 @@ def test_scan_threads_batchnorm_state_like_serial():
     # atol: a Dense bias in front of a BatchNorm has a gradient of 0 up to rounding.
     chex.assert_trees_all_close(
         (out, new_state, grads),
-        (s_out, stack_params(s_new), (stack_params(s_grads[0]), s_grads[1])), rtol=1e-5,
-        atol=1e-5)
+        (s_out, stack_params(s_new), (stack_params(s_grads[0]), s_grads[1])),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     assert new_state[1]["mean"].shape == (n, 4)
     assert not np.allclose(new_state[1]["mean"], state[1]["mean"])
     # The running statistics are used in eval mode, copy by copy.
-    chex.assert_trees_all_close(*_jitted(lambda: (scan.apply(params, new_state, X)[0],
-                                                   unrolled.apply(s_params, s_new, X)[0])), **TOL)
+    chex.assert_trees_all_close(
+        *_jitted(lambda: (scan.apply(params, new_state, X)[0], unrolled.apply(s_params, s_new, X)[0])), **TOL
+    )
     with pytest.raises(ValueError, match=r"BatchNorm.*state"):
         scan.apply(params, (), X)
 
@@ -225,8 +233,7 @@ def test_scan_of_residual_block_and_of_remat_and_unroll():
     want = (want[0], want[1], (stack_params(want[2][0]), want[2][1]))
     for scan in (Scan(block, n), Scan(Remat(block), n, unroll=2)):
         assert scan.init(KEY, (-1, 4))[1][0]["W"].shape == (n, 4, 4)
-        chex.assert_trees_all_close(_value_and_grads(scan, params, (), X, train=False), want,
-                                    **TOL)
+        chex.assert_trees_all_close(_value_and_grads(scan, params, (), X, train=False), want, **TOL)
     jaxpr = str(jax.make_jaxpr(lambda p: Scan(block, n, unroll=2).apply(p, (), X))(params))
     assert "unroll=2" in jaxpr
 
@@ -246,8 +253,7 @@ def test_check_layer_on_scan_of_remat():
     # Remat alone: test_remat_threads_batchnorm_state. Train mode only (eval mode is
     # compared with serial above), to keep the compilations few.
     block = serial(Dense(4), Dropout(0.5))
-    check_layer(Scan(Remat(block, policy=jax.checkpoint_policies.dots_saveable), 2), (-1, 4),
-                train_modes=(True,))
+    check_layer(Scan(Remat(block, policy=jax.checkpoint_policies.dots_saveable), 2), (-1, 4), train_modes=(True,))
 
 
 def test_scan_without_params_counts_its_copies():
@@ -256,18 +262,24 @@ def test_scan_without_params_counts_its_copies():
     assert params == () and state == ()
     x = np.ones((2, 4), np.float32)
     unrolled = serial(*[Dropout(0.5)] * 3)
-    y, s_y, y_eval = _jitted(lambda: (
-        scan.apply(params, state, x, rng=APPLY_KEY, train=True)[0],
-        unrolled.apply(((),) * 3, (), x, rng=APPLY_KEY, train=True)[0],
-        scan.apply(params, state, x)[0]))
+    y, s_y, y_eval = _jitted(
+        lambda: (
+            scan.apply(params, state, x, rng=APPLY_KEY, train=True)[0],
+            unrolled.apply(((),) * 3, (), x, rng=APPLY_KEY, train=True)[0],
+            scan.apply(params, state, x)[0],
+        )
+    )
     chex.assert_trees_all_close(y, s_y)
     assert set(np.unique(np.asarray(y))) <= {0.0, 8.0}  # three inverted-dropout scalings
     chex.assert_trees_all_close(y_eval, x)
 
 
 def test_scan_errors():
-    with pytest.raises(ValueError, match=r"Scan\(Dense\(3\), 2\): the layer must keep the shape"
-                                         r".*\(-1, 4\) to \(-1, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Scan\(Dense\(3\), 2\): the layer must keep the shape"
+        r".*\(-1, 4\) to \(-1, 3\)",
+    ):
         Scan(Dense(3), 2).init(KEY, (-1, 4))
     with pytest.raises(ValueError, match=r"Scan: n must be a positive int"):
         Scan(Dense(4), 0)
@@ -275,16 +287,22 @@ def test_scan_errors():
         Scan(Dense(4), 2, unroll=0)
     scan = Scan(Dense(4), 2)
     _, params3, _ = Scan(Dense(4), 3).init(KEY, (-1, 4))
-    with pytest.raises(MismatchError, match=r"expected params of 2 copies stacked on axis 0, "
-                                            r"got shapes \{'W': float32\[3, 4, 4\]"):
+    with pytest.raises(
+        MismatchError,
+        match=r"expected params of 2 copies stacked on axis 0, "
+        r"got shapes \{'W': float32\[3, 4, 4\]",
+    ):
         scan.apply(params3, (), X)
     _, serial_params, _ = serial(Dense(4), Dense(4)).init(KEY, (-1, 4))
     with pytest.raises(MismatchError, match=r"stack_params"):
         scan.apply(serial_params, (), X)
     # Inside a combinator the error says where the Scan sits.
     outer = serial(Tanh, scan)
-    with pytest.raises(MismatchError, match=r"layer 1 \(Scan\(Dense\(4\), 2\)\) do not fit it: "
-                                            r"it expects 2 copies stacked on axis 0"):
+    with pytest.raises(
+        MismatchError,
+        match=r"layer 1 \(Scan\(Dense\(4\), 2\)\) do not fit it: "
+        r"it expects 2 copies stacked on axis 0",
+    ):
         outer.apply(((), params3), (), X)
     _, bn_params, bn_state = Scan(BatchNorm(), 2).init(KEY, (-1, 4))
     with pytest.raises(MismatchError, match=r"expected state of 2 copies"):
@@ -305,5 +323,4 @@ def test_stack_and_unstack_params():
     with pytest.raises(ValueError, match=r"expected every leaf to hold 2 copies.*float32\[3, 2\]"):
         unstack_params(stacked, 2)
     assert {"Remat", "Scan", "stack_params", "unstack_params"} <= set(funcnet.__all__)
-    assert {"Remat", "Scan", "stack_params", "unstack_params", "serial", "Residual"} <= set(
-        funcnet.combinators.__all__)
+    assert {"Remat", "Scan", "stack_params", "unstack_params", "serial", "Residual"} <= set(funcnet.combinators.__all__)

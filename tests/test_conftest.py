@@ -1,5 +1,6 @@
 """The suite's own set-up: XLA flags a jaxlib does not know are dropped, not fatal; a backend
 that cannot start is reported with XLA's words; the torch stand-in skips, never passes."""
+
 import os
 
 import pytest
@@ -19,8 +20,11 @@ def test_a_flag_this_jaxlib_does_not_know_is_dropped_and_the_rest_kept(monkeypat
 
 def test_a_backend_that_cannot_start_stops_the_run_with_xlas_message(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_users_own_typo=1")  # not ours to drop
-    with pytest.raises(pytest.UsageError, match=r"(?s)backend does not start.*"
-                                                r"--xla_users_own_typo=1"):
+    with pytest.raises(
+        pytest.UsageError,
+        match=r"(?s)backend does not start.*"
+        r"--xla_users_own_typo=1",
+    ):
         conftest._known_flags()
 
 
@@ -28,22 +32,22 @@ def test_the_flags_this_run_kept_are_in_the_environment():
     kept = os.environ["FUNCNET_TEST_XLA_FLAGS"].split()
     assert set(kept) <= set(conftest._SPEED_FLAGS)
     assert "--xla_backend_optimization_level=0" in kept  # every jaxlib so far knows it
-    assert f"--xla_force_host_platform_device_count={conftest.DEVICES}" in os.environ[
-        "XLA_FLAGS"]
+    assert f"--xla_force_host_platform_device_count={conftest.DEVICES}" in os.environ["XLA_FLAGS"]
 
 
 def test_the_torch_stand_in_resolves_names_and_skips_at_the_first_use():
     missing = torch_ref._Missing("torch")
-    assert repr(missing.nn.functional.gelu) == (
-        "<torch.nn.functional.gelu: torch is not installed>")
+    assert repr(missing.nn.functional.gelu) == ("<torch.nn.functional.gelu: torch is not installed>")
     with pytest.raises(pytest.skip.Exception, match="the test calls torch.nn.Linear"):
         missing.nn.Linear(3, 4)
     with pytest.raises(pytest.skip.Exception, match=torch_ref.SKIP_REASON.split(":")[0]):
         with missing.no_grad():
             pass
     with pytest.raises(pytest.skip.Exception, match="subclasses torch.nn.Module"):
+
         class Net(missing.nn.Module):
             pass
+
     # A test's `except Exception` cannot turn the missing reference into a pass.
     with pytest.raises(pytest.skip.Exception):
         try:

@@ -1,4 +1,5 @@
 """funcnet.core: the layer contract, pytrees, rng and shape checks."""
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -63,7 +64,8 @@ def test_params_and_state_are_plain_pytrees_for_jit_grad_pmap_optax():
     def step(params, state, opt_state, x):
         def loss(p):
             y, s = net.apply(p, state, x, train=True)
-            return jnp.sum(y ** 2), s
+            return jnp.sum(y**2), s
+
         (l, s), g = jax.value_and_grad(loss, has_aux=True)(params)
         upd, opt_state = opt.update(g, opt_state)
         return optax.apply_updates(params, upd), s, opt_state, l
@@ -78,7 +80,8 @@ def test_params_and_state_are_plain_pytrees_for_jit_grad_pmap_optax():
 
     n = jax.device_count()
     ys, states = jax.pmap(lambda p, s, x: net.apply(p, s, x, train=True), in_axes=(None, None, 0))(
-        params, state, jnp.ones((n, 3, 4)))
+        params, state, jnp.ones((n, 3, 4))
+    )
     assert ys.shape == (n, 3, 2) and states[1]["calls"].shape == (n,)
 
 
@@ -89,15 +92,18 @@ def test_missing_rng_in_train_mode_is_a_clear_error():
         net.apply(params, state, jnp.ones((1, 2)), train=True)
 
 
-@pytest.mark.parametrize("shape, err, msg", [
-    ((-1, 3.0), TypeError, r"Dense\(2\): input_shape must contain only ints"),
-    ((-1, "3"), TypeError, "only ints"),
-    ([-1, True], TypeError, "only ints"),
-    ((-1, 0), ValueError, "positive or -1"),
-    ((3, -1), ValueError, r"feature dimension .* must be known"),
-    ((), ValueError, r"rank >= 1"),
-    (5, TypeError, "must be a tuple of ints"),
-])
+@pytest.mark.parametrize(
+    "shape, err, msg",
+    [
+        ((-1, 3.0), TypeError, r"Dense\(2\): input_shape must contain only ints"),
+        ((-1, "3"), TypeError, "only ints"),
+        ([-1, True], TypeError, "only ints"),
+        ((-1, 0), ValueError, "positive or -1"),
+        ((3, -1), ValueError, r"feature dimension .* must be known"),
+        ((), ValueError, r"rank >= 1"),
+        (5, TypeError, "must be a tuple of ints"),
+    ],
+)
 def test_bad_input_shapes_at_init(shape, err, msg):
     with pytest.raises(err, match=msg):
         Dense(2).init(KEY, shape)
@@ -121,9 +127,16 @@ def test_split_rng_and_shape_helpers():
 
 def test_an_int_seed_where_init_needs_a_key_says_use_jax_random_key():
     from funcnet.train import TrainState
+
     net = funcnet.serial(Dense(3), Dense(2))
-    for call in (lambda: net.init(0, (-1, 4)), lambda: Dense(3).init(7, (-1, 4)),
-                 lambda: TrainState.create(net, optax.sgd(0.1), 0, (-1, 4))):
-        with pytest.raises(TypeError, match=r"rng must be a jax PRNG key, got the int \d: pass "
-                           r"jax.random.key\(\d\)"):
+    for call in (
+        lambda: net.init(0, (-1, 4)),
+        lambda: Dense(3).init(7, (-1, 4)),
+        lambda: TrainState.create(net, optax.sgd(0.1), 0, (-1, 4)),
+    ):
+        with pytest.raises(
+            TypeError,
+            match=r"rng must be a jax PRNG key, got the int \d: pass "
+            r"jax.random.key\(\d\)",
+        ):
             call()

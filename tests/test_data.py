@@ -1,4 +1,5 @@
 """funcnet.data: batching reproducibility and device prefetching."""
+
 import itertools
 import threading
 import time
@@ -14,6 +15,7 @@ from funcnet import data
 # --------------------------------------------------------------------------- #
 # batches
 # --------------------------------------------------------------------------- #
+
 
 def _arrays(n=10):
     return np.arange(n * 2).reshape(n, 2), np.arange(n) * 10
@@ -39,21 +41,19 @@ def test_batches_dict_and_single_array():
     np.testing.assert_array_equal(single[0], y[:3])
 
 
-@pytest.mark.parametrize("rng", [0, jax.random.key(0), jax.random.PRNGKey(0)],
-                         ids=["int", "typed-key", "legacy-key"])
+@pytest.mark.parametrize("rng", [0, jax.random.key(0), jax.random.PRNGKey(0)], ids=["int", "typed-key", "legacy-key"])
 def test_shuffle_reproducible_and_covers_everything(rng):
     x, y = _arrays(10)
 
     def run(**kw):
-        return [b[1] for b in data.batches((x, y), 3, shuffle=True, rng=rng,
-                                           drop_remainder=False, **kw)]
+        return [b[1] for b in data.batches((x, y), 3, shuffle=True, rng=rng, drop_remainder=False, **kw)]
 
     first = run(epoch=0)
     seen = np.concatenate(first)
-    assert sorted(seen.tolist()) == y.tolist()          # every item exactly once
-    assert seen.tolist() != y.tolist()                  # actually shuffled
+    assert sorted(seen.tolist()) == y.tolist()  # every item exactly once
+    assert seen.tolist() != y.tolist()  # actually shuffled
     for b in data.batches((x, y), 3, shuffle=True, rng=rng, drop_remainder=False, epoch=0):
-        np.testing.assert_array_equal(b[0][:, 0], b[1] // 5)   # rows stay aligned
+        np.testing.assert_array_equal(b[0][:, 0], b[1] // 5)  # rows stay aligned
     assert all(np.array_equal(a, b) for a, b in zip(first, run(epoch=0)))
     assert np.concatenate(run(epoch=1)).tolist() != seen.tolist()
     # resuming mid-epoch sees exactly the remaining batches
@@ -66,11 +66,11 @@ def test_shuffle_reproducible_and_covers_everything(rng):
 
 def test_epoch_order_seeds():
     # int seeds follow numpy's documented SeedSequence derivation
-    np.testing.assert_array_equal(data.epoch_order(50, 3, epoch=4),
-                                  np.random.default_rng([3, 4]).permutation(50))
+    np.testing.assert_array_equal(data.epoch_order(50, 3, epoch=4), np.random.default_rng([3, 4]).permutation(50))
     key = jax.random.key(3)
-    np.testing.assert_array_equal(data.epoch_order(50, key, epoch=4),
-                                  np.asarray(jax.random.permutation(jax.random.fold_in(key, 4), 50)))
+    np.testing.assert_array_equal(
+        data.epoch_order(50, key, epoch=4), np.asarray(jax.random.permutation(jax.random.fold_in(key, 4), 50))
+    )
     a = data.epoch_order(50, np.random.default_rng(1))
     np.testing.assert_array_equal(a, np.random.default_rng(1).permutation(50))
     with pytest.raises(TypeError, match="Generator"):
@@ -101,6 +101,7 @@ def test_batches_errors_are_eager():
 # --------------------------------------------------------------------------- #
 # background
 # --------------------------------------------------------------------------- #
+
 
 def _background_threads():
     return [t for t in threading.enumerate() if t.name == "funcnet-background" and t.is_alive()]
@@ -137,7 +138,7 @@ def test_background_reraises_the_sources_exception_with_the_item_index():
         with data.background(source(), size=1) as it:
             for item in it:
                 got.append(item)
-    assert got == [0, 1, 2]       # the good items first, in order
+    assert got == [0, 1, 2]  # the good items first, in order
     assert any("item 3" in note for note in info.value.__notes__)
     with pytest.raises(ZeroDivisionError) as info:
         list(data.background(range(5), transform=lambda i: 1 // (i - 2)))
@@ -154,7 +155,7 @@ def test_background_stays_bounded_and_stops_when_the_consumer_stops():
                 pulled.append(i)
                 yield i
         finally:
-            closed.append(True)   # the generator is closed, in the thread
+            closed.append(True)  # the generator is closed, in the thread
 
     with data.background(source(), size=3) as it:
         assert [next(it) for _ in range(4)] == [0, 1, 2, 3]
@@ -162,6 +163,7 @@ def test_background_stays_bounded_and_stops_when_the_consumer_stops():
         # consumed + `size` queued + at most one waiting to be queued
         assert 4 + 3 <= len(pulled) <= 4 + 3 + 1
     assert closed == [True] and _background_threads() == []
+
     # Stopped by an exception in the consuming loop (as fit stops on KeyboardInterrupt).
     class Stop(BaseException):
         pass
@@ -179,6 +181,7 @@ def test_background_stays_bounded_and_stops_when_the_consumer_stops():
 # --------------------------------------------------------------------------- #
 # prefetch_to_device
 # --------------------------------------------------------------------------- #
+
 
 def test_prefetch_same_values_in_order():
     x, y = _arrays(10)
@@ -200,10 +203,10 @@ def test_prefetch_stays_bounded_ahead():
             yield {"i": np.array([i])}
 
     it = data.prefetch_to_device(source(), size=3, device=jax.devices()[0])
-    assert pulled == []                                 # lazy until the first next()
+    assert pulled == []  # lazy until the first next()
     for expected in range(5):
         assert int(next(it)["i"][0]) == expected
-        assert len(pulled) == expected + 1 + 3          # consumed + `size` in flight
+        assert len(pulled) == expected + 1 + 3  # consumed + `size` in flight
 
 
 @pytest.mark.devices(4)
@@ -217,7 +220,7 @@ def test_prefetch_for_pmap():
     for i, batch in enumerate(it):
         assert batch.shape == (ndev, 4, 3)
         assert {s.device for s in batch.addressable_shards} == set(jax.devices())
-        expected = x[i * 4 * ndev:(i + 1) * 4 * ndev].reshape(ndev, -1).sum(1)
+        expected = x[i * 4 * ndev : (i + 1) * 4 * ndev].reshape(ndev, -1).sum(1)
         np.testing.assert_allclose(np.asarray(step(batch)), expected)
     with pytest.raises(ValueError, match="size"):
         data.prefetch_to_device([], size=0)
@@ -270,8 +273,7 @@ def test_device_data_split_over_a_mesh_gathers_exact_batches():
     mesh = jax.make_mesh((4,), ("data",))
     x = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)
     x[1, 0], x[2, 1] = -0.0, np.float32(np.nan)
-    arrays = {"x": x, "h": x.astype(jnp.bfloat16), "i": np.arange(10, dtype=np.int8),
-              "b": np.arange(10) % 3 == 0}
+    arrays = {"x": x, "h": x.astype(jnp.bfloat16), "i": np.arange(10, dtype=np.int8), "b": np.arange(10) % 3 == 0}
     dd = data.DeviceData(arrays, 4, shuffle=True, rng=1, device=mesh)
     assert dd.arrays["x"].shape == (12, 3) and "split over 4 devices" in repr(dd)
     got = list(dd(2))

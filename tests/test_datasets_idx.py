@@ -1,4 +1,5 @@
 """funcnet.datasets.idx: reading idx files, and every way a damaged file is named."""
+
 import gzip
 
 import numpy as np
@@ -13,12 +14,17 @@ from helpers.idx_files import idx_bytes, write_idx
 # read_idx
 # --------------------------------------------------------------------------- #
 
+
 @pytest.mark.parametrize("gz", [True, False])
-@pytest.mark.parametrize("arr", [
-    np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4),
-    np.array([-7, 0, 123456789], dtype=">i4"),
-    np.linspace(-1, 1, 6).reshape(3, 2).astype(">f8"),
-], ids=["u8", "i32", "f64"])
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4),
+        np.array([-7, 0, 123456789], dtype=">i4"),
+        np.linspace(-1, 1, 6).reshape(3, 2).astype(">f8"),
+    ],
+    ids=["u8", "i32", "f64"],
+)
 def test_read_idx_roundtrip(tmp_path, arr, gz):
     path = tmp_path / "x.idx"
     md5 = write_idx(path, arr, gz)
@@ -31,16 +37,22 @@ def _good_raw():
     return idx_bytes(np.arange(60, dtype=np.uint8).reshape(3, 4, 5))
 
 
-@pytest.mark.parametrize("content,why", [
-    (lambda: gzip.compress(_good_raw())[:-12], "bad gzip"),
-    (lambda: _good_raw()[:-7], "size mismatch"),
-    (lambda: _good_raw() + b"\0", "size mismatch"),
-    (lambda: _good_raw()[:10], "ends after"),
-    (lambda: b"\x12\x34\x56\x78" + _good_raw()[4:], "wrong magic"),
-    (lambda: b"\0\0", "shorter than an idx header"),
-    (lambda: (lambda z: z[:30] + bytes(b ^ 0xFF for b in z[30:60]) + z[60:])(
-        gzip.compress(_good_raw())), "bad gzip"),
-], ids=["truncated-gz", "truncated-raw", "trailing", "short-header", "magic", "tiny", "flipped-gz"])
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        (lambda: gzip.compress(_good_raw())[:-12], "bad gzip"),
+        (lambda: _good_raw()[:-7], "size mismatch"),
+        (lambda: _good_raw() + b"\0", "size mismatch"),
+        (lambda: _good_raw()[:10], "ends after"),
+        (lambda: b"\x12\x34\x56\x78" + _good_raw()[4:], "wrong magic"),
+        (lambda: b"\0\0", "shorter than an idx header"),
+        (
+            lambda: (lambda z: z[:30] + bytes(b ^ 0xFF for b in z[30:60]) + z[60:])(gzip.compress(_good_raw())),
+            "bad gzip",
+        ),
+    ],
+    ids=["truncated-gz", "truncated-raw", "trailing", "short-header", "magic", "tiny", "flipped-gz"],
+)
 def test_read_idx_corrupt_files_name_the_file(tmp_path, content, why):
     path = tmp_path / "broken-idx3-ubyte.gz"
     path.write_bytes(content())

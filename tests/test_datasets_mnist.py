@@ -1,5 +1,6 @@
 """funcnet.datasets.mnist: the search order, checksums, download (only through file://
 URLs: tests never touch the network), and the shipped copy."""
+
 import socket
 import threading
 import time
@@ -28,6 +29,7 @@ def isolated(tmp_path, monkeypatch):
 # mnist(): loading, search order, errors, download
 # --------------------------------------------------------------------------- #
 
+
 @pytest.mark.parametrize("gz", [True, False])
 def test_mnist_from_data_dir(isolated, gz):
     images, labels, _ = make_mnist_dir(isolated / "d", marker=3, gz=gz, split="test")
@@ -50,7 +52,7 @@ def _marker(**kw):
 
 def test_mnist_search_order(isolated, monkeypatch):
     make_mnist_dir(isolated / "arg", 1)
-    make_mnist_dir(isolated / "env" / "mnist", 2)     # env var may point at the parent
+    make_mnist_dir(isolated / "env" / "mnist", 2)  # env var may point at the parent
     make_mnist_dir(isolated / "repo", 3)
     make_mnist_dir(isolated / "xdg" / "funcnet" / "mnist", 4)
     monkeypatch.setenv("FUNCNET_DATA_DIR", str(isolated / "env"))
@@ -90,8 +92,13 @@ def test_mnist_not_found_lists_every_place(isolated, monkeypatch):
         mnist.load("train", data_dir=isolated / "argdir")
     assert isinstance(info.value, FileNotFoundError)
     msg = str(info.value)
-    for place in (isolated / "argdir", isolated / "envdir", isolated / "repo",
-                  isolated / "xdg" / "funcnet" / "mnist", mnist.MNIST_MIRRORS[0]):
+    for place in (
+        isolated / "argdir",
+        isolated / "envdir",
+        isolated / "repo",
+        isolated / "xdg" / "funcnet" / "mnist",
+        mnist.MNIST_MIRRORS[0],
+    ):
         assert str(place) in msg, place
     assert "data_dir" in msg and "FUNCNET_DATA_DIR" in msg
     assert not any(p.is_file() for p in (isolated / "xdg").rglob("*"))  # no partial downloads
@@ -101,8 +108,7 @@ def test_mnist_not_found_lists_every_place(isolated, monkeypatch):
 
 def test_mnist_download_into_cache(isolated, monkeypatch):
     images, labels, md5 = make_mnist_dir(isolated / "mirror", 7, split="test")
-    monkeypatch.setattr(mnist, "MNIST_MIRRORS", ("file:///definitely/not/here/",
-                                                (isolated / "mirror").as_uri() + "/"))
+    monkeypatch.setattr(mnist, "MNIST_MIRRORS", ("file:///definitely/not/here/", (isolated / "mirror").as_uri() + "/"))
     monkeypatch.setattr(mnist, "MNIST_MD5", md5)
     x, y = mnist.load("test")
     np.testing.assert_array_equal(y, labels)

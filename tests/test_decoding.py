@@ -31,7 +31,7 @@ def test_cached_logits_equal_the_full_prefix(model):
     logits, cache = step(params, cache, ids[:, :4])
     got = [logits]
     for t in range(4, 9):
-        logits, cache = step(params, cache, ids[:, t:t + 1])
+        logits, cache = step(params, cache, ids[:, t : t + 1])
         got.append(logits)
     np.testing.assert_allclose(jnp.concatenate(got, axis=1), want, rtol=1e-5, atol=1e-5)
 
@@ -41,8 +41,7 @@ def test_generate_cached_and_windowed_agree_and_jit(model):
     dec = GPT(V, BLOCK, decode=True, **KW)
     _, _, cache = dec.init(KEY, (2, 1))
     prompt = jnp.asarray([[1, 2, 3], [4, 5, 6]])
-    run = jax.jit(generate, static_argnames=("net", "max_new_tokens", "temperature", "top_k",
-                                              "window"))
+    run = jax.jit(generate, static_argnames=("net", "max_new_tokens", "temperature", "top_k", "window"))
     a = run(dec, params, cache, prompt, 8, rng=jax.random.key(3), top_k=5)
     b = run(net, params, (), prompt, 8, rng=jax.random.key(3), top_k=5, window=BLOCK)
     assert a.shape == (2, 11)
@@ -56,11 +55,10 @@ def test_generate_cached_and_windowed_agree_and_jit(model):
 
 def test_windowed_generation_goes_past_the_block(model):
     net, params = model
-    out = generate(net, params, (), jnp.zeros((1, 2), jnp.int32), 20, rng=KEY, window=BLOCK,
-                   temperature=0)
+    out = generate(net, params, (), jnp.zeros((1, 2), jnp.int32), 20, rng=KEY, window=BLOCK, temperature=0)
     assert out.shape == (1, 22)
     # the last token is the argmax over the last BLOCK tokens before it
-    logits, _ = net.apply(params, (), out[:, -1 - BLOCK:-1])
+    logits, _ = net.apply(params, (), out[:, -1 - BLOCK : -1])
     assert int(out[0, -1]) == int(jnp.argmax(logits[0, -1]))
 
 
@@ -69,8 +67,7 @@ def test_sample_logits_temperature_and_top_k():
     draws = jax.vmap(lambda k: sample_logits(k, logits, top_k=2))(jax.random.split(KEY, 4000))
     counts = np.bincount(np.asarray(draws), minlength=4) / 4000
     np.testing.assert_allclose(counts, [0, 0, 3 / 7, 4 / 7], atol=0.03)
-    cold = jax.vmap(lambda k: sample_logits(k, logits, temperature=0.1))(
-        jax.random.split(KEY, 500))
+    cold = jax.vmap(lambda k: sample_logits(k, logits, temperature=0.1))(jax.random.split(KEY, 500))
     assert (np.asarray(cold) == 3).mean() > 0.9
 
 

@@ -1,5 +1,6 @@
 """funcnet.distributed: replicate/unreplicate/shard/process_slice, and two processes on
 127.0.0.1 (gloo collectives, 2 CPU devices each) that train like one."""
+
 import importlib.util
 import os
 import re
@@ -33,10 +34,9 @@ def test_two_processes_match_single_process(tmp_path, mode):
     port = _free_port()
     outs = [tmp_path / f"p{i}.npz" for i in range(2)]
     # The mesh run also saves and restores a sharded tree with orbax from both processes.
-    orbax = (mode == "mesh" and importlib.util.find_spec("orbax") is not None)
+    orbax = mode == "mesh" and importlib.util.find_spec("orbax") is not None
     extra = [str(tmp_path / "orbax")] if orbax else []
-    codes, text = _run_workers(tmp_path, "distributed_worker.py",
-                               lambda i: (i, 2, port, outs[i], mode, *extra), mode)
+    codes, text = _run_workers(tmp_path, "distributed_worker.py", lambda i: (i, 2, port, outs[i], mode, *extra), mode)
     assert codes is not None, f"workers did not finish in {TIMEOUT_S} s\n{text}"
     assert codes == [0, 0], f"worker exit codes {codes}\n{text}"
 
@@ -57,6 +57,7 @@ def test_two_processes_match_single_process(tmp_path, mode):
         np.testing.assert_array_equal(results[0][f"arr_{k}"], results[1][f"arr_{k}"])
     if orbax:  # one committed step, written by both processes together
         from funcnet.checkpoint import OrbaxCheckpointer
+
         assert OrbaxCheckpointer(tmp_path / "orbax").all_steps() == [N_STEPS]
 
 
@@ -65,9 +66,15 @@ def _run_workers(tmp_path, script, args_of, name):
     env = dict(os.environ, XLA_FLAGS=os.environ.get("FUNCNET_TEST_XLA_FLAGS", ""))
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     logs = [open(tmp_path / f"{name}{i}.log", "w+") for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "helpers", script),
-                               *map(str, args_of(i))], env=env, stdout=logs[i],
-                              stderr=subprocess.STDOUT) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "helpers", script), *map(str, args_of(i))],
+            env=env,
+            stdout=logs[i],
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(2)
+    ]
     try:
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     except subprocess.TimeoutExpired:
@@ -92,37 +99,37 @@ def test_two_processes_train_fsdp_are_killed_and_resume_bit_identically(tmp_path
     uninterrupted one does: params, Adam's moments and count, the step and the rng."""
     ckpt, outs = tmp_path / "ckpt", [tmp_path / f"final{i}.npz" for i in range(2)]
     port = _free_port()
-    codes, text = _run_workers(tmp_path, "fsdp_worker.py",
-                               lambda i: (i, port, ckpt, outs[i], "crash"), "crash")
+    codes, text = _run_workers(tmp_path, "fsdp_worker.py", lambda i: (i, port, ckpt, outs[i], "crash"), "crash")
     assert codes is not None, f"workers did not finish in {TIMEOUT_S} s\n{text}"
     # Each process SIGKILLs itself at step 5. Process 0 hosts JAX's coordination service:
     # when it dies first, process 1's runtime aborts itself (SIGABRT, "another task died")
     # before it reaches its own kill; that is the same crash, as a real cluster sees it.
     assert codes[0] == -signal.SIGKILL, f"exit codes {codes}\n{text}"
     assert codes[1] == -signal.SIGKILL or (
-        codes[1] == -signal.SIGABRT and re.search(r"distributed service|coordination service",
-                                                  text.split("process 1 output")[1])
+        codes[1] == -signal.SIGABRT
+        and re.search(r"distributed service|coordination service", text.split("process 1 output")[1])
     ), f"exit codes {codes}\n{text}"
     from funcnet.checkpoint import OrbaxCheckpointer
+
     assert 3 in OrbaxCheckpointer(ckpt).all_steps()
     port = _free_port()
-    codes, text = _run_workers(tmp_path, "fsdp_worker.py",
-                               lambda i: (i, port, ckpt, outs[i], "resume"), "resume")
+    codes, text = _run_workers(tmp_path, "fsdp_worker.py", lambda i: (i, port, ckpt, outs[i], "resume"), "resume")
     assert codes == [0, 0], f"exit codes {codes}\n{text}"
     got = [dict(np.load(o)) for o in outs]
-    paths = sorted(k[len("fresh/"):] for k in got[0] if k.startswith("fresh/"))
-    assert sorted(k[len("resumed/"):] for k in got[0] if k.startswith("resumed/")) == paths
+    paths = sorted(k[len("fresh/") :] for k in got[0] if k.startswith("fresh/"))
+    assert sorted(k[len("resumed/") :] for k in got[0] if k.startswith("resumed/")) == paths
     layers = [f"{i}/{w}" for i in (0, 2, 4) for w in ("W", "b")]  # the three Dense layers
-    assert paths == sorted([f"params/{k}" for k in layers] + ["opt_state/0/count"]
-                           + [f"opt_state/0/{m}/{k}" for m in ("mu", "nu") for k in layers]
-                           + ["step", "rng"])
+    assert paths == sorted(
+        [f"params/{k}" for k in layers]
+        + ["opt_state/0/count"]
+        + [f"opt_state/0/{m}/{k}" for m in ("mu", "nu") for k in layers]
+        + ["step", "rng"]
+    )
     for r in got:
         assert r["fresh/step"] == r["fresh/opt_state/0/count"] == 8  # 2 epochs of 4 steps
-        assert all(np.any(r[f"fresh/opt_state/0/{m}/{k}"] != 0) for m in ("mu", "nu")
-                   for k in layers)
+        assert all(np.any(r[f"fresh/opt_state/0/{m}/{k}"] != 0) for m in ("mu", "nu") for k in layers)
         for p in paths:
-            np.testing.assert_array_equal(r[f"resumed/{p}"], r[f"fresh/{p}"],
-                                          err_msg=f"{p}: resumed != uninterrupted")
+            np.testing.assert_array_equal(r[f"resumed/{p}"], r[f"fresh/{p}"], err_msg=f"{p}: resumed != uninterrupted")
     for p in paths:  # and both processes hold the same state
         np.testing.assert_array_equal(got[0][f"fresh/{p}"], got[1][f"fresh/{p}"], err_msg=p)
 
@@ -145,8 +152,11 @@ def test_shard_splits_leading_axis_and_explains_bad_sizes():
     sx, sy = distributed.shard((x, y))
     assert sx.shape == (4, 2, 3) and sy.shape == (4, 2)
     np.testing.assert_array_equal(sx.reshape(8, 3), x)
-    with pytest.raises(ValueError, match=r"a batch of 10 examples cannot be split evenly over 4 "
-                                         r"devices.*multiple of 4 \(e.g. 8\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"a batch of 10 examples cannot be split evenly over 4 "
+        r"devices.*multiple of 4 \(e.g. 8\)",
+    ):
         distributed.shard(np.zeros((10, 2)))
     with pytest.raises(ValueError, match="asked for 8 devices but this process has 4"):
         distributed.shard(x, 8)
@@ -190,7 +200,7 @@ def test_mesh_helpers_place_state_whole_and_split_batches():
     assert [s.data.shape for s in bx.addressable_shards] == [(2, 2)] * 4
     np.testing.assert_array_equal(bx, x)
     assert distributed.shard_batch(mesh, (bx,))[0] is bx  # already split: passed through
-    lx, = distributed.shard_local_batch(mesh, (x,))  # one process: its part is the batch
+    (lx,) = distributed.shard_local_batch(mesh, (x,))  # one process: its part is the batch
     np.testing.assert_array_equal(lx, x)
     assert lx.sharding == bx.sharding
     with pytest.raises(ValueError, match="batch of 6 examples cannot be split evenly over 4"):
@@ -204,8 +214,11 @@ def test_mesh_helpers_place_state_whole_and_split_batches():
 @pytest.mark.devices(4)
 def test_shard_refuses_leaves_of_different_leading_sizes():
     # Each would be split on its own: images and labels of different examples, silently.
-    with pytest.raises(ValueError, match=r"shard: every leaf of the batch needs the same leading "
-                       r"\(batch\) size, got \[0\]: 8, \[1\]: 4"):
+    with pytest.raises(
+        ValueError,
+        match=r"shard: every leaf of the batch needs the same leading "
+        r"\(batch\) size, got \[0\]: 8, \[1\]: 4",
+    ):
         distributed.shard((np.zeros((8, 2)), np.zeros(4)), 4)
     with pytest.raises(ValueError, match=r"\['y'\]: 12"):
         distributed.shard({"x": np.zeros((8, 2)), "y": np.zeros(12)}, 4)
@@ -215,13 +228,16 @@ def test_int64_values_that_int32_cannot_hold_are_refused_not_wrapped():
     # With x64 off JAX stores int64 as int32: 2**40 would silently become 0.
     assert not jax.config.jax_enable_x64
     big = {"count": np.int64(2**40)}
-    with pytest.raises(ValueError, match=r"replicate: \['count'\] holds 1099511627776, which "
-                       r"int32 cannot hold.*jax_enable_x64"):
+    with pytest.raises(
+        ValueError,
+        match=r"replicate: \['count'\] holds 1099511627776, which "
+        r"int32 cannot hold.*jax_enable_x64",
+    ):
         distributed.replicate(big)
     mesh = distributed.data_mesh()
     with pytest.raises(ValueError, match=r"replicate_on: \['count'\]"):
         distributed.replicate_on(mesh, big)
-    ids = np.array([0, 1, 2, -2**35], np.int64)
+    ids = np.array([0, 1, 2, -(2**35)], np.int64)
     with pytest.raises(ValueError, match=r"shard_batch: \[1\] holds -34359738368"):
         distributed.shard_batch(mesh, (np.zeros(4), ids))
     with pytest.raises(ValueError, match=r"shard: \[1\] holds -34359738368"):
@@ -239,12 +255,15 @@ def test_int64_values_that_int32_cannot_hold_are_refused_not_wrapped():
 def test_unreplicate_refuses_trees_that_were_never_replicated():
     rep = distributed.replicate({"w": jnp.ones(3)})
     np.testing.assert_array_equal(distributed.unreplicate(rep)["w"], np.ones(3))
-    out = jax.pmap(lambda x: x * 2)(jnp.ones((4, 3)))      # a pmap output is per-device too
+    out = jax.pmap(lambda x: x * 2)(jnp.ones((4, 3)))  # a pmap output is per-device too
     np.testing.assert_array_equal(distributed.unreplicate(out), 2 * np.ones(3))
-    host = jax.device_get(rep)                               # a host copy of replicas
+    host = jax.device_get(rep)  # a host copy of replicas
     np.testing.assert_array_equal(distributed.unreplicate(host)["w"], np.ones(3))
-    with pytest.raises(ValueError, match=r"unreplicate: \['w'\] is not split one row per device"
-                       r".*shape \(10,\) on 1 device.*replicate\(\) or a pmapped"):
+    with pytest.raises(
+        ValueError,
+        match=r"unreplicate: \['w'\] is not split one row per device"
+        r".*shape \(10,\) on 1 device.*replicate\(\) or a pmapped",
+    ):
         distributed.unreplicate({"w": jnp.arange(10.0)})
     mesh_copy = distributed.replicate_on(distributed.data_mesh(), {"w": jnp.ones((4, 3))})
     with pytest.raises(ValueError, match=r"whole on every device.*replicate_on.*as it is"):
@@ -255,9 +274,9 @@ def test_unreplicate_refuses_trees_that_were_never_replicated():
         distributed.unreplicate({"a": np.ones((4, 3)), "b": np.ones(3)})
 
 
-@pytest.mark.parametrize("var,value", [("FUNCNET_NUM_PROCESSES", "two"),
-                                       ("FUNCNET_PROCESS_ID", "1.5"),
-                                       ("FUNCNET_COORDINATOR", "localhost")])
+@pytest.mark.parametrize(
+    "var,value", [("FUNCNET_NUM_PROCESSES", "two"), ("FUNCNET_PROCESS_ID", "1.5"), ("FUNCNET_COORDINATOR", "localhost")]
+)
 def test_initialize_names_a_bad_environment_variable(monkeypatch, var, value):
     for v in ("FUNCNET_NUM_PROCESSES", "FUNCNET_PROCESS_ID", "FUNCNET_COORDINATOR"):
         monkeypatch.delenv(v, raising=False)
@@ -286,7 +305,7 @@ def test_in_flight_never_lets_more_than_k_steps_run_unfinished():
             # Dispatching step i: steps 0..i are dispatched, `waited` are known finished.
             in_flight_at_dispatch.append(i + 1 - len(waited))
             assert in_flight.add({"loss": _FakeStep(waited, i)})["loss"].i == i
-        assert max(in_flight_at_dispatch) == k      # bounded, and no tighter than asked
+        assert max(in_flight_at_dispatch) == k  # bounded, and no tighter than asked
         assert waited == list(range(10 - (k - 1)))  # always the oldest step first
         in_flight.wait()
         assert waited == list(range(10))

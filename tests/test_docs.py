@@ -13,6 +13,7 @@ tests do not have) says so on the line right above its opening fence:
 The marker is the only way to skip a block; NO_RUN below lists every one, so a new marker
 fails this test until it is added there on purpose.
 """
+
 import glob
 import importlib
 import os
@@ -26,37 +27,48 @@ import funcnet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_FENCE = re.compile(r"^(?P<marker><!-- no-run:[^\n]*-->\n)?```python[^\n]*\n(?P<code>.*?)^```",
-                    re.S | re.M)
+_FENCE = re.compile(r"^(?P<marker><!-- no-run:[^\n]*-->\n)?```python[^\n]*\n(?P<code>.*?)^```", re.S | re.M)
 
 # Pages and how many blocks each keeps from running (every other ```python block runs).
 NO_RUN = {"docs/guides/checkpoints.md": 1}
 
 # Names a page's blocks must leave behind, checked after it ran: what the text promises.
 CHECKS = {
-    "README.md": lambda s: (s["out_shape"] == (-1, 10) and s["metrics"]["loss"].shape == ()
-                            and len(s["history"]) == 1),
+    "README.md": lambda s: s["out_shape"] == (-1, 10) and s["metrics"]["loss"].shape == () and len(s["history"]) == 1,
     "docs/concepts.md": lambda s: s["out_shape"] == (-1, 10),
     "docs/guides/distributed.md": lambda s: (
         s["metrics"]["loss"].shape == (jax.local_device_count(),)
         and s["mesh_metrics"]["loss"].shape == ()  # one global value, not one per device
-        and s["ts_mesh"].params[0]["W"].sharding.is_fully_replicated),
+        and s["ts_mesh"].params[0]["W"].sharding.is_fully_replicated
+    ),
 }
 
 # Pages whose examples are the point of the page: each must have blocks that run.
-MUST_RUN = ["README.md", "docs/getting-started.md", "docs/concepts.md", "docs/guides/training.md",
-            "docs/guides/several-models.md", "docs/guides/parameters.md", "docs/guides/data.md",
-            "docs/guides/checkpoints.md", "docs/guides/mixed-precision.md",
-            "docs/guides/distributed.md", "docs/guides/sharding.md",
-            "docs/guides/transformers.md", "docs/guides/custom-layers.md",
-            "docs/guides/export.md", "docs/guides/recurrent.md", "docs/porting.md",
-            "docs/porting-jax.md"]
+MUST_RUN = [
+    "README.md",
+    "docs/getting-started.md",
+    "docs/concepts.md",
+    "docs/guides/training.md",
+    "docs/guides/several-models.md",
+    "docs/guides/parameters.md",
+    "docs/guides/data.md",
+    "docs/guides/checkpoints.md",
+    "docs/guides/mixed-precision.md",
+    "docs/guides/distributed.md",
+    "docs/guides/sharding.md",
+    "docs/guides/transformers.md",
+    "docs/guides/custom-layers.md",
+    "docs/guides/export.md",
+    "docs/guides/recurrent.md",
+    "docs/porting.md",
+    "docs/porting-jax.md",
+]
 
 
 def _pages():
     pages = ["README.md"] + sorted(
-        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
-                                                    recursive=True))
+        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+    )
     return [p for p in pages if "```python" in open(os.path.join(ROOT, p)).read()]
 
 
@@ -66,9 +78,10 @@ def _blocks(page):
     text = open(os.path.join(ROOT, page)).read()
     found = list(_FENCE.finditer(text))
     assert len(found) == text.count("```python"), f"{page}: a ```python fence not parsed"
-    return ([text[:m.start("code")].count("\n") * "\n" + m["code"]
-             for m in found if not m["marker"]],
-            sum(1 for m in found if m["marker"]))
+    return (
+        [text[: m.start("code")].count("\n") * "\n" + m["code"] for m in found if not m["marker"]],
+        sum(1 for m in found if m["marker"]),
+    )
 
 
 def test_the_pages_with_examples_are_found():
@@ -82,12 +95,14 @@ def test_the_pages_with_examples_are_found():
 FOUR_DEVICES = {"README.md", "docs/guides/sharding.md"}
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.devices(4))
-                                  if p in FOUR_DEVICES else p for p in _pages()])
+@pytest.mark.parametrize(
+    "page", [pytest.param(p, marks=pytest.mark.devices(4)) if p in FOUR_DEVICES else p for p in _pages()]
+)
 def test_page_python_blocks_run(page, tmp_path, monkeypatch):
     run, skipped = _blocks(page)
     assert skipped == NO_RUN.get(page, 0), (
-        f"{page}: {skipped} block(s) marked no-run, NO_RUN says {NO_RUN.get(page, 0)}")
+        f"{page}: {skipped} block(s) marked no-run, NO_RUN says {NO_RUN.get(page, 0)}"
+    )
     monkeypatch.chdir(tmp_path)
     scope = {"__name__": "__docs__"}
     for code in run:
@@ -132,8 +147,7 @@ def _docstring_lines():
     for path in sorted(glob.glob(os.path.join(ROOT, "funcnet", "**", "*.py"), recursive=True)):
         tree = ast.parse(open(path).read())
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                     ast.AsyncFunctionDef)):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             place = f"{os.path.relpath(path, ROOT)}:{getattr(node, 'name', 'module')}"
             for line in (ast.get_docstring(node, clean=False) or "").splitlines():
@@ -144,8 +158,11 @@ def test_docstrings_use_markdown_code_blocks_not_rst_literal_blocks():
     """The API reference renders docstrings as Markdown: a reStructuredText literal block
     (a line ending in ``::``, then an indented block) shows there as a stray ``::`` and
     a paragraph. Code and formulas go in fenced blocks."""
-    bad = [f"{place}: {line.strip()}" for place, line in _docstring_lines()
-           if line.rstrip().endswith("::") and not line.lstrip().startswith((">>>", "..."))]
+    bad = [
+        f"{place}: {line.strip()}"
+        for place, line in _docstring_lines()
+        if line.rstrip().endswith("::") and not line.lstrip().startswith((">>>", "..."))
+    ]
     assert bad == [], "reStructuredText literal blocks in docstrings:\n" + "\n".join(bad)
 
 
@@ -155,8 +172,9 @@ def test_docstrings_use_markdown_tables_not_rst_tables_or_directives():
     import re
 
     rule, directive = re.compile(r"^\s*=+(\s{2,}=+)+\s*$"), re.compile(r"^\s*\.\. \w+::")
-    bad = [f"{place}: {line.strip()}" for place, line in _docstring_lines()
-           if rule.match(line) or directive.match(line)]
+    bad = [
+        f"{place}: {line.strip()}" for place, line in _docstring_lines() if rule.match(line) or directive.match(line)
+    ]
     assert bad == [], "reStructuredText tables or directives in docstrings:\n" + "\n".join(bad)
 
 
@@ -177,7 +195,7 @@ def _long_code_lines(text, limit=CODE_COLUMNS):
         m = _ANY_FENCE.match(line)
         if m and fence is None:
             fence = m[1]
-        elif m and m[1].startswith(fence) and not line[m.end():].strip():
+        elif m and m[1].startswith(fence) and not line[m.end() :].strip():
             fence = None
         elif fence and len(line) > limit:
             long.append((number, line))
@@ -185,20 +203,20 @@ def _long_code_lines(text, limit=CODE_COLUMNS):
 
 
 def test_code_blocks_fit_the_content_column():
-    assert _long_code_lines("x" * 99 + "\n  ```\n  " + "y" * 89 + "\n  ```\n" + "z" * 99) == [
-        (3, "  " + "y" * 89)]
+    assert _long_code_lines("x" * 99 + "\n  ```\n  " + "y" * 89 + "\n  ```\n" + "z" * 99) == [(3, "  " + "y" * 89)]
     bad, allowed = [], set()
     for page in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True):
         page = os.path.relpath(page, ROOT)
         for number, line in _long_code_lines(open(os.path.join(ROOT, page)).read()):
-            key = next((k for k in LONG_CODE_LINES
-                        if k[0] == page and line.strip().startswith(k[1])), None)
+            key = next((k for k in LONG_CODE_LINES if k[0] == page and line.strip().startswith(k[1])), None)
             if key:
                 allowed.add(key)
             else:
                 bad.append(f"{page}:{number}: {len(line)} columns")
-    assert bad == [], (f"code lines over {CODE_COLUMNS} columns (wrap them; only a line that "
-                       f"cannot wrap goes in LONG_CODE_LINES, with why):\n" + "\n".join(bad))
+    assert bad == [], (
+        f"code lines over {CODE_COLUMNS} columns (wrap them; only a line that "
+        f"cannot wrap goes in LONG_CODE_LINES, with why):\n" + "\n".join(bad)
+    )
     assert allowed == set(LONG_CODE_LINES), f"stale LONG_CODE_LINES: {set(LONG_CODE_LINES) - allowed}"
 
 
@@ -214,5 +232,4 @@ def test_no_docstring_names_a_docs_page_as_text():
     for place, doc in docs.items():
         for path in re.findall(r"docs/[\w/.-]+\.md", re.sub(r"\]\([^)]*\)", "]()", doc)):
             found.setdefault(place, set()).add(path)
-    assert found == {}, (
-        "make these page paths Markdown links (relative to the docs/api/ page that renders them)")
+    assert found == {}, "make these page paths Markdown links (relative to the docs/api/ page that renders them)"

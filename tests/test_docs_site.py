@@ -5,6 +5,7 @@ pages that embed other files, the figures the pages show.
 `benchmarks/results*.json` and records each input's sha256 in `docs/img/bench-plots.json`.
 The SVG bytes are not compared (they differ between matplotlib versions): the hashes are.
 """
+
 import glob
 import hashlib
 import json
@@ -36,14 +37,16 @@ def stale_charts(manifest, root=ROOT):
     draws now but the manifest lacks (or the reverse)."""
     problems = []
     if set(manifest["plots"]) != set(plots.PLOTS):
-        problems.append(f"charts in the manifest {sorted(manifest['plots'])} != charts "
-                        f"benchmarks.plots draws {sorted(plots.PLOTS)}")
+        problems.append(
+            f"charts in the manifest {sorted(manifest['plots'])} != charts benchmarks.plots draws {sorted(plots.PLOTS)}"
+        )
     for chart, inputs in manifest["plots"].items():
         if not os.path.exists(os.path.join(root, plots.OUT_DIR, chart)):
             problems.append(f"{chart}: named in the manifest, missing from {plots.OUT_DIR}")
         if chart in plots.PLOTS and set(inputs) != set(plots.PLOTS[chart]):
-            problems.append(f"{chart}: drawn from {sorted(inputs)}, benchmarks.plots now "
-                            f"reads {sorted(plots.PLOTS[chart])}")
+            problems.append(
+                f"{chart}: drawn from {sorted(inputs)}, benchmarks.plots now reads {sorted(plots.PLOTS[chart])}"
+            )
         for path, digest in inputs.items():
             full = os.path.join(root, path)
             if not os.path.exists(full):
@@ -70,8 +73,7 @@ def test_a_changed_result_or_a_missing_chart_is_caught(tmp_path):
     os.makedirs(tmp_path / plots.OUT_DIR)
     with open(os.path.join(ROOT, path), "rb") as f:
         (tmp_path / path).write_bytes(f.read() + b"\n")
-    problems = stale_charts({"command": manifest["command"],
-                             "plots": {chart: {path: inputs[path]}}}, root=tmp_path)
+    problems = stale_charts({"command": manifest["command"], "plots": {chart: {path: inputs[path]}}}, root=tmp_path)
     assert f"{chart}: {path} changed since the chart was drawn" in problems
     assert f"{chart}: named in the manifest, missing from {plots.OUT_DIR}" in problems
     assert any("charts benchmarks.plots draws" in p for p in problems)
@@ -86,8 +88,9 @@ def test_the_benchmarks_page_shows_every_chart_with_its_source():
     assert f"`{plots.COMMAND}`" in page
 
 
-@pytest.mark.parametrize("page, embedded", [("docs/benchmarks.md", "BENCHMARKS.md"),
-                                            ("docs/conv-notes.md", "benchmarks/CONV_NOTES.md")])
+@pytest.mark.parametrize(
+    "page, embedded", [("docs/benchmarks.md", "BENCHMARKS.md"), ("docs/conv-notes.md", "benchmarks/CONV_NOTES.md")]
+)
 def test_an_embedded_file_leaves_the_page_one_title(page, embedded):
     """Material's table of contents lists the first `#` heading's sections only: a second
     `#` heading, from an embedded file, hides every section after it. So the pages embed
@@ -96,7 +99,8 @@ def test_an_embedded_file_leaves_the_page_one_title(page, embedded):
     assert f'--8<-- "{embedded}:2:"' in text
     assert _read(embedded).splitlines()[0].startswith("# ")
     assert not [l for l in _read(embedded).splitlines()[1:] if re.match(r"# ", l)], (
-        f"{embedded} has a `#` heading after its title: make it `##`")
+        f"{embedded} has a `#` heading after its title: make it `##`"
+    )
     outside_fences = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
     assert len(re.findall(r"^# ", outside_fences, re.M)) == 1
 
@@ -118,7 +122,7 @@ def test_the_examples_page_shows_every_figure_in_docs_img():
 
 
 def test_a_page_named_in_the_text_is_a_link():
-    """"docs/porting.md has the mapping" is a dead end on the site: a page's path in the
+    """ "docs/porting.md has the mapping" is a dead end on the site: a page's path in the
     text (outside code blocks and link targets) should be a link to it."""
     bad = []
     for path in sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)):
@@ -184,8 +188,12 @@ def test_sections_are_headings_that_nest():
     `###` right under the `#` title (docs/guides/transformers.md had one) is listed as if
     the page had no sections before it."""
     assert _heading_problems("# T\n\n**Not checked**\n\n```\n# code\n```\n### Sub\n") == [
-        "**Not checked** (make it a ## heading)", "'### Sub' follows a level-1 heading"]
-    bad = [f"{os.path.relpath(path, ROOT)}: {problem}"
-           for path in sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
-           for problem in _heading_problems(open(path).read())]
+        "**Not checked** (make it a ## heading)",
+        "'### Sub' follows a level-1 heading",
+    ]
+    bad = [
+        f"{os.path.relpath(path, ROOT)}: {problem}"
+        for path in sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+        for problem in _heading_problems(open(path).read())
+    ]
     assert bad == [], "\n".join(bad)

@@ -10,6 +10,7 @@ The finder must find what the docstrings promise, or this file passes while chec
 nothing: ``test_examples_exist`` asks for a floor of examples overall, and for one example
 in every public function and class of every public module (less the ``EXEMPT`` names).
 """
+
 import doctest
 import importlib
 import inspect
@@ -30,9 +31,16 @@ OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 EXEMPT = {
     # Three examples show catching funcnet's errors; the checkpoint and data-file errors
     # need a broken file on disk to raise, which the tests of their modules build.
-    "funcnet.errors": {"StateDictMismatchError", "CheckpointError", "CheckpointCorruptError",
-                       "CheckpointMismatchError", "CheckpointVersionError",
-                       "CheckpointOwnershipError", "CorruptFileError", "MNISTNotFoundError"},
+    "funcnet.errors": {
+        "StateDictMismatchError",
+        "CheckpointError",
+        "CheckpointCorruptError",
+        "CheckpointMismatchError",
+        "CheckpointVersionError",
+        "CheckpointOwnershipError",
+        "CorruptFileError",
+        "MNISTNotFoundError",
+    },
     # needs the optional jax2onnx and onnxruntime (the onnx extra, not in the test extra: ~500 MB);
     # tests/test_onnx.py runs it against onnxruntime where they are installed
     "funcnet.onnx": {"to_onnx"},
@@ -71,8 +79,9 @@ _MODULES = _module_names()
 FOUR_DEVICES = {"funcnet.distributed", "funcnet.sharding"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.devices(4))
-                                  if m in FOUR_DEVICES else m for m in _MODULES])
+@pytest.mark.parametrize(
+    "name", [pytest.param(m, marks=pytest.mark.devices(4)) if m in FOUR_DEVICES else m for m in _MODULES]
+)
 def test_docstring_examples(name):
     _, tests = _find(name)
     runner = doctest.DocTestRunner(optionflags=OPTIONFLAGS)

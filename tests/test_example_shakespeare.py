@@ -2,6 +2,7 @@
 small text the test writes, split over the suite's four CPU devices; its nanoGPT random
 numbers (examples/_torch_rng.py: torch's generator, nanoGPT's init and draw order) against
 torch itself, and a whole run against nanoGPT's loop restated in torch."""
+
 import importlib
 import math
 import os
@@ -36,16 +37,28 @@ def test_trains_evaluates_and_samples(shakespeare, tmp_path, capsys):
     text = _text()
     path.write_text(text)
     flags = [
-        f"--data={path}", "--block-size=16", "--batch-size=8", "--n-layer=1", "--n-head=2",
-        "--n-embd=16", "--max-iters=80", "--lr-decay-iters=80", "--warmup-iters=10",
-        "--eval-interval=40", "--eval-iters=2", "--log-interval=40", "--dropout=0.1",
-        "--learning-rate=1e-2", "--rng=jax"]
+        f"--data={path}",
+        "--block-size=16",
+        "--batch-size=8",
+        "--n-layer=1",
+        "--n-head=2",
+        "--n-embd=16",
+        "--max-iters=80",
+        "--lr-decay-iters=80",
+        "--warmup-iters=10",
+        "--eval-interval=40",
+        "--eval-iters=2",
+        "--log-interval=40",
+        "--dropout=0.1",
+        "--learning-rate=1e-2",
+        "--rng=jax",
+    ]
     history, sample, ts = shakespeare.main(flags + ["--sample-tokens=40"])
     out = capsys.readouterr().out
     vocab = len(set(text))
     assert [h[0] for h in history] == [0, 40, 80]
     assert history[0][2] == pytest.approx(math.log(vocab), abs=0.3)  # chance at init
-    assert history[-1][2] < 0.7 * history[0][2]                     # it learned
+    assert history[-1][2] < 0.7 * history[0][2]  # it learned
     assert "step 80: train loss" in out and "val loss" in out
     assert len(sample) == 41 and set(sample) <= set(text)
     # the batch was split over the suite's CPU devices; the state stayed replicated
@@ -58,8 +71,9 @@ def test_trains_evaluates_and_samples(shakespeare, tmp_path, capsys):
 def test_data_split_and_lr_schedule_follow_nanogpt(shakespeare):
     chars, train, val = shakespeare.encode_splits("abcabcabcd")
     assert chars == ["a", "b", "c", "d"] and len(train) == 9 and len(val) == 1
-    args = shakespeare.parse_args(["--learning-rate=1e-3", "--min-lr=1e-4", "--warmup-iters=100",
-                                   "--lr-decay-iters=2000"])
+    args = shakespeare.parse_args(
+        ["--learning-rate=1e-3", "--min-lr=1e-4", "--warmup-iters=100", "--lr-decay-iters=2000"]
+    )
     lr = shakespeare.lr_schedule(args)
 
     def get_lr(it):  # nanoGPT train.py's get_lr, restated
@@ -76,11 +90,18 @@ def test_data_split_and_lr_schedule_follow_nanogpt(shakespeare):
 
 def test_defaults_are_nanogpts_config(shakespeare):
     a = shakespeare.parse_args([])
-    assert (a.batch_size, a.block_size, a.n_layer, a.n_head, a.n_embd, a.dropout) == (
-        64, 256, 6, 6, 384, 0.2)
-    assert (a.learning_rate, a.max_iters, a.lr_decay_iters, a.min_lr, a.beta2,
-            a.warmup_iters, a.eval_interval, a.eval_iters, a.log_interval) == (
-        1e-3, 5000, 5000, 1e-4, 0.99, 100, 250, 200, 10)
+    assert (a.batch_size, a.block_size, a.n_layer, a.n_head, a.n_embd, a.dropout) == (64, 256, 6, 6, 384, 0.2)
+    assert (
+        a.learning_rate,
+        a.max_iters,
+        a.lr_decay_iters,
+        a.min_lr,
+        a.beta2,
+        a.warmup_iters,
+        a.eval_interval,
+        a.eval_iters,
+        a.log_interval,
+    ) == (1e-3, 5000, 5000, 1e-4, 0.99, 100, 250, 200, 10)
     assert shakespeare.parse_args(["--n-layer=4", "--block-size", "64"]).n_layer == 4
 
 
@@ -94,21 +115,38 @@ def test_the_recipe_follows_nanogpt_step_for_step(shakespeare):
     from helpers.torch_ref import require_torch
 
     from benchmarks import gpt
+
     torch = require_torch()  # benchmarks.gpt builds the torch model
     from funcnet import losses
     from funcnet.train import Aux, TrainState, make_train_step
 
     case = dict(n_layer=2, n_head=2, n_embd=16, block=16, batch=4)
     # float32 as torch's side (on a GPU the example's default would be bfloat16)
-    args = shakespeare.parse_args(["--block-size=16", "--batch-size=4", "--n-layer=2",
-                                   "--n-head=2", "--n-embd=16", "--dropout=0.0", "--dtype=float32",
-                                   "--learning-rate=1e-2", "--min-lr=1e-3", "--warmup-iters=5",
-                                   "--lr-decay-iters=25"])
+    args = shakespeare.parse_args(
+        [
+            "--block-size=16",
+            "--batch-size=4",
+            "--n-layer=2",
+            "--n-head=2",
+            "--n-embd=16",
+            "--dropout=0.0",
+            "--dtype=float32",
+            "--learning-rate=1e-2",
+            "--min-lr=1e-3",
+            "--warmup-iters=5",
+            "--lr-decay-iters=25",
+        ]
+    )
     tm = gpt._torch_model(case)
     decay = [p for p in tm.parameters() if p.dim() >= 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": [p for p in tm.parameters() if p.dim() < 2],
-                              "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": 0.1},
+            {"params": [p for p in tm.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-2,
+        betas=(0.9, 0.99),
+    )
     net, tx = shakespeare.build(args, gpt.VOCAB)
     params = gpt._funcnet_params(gpt._weights(case), case, scan=False)
     ts = TrainState.create(net, tx, jax.random.key(0), (-1, 16))
@@ -116,8 +154,7 @@ def test_the_recipe_follows_nanogpt_step_for_step(shakespeare):
 
     def loss_fn(p, s, batch, rng):
         logits, s = net.apply(p, s, batch[0], rng=rng, train=True)
-        return losses.cross_entropy(logits.reshape(-1, gpt.VOCAB), batch[1].reshape(-1)), \
-            Aux(state=s)
+        return losses.cross_entropy(logits.reshape(-1, gpt.VOCAB), batch[1].reshape(-1)), Aux(state=s)
 
     step = jax.jit(make_train_step(loss_fn, tx))
     lr = shakespeare.lr_schedule(args)
@@ -125,8 +162,8 @@ def test_the_recipe_follows_nanogpt_step_for_step(shakespeare):
     rng = np.random.default_rng(4)
     for it in range(30):  # warmup, cosine decay, then min_lr
         starts = rng.integers(0, len(data) - 17, 4)
-        x = np.stack([data[i:i + 16] for i in starts])
-        y = np.stack([data[i + 1:i + 17] for i in starts])
+        x = np.stack([data[i : i + 16] for i in starts])
+        y = np.stack([data[i + 1 : i + 17] for i in starts])
         for group in opt.param_groups:
             group["lr"] = float(lr(it))
         loss = tm(torch.tensor(x), torch.tensor(y))
@@ -135,8 +172,7 @@ def test_the_recipe_follows_nanogpt_step_for_step(shakespeare):
         opt.step()
         opt.zero_grad(set_to_none=True)
         ts, metrics = step(ts, (jnp.asarray(x, jnp.int32), jnp.asarray(y, jnp.int32)))
-        np.testing.assert_allclose(float(metrics["loss"]), loss.item(), rtol=2e-5,
-                                   err_msg=f"step {it}")
+        np.testing.assert_allclose(float(metrics["loss"]), loss.item(), rtol=2e-5, err_msg=f"step {it}")
     np.testing.assert_allclose(ts.params["E"], tm.wte.weight.detach().numpy(), atol=2e-5)
 
 
@@ -159,10 +195,15 @@ def _nanogpt_torch(V, T, E, L, bias):
         return b
 
     gpt = torch.nn.Module()
-    gpt.transformer = torch.nn.ModuleDict(dict(
-        wte=torch.nn.Embedding(V, E), wpe=torch.nn.Embedding(T, E), drop=torch.nn.Dropout(0.0),
-        h=torch.nn.ModuleList([block() for _ in range(L)]),
-        ln_f=torch.nn.LayerNorm(E, bias=bias)))
+    gpt.transformer = torch.nn.ModuleDict(
+        dict(
+            wte=torch.nn.Embedding(V, E),
+            wpe=torch.nn.Embedding(T, E),
+            drop=torch.nn.Dropout(0.0),
+            h=torch.nn.ModuleList([block() for _ in range(L)]),
+            ln_f=torch.nn.LayerNorm(E, bias=bias),
+        )
+    )
     gpt.lm_head = torch.nn.Linear(E, V, bias=False)
     gpt.transformer.wte.weight = gpt.lm_head.weight
 
@@ -217,8 +258,10 @@ def test_torch_rng_starts_from_nanogpts_init(shakespeare, bias):
     torch.manual_seed(99)
     tm = _nanogpt_torch(V, T, E, L, bias)
     t_first_batch = torch.randint(500 - T, (4,)).numpy()
-    args = shakespeare.parse_args([f"--block-size={T}", f"--n-embd={E}", f"--n-layer={L}",
-                                   "--n-head=2", "--batch-size=4"] + (["--bias"] if bias else []))
+    args = shakespeare.parse_args(
+        [f"--block-size={T}", f"--n-embd={E}", f"--n-layer={L}", "--n-head=2", "--batch-size=4"]
+        + (["--bias"] if bias else [])
+    )
     gen = TorchCPUGenerator(99)
     params = shakespeare.nanogpt_params(gen, args, V)
     net, _ = shakespeare.build(args, V)
@@ -231,7 +274,7 @@ def test_torch_rng_starts_from_nanogpts_init(shakespeare, bias):
     for i, b in enumerate(params["body"]["blocks"]):
         c_attn = sd[f"transformer.h.{i}.attn.c_attn.weight"]
         for j, name in enumerate(("query", "key", "value")):
-            close(b["attn"]["attn"][name]["W"], c_attn[j * E:(j + 1) * E].T)
+            close(b["attn"]["attn"][name]["W"], c_attn[j * E : (j + 1) * E].T)
         close(b["attn"]["attn"]["out"]["W"], sd[f"transformer.h.{i}.attn.c_proj.weight"].T)
         close(b["mlp"]["fc"]["W"], sd[f"transformer.h.{i}.mlp.c_fc.weight"].T)
         close(b["mlp"]["proj"]["W"], sd[f"transformer.h.{i}.mlp.c_proj.weight"].T)
@@ -248,8 +291,9 @@ def test_torch_rng_draws_batches_in_train_pys_order(shakespeare):
 
     from _torch_rng import TorchCPUGenerator
 
-    args = shakespeare.parse_args(["--block-size=8", "--batch-size=3", "--max-iters=7",
-                                   "--eval-interval=3", "--eval-iters=2"])
+    args = shakespeare.parse_args(
+        ["--block-size=8", "--batch-size=3", "--max-iters=7", "--eval-interval=3", "--eval-iters=2"]
+    )
     n_train, n_val = 900, 100
     torch.manual_seed(5)
     get = lambda n: torch.randint(n - 8, (3,)).numpy()
@@ -262,17 +306,16 @@ def test_torch_rng_draws_batches_in_train_pys_order(shakespeare):
     np.testing.assert_array_equal(draws.train, np.asarray(train[:7]))
     np.testing.assert_array_equal(draws.evals, np.asarray(evals))
     assert draws.evals.shape == (3, 2, 2, 3)  # evaluations at 0, 3, 6
-    none = shakespeare.parse_args(["--batch-size=3", "--max-iters=7", "--eval-interval=3",
-                                   "--eval-iters=0"])
-    assert shakespeare.nanogpt_draws(TorchCPUGenerator(5), none, 900, 100).evals.shape == (
-        3, 2, 0, 3)
+    none = shakespeare.parse_args(["--batch-size=3", "--max-iters=7", "--eval-interval=3", "--eval-iters=0"])
+    assert shakespeare.nanogpt_draws(TorchCPUGenerator(5), none, 900, 100).evals.shape == (3, 2, 0, 3)
 
 
 def test_jax_rng_plan(shakespeare):
     """--rng=jax (test_trains_evaluates_and_samples runs it): windows from jax.random, in
     range, the same plan shape as torch's."""
-    args = shakespeare.parse_args(["--block-size=16", "--batch-size=4", "--max-iters=10",
-                                   "--eval-interval=5", "--eval-iters=2"])
+    args = shakespeare.parse_args(
+        ["--block-size=16", "--batch-size=4", "--max-iters=10", "--eval-interval=5", "--eval-iters=2"]
+    )
     draws = shakespeare.jax_draws(jax.random.key(1), jax.random.key(2), args, 2000, 300)
     assert draws.train.shape == (10, 4) and draws.evals.shape == (3, 2, 2, 4)
     assert draws.train.min() >= 0 and draws.train.max() < 2000 - 16
@@ -281,8 +324,8 @@ def test_jax_rng_plan(shakespeare):
 
 def test_steps_per_dispatch_stop_at_every_log_line_and_evaluation(shakespeare):
     k = lambda flags: shakespeare.steps_per_dispatch(shakespeare.parse_args(flags))
-    assert k([]) == 10                                            # log every 10
-    assert k(["--log-interval=100", "--max-iters=2000"]) == 50    # nanoGPT's CPU run
+    assert k([]) == 10  # log every 10
+    assert k(["--log-interval=100", "--max-iters=2000"]) == 50  # nanoGPT's CPU run
     assert k(["--log-interval=40", "--eval-interval=40", "--max-iters=80"]) == 40
     assert k(["--log-interval=100", "--max-iters=2001"]) == 1
 
@@ -315,31 +358,49 @@ def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path, devices):
     path = tmp_path / "input.txt"
     text = _text(4000)
     path.write_text(text)
-    flags = ["--block-size=16", "--batch-size=4", "--n-layer=2", "--n-head=2", "--n-embd=16",
-             "--max-iters=30", "--lr-decay-iters=30", "--warmup-iters=5", "--eval-interval=10",
-             "--eval-iters=3", "--log-interval=10", "--dropout=0.0", "--learning-rate=1e-2",
-             "--min-lr=1e-3", "--seed=7", "--dtype=float32"]  # torch's side is float32
-    history, _, _ = shakespeare.main([f"--data={path}", "--sample-tokens=0",
-                                      f"--devices={devices}"] + flags)
+    flags = [
+        "--block-size=16",
+        "--batch-size=4",
+        "--n-layer=2",
+        "--n-head=2",
+        "--n-embd=16",
+        "--max-iters=30",
+        "--lr-decay-iters=30",
+        "--warmup-iters=5",
+        "--eval-interval=10",
+        "--eval-iters=3",
+        "--log-interval=10",
+        "--dropout=0.0",
+        "--learning-rate=1e-2",
+        "--min-lr=1e-3",
+        "--seed=7",
+        "--dtype=float32",
+    ]  # torch's side is float32
+    history, _, _ = shakespeare.main([f"--data={path}", "--sample-tokens=0", f"--devices={devices}"] + flags)
 
     args = shakespeare.parse_args(flags)
     chars, train_ids, val_ids = shakespeare.encode_splits(text)
-    splits = {"train": torch.tensor(np.asarray(train_ids), dtype=torch.long),
-              "val": torch.tensor(np.asarray(val_ids), dtype=torch.long)}
+    splits = {
+        "train": torch.tensor(np.asarray(train_ids), dtype=torch.long),
+        "val": torch.tensor(np.asarray(val_ids), dtype=torch.long),
+    }
     torch.manual_seed(7)
     gpt = _nanogpt_torch(len(chars), 16, 16, 2, bias=False)
     params = dict(gpt.named_parameters())
     opt = torch.optim.AdamW(
-        [{"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": 0.1},
-         {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0}],
-        lr=1e-2, betas=(0.9, 0.99))
+        [
+            {"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-2,
+        betas=(0.9, 0.99),
+    )
     lr = shakespeare.lr_schedule(args)
 
     def get_batch(split):
         data = splits[split]
         ix = torch.randint(len(data) - 16, (4,))
-        return (torch.stack([data[i:i + 16] for i in ix]),
-                torch.stack([data[i + 1:i + 17] for i in ix]))
+        return (torch.stack([data[i : i + 16] for i in ix]), torch.stack([data[i + 1 : i + 17] for i in ix]))
 
     def loss_of(x, y):
         return F.cross_entropy(_torch_logits(gpt, x, 2).view(-1, len(chars)), y.view(-1))
@@ -348,8 +409,9 @@ def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path, devices):
     for it in range(31):
         if it % 10 == 0:
             with torch.no_grad():
-                expected.append((it, *(np.mean([loss_of(*get_batch(s)).item() for _ in range(3)])
-                                       for s in ("train", "val"))))
+                expected.append(
+                    (it, *(np.mean([loss_of(*get_batch(s)).item() for _ in range(3)]) for s in ("train", "val")))
+                )
         if it == 30:
             break
         for group in opt.param_groups:
@@ -370,19 +432,19 @@ def test_default_dtype_is_train_pys(shakespeare):
     assert d("cuda", 8.0) == d("cuda", 9.0) == d("cuda", 12.1) == "bfloat16"
     assert d("cuda", 7.5) == d("cuda", 6.1) == d("cuda", None) == "float16"
     assert d("cpu") == d("cpu", 9.0) == "float32"
-    if jax.default_backend() == "cpu":   # the suite's default run
+    if jax.default_backend() == "cpu":  # the suite's default run
         assert shakespeare.device_platform() == ("cpu", None)
-    assert shakespeare.parse_args([]).dtype is None                   # resolved per device
+    assert shakespeare.parse_args([]).dtype is None  # resolved per device
     assert shakespeare.parse_args(["--dtype=float16"]).dtype == "float16"
     with pytest.raises(SystemExit):
         shakespeare.parse_args(["--dtype=float64"])
-    assert shakespeare.mixed_precision("float32") == (None, None)     # the program as before
+    assert shakespeare.mixed_precision("float32") == (None, None)  # the program as before
     policy, scale = shakespeare.mixed_precision("bfloat16")
     assert (policy.param_dtype, policy.compute_dtype) == (np.float32, jax.numpy.bfloat16)
     assert scale is None
     policy, scale = shakespeare.mixed_precision("float16")
     assert policy.compute_dtype == np.float16
-    assert (float(scale.scale), int(scale.period), float(scale.factor)) == (2.0 ** 16, 2000, 2.0)
+    assert (float(scale.scale), int(scale.period), float(scale.factor)) == (2.0**16, 2000, 2.0)
 
 
 def test_attention_path_is_cudnn_only_where_it_applies(shakespeare):
@@ -390,17 +452,18 @@ def test_attention_path_is_cudnn_only_where_it_applies(shakespeare):
     multiple of 8 (at most 128) and no dropout on the attention weights."""
     path = lambda *a: shakespeare.attention_path(*a)[0]
     assert path("cuda", "bfloat16", 64, 0.0) == path("cuda", "float16", 128, 0.0) == "cudnn"
-    assert path("cuda", "bfloat16", 64, 0.2) is None        # nanoGPT's GPU config: dropout 0.2
+    assert path("cuda", "bfloat16", 64, 0.2) is None  # nanoGPT's GPU config: dropout 0.2
     assert path("cuda", "float32", 64, 0.0) is None
-    assert path("cuda", "bfloat16", 12, 0.0) is None        # not a multiple of 8
+    assert path("cuda", "bfloat16", 12, 0.0) is None  # not a multiple of 8
     assert path("cuda", "bfloat16", 256, 0.0) is None
     assert path("cpu", "bfloat16", 64, 0.0) is None
     assert path("gpu", "bfloat16", 64, 0.0) is None and path("tpu", "bfloat16", 64, 0.0) is None
     assert "dropout" in shakespeare.attention_path("cuda", "bfloat16", 64, 0.2)[1]
     assert "written-out" in shakespeare.attention_path("cpu", "float32", 64, 0.0)[1]
-    args = shakespeare.parse_args(["--n-embd=16", "--n-head=2", "--n-layer=1", "--dropout=0.0",
-                                   "--block-size=8", "--dtype=bfloat16"])
-    net, _ = shakespeare.build(args, 11)   # on CPU: funcnet's default, which runs
+    args = shakespeare.parse_args(
+        ["--n-embd=16", "--n-head=2", "--n-layer=1", "--dropout=0.0", "--block-size=8", "--dtype=bfloat16"]
+    )
+    net, _ = shakespeare.build(args, 11)  # on CPU: funcnet's default, which runs
     _, params, _ = net.init(jax.random.key(0), (-1, 8))
     logits, _ = jax.jit(net.apply)(params, (), jax.numpy.zeros((1, 8), jax.numpy.int32))
     assert logits.shape == (1, 8, 11)
@@ -409,13 +472,13 @@ def test_attention_path_is_cudnn_only_where_it_applies(shakespeare):
 def test_mfu_is_nanogpts_estimate(shakespeare):
     """nanoGPT's GPT.estimate_mfu, by hand, for its shakespeare_char config: N =
     get_num_params() (no position embeddings; the tied table once)."""
-    args = shakespeare.parse_args([])   # 6 layers, 6 heads, 384 wide, block 256, batch 64
+    args = shakespeare.parse_args([])  # 6 layers, 6 heads, 384 wide, block 256, batch 64
     V, E, L, T = 65, 384, 6, 256
-    N = V * E + L * (2 * E + 4 * E * E + 8 * E * E) + E   # bias=False: LayerNorm weights only
+    N = V * E + L * (2 * E + 4 * E * E + 8 * E * E) + E  # bias=False: LayerNorm weights only
     flops_per_token = 6 * N + 12 * L * 6 * (E // 6) * T
-    mfu = flops_per_token * T * 64 / 0.25 / 312e12       # an update of 250 ms
+    mfu = flops_per_token * T * 64 / 0.25 / 312e12  # an update of 250 ms
     assert shakespeare.estimate_mfu(args, N, 0.25) == pytest.approx(mfu, rel=1e-12)
-    assert N == 10_646_784   # nanoGPT prints "number of parameters: 10.65M"
+    assert N == 10_646_784  # nanoGPT prints "number of parameters: 10.65M"
     net, _ = shakespeare.build(args, V)
     params = jax.eval_shape(lambda key: net.init(key, (-1, T))[1], jax.random.key(0))
     counted = sum(x.size for x in jax.tree.leaves(params)) - params["body"]["pos"]["E"].size
@@ -425,10 +488,25 @@ def test_mfu_is_nanogpts_estimate(shakespeare):
 
 
 def _tiny(path, *extra):
-    return [f"--data={path}", "--block-size=16", "--batch-size=8", "--n-layer=2", "--n-head=2",
-            "--n-embd=16", "--max-iters=20", "--lr-decay-iters=20", "--warmup-iters=5",
-            "--eval-interval=10", "--eval-iters=2", "--log-interval=10", "--dropout=0.0",
-            "--learning-rate=1e-2", "--sample-tokens=0", "--devices=1", *extra]
+    return [
+        f"--data={path}",
+        "--block-size=16",
+        "--batch-size=8",
+        "--n-layer=2",
+        "--n-head=2",
+        "--n-embd=16",
+        "--max-iters=20",
+        "--lr-decay-iters=20",
+        "--warmup-iters=5",
+        "--eval-interval=10",
+        "--eval-iters=2",
+        "--log-interval=10",
+        "--dropout=0.0",
+        "--learning-rate=1e-2",
+        "--sample-tokens=0",
+        "--devices=1",
+        *extra,
+    ]
 
 
 def _eqns(jaxpr):
@@ -436,14 +514,13 @@ def _eqns(jaxpr):
     for e in jaxpr.eqns:
         yield e
         for v in e.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
                     yield from _eqns(inner)
 
 
-def test_bfloat16_trains_with_bf16_products_on_a_float32_stream(shakespeare, tmp_path,
-                                                               capsys):
+def test_bfloat16_trains_with_bf16_products_on_a_float32_stream(shakespeare, tmp_path, capsys):
     """--dtype=bfloat16: the losses close to float32's; the params float32; in the forward
     every matrix product takes bfloat16 operands (projections, attention scores and sum,
     the tied head), while the LayerNorms, the softmax and the residual stream are float32
@@ -457,15 +534,14 @@ def test_bfloat16_trains_with_bf16_products_on_a_float32_stream(shakespeare, tmp
     bf16, _, ts = shakespeare.main(_tiny(path, "--dtype=bfloat16"))
     out = capsys.readouterr().out
     assert "dtype: bfloat16 matrix products, float32 weights" in out
-    assert np.all(np.isfinite(bf16)) and bf16[-1][2] < 0.8 * bf16[0][2]   # it learned
+    assert np.all(np.isfinite(bf16)) and bf16[-1][2] < 0.8 * bf16[0][2]  # it learned
     np.testing.assert_allclose(np.asarray(bf16), np.asarray(f32), atol=5e-3)  # 2e-4 seen
     assert {x.dtype for x in jax.tree.leaves(ts.params)} == {np.dtype("float32")}
-    assert ts.loss_scale == ()                                  # bfloat16 needs no scaling
+    assert ts.loss_scale == ()  # bfloat16 needs no scaling
 
-    net, _ = shakespeare.build(shakespeare.parse_args(_tiny(path, "--dtype=bfloat16")),
-                               len(set(text)))
+    net, _ = shakespeare.build(shakespeare.parse_args(_tiny(path, "--dtype=bfloat16")), len(set(text)))
     ids = jnp.zeros((3, 16), jnp.int32)
-    params = ts.params   # the trained ones
+    params = ts.params  # the trained ones
     jaxpr = jax.make_jaxpr(lambda p: net.apply(p, (), ids))(params).jaxpr
     eqns = list(_eqns(jaxpr))
     dtypes = lambda e: {str(v.aval.dtype) for v in e.invars}
@@ -478,11 +554,10 @@ def test_bfloat16_trains_with_bf16_products_on_a_float32_stream(shakespeare, tmp
     assert len(norms) == 2 * 2 + 1 and all(dtypes(e) == {"float32"} for e in norms)
     softmax = [e for e in eqns if e.primitive.name == "exp"]
     assert softmax and all(dtypes(e) == {"float32"} for e in softmax)
-    stream = [e for e in eqns if e.primitive.name == "add"
-              and e.outvars[0].aval.shape == (3, 16, 16)]
-    assert len(stream) == 1 + 2 * 2   # embeddings + positions, two residual adds per block
+    stream = [e for e in eqns if e.primitive.name == "add" and e.outvars[0].aval.shape == (3, 16, 16)]
+    assert len(stream) == 1 + 2 * 2  # embeddings + positions, two residual adds per block
     assert all(str(e.outvars[0].aval.dtype) == "float32" for e in stream)
-    assert net.apply(params, (), ids)[0].dtype == jnp.bfloat16   # autocast's lm_head
+    assert net.apply(params, (), ids)[0].dtype == jnp.bfloat16  # autocast's lm_head
 
 
 def test_float16_scales_the_loss(shakespeare, tmp_path):
@@ -495,7 +570,7 @@ def test_float16_scales_the_loss(shakespeare, tmp_path):
     f32, _, _ = shakespeare.main(_tiny(path, "--dtype=float32"))
     np.testing.assert_allclose(np.asarray(history), np.asarray(f32), atol=5e-3)
     assert isinstance(ts.loss_scale, LossScale)
-    assert float(ts.loss_scale.scale) <= 2.0 ** 16 and int(ts.loss_scale.period) == 2000
+    assert float(ts.loss_scale.scale) <= 2.0**16 and int(ts.loss_scale.period) == 2000
     assert np.all(np.isfinite(history)) and history[-1][2] < 0.8 * history[0][2]
     assert {x.dtype for x in jax.tree.leaves(ts.params)} == {np.dtype("float32")}
 
@@ -509,13 +584,11 @@ def test_prints_compile_time_and_mfu(shakespeare, tmp_path, capsys):
     path = tmp_path / "input.txt"
     text = _text(3000)
     path.write_text(text)
-    flags = _tiny(path, "--steps-per-dispatch=5", "--max-iters=30", "--lr-decay-iters=30",
-                  "--peak-tflops=1e-6")
+    flags = _tiny(path, "--steps-per-dispatch=5", "--max-iters=30", "--lr-decay-iters=30", "--peak-tflops=1e-6")
     shakespeare.main(flags)
     out = capsys.readouterr().out
     assert len(re.findall(r"^compile: \d+\.\d s$", out, re.M)) == 1
-    lines = re.findall(r"^iter (\d+): loss \d+\.\d{4}, time (\d+\.\d{2})ms, mfu (-?\d+\.\d{2})%$",
-                       out, re.M)
+    lines = re.findall(r"^iter (\d+): loss \d+\.\d{4}, time (\d+\.\d{2})ms, mfu (-?\d+\.\d{2})%$", out, re.M)
     assert [int(it) for it, *_ in lines] == [0, 10, 20]
     args = shakespeare.parse_args(flags)
     net, _ = shakespeare.build(args, len(set(text)))
@@ -532,7 +605,7 @@ def test_prints_compile_time_and_mfu(shakespeare, tmp_path, capsys):
 def test_steps_per_dispatch_flag(shakespeare):
     k = lambda flags: shakespeare.steps_per_dispatch(shakespeare.parse_args(flags))
     assert shakespeare.parse_args([]).steps_per_dispatch == 50
-    cpu_run = ["--log-interval=100", "--max-iters=2000"]   # eval, log, max_iters: gcd 50
+    cpu_run = ["--log-interval=100", "--max-iters=2000"]  # eval, log, max_iters: gcd 50
     assert k(cpu_run + ["--steps-per-dispatch=20"]) == 10
     assert k(cpu_run + ["--steps-per-dispatch=30"]) == 25
     assert k(cpu_run + ["--steps-per-dispatch=100"]) == 50

@@ -3,6 +3,7 @@
 Each example's ``main(argv)`` is called with tiny settings; running them in this
 process, rather than as scripts, saves a JAX start-up per example.
 """
+
 import importlib
 import math
 import os
@@ -23,8 +24,7 @@ def example(monkeypatch):
 
 def test_autoencoder_denoises_and_hands_back_the_noisy_inputs(example, tmp_path):
     plot = tmp_path / "ae.png"
-    err, base, outputs = example("mnist_autoencoder").main(
-        ["--epochs", "1", "--limit", "2048", "--plot", str(plot)])
+    err, base, outputs = example("mnist_autoencoder").main(["--epochs", "1", "--limit", "2048", "--plot", str(plot)])
     assert err < 0.8 * base  # the output is closer to the clean digit than the noisy input is
     # The step's own noise, N(0.3, 0.2), came back through Aux(outputs=...): MNIST's mean
     # pixel is 0.13, so the noisy inputs average about 0.43.
@@ -34,8 +34,7 @@ def test_autoencoder_denoises_and_hands_back_the_noisy_inputs(example, tmp_path)
 
 def test_gan_alternates_disc_and_gen_steps(example, tmp_path):
     plot = tmp_path / "gan.png"
-    history, samples = example("mnist_dcgan").main(
-        ["--epochs", "1", "--limit", "512", "--plot", str(plot)])
+    history, samples = example("mnist_dcgan").main(["--epochs", "1", "--limit", "512", "--plot", str(plot)])
     logs = history[-1]
     assert all(math.isfinite(v) for v in logs.values()), logs
     assert 0 < logs["D(G(z))"] < logs["D(x)"] < 1, logs  # D already tells real from fake a bit
@@ -74,8 +73,7 @@ def test_nn_paint_reads_an_image_file(example, tmp_path):
     np.testing.assert_allclose(img, picture[::4, ::4], atol=1 / 255)
     # tinynn's inputs: (row, column) centred and scaled by the size, row-major.
     xy = paint.coordinates(2, 4)
-    np.testing.assert_allclose(xy[:5], [[-0.5, -0.5], [-0.5, -0.25], [-0.5, 0.0], [-0.5, 0.25],
-                                        [0.0, -0.5]])
+    np.testing.assert_allclose(xy[:5], [[-0.5, -0.5], [-0.5, -0.25], [-0.5, 0.0], [-0.5, 0.25], [0.0, -0.5]])
 
 
 def test_cartpole_follows_gyms_equations(example):
@@ -92,8 +90,7 @@ def test_cartpole_follows_gyms_equations(example):
     env.state = [0.0, 0.0, 0.05, 0.0]
     obs = env.step(1)[0]
     temp = 10.0 / 1.1
-    theta_acc = (9.8 * math.sin(0.05) - math.cos(0.05) * temp) / (
-        0.5 * (4 / 3 - 0.1 * math.cos(0.05) ** 2 / 1.1))
+    theta_acc = (9.8 * math.sin(0.05) - math.cos(0.05) * temp) / (0.5 * (4 / 3 - 0.1 * math.cos(0.05) ** 2 / 1.1))
     x_acc = temp - 0.05 * theta_acc * math.cos(0.05) / 1.1
     np.testing.assert_allclose(obs, [0.0, 0.02 * x_acc, 0.05, 0.02 * theta_acc], rtol=1e-6)
     env.state = [2.39, 1.0, 0.0, 0.0]
@@ -122,7 +119,8 @@ def test_replay_buffer_is_a_ring_and_samples_what_it_holds(example):
 def test_dqn_runs_and_evaluates(example, tmp_path):
     plot = tmp_path / "dqn.png"
     returns, solved_at = example("dqn_cartpole").main(
-        ["--episodes", "12", "--warmup", "100", "--eval-every", "6", "--plot", str(plot)])
+        ["--episodes", "12", "--warmup", "100", "--eval-every", "6", "--plot", str(plot)]
+    )
     assert len(returns) == 12 and all(1 <= r <= 200 for r in returns)
     assert solved_at is None  # 12 episodes are far too few
     assert plot.stat().st_size > 5_000

@@ -27,8 +27,15 @@ pytest.importorskip("flatbuffers", reason="jax.export's serializer needs flatbuf
 
 from funcnet import FanInSum, named, parallel, serial  # noqa: E402
 from funcnet.inference import export, load_exported, make_predict_fn  # noqa: E402
-from funcnet.layers import (BatchNorm, Conv, Dense, Dropout, Flatten, MaxPool,  # noqa: E402
-                            Relu)
+from funcnet.layers import (
+    BatchNorm,
+    Conv,
+    Dense,
+    Dropout,
+    Flatten,
+    MaxPool,  # noqa: E402
+    Relu,
+)
 from funcnet.precision import Policy, apply_policy  # noqa: E402
 
 MAGIC = b"funcnet-export\n"
@@ -62,8 +69,16 @@ def _cnn():
     # The first Conv (1 input channel) takes funcnet's "patches" path on CPU; the second
     # is pinned to "xla": "auto" asks whether the batch is > 32, which a symbolic batch
     # cannot answer (see test_a_layer_that_branches_on_the_batch_size_*).
-    net = serial(Conv(8, (3, 3)), BatchNorm(), Relu, MaxPool((2, 2)),
-                 Conv(8, (3, 3), implementation="xla"), Relu, Flatten, Dense(10))
+    net = serial(
+        Conv(8, (3, 3)),
+        BatchNorm(),
+        Relu,
+        MaxPool((2, 2)),
+        Conv(8, (3, 3), implementation="xla"),
+        Relu,
+        Flatten,
+        Dense(10),
+    )
     _, params, state = _init(net, (-1, 12, 12, 1), 2)
     x = 2.0 * jax.random.normal(jax.random.key(3), (32, 12, 12, 1)) - 1.0
     return net, params, _trained_state(net, params, state, x)
@@ -81,11 +96,14 @@ CASES = {
     "mlp_bn": (_mlp, (-1, 20), {}, None, [(20,)]),
     "mlp_bn_bf16": (_mlp, (-1, 20), {"policy": BF16}, BF16, [(20,)]),
     "cnn": (_cnn, (-1, 12, 12, 1), {}, None, [(12, 12, 1)]),
-    "cnn_bf16_cpu_cuda": (_cnn, jax.ShapeDtypeStruct((-1, 12, 12, 1), jnp.float32),
-                          {"policy": Policy.make("float32", "bfloat16", "float32"),
-                           "platforms": ("cpu", "cuda")}, BF16, [(12, 12, 1)]),
-    "two_inputs": (_two_inputs, ((-1, 5), jax.ShapeDtypeStruct((-1, 4), jnp.float32)), {}, None,
-                   [(5,), (4,)]),
+    "cnn_bf16_cpu_cuda": (
+        _cnn,
+        jax.ShapeDtypeStruct((-1, 12, 12, 1), jnp.float32),
+        {"policy": Policy.make("float32", "bfloat16", "float32"), "platforms": ("cpu", "cuda")},
+        BF16,
+        [(12, 12, 1)],
+    ),
+    "two_inputs": (_two_inputs, ((-1, 5), jax.ShapeDtypeStruct((-1, 4), jnp.float32)), {}, None, [(5,), (4,)]),
 }
 
 # Runs in a fresh process: jax, NumPy and load_exported, nothing of this file.
@@ -132,8 +150,13 @@ def served(tmp_path_factory):
         np.savez(root / f"{name}.inputs.npz", **inputs)
     (root / "cases.json").write_text(json.dumps(list(CASES)))
     # The environment as conftest made it: CPU, the same XLA flags, the same cache.
-    proc = subprocess.run([sys.executable, "-c", SERVE, str(root)], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     with np.load(root / "outputs.npz") as z:
         got = {k: z[k] for k in z.files}
@@ -176,8 +199,11 @@ def test_header_records_the_input_spec_platforms_and_policy(served):
 
 def test_a_wrong_feature_size_names_the_expected_shape(served):
     f = load_exported(served[2] / "mlp_bn.export")
-    with pytest.raises(ValueError, match=r"must have shape \(batch, 20\) float32, got shape "
-                                         r"\(7, 21\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"must have shape \(batch, 20\) float32, got shape "
+        r"\(7, 21\)",
+    ):
         f(np.zeros((7, 21), np.float32))
     with pytest.raises(ValueError, match=r"must have shape \(batch, 20\).*got shape \(20,\)"):
         f(np.zeros(20, np.float32))
@@ -206,21 +232,23 @@ def _linear():
     return net, params, state
 
 
-@pytest.mark.parametrize("spec, match", [
-    ((None, 4), r"the batch dimension is -1, not None"),
-    ((-1, 0), r"dimensions must be positive, or -1 for the batch, got \(-1, 0\)"),
-    ((-2, 4), r"dimensions must be positive, or -1"),
-    ("(-1, 4)", r"must be a shape like \(-1, 784\)"),
-    ((-1, 4.0), r"must have int dimensions"),
-    ((-1, True), r"must have int dimensions \(-1 for the batch\), got \(-1, True\)"),
-    ({}, r"no inputs|must be a shape like"),
-    ({1: (-1, 4)}, r"dict keys must be strings"),
-    (((-1, 4), "x"), r"input_spec\[1\] must be a shape like"),
-    (np.zeros((2, 4)), r"must be a shape like"),
-    (jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 4"), jnp.float32),
-     r"spell the batch as -1"),
-    (jax.ShapeDtypeStruct((-1, 4), jnp.float32), None),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ((None, 4), r"the batch dimension is -1, not None"),
+        ((-1, 0), r"dimensions must be positive, or -1 for the batch, got \(-1, 0\)"),
+        ((-2, 4), r"dimensions must be positive, or -1"),
+        ("(-1, 4)", r"must be a shape like \(-1, 784\)"),
+        ((-1, 4.0), r"must have int dimensions"),
+        ((-1, True), r"must have int dimensions \(-1 for the batch\), got \(-1, True\)"),
+        ({}, r"no inputs|must be a shape like"),
+        ({1: (-1, 4)}, r"dict keys must be strings"),
+        (((-1, 4), "x"), r"input_spec\[1\] must be a shape like"),
+        (np.zeros((2, 4)), r"must be a shape like"),
+        (jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 4"), jnp.float32), r"spell the batch as -1"),
+        (jax.ShapeDtypeStruct((-1, 4), jnp.float32), None),
+    ],
+)
 def test_bad_input_specs_are_refused(tmp_path, spec, match):
     net, params, state = _linear()
     path = tmp_path / "m.export"
@@ -240,13 +268,16 @@ def test_a_spec_the_params_do_not_fit_fails_with_the_layers_message(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written, no temporary file left
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"platforms": ("gpu",)}, r"'gpu' is 'cuda' or 'rocm'"),
-    ({"platforms": ("cpu", "cpu")}, r"distinct names"),
-    ({"platforms": ()}, r"platforms must be None"),
-    ({"policy": 3}, r"policy must be None, a funcnet.precision.Policy"),
-    ({"dtype": "text"}, r"dtype must be a numeric dtype"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"platforms": ("gpu",)}, r"'gpu' is 'cuda' or 'rocm'"),
+        ({"platforms": ("cpu", "cpu")}, r"distinct names"),
+        ({"platforms": ()}, r"platforms must be None"),
+        ({"policy": 3}, r"policy must be None, a funcnet.precision.Policy"),
+        ({"dtype": "text"}, r"dtype must be a numeric dtype"),
+    ],
+)
 def test_bad_export_arguments_are_refused(tmp_path, kwargs, match):
     net, params, state = _linear()
     with pytest.raises((ValueError, TypeError), match=match):
@@ -267,8 +298,7 @@ def test_paths(tmp_path):
     export(net, params2, state, (-1, 4), tmp_path / "m.export")
     assert [p.name for p in tmp_path.iterdir()] == ["m.export"]
     x = np.ones((2, 4), np.float32)
-    np.testing.assert_array_equal(load_exported(tmp_path / "m.export")(x),
-                                  make_predict_fn(net, params2, state)(x))
+    np.testing.assert_array_equal(load_exported(tmp_path / "m.export")(x), make_predict_fn(net, params2, state)(x))
 
 
 def rewrite_header(data: bytes, change, *, version: int = 2) -> bytes:
@@ -276,7 +306,7 @@ def rewrite_header(data: bytes, change, *, version: int = 2) -> bytes:
     back as export format ``version`` (2: its checksum recomputed; 1: none)."""
     n = len(MAGIC) + 8
     (size,) = struct.unpack_from("<Q", data, len(MAGIC))
-    head, body = change(data[n:n + size]), data[n + size + 4:]
+    head, body = change(data[n : n + size]), data[n + size + 4 :]
     lead = MAGIC + struct.pack("<Q", len(head)) + head
     return lead + (struct.pack("<I", zlib.crc32(lead)) if version >= 2 else b"") + body
 
@@ -296,12 +326,10 @@ def test_damaged_and_foreign_files_are_refused(tmp_path):
         load_exported(tmp_path / "other")
     # A newer funcnet's file, and a header without a key, each with its header's checksum
     # right (tests/test_inference_export_checks.py changes the header without it).
-    (tmp_path / "newer").write_bytes(
-        rewrite_header(data, lambda h: h.replace(b'"version": 2', b'"version": 9', 1)))
+    (tmp_path / "newer").write_bytes(rewrite_header(data, lambda h: h.replace(b'"version": 2', b'"version": 9', 1)))
     with pytest.raises(ValueError, match="format 9.*Upgrade funcnet"):
         load_exported(tmp_path / "newer")
-    (tmp_path / "renamed").write_bytes(
-        rewrite_header(data, lambda h: h.replace(b'"crc32"', b'"crc64"', 1)))
+    (tmp_path / "renamed").write_bytes(rewrite_header(data, lambda h: h.replace(b'"crc32"', b'"crc64"', 1)))
     with pytest.raises(ValueError, match="header lacks crc32"):
         load_exported(tmp_path / "renamed")
 
@@ -311,8 +339,11 @@ def test_a_file_for_another_platform_says_how_to_export_for_this_one(tmp_path):
     here = jax.export.default_export_platform()
     other = "cuda" if here == "cpu" else "cpu"
     path = export(net, params, state, (-1, 4), tmp_path / "m.export", platforms=(other,))
-    with pytest.raises(ValueError, match=rf"(?s)exported for \('{other}',\).*runs on "
-                                         rf"'{here}'.*platforms=\('{other}', '{here}'\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"(?s)exported for \('{other}',\).*runs on "
+        rf"'{here}'.*platforms=\('{other}', '{here}'\)",
+    ):
         load_exported(path)
 
 
@@ -321,11 +352,14 @@ def test_a_file_past_jaxs_compatibility_window_names_jaxs_bypass_flag(tmp_path, 
     jax has the flag that loads them anyway, the error names it."""
     net, params, state = _linear()
     path = export(net, params, state, (-1, 4), tmp_path / "m.export")
-    expired = ("Exported being deserialized seems to be older than the 6-month "
-               "backward-compatibility window and cannot be deserialized anymore.")
+    expired = (
+        "Exported being deserialized seems to be older than the 6-month "
+        "backward-compatibility window and cannot be deserialized anymore."
+    )
 
     def refuse(blob):
         raise ValueError(expired)
+
     monkeypatch.setattr(jax.export, "deserialize", refuse)
     with pytest.raises(ValueError, match="6-month") as info:
         load_exported(path)
@@ -341,8 +375,11 @@ def test_a_layer_that_branches_on_the_batch_size_exports_a_fixed_batch_only(tmp_
         return (2 * x if x.shape[0] > 32 else x), state
 
     odd = named("BatchBranch", init, apply)
-    with pytest.raises(ValueError, match=r"(?s)BatchBranch \(or a layer in it\) compares the "
-                                         r"batch size.*Export a fixed batch size"):
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)BatchBranch \(or a layer in it\) compares the "
+        r"batch size.*Export a fixed batch size",
+    ):
         export(odd, (), (), (-1, 3), tmp_path / "m.export")
     f = load_exported(export(odd, (), (), (40, 3), tmp_path / "m.export"))
     np.testing.assert_array_equal(f(np.ones((40, 3), np.float32)), 2 * np.ones((40, 3)))
@@ -359,8 +396,7 @@ def test_integer_inputs_and_prng_keys_in_the_state(tmp_path):
 
     scale = named("IntScale", init, apply)
     _, params, _ = scale.init(None, (-1, 3))
-    f = load_exported(export(scale, params, (), jax.ShapeDtypeStruct((-1, 3), jnp.int32),
-                             tmp_path / "i.export"))
+    f = load_exported(export(scale, params, (), jax.ShapeDtypeStruct((-1, 3), jnp.int32), tmp_path / "i.export"))
     np.testing.assert_array_equal(f(np.ones((2, 3), np.int32)), [[0, 1, 2]] * 2)
     with pytest.raises(TypeError, match="must have dtype int32"):
         f(np.ones((2, 3), np.float32))

@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("flatbuffers", reason="jax.export's serializer needs flatbuffers")
-safetensors_numpy = pytest.importorskip("safetensors.numpy",
-                                        reason="export format 3 stores weights as safetensors")
+safetensors_numpy = pytest.importorskip("safetensors.numpy", reason="export format 3 stores weights as safetensors")
 
 import funcnet  # noqa: E402
 from funcnet import serial  # noqa: E402
@@ -99,12 +98,15 @@ def test_bit_flips_in_the_header_and_weights_are_refused(exported, tmp_path):
     *_, path = exported
     data = path.read_bytes()
     with zipfile.ZipFile(path) as z:
-        spans = [(i.header_offset + 30 + len(i.filename), i.file_size) for i in z.infolist()
-                 if i.filename != "program.jaxexport"]
+        spans = [
+            (i.header_offset + 30 + len(i.filename), i.file_size)
+            for i in z.infolist()
+            if i.filename != "program.jaxexport"
+        ]
     target = tmp_path / "bad.fnx"
     for start, size in spans:
         for i in range(start, start + size, 5):
-            target.write_bytes(data[:i] + bytes([data[i] ^ (1 << i % 8)]) + data[i + 1:])
+            target.write_bytes(data[:i] + bytes([data[i] ^ (1 << i % 8)]) + data[i + 1 :])
             with pytest.raises(ValueError, match=r"bad.fnx is truncated or corrupt"):
                 load_exported(target)
 
@@ -126,21 +128,23 @@ def test_truncated_foreign_and_changed_files_are_refused(exported, tmp_path):
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("model.onnx", b"")
     (tmp_path / "zip.fnx").write_bytes(buf.getvalue())
-    with pytest.raises(ValueError, match=r"zip.fnx is a zip but not a file written by "
-                                         r"funcnet.inference.export: it has no funcnet.json"):
+    with pytest.raises(
+        ValueError,
+        match=r"zip.fnx is a zip but not a file written by "
+        r"funcnet.inference.export: it has no funcnet.json",
+    ):
         load_exported(tmp_path / "zip.fnx")
 
     def header(change):
         return lambda n, d: change(d) if n == "funcnet.json" else d
-    newer = _rezip(path, tmp_path / "newer.fnx", header(lambda d: d.replace(b'"version": 3',
-                                                                             b'"version": 9')))
+
+    newer = _rezip(path, tmp_path / "newer.fnx", header(lambda d: d.replace(b'"version": 3', b'"version": 9')))
     with pytest.raises(ValueError, match="format 9.*Upgrade funcnet"):
         load_exported(newer)
     lacks = _rezip(path, tmp_path / "lacks.fnx", header(lambda d: d.replace(b'"inputs"', b'"in"')))
     with pytest.raises(ValueError, match="header lacks inputs"):
         load_exported(lacks)
-    no_weights = _rezip(path, tmp_path / "nw.fnx",
-                        lambda n, d: None if n == "weights.safetensors" else d)
+    no_weights = _rezip(path, tmp_path / "nw.fnx", lambda n, d: None if n == "weights.safetensors" else d)
     with pytest.raises(ValueError, match="lacks weights.safetensors: the zip was changed"):
         load_exported(no_weights)
 
@@ -150,8 +154,12 @@ def test_truncated_foreign_and_changed_files_are_refused(exported, tmp_path):
         tensors = safetensors_numpy.load(d)
         tensors["params/0/W"] = tensors["params/0/W"][:2]
         return safetensors_numpy.save(tensors)
-    with pytest.raises(ValueError, match=r"does not hold the weights its funcnet.json lists "
-                                         r"\(missing or of another shape or dtype: \['params/0/W'\]"):
+
+    with pytest.raises(
+        ValueError,
+        match=r"does not hold the weights its funcnet.json lists "
+        r"\(missing or of another shape or dtype: \['params/0/W'\]",
+    ):
         load_exported(_rezip(path, tmp_path / "w.fnx", fewer))
 
 
@@ -162,16 +170,15 @@ def test_a_64_bit_export_needs_x64_to_load(exported, tmp_path):
 
     def wide(n, d):
         if n == "weights.safetensors":
-            return safetensors_numpy.save({k: v.astype(np.float64)
-                                           for k, v in safetensors_numpy.load(d).items()})
+            return safetensors_numpy.save({k: v.astype(np.float64) for k, v in safetensors_numpy.load(d).items()})
         return d.replace(b'"float32"', b'"float64"') if n == "funcnet.json" else d
+
     with pytest.raises(ValueError, match=r"x64.fnx was exported with 64-bit types"):
         load_exported(_rezip(path, tmp_path / "x64.fnx", wide))
 
 
 def test_weight_names_that_collide_and_a_missing_safetensors_are_explained(tmp_path, monkeypatch):
-    ident = funcnet.named("Ident", lambda rng, s: (s, (), ()),
-                          lambda p, s, x, *, rng=None, train=False: (x, s))
+    ident = funcnet.named("Ident", lambda rng, s: (s, (), ()), lambda p, s, x, *, rng=None, train=False: (x, s))
     params = {"a/b": jnp.ones(2), "a": {"b": jnp.zeros(2)}}
     with pytest.raises(ArgumentError, match=r"paths \['params/a/b'\] name more than one leaf"):
         export(ident, params, (), (-1, 2), tmp_path / "m.fnx")

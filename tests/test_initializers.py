@@ -25,7 +25,7 @@ def test_torch_default_is_uniform_one_over_sqrt_fan_in(shape):
     w = np.asarray(fi.torch_default()(KEY, shape, jnp.float32))
     bound = 1 / math.sqrt(fan_in)
     assert w.max() <= bound and w.min() >= -bound
-    np.testing.assert_allclose(w.var(), bound ** 2 / 3, rtol=0.05)
+    np.testing.assert_allclose(w.var(), bound**2 / 3, rtol=0.05)
     # torch: nn.Linear / nn.Conv2d reset_parameters uses kaiming_uniform_(a=sqrt(5)).
     torch_shape = (shape[-1], shape[-2]) + tuple(shape[:-2])
     t = _torch_sample(torch.nn.init.kaiming_uniform_, torch_shape, a=math.sqrt(5))
@@ -44,7 +44,7 @@ def test_torch_default_bias():
 def test_kaiming_matches_torch_variance(slope, nonlin, mode):
     shape = (400, 300)  # (in, out); torch's weight is (out, in)
     fan = 400 if mode == "fan_in" else 300
-    gain = math.sqrt(2.0) if nonlin == "relu" else math.sqrt(2.0 / (1 + slope ** 2))
+    gain = math.sqrt(2.0) if nonlin == "relu" else math.sqrt(2.0 / (1 + slope**2))
     std = gain / math.sqrt(fan)
     u = np.asarray(fi.kaiming_uniform(slope, mode, nonlin)(KEY, shape))
     n = np.asarray(fi.kaiming_normal(slope, mode, nonlin)(KEY, shape))

@@ -19,23 +19,27 @@ def _rand(tree, seed=0):
     """Every array of ``tree`` random (positive, so variances stay valid)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     rs = np.random.RandomState(seed)
-    return jax.tree_util.tree_unflatten(
-        treedef, [rs.uniform(0.5, 1.5, np.shape(x)).astype(np.float32) for x in leaves])
+    return jax.tree_util.tree_unflatten(treedef, [rs.uniform(0.5, 1.5, np.shape(x)).astype(np.float32) for x in leaves])
 
 
 def _net(ln_eps=1e-5):
-    return funcnet.serial(Conv(4, (3, 3), padding="SAME"), BatchNorm(), Flatten, Dense(3),
-                          LayerNorm(epsilon=ln_eps))
+    return funcnet.serial(Conv(4, (3, 3), padding="SAME"), BatchNorm(), Flatten, Dense(3), LayerNorm(epsilon=ln_eps))
 
 
 def test_linen_layout_loads_in_the_given_order_with_batch_stats():
     net = _net()
     _, params, state = net.init(jax.random.key(0), (-1, 5, 5, 1))
-    linen = _rand({"params": {"Conv_0": {"kernel": np.zeros((3, 3, 1, 4)), "bias": np.zeros(4)},
-                              "BatchNorm_0": {"scale": np.zeros(4), "bias": np.zeros(4)},
-                              "Dense_0": {"kernel": np.zeros((100, 3)), "bias": np.zeros(3)},
-                              "LayerNorm_0": {"scale": np.zeros(3), "bias": np.zeros(3)}},
-                   "batch_stats": {"BatchNorm_0": {"mean": np.zeros(4), "var": np.zeros(4)}}})
+    linen = _rand(
+        {
+            "params": {
+                "Conv_0": {"kernel": np.zeros((3, 3, 1, 4)), "bias": np.zeros(4)},
+                "BatchNorm_0": {"scale": np.zeros(4), "bias": np.zeros(4)},
+                "Dense_0": {"kernel": np.zeros((100, 3)), "bias": np.zeros(3)},
+                "LayerNorm_0": {"scale": np.zeros(3), "bias": np.zeros(3)},
+            },
+            "batch_stats": {"BatchNorm_0": {"mean": np.zeros(4), "var": np.zeros(4)}},
+        }
+    )
     with pytest.raises(TypeError, match="order"):
         load_flax_params(params, state, linen)
     p, s = load_flax_params(params, state, linen, order=["Conv_0", "BatchNorm_0", "Dense_0", "LayerNorm_0"])
@@ -50,21 +54,36 @@ def test_haiku_needs_its_layer_order_and_squeezes_batchnorm_arrays():
     net = _net()
     _, params, state = net.init(jax.random.key(0), (-1, 5, 5, 1))
     # Haiku's dict is sorted by module name: batch_norm first, not the layer order
-    hk_params = _rand({"batch_norm": {"offset": np.zeros((1, 1, 1, 4)), "scale": np.zeros((1, 1, 1, 4))},
-                       "conv2_d": {"b": np.zeros(4), "w": np.zeros((3, 3, 1, 4))},
-                       "layer_norm": {"offset": np.zeros(3), "scale": np.zeros(3)},
-                       "linear": {"b": np.zeros(3), "w": np.zeros((100, 3))}})
-    hk_state = _rand({"batch_norm/~/mean_ema": {"average": np.zeros((1, 1, 1, 4)), "counter": np.zeros(()),
-                                                "hidden": np.zeros((1, 1, 1, 4))},
-                      "batch_norm/~/var_ema": {"average": np.zeros((1, 1, 1, 4)), "counter": np.zeros(()),
-                                               "hidden": np.zeros((1, 1, 1, 4))}}, seed=1)
+    hk_params = _rand(
+        {
+            "batch_norm": {"offset": np.zeros((1, 1, 1, 4)), "scale": np.zeros((1, 1, 1, 4))},
+            "conv2_d": {"b": np.zeros(4), "w": np.zeros((3, 3, 1, 4))},
+            "layer_norm": {"offset": np.zeros(3), "scale": np.zeros(3)},
+            "linear": {"b": np.zeros(3), "w": np.zeros((100, 3))},
+        }
+    )
+    hk_state = _rand(
+        {
+            "batch_norm/~/mean_ema": {
+                "average": np.zeros((1, 1, 1, 4)),
+                "counter": np.zeros(()),
+                "hidden": np.zeros((1, 1, 1, 4)),
+            },
+            "batch_norm/~/var_ema": {
+                "average": np.zeros((1, 1, 1, 4)),
+                "counter": np.zeros(()),
+                "hidden": np.zeros((1, 1, 1, 4)),
+            },
+        },
+        seed=1,
+    )
     with pytest.raises(TypeError, match="order"):
         load_haiku_params(params, state, hk_params, hk_state)
     with pytest.raises(StateDictMismatchError, match="load_haiku_params.*order="):
-        load_haiku_params(params, state, hk_params, hk_state,
-                          order=["batch_norm", "conv2_d", "linear", "layer_norm"])
-    p, s = load_haiku_params(params, state, hk_params, hk_state,
-                             order=["conv2_d", "batch_norm", "linear", "layer_norm"])
+        load_haiku_params(params, state, hk_params, hk_state, order=["batch_norm", "conv2_d", "linear", "layer_norm"])
+    p, s = load_haiku_params(
+        params, state, hk_params, hk_state, order=["conv2_d", "batch_norm", "linear", "layer_norm"]
+    )
     np.testing.assert_array_equal(p[1]["bias"], hk_params["batch_norm"]["offset"].reshape(4))
     np.testing.assert_array_equal(s[1]["mean"], hk_state["batch_norm/~/mean_ema"]["average"].reshape(4))
     np.testing.assert_array_equal(p[3]["W"], hk_params["linear"]["w"])
@@ -124,8 +143,18 @@ class _State:
 def test_equinox_layout_loads_torch_shaped_weights_and_running_stats():
     net = funcnet.serial(Conv(4, (3, 3), padding="SAME"), BatchNorm(), GlobalAvgPool, Dense(3))
     _, params, state = net.init(jax.random.key(0), (-1, 5, 5, 1))
-    w = _rand({"c": np.zeros((4, 1, 3, 3)), "cb": np.zeros((4, 1, 1)), "s": np.zeros(4), "b": np.zeros(4),
-               "m": np.zeros(4), "v": np.zeros(4), "l": np.zeros((3, 4)), "lb": np.zeros(3)})
+    w = _rand(
+        {
+            "c": np.zeros((4, 1, 3, 3)),
+            "cb": np.zeros((4, 1, 1)),
+            "s": np.zeros(4),
+            "b": np.zeros(4),
+            "m": np.zeros(4),
+            "v": np.zeros(4),
+            "l": np.zeros((3, 4)),
+            "lb": np.zeros(3),
+        }
+    )
     ema, first = StateIndex(), StateIndex()
     model = _Seq((_Conv(w["c"], w["cb"]), _BatchNorm(w["s"], w["b"], ema, first), _Linear(w["l"], w["lb"])))
     eqx_state = _State({id(ema): (w["m"], w["v"]), id(first): np.array(True)})
@@ -140,6 +169,7 @@ def test_equinox_layout_loads_torch_shaped_weights_and_running_stats():
 
 # -- the frameworks themselves, where installed (pip install -e ".[bench]") ---------------------
 
+
 def test_flax_linen_model_loads_to_the_same_outputs():
     nn = pytest.importorskip("flax.linen")
 
@@ -153,8 +183,9 @@ def test_flax_linen_model_loads_to_the_same_outputs():
     variables = _rand(CNN().init(jax.random.key(0), x))
     net = _net(ln_eps=1e-6)  # Flax's LayerNorm epsilon
     _, params, state = net.init(jax.random.key(0), (-1, 5, 5, 1))
-    params, state = load_flax_params(params, state, variables,
-                                     order=["Conv_0", "BatchNorm_0", "Dense_0", "LayerNorm_0"])
+    params, state = load_flax_params(
+        params, state, variables, order=["Conv_0", "BatchNorm_0", "Dense_0", "LayerNorm_0"]
+    )
     ours, _ = net.apply(params, state, x)
     np.testing.assert_allclose(ours, CNN().apply(variables, x), rtol=1e-5, atol=1e-5)
 
@@ -201,8 +232,9 @@ def test_haiku_model_loads_to_the_same_outputs():
     hk_params, hk_state = _rand(f.init(jax.random.key(0), x, True))  # creates the moving averages
     net = _net()
     _, params, state = net.init(jax.random.key(0), (-1, 5, 5, 1))
-    params, state = load_haiku_params(params, state, hk_params, hk_state,
-                                      order=["conv2_d", "batch_norm", "linear", "layer_norm"])
+    params, state = load_haiku_params(
+        params, state, hk_params, hk_state, order=["conv2_d", "batch_norm", "linear", "layer_norm"]
+    )
     ours, _ = net.apply(params, state, x)
     np.testing.assert_allclose(ours, f.apply(hk_params, hk_state, x, False)[0], rtol=1e-5, atol=1e-5)
 

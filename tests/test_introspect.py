@@ -1,7 +1,9 @@
 """funcnet.introspect: summary tables and parameter counts."""
+
 import jax.numpy as jnp
 import funcnet
 from funcnet.layers import Dense
+
 
 def _counter_layer():
     """A stateful layer that counts calls in train mode and adds its bias."""
@@ -23,8 +25,14 @@ def test_summary_table_counts_and_nesting():
     assert s.total_state == 1
     assert s.output_shape == (-1, 10)
     names = [(r.depth, r.name) for r in s.rows]
-    assert names == [(0, "serial"), (1, "Dense(400)"), (1, "serial"), (2, "Dense(100)"),
-                     (2, "Counter"), (1, "Dense(10)")]
+    assert names == [
+        (0, "serial"),
+        (1, "Dense(400)"),
+        (1, "serial"),
+        (2, "Dense(100)"),
+        (2, "Counter"),
+        (1, "Dense(10)"),
+    ]
     assert "Dense(400)" in s.table and "314,000" in s.table and "(?, 10)" in s.table
     assert f"Total params: {s.total_params:,}" in s.table
     printed = []
@@ -34,5 +42,6 @@ def test_summary_table_counts_and_nesting():
 
 def test_summary_counts_the_tinynn_mlp_params():
     from funcnet.layers import Relu
+
     net = funcnet.serial(Dense(400), Relu, Dense(100), Relu, Dense(10))
     assert funcnet.summary(net, (-1, 784), print_fn=None).total_params == 784 * 400 + 400 + 400 * 100 + 100 + 1010

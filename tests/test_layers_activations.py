@@ -1,4 +1,5 @@
 """funcnet.layers activations, against PyTorch."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,6 +1,7 @@
 """Glu, LogSigmoid, Softsign, Tanhshrink and Threshold against their torch.nn modules:
 random shapes, arguments and inputs (kinks written in), outputs and input gradients,
 float32 and float64; Glu's shapes and its odd-size error; Threshold's NaN and ties."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +14,7 @@ from funcnet.layers import activations as A
 from funcnet.testing import check_layer
 
 from helpers.torch_ref import torch
+
 nn = torch.nn
 
 # (dtype, rtol, atol)
@@ -32,8 +34,8 @@ def _shape(rng, even_axis=None):
 def _inputs(rng, shape, dtype, kinks=()):
     """Uniform in [-8, 8] with 0, -0, +-20 and ``kinks`` written in where there is room."""
     x = rng.uniform(-8, 8, shape)
-    fixed = [0.0, -0.0, 20.0, -20.0, *kinks][:x.size]
-    x.reshape(-1)[rng.permutation(x.size)[:len(fixed)]] = fixed
+    fixed = [0.0, -0.0, 20.0, -20.0, *kinks][: x.size]
+    x.reshape(-1)[rng.permutation(x.size)[: len(fixed)]] = fixed
     return x.astype(dtype)
 
 
@@ -51,11 +53,9 @@ def _configs(rng):
         yield A.Softsign, nn.Softsign(), (), None
         yield A.Tanhshrink, nn.Tanhshrink(), (1e-3, -1e-3), None
         t, v = (float(a) for a in rng.uniform(-5, 5, 2))
-        yield (A.Threshold(t, v), nn.Threshold(t, v),
-               (t, np.nextafter(t, np.inf), np.nextafter(t, -np.inf)), None)
+        yield (A.Threshold(t, v), nn.Threshold(t, v), (t, np.nextafter(t, np.inf), np.nextafter(t, -np.inf)), None)
         axis = -1 if i == 0 else int(rng.integers(-3, 3))
-        yield (A.Glu if i == 0 else A.Glu(axis=axis),
-               nn.GLU() if i == 0 else nn.GLU(dim=axis), (), axis)
+        yield (A.Glu if i == 0 else A.Glu(axis=axis), nn.GLU() if i == 0 else nn.GLU(dim=axis), (), axis)
 
 
 def _cases(rng, dtype):
@@ -63,10 +63,9 @@ def _cases(rng, dtype):
     for layer, module, kinks, axis in _configs(rng):
         shape = _shape(rng, axis)
         if axis is not None and not -len(shape) <= axis < len(shape):
-            layer, module = A.Glu, nn.GLU()   # no such axis at this rank: torch's default
+            layer, module = A.Glu, nn.GLU()  # no such axis at this rank: torch's default
         out_shape = layer.init(jax.random.key(0), shape)[0]
-        yield (layer, module, _inputs(rng, shape, dtype, kinks),
-               rng.standard_normal(out_shape).astype(dtype))
+        yield (layer, module, _inputs(rng, shape, dtype, kinks), rng.standard_normal(out_shape).astype(dtype))
 
 
 @pytest.mark.parametrize("dtype,rtol,atol", DTYPES)
@@ -75,7 +74,7 @@ def test_activations_match_torch(dtype, rtol, atol):
     cases = list(_cases(rng, dtype))
 
     @jax.jit
-    def outputs_and_gradients(xs, gs):   # every layer in one compilation: fast
+    def outputs_and_gradients(xs, gs):  # every layer in one compilation: fast
         out = []
         for (layer, _, _, _), x, g in zip(cases, xs, gs):
             y, vjp = jax.vjp(lambda x: layer.apply((), (), x)[0], x)
@@ -113,11 +112,17 @@ def test_glu_by_hand_and_shapes():
 
 
 def test_glu_odd_size_is_refused_as_in_torch():
-    with pytest.raises(ValueError, match=r"Glu: the input's size on axis -1 must be even.*"
-                       r"got 5 in shape \(-1, 5\).*Dense\(2 \* k\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Glu: the input's size on axis -1 must be even.*"
+        r"got 5 in shape \(-1, 5\).*Dense\(2 \* k\)",
+    ):
         A.Glu.init(jax.random.key(0), (-1, 5))
-    with pytest.raises(ValueError, match=r"Glu\(axis=0\): the input's size on axis 0 must be "
-                       r"even.*got 3 in shape \(3, 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Glu\(axis=0\): the input's size on axis 0 must be "
+        r"even.*got 3 in shape \(3, 2\)",
+    ):
         A.Glu(axis=0).apply((), (), jnp.ones((3, 2)))
     with pytest.raises(ValueError, match=r"Glu\(axis=2\): axis 2 is out of range for a rank-2"):
         A.Glu(axis=2).init(jax.random.key(0), (-1, 4))
@@ -135,14 +140,16 @@ def test_threshold_ties_nan_and_arguments():
     np.testing.assert_array_equal(y, [-7.0, x[1], np.nan, -7.0, np.inf])
     (g,) = vjp(jnp.arange(1.0, 6.0))
     np.testing.assert_array_equal(g, [0.0, 2.0, 3.0, 0.0, 5.0])  # 0 at the tie; NaN passes
-    for bad, pattern in (("1", r"threshold must be a real number, got '1'"),
-                         (float("nan"), r"threshold must be a finite real number")):
+    for bad, pattern in (
+        ("1", r"threshold must be a real number, got '1'"),
+        (float("nan"), r"threshold must be a finite real number"),
+    ):
         with pytest.raises(ArgumentError, match="Threshold: " + pattern):
             A.Threshold(bad, 0.0)
     with pytest.raises(ArgumentError, match=r"Threshold: value must be a real number, got None"):
         A.Threshold(0.0, None)
     with pytest.raises(TypeError):
-        A.Threshold(0.5)   # both required, as torch.nn.Threshold's
+        A.Threshold(0.5)  # both required, as torch.nn.Threshold's
     xt = torch.tensor(np.asarray(x), requires_grad=True)
     yt = nn.Threshold(1.0, -7.0)(xt)
     yt.backward(torch.arange(1.0, 6.0))

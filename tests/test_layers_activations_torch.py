@@ -2,6 +2,7 @@
 inputs with the kinks (0, +-3, min_val/max_val, threshold / beta) in them, outputs and
 input gradients (and Prelu's weight gradient), float32 and float64; the arguments torch
 refuses; and the layer-or-constructor design of the optional-argument names."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,7 @@ from funcnet.layers import activations as A
 from funcnet.testing import check_layer
 
 from helpers.torch_ref import torch
+
 nn = torch.nn
 
 # (dtype, rtol, atol)
@@ -27,7 +29,7 @@ def _inputs(rng, dtype, kinks=()):
     """Uniform in [-6, 6] with the common kinks and ``kinks`` written in."""
     x = rng.uniform(-6, 6, SHAPE)
     fixed = [0.0, -0.0, 3.0, -3.0, 6.0, -6.0, 1.0, -1.0, 20.0, -20.0, *kinks]
-    x.reshape(-1)[rng.permutation(x.size)[:len(fixed)]] = fixed
+    x.reshape(-1)[rng.permutation(x.size)[: len(fixed)]] = fixed
     return x.astype(dtype)
 
 
@@ -60,31 +62,43 @@ def _configs(rng):
     for i in range(CONFIGS):
         first = i == 0
         s = float(rng.choice([0.0, rng.uniform(-2, 2)]))
-        out.append((A.LeakyRelu if first else A.LeakyRelu(s),
-                    nn.LeakyReLU() if first else nn.LeakyReLU(s), ()))
+        out.append((A.LeakyRelu if first else A.LeakyRelu(s), nn.LeakyReLU() if first else nn.LeakyReLU(s), ()))
         a = float(rng.choice([0.0, rng.uniform(-2, 3)]))
-        out.append((A.Elu if first else A.Elu(alpha=a),
-                    nn.ELU() if first else nn.ELU(alpha=a), ()))
+        out.append((A.Elu if first else A.Elu(alpha=a), nn.ELU() if first else nn.ELU(alpha=a), ()))
         a = _uniform_nonzero(rng, -2, 3, 0.25)
         out.append((A.Celu if first else A.Celu(a), nn.CELU() if first else nn.CELU(a), ()))
         ap = ["none", "tanh"][i % 2]
-        out.append((A.Gelu if first else A.Gelu(approximate=ap),
-                    nn.GELU() if first else nn.GELU(approximate=ap), ()))
+        out.append((A.Gelu if first else A.Gelu(approximate=ap), nn.GELU() if first else nn.GELU(approximate=ap), ()))
         beta = _uniform_nonzero(rng, -3, 3, 0.1)
         thr = float(rng.uniform(-5, 25))
         kinks = (thr / beta, np.nextafter(thr / beta, np.inf), np.nextafter(thr / beta, -np.inf))
-        out.append((A.Softplus if first else A.Softplus(beta, threshold=thr),
-                    nn.Softplus() if first else nn.Softplus(beta, threshold=thr),
-                    (20.0,) if first else kinks))
+        out.append(
+            (
+                A.Softplus if first else A.Softplus(beta, threshold=thr),
+                nn.Softplus() if first else nn.Softplus(beta, threshold=thr),
+                (20.0,) if first else kinks,
+            )
+        )
         lo, hi = sorted(rng.uniform(-5, 5, 2))
-        out.append((A.Hardtanh if first else A.Hardtanh(min_val=lo, max_val=hi),
-                    nn.Hardtanh() if first else nn.Hardtanh(lo, hi),
-                    () if first else (lo, hi)))
+        out.append(
+            (
+                A.Hardtanh if first else A.Hardtanh(min_val=lo, max_val=hi),
+                nn.Hardtanh() if first else nn.Hardtanh(lo, hi),
+                () if first else (lo, hi),
+            )
+        )
         # the argument-free ones: fresh inputs each round
-        for layer, module in ((A.Relu, nn.ReLU()), (A.Relu6, nn.ReLU6()), (A.Selu, nn.SELU()),
-                              (A.Sigmoid, nn.Sigmoid()), (A.Tanh, nn.Tanh()),
-                              (A.Hardsigmoid, nn.Hardsigmoid()), (A.Hardswish, nn.Hardswish()),
-                              (A.Silu, nn.SiLU()), (A.Mish, nn.Mish())):
+        for layer, module in (
+            (A.Relu, nn.ReLU()),
+            (A.Relu6, nn.ReLU6()),
+            (A.Selu, nn.SELU()),
+            (A.Sigmoid, nn.Sigmoid()),
+            (A.Tanh, nn.Tanh()),
+            (A.Hardsigmoid, nn.Hardsigmoid()),
+            (A.Hardswish, nn.Hardswish()),
+            (A.Silu, nn.SiLU()),
+            (A.Mish, nn.Mish()),
+        ):
             out.append((layer, module, ()))
     # approximate="tanh" in 20 configurations ("none" in 10): 10 more, last, so that the
     # configurations above keep their random draws
@@ -158,7 +172,7 @@ def test_prelu_matches_torch(dtype, rtol, atol):
     with jax.enable_x64(dtype == np.float64):
         kinds = [0, 0, 0]
         for i in range(3 * CONFIGS):  # each of the three kinds in CONFIGS configurations
-            kind = i % 3   # one shared slope; per channel, channels-last; channels-first
+            kind = i % 3  # one shared slope; per channel, channels-last; channels-first
             kinds[kind] += 1
             n, axis = [(1, -1), (C, -1), (L, 1)][kind]
             init = float(rng.uniform(-1, 1))
@@ -167,8 +181,7 @@ def test_prelu_matches_torch(dtype, rtol, atol):
             module = module.to(_TORCH_DTYPE[dtype])
             _, params, state = layer.init(jax.random.key(i), (-1, L, C))
             assert state == () and params["weight"].shape == (n,)
-            np.testing.assert_allclose(params["weight"], module.weight.detach().numpy(),
-                                       rtol=1e-7, err_msg="init")
+            np.testing.assert_allclose(params["weight"], module.weight.detach().numpy(), rtol=1e-7, err_msg="init")
             w = rng.uniform(-2, 2, n).astype(dtype)
             with torch.no_grad():
                 module.weight.copy_(torch.tensor(w))
@@ -180,36 +193,42 @@ def test_prelu_matches_torch(dtype, rtol, atol):
             assert y.dtype == dtype, where
             np.testing.assert_allclose(y, yt, rtol=rtol, atol=atol, err_msg=where)
             np.testing.assert_allclose(gx, gxt, rtol=rtol, atol=atol, err_msg=where)
-            np.testing.assert_allclose(gp["weight"], module.weight.grad.numpy(), rtol=rtol,
-                                       atol=atol * SHAPE[0] * SHAPE[1], err_msg=where)
+            np.testing.assert_allclose(
+                gp["weight"], module.weight.grad.numpy(), rtol=rtol, atol=atol * SHAPE[0] * SHAPE[1], err_msg=where
+            )
         assert min(kinds) >= CONFIGS, kinds
 
 
 def test_gradients_at_kinks_are_torchs():
     """The points where jax.nn's own choice differs from torch's, pinned down."""
+
     def grad(layer, x):
         return float(jax.grad(lambda v: layer.apply((), (), v)[0])(x))
 
-    assert grad(A.LeakyRelu(0.2), 0.0) == pytest.approx(0.2)   # jax.nn.leaky_relu: 1
-    assert grad(A.Hardtanh(-2.0, 3.0), -2.0) == 0.0            # jax.nn.hard_tanh: 1
+    assert grad(A.LeakyRelu(0.2), 0.0) == pytest.approx(0.2)  # jax.nn.leaky_relu: 1
+    assert grad(A.Hardtanh(-2.0, 3.0), -2.0) == 0.0  # jax.nn.hard_tanh: 1
     assert grad(A.Hardtanh(-2.0, 3.0), 3.0) == 0.0
     assert grad(A.Celu(0.5), 0.0) == 1.0
-    assert grad(A.Celu(0.5), 50.0) == 1.0                      # no NaN from the other branch
-    assert grad(A.Softplus(2.0, 10.0), 5.0 + 1e-3) == 1.0      # above the threshold: x
+    assert grad(A.Celu(0.5), 50.0) == 1.0  # no NaN from the other branch
+    assert grad(A.Softplus(2.0, 10.0), 5.0 + 1e-3) == 1.0  # above the threshold: x
     at = float(A.Softplus(2.0, 10.0).apply((), (), jnp.float32(5.0))[0])  # beta x == threshold
     assert at == pytest.approx(float(nn.Softplus(2.0, 10.0)(torch.tensor(5.0))), abs=1e-6)
-    assert at != 5.0                                           # torch's log branch
+    assert at != 5.0  # torch's log branch
     _, params, _ = A.Prelu.init(None, (-1, 2))
-    gx, gp = jax.grad(lambda x, p: A.Prelu.apply(p, (), x)[0].sum(), argnums=(0, 1))(
-        jnp.zeros(2), params)
+    gx, gp = jax.grad(lambda x, p: A.Prelu.apply(p, (), x)[0].sum(), argnums=(0, 1))(jnp.zeros(2), params)
     np.testing.assert_array_equal(gx, [0.25, 0.25])
     np.testing.assert_array_equal(gp["weight"], [0.0])
 
 
 def test_layer_or_constructor():
-    for bare, called in ((A.Elu, A.Elu()), (A.Gelu, A.Gelu()), (A.Softplus, A.Softplus()),
-                         (A.Hardtanh, A.Hardtanh()), (A.Celu, A.Celu()),
-                         (A.LeakyRelu, A.LeakyRelu())):
+    for bare, called in (
+        (A.Elu, A.Elu()),
+        (A.Gelu, A.Gelu()),
+        (A.Softplus, A.Softplus()),
+        (A.Hardtanh, A.Hardtanh()),
+        (A.Celu, A.Celu()),
+        (A.LeakyRelu, A.LeakyRelu()),
+    ):
         assert isinstance(bare, A.Layer) and callable(bare)
         assert bare.name == called.name
         assert not callable(called), called.name  # options are set once
@@ -236,44 +255,63 @@ def test_prelu_contract():
 BAD = [
     (lambda: A.Elu("1"), r"Elu: alpha must be a real number, got '1'", None),
     (lambda: A.Elu(alpha=float("nan")), r"Elu: alpha must be a finite real.*nan", None),
-    (lambda: A.Celu(0.0), r"Celu: alpha must not be 0.*got 0\.0",
-     lambda: nn.CELU(0.0)(torch.ones(2))),
-    (lambda: A.Gelu("foo"), r"Gelu: approximate must be one of 'none', 'tanh', got 'foo'",
-     lambda: nn.GELU("foo")(torch.ones(2))),
-    (lambda: A.Gelu(True), r"Gelu: approximate must be 'none' or 'tanh'.*got True.*'tanh'",
-     None),
+    (lambda: A.Celu(0.0), r"Celu: alpha must not be 0.*got 0\.0", lambda: nn.CELU(0.0)(torch.ones(2))),
+    (
+        lambda: A.Gelu("foo"),
+        r"Gelu: approximate must be one of 'none', 'tanh', got 'foo'",
+        lambda: nn.GELU("foo")(torch.ones(2)),
+    ),
+    (lambda: A.Gelu(True), r"Gelu: approximate must be 'none' or 'tanh'.*got True.*'tanh'", None),
     (lambda: A.Softplus(beta=0), r"Softplus: beta must not be 0.*got 0\.0", None),
-    (lambda: A.Softplus(threshold=float("inf")), r"Softplus: threshold must be a finite.*inf",
-     None),
-    (lambda: A.Hardtanh(1.0, 1.0), r"Hardtanh: max_val \(1\.0\) must be greater than "
-     r"min_val \(1\.0\)", lambda: nn.Hardtanh(1.0, 1.0)),
-    (lambda: A.Hardtanh(min_val=2, max_val=1), r"max_val \(1\.0\) must be greater than "
-     r"min_val \(2\.0\).*Hardtanh\(min_val=1\.0, max_val=2\.0\)", lambda: nn.Hardtanh(2, 1)),
-    (lambda: A.LeakyRelu(None), r"LeakyRelu: negative_slope must be a real number, got None",
-     None),
+    (lambda: A.Softplus(threshold=float("inf")), r"Softplus: threshold must be a finite.*inf", None),
+    (
+        lambda: A.Hardtanh(1.0, 1.0),
+        r"Hardtanh: max_val \(1\.0\) must be greater than "
+        r"min_val \(1\.0\)",
+        lambda: nn.Hardtanh(1.0, 1.0),
+    ),
+    (
+        lambda: A.Hardtanh(min_val=2, max_val=1),
+        r"max_val \(1\.0\) must be greater than "
+        r"min_val \(2\.0\).*Hardtanh\(min_val=1\.0, max_val=2\.0\)",
+        lambda: nn.Hardtanh(2, 1),
+    ),
+    (lambda: A.LeakyRelu(None), r"LeakyRelu: negative_slope must be a real number, got None", None),
     (lambda: A.Prelu(0), r"Prelu: num_parameters must be a positive int, got 0", None),
     (lambda: A.Prelu(2.0), r"Prelu: num_parameters must be a positive int, got 2\.0", None),
     (lambda: A.Prelu(init="0.25"), r"Prelu: init must be a real number, got '0\.25'", None),
     (lambda: A.Prelu(axis=1.0), r"Prelu: axis must be an int .*got 1\.0", None),
-    (lambda: A.Prelu(4).init(jax.random.key(0), (-1, 5, 3)),
-     r"Prelu\(num_parameters=4\): num_parameters \(4\) must be 1 or the channel count, the "
-     r"input's size on axis -1 \(3\).*Prelu\(num_parameters=3\)",
-     lambda: nn.PReLU(4)(torch.ones(2, 3, 5))),
-    (lambda: A.Prelu(3).init(jax.random.key(0), (-1,)), r"Prelu\(num_parameters=3\): "
-     r"expected an input of rank >= 2", None),
-    (lambda: A.Prelu(3).apply({"weight": jnp.ones(3)}, (), jnp.ones((2, 4))),
-     r"Prelu\(num_parameters=3\): input has 4 channels on axis 1 but the params were built "
-     r"for 3", lambda: nn.PReLU(3)(torch.ones(2, 4))),
-    (lambda: A.Prelu(3).apply({"weight": jnp.ones(1)}, (), jnp.ones((2, 3))),
-     r"Prelu\(num_parameters=3\).*expects \{'weight': shape \(3,\)\}", None),
+    (
+        lambda: A.Prelu(4).init(jax.random.key(0), (-1, 5, 3)),
+        r"Prelu\(num_parameters=4\): num_parameters \(4\) must be 1 or the channel count, the "
+        r"input's size on axis -1 \(3\).*Prelu\(num_parameters=3\)",
+        lambda: nn.PReLU(4)(torch.ones(2, 3, 5)),
+    ),
+    (
+        lambda: A.Prelu(3).init(jax.random.key(0), (-1,)),
+        r"Prelu\(num_parameters=3\): "
+        r"expected an input of rank >= 2",
+        None,
+    ),
+    (
+        lambda: A.Prelu(3).apply({"weight": jnp.ones(3)}, (), jnp.ones((2, 4))),
+        r"Prelu\(num_parameters=3\): input has 4 channels on axis 1 but the params were built "
+        r"for 3",
+        lambda: nn.PReLU(3)(torch.ones(2, 4)),
+    ),
+    (
+        lambda: A.Prelu(3).apply({"weight": jnp.ones(1)}, (), jnp.ones((2, 3))),
+        r"Prelu\(num_parameters=3\).*expects \{'weight': shape \(3,\)\}",
+        None,
+    ),
 ]
 
 
 @pytest.mark.parametrize("call,pattern,torch_call", BAD)
 def test_bad_arguments(call, pattern, torch_call):
-    with pytest.raises(ValueError, match=pattern):   # ArgumentError and MismatchError both
+    with pytest.raises(ValueError, match=pattern):  # ArgumentError and MismatchError both
         call()
-    if torch_call is not None:   # torch refuses the same value
+    if torch_call is not None:  # torch refuses the same value
         with pytest.raises((RuntimeError, AssertionError, ValueError)):
             torch_call()
 

@@ -1,13 +1,13 @@
 """funcnet.layers.attention: MultiHeadAttention against torch.nn.MultiheadAttention, masks,
 dropout, the key/value cache, and the errors."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers.torch_ref import torch
 
-from funcnet.layers import (MultiHeadAttention, causal_mask, dot_product_attention,
-                            padding_mask, rope)
+from funcnet.layers import MultiHeadAttention, causal_mask, dot_product_attention, padding_mask, rope
 from funcnet.testing import check_layer
 
 KEY = jax.random.key(0)
@@ -22,14 +22,18 @@ def params_from_torch(mha: torch.nn.MultiheadAttention, dtype=np.float32):
     t = lambda w: np.asarray(w.detach().numpy(), dtype)
     E = mha.embed_dim
     if mha._qkv_same_embed_dim:
-        wq, wk, wv = (mha.in_proj_weight[i * E:(i + 1) * E] for i in range(3))
+        wq, wk, wv = (mha.in_proj_weight[i * E : (i + 1) * E] for i in range(3))
     else:
         wq, wk, wv = mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight
-    params = {"query": {"W": t(wq).T}, "key": {"W": t(wk).T}, "value": {"W": t(wv).T},
-              "out": {"W": t(mha.out_proj.weight).T}}
+    params = {
+        "query": {"W": t(wq).T},
+        "key": {"W": t(wk).T},
+        "value": {"W": t(wv).T},
+        "out": {"W": t(mha.out_proj.weight).T},
+    }
     if mha.in_proj_bias is not None:
         for i, n in enumerate(("query", "key", "value")):
-            params[n]["b"] = t(mha.in_proj_bias[i * E:(i + 1) * E])
+            params[n]["b"] = t(mha.in_proj_bias[i * E : (i + 1) * E])
         params["out"]["b"] = t(mha.out_proj.bias)
     return jax.tree.map(jnp.asarray, params)
 
@@ -38,14 +42,14 @@ def _torch_grads(mha):
     E = mha.embed_dim
     g = lambda p: p.grad.numpy().T
     if mha._qkv_same_embed_dim:
-        ws = [mha.in_proj_weight.grad[i * E:(i + 1) * E].numpy().T for i in range(3)]
+        ws = [mha.in_proj_weight.grad[i * E : (i + 1) * E].numpy().T for i in range(3)]
     else:
         ws = [g(mha.q_proj_weight), g(mha.k_proj_weight), g(mha.v_proj_weight)]
     grads = {n: {"W": w} for n, w in zip(("query", "key", "value"), ws)}
     grads["out"] = {"W": g(mha.out_proj.weight)}
     if mha.in_proj_bias is not None:
         for i, n in enumerate(("query", "key", "value")):
-            grads[n]["b"] = mha.in_proj_bias.grad[i * E:(i + 1) * E].numpy()
+            grads[n]["b"] = mha.in_proj_bias.grad[i * E : (i + 1) * E].numpy()
         grads["out"]["b"] = mha.out_proj.bias.grad.numpy()
     return grads
 
@@ -63,8 +67,7 @@ def _run_parity(case, dtype, tol):
     cross = kdim is not None
     torch.manual_seed(0)
     tdtype = torch.float64 if dtype == np.float64 else torch.float32
-    mha = torch.nn.MultiheadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim,
-                                      batch_first=True).to(tdtype)
+    mha = torch.nn.MultiheadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, batch_first=True).to(tdtype)
     B = 2
     q = _randn(1, B, T, E, dtype=dtype)
     k = _randn(2, B, S, kdim or E, dtype=dtype) if cross else q
@@ -75,9 +78,14 @@ def _run_parity(case, dtype, tol):
     cm = np.asarray(causal_mask(T, S)) if causal else np.ones((T, S), bool)
 
     tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
-    out, _ = mha(tq, tk if cross else tq, tv if cross else tq, need_weights=False,
-                 attn_mask=torch.tensor(~cm) if causal else None,
-                 key_padding_mask=torch.tensor(~valid) if padding else None)
+    out, _ = mha(
+        tq,
+        tk if cross else tq,
+        tv if cross else tq,
+        need_weights=False,
+        attn_mask=torch.tensor(~cm) if causal else None,
+        key_padding_mask=torch.tensor(~valid) if padding else None,
+    )
     cot = _randn(4, *out.shape, dtype=dtype)
     (out * torch.tensor(cot)).sum().backward()
 
@@ -92,11 +100,9 @@ def _run_parity(case, dtype, tol):
         y, _ = layer.apply(p, (), x, mask=mask)
         return jnp.sum(y * cot), y
 
-    (_, y), (gp, gx) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(
-        params, jax.tree.map(jnp.asarray, inputs))
+    (_, y), (gp, gx) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, jax.tree.map(jnp.asarray, inputs))
     np.testing.assert_allclose(y, out.detach().numpy(), rtol=tol, atol=tol)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=tol, atol=tol),
-                 gp, _torch_grads(mha))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=tol, atol=tol), gp, _torch_grads(mha))
     if cross:
         for g, t in zip(gx, (tq, tk, tv)):
             np.testing.assert_allclose(g, t.grad.numpy(), rtol=tol, atol=tol)
@@ -132,8 +138,7 @@ def test_default_init_follows_torch():
 def test_check_layer_self_attention_and_decoding():
     check_layer(MultiHeadAttention(2, causal=True), (-1, 4, 6), train_modes=(False,))
     # cross-attention's values and gradients: the torch parity tests above
-    check_layer(MultiHeadAttention(2, causal=True, cache_length=6), (2, 3, 4),
-                train_modes=(False,), grad_check=False)
+    check_layer(MultiHeadAttention(2, causal=True, cache_length=6), (2, 3, 4), train_modes=(False,), grad_check=False)
 
 
 def test_fused_and_reference_paths_agree():
@@ -164,8 +169,7 @@ def test_rope_rotates_queries_and_keys():
     x = jnp.asarray(_randn(0, 2, 5, 8))
     y, _ = layer.apply(params, (), x)
     heads = lambda p: (x @ params[p]["W"]).reshape(2, 5, 2, 4)
-    o = dot_product_attention(rope(heads("query")), rope(heads("key")), heads("value"),
-                              causal=True)
+    o = dot_product_attention(rope(heads("query")), rope(heads("key")), heads("value"), causal=True)
     np.testing.assert_allclose(y, o.reshape(2, 5, 8) @ params["out"]["W"], rtol=1e-5, atol=1e-5)
 
 
@@ -182,7 +186,7 @@ def test_cached_decoding_equals_the_full_prefix(use_rope):
     y, cache = step(params, cache, x[:, :3])  # the prompt at once, then one at a time
     got = [y]
     for t in range(3, T):
-        y, cache = step(params, cache, x[:, t:t + 1])
+        y, cache = step(params, cache, x[:, t : t + 1])
         got.append(y)
     assert int(cache["index"]) == T
     np.testing.assert_allclose(jnp.concatenate(got, axis=1), want, rtol=1e-5, atol=1e-5)
@@ -205,8 +209,11 @@ def test_bad_input_errors():
     layer = MultiHeadAttention(2)
     _, params, _ = layer.init(KEY, (-1, 4, 8))
     x = jnp.ones((2, 4, 8))
-    with pytest.raises(ValueError, match=r"mask of shape \(3, 4\) cannot broadcast to .*"
-                                         r"\(2, 2, 4, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"mask of shape \(3, 4\) cannot broadcast to .*"
+        r"\(2, 2, 4, 4\)",
+    ):
         layer.apply(params, (), x, mask=jnp.ones((3, 4), bool))
     with pytest.raises(TypeError, match="boolean with True = may attend.*bias="):
         layer.apply(params, (), x, mask=jnp.zeros((4, 4)))

@@ -35,8 +35,7 @@ def _torch_conv_ref(x, w, b, n, stride, pads, dilation, groups):
     only, so asymmetric pads are applied with F.pad first)."""
     flat = [p for lo_hi in reversed(pads) for p in lo_hi]  # F.pad lists the last axis first
     xt = F.pad(torch.tensor(x), flat)
-    return TORCH_CONV[n](xt, torch.tensor(w), torch.tensor(b), stride=stride, dilation=dilation,
-                         groups=groups).numpy()
+    return TORCH_CONV[n](xt, torch.tensor(w), torch.tensor(b), stride=stride, dilation=dilation, groups=groups).numpy()
 
 
 def _apply_channels_last(layer, in_shape_ncx, w_torch, b, x_ncx):
@@ -72,8 +71,7 @@ def test_conv_matches_torch(case):
     x = _randn(2, cin, *spatial)
     w = _randn(cout, cin // groups, *k)
     b = _randn(cout)
-    layer = Conv(cout, k, strides=stride, padding=padding, dilation=dilation,
-                 feature_group_count=groups, **ZEROS)
+    layer = Conv(cout, k, strides=stride, padding=padding, dilation=dilation, feature_group_count=groups, **ZEROS)
     y = _apply_channels_last(layer, x.shape, w, b, x)
     ref = _torch_conv_ref(x, w, b, n, stride, pads, dilation, groups)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
@@ -98,20 +96,21 @@ def test_conv_same_padding(padding, stride, dilation):
     assert y.shape[2:] == (-(-10 // stride), -(-7 // stride))
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
     if stride == 1 and not lower:  # torch's own padding="same" (stride 1 only)
-        torch_same = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), padding="same",
-                              dilation=dilation).numpy()
+        torch_same = F.conv2d(
+            torch.tensor(x), torch.tensor(w), torch.tensor(b), padding="same", dilation=dilation
+        ).numpy()
         np.testing.assert_allclose(y, torch_same, rtol=1e-4, atol=1e-4)
 
 
 def test_conv_torch_layout_dimension_numbers():
     x, w, b = _randn(2, 4, 7, 6), _randn(6, 2, 3, 2), _randn(6)
-    layer = Conv(6, (3, 2), strides=(2, 1), padding=1, feature_group_count=2,
-                 dimension_numbers=("NCHW", "OIHW", "NCHW"), **ZEROS)
+    layer = Conv(
+        6, (3, 2), strides=(2, 1), padding=1, feature_group_count=2, dimension_numbers=("NCHW", "OIHW", "NCHW"), **ZEROS
+    )
     out_shape, params, _ = layer.init(jax.random.key(0), (-1, 4, 7, 6))
     assert params["W"].shape == w.shape  # stored in the requested OIHW layout
     y, _ = layer.apply({"W": jnp.asarray(w), "b": jnp.asarray(b)}, (), jnp.asarray(x))
-    ref = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=(2, 1), padding=1,
-                   groups=2).numpy()
+    ref = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=(2, 1), padding=1, groups=2).numpy()
     assert out_shape == (-1,) + ref.shape[1:]
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
@@ -123,8 +122,7 @@ def test_conv_spatial_order_follows_kernel_spec():
     layer = Conv(4, (3, 2), strides=(2, 1), dimension_numbers=("NWHC", "HWIO", "NHWC"), **ZEROS)
     xl = np.transpose(x, (0, 3, 2, 1))  # NWHC
     out_shape, _, _ = layer.init(jax.random.key(0), xl.shape)
-    y, _ = layer.apply({"W": jnp.asarray(np.transpose(w, (2, 3, 1, 0))), "b": jnp.asarray(b)}, (),
-                       jnp.asarray(xl))
+    y, _ = layer.apply({"W": jnp.asarray(np.transpose(w, (2, 3, 1, 0))), "b": jnp.asarray(b)}, (), jnp.asarray(xl))
     ref = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=(2, 1)).numpy()
     assert out_shape == y.shape
     np.testing.assert_allclose(_to_first(y), ref, rtol=1e-4, atol=1e-4)
@@ -132,11 +130,13 @@ def test_conv_spatial_order_follows_kernel_spec():
 
 # The contract checks (init shape == apply shape, jit invariance, float64 gradients) compile a
 # lot, so they run on two layers that between them use every option; values are checked above.
-@pytest.mark.parametrize("layer,in_shape", [
-    (Conv(4, (3, 3), strides=2, padding=[(1, 0), (2, 1)], dilation=(1, 2), feature_group_count=2),
-     (-1, 7, 9, 2)),
-    (ConvTranspose(3, (3,), strides=3, padding=1, output_padding=2, dilation=2), (-1, 5, 2)),
-])
+@pytest.mark.parametrize(
+    "layer,in_shape",
+    [
+        (Conv(4, (3, 3), strides=2, padding=[(1, 0), (2, 1)], dilation=(1, 2), feature_group_count=2), (-1, 7, 9, 2)),
+        (ConvTranspose(3, (3,), strides=3, padding=1, output_padding=2, dilation=2), (-1, 5, 2)),
+    ],
+)
 def test_contract(layer, in_shape):
     check_layer(layer, in_shape, train_modes=(False,))
 
@@ -152,20 +152,36 @@ def test_unknown_spatial_size_stays_unknown():
 # ConvTranspose
 # --------------------------------------------------------------------------- #
 
-@pytest.mark.parametrize("stride,padding,output_padding,dilation", [
-    (1, 0, 0, 1), (2, 1, 0, 1), (2, 1, 1, 1), (3, 0, 2, 1), (2, 2, 1, 2), ((2, 3), (1, 0), (1, 2), 1),
-])
+
+@pytest.mark.parametrize(
+    "stride,padding,output_padding,dilation",
+    [
+        (1, 0, 0, 1),
+        (2, 1, 0, 1),
+        (2, 1, 1, 1),
+        (3, 0, 2, 1),
+        (2, 2, 1, 2),
+        ((2, 3), (1, 0), (1, 2), 1),
+    ],
+)
 def test_conv_transpose_matches_torch(stride, padding, output_padding, dilation):
     x, w, b = _randn(2, 4, 5, 6), _randn(4, 3, 3, 2), _randn(3)  # torch weight: (in, out, *k)
-    layer = ConvTranspose(3, (3, 2), strides=stride, padding=padding, dilation=dilation,
-                          output_padding=output_padding, **ZEROS)
+    layer = ConvTranspose(
+        3, (3, 2), strides=stride, padding=padding, dilation=dilation, output_padding=output_padding, **ZEROS
+    )
     out_shape, params, _ = layer.init(jax.random.key(0), (-1, 5, 6, 4))
     W = np.transpose(w, (2, 3, 0, 1))  # no spatial flip needed
     assert params["W"].shape == W.shape
     y, _ = layer.apply({"W": jnp.asarray(W), "b": jnp.asarray(b)}, (), jnp.asarray(_to_last(x)))
-    ref = F.conv_transpose2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=stride,
-                             padding=padding, output_padding=output_padding,
-                             dilation=dilation).numpy()
+    ref = F.conv_transpose2d(
+        torch.tensor(x),
+        torch.tensor(w),
+        torch.tensor(b),
+        stride=stride,
+        padding=padding,
+        output_padding=output_padding,
+        dilation=dilation,
+    ).numpy()
     assert out_shape == (-1,) + y.shape[1:]
     np.testing.assert_allclose(_to_first(y), ref, rtol=1e-4, atol=1e-4)
 
@@ -174,15 +190,14 @@ def test_conv_transpose_1d_3d_torch_layout():
     x, w, b = _randn(2, 3, 6), _randn(3, 2, 4), _randn(2)
     layer = ConvTranspose(2, (4,), strides=2, padding=1, dimension_numbers=("NCH", "IOH", "NCH"))
     y, _ = layer.apply({"W": jnp.asarray(w), "b": jnp.asarray(b)}, (), jnp.asarray(x))
-    ref = F.conv_transpose1d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=2,
-                             padding=1).numpy()
+    ref = F.conv_transpose1d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=2, padding=1).numpy()
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
     x, w, b = _randn(1, 2, 3, 4, 2), _randn(2, 3, 2, 3, 2), _randn(3)
     layer = ConvTranspose(3, (2, 3, 2), strides=(2, 1, 3), padding=0)  # k < s: not "VALID"
-    y, _ = layer.apply({"W": jnp.asarray(np.transpose(w, (2, 3, 4, 0, 1))), "b": jnp.asarray(b)},
-                       (), jnp.asarray(_to_last(x)))
-    ref = F.conv_transpose3d(torch.tensor(x), torch.tensor(w), torch.tensor(b),
-                             stride=(2, 1, 3)).numpy()
+    y, _ = layer.apply(
+        {"W": jnp.asarray(np.transpose(w, (2, 3, 4, 0, 1))), "b": jnp.asarray(b)}, (), jnp.asarray(_to_last(x))
+    )
+    ref = F.conv_transpose3d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=(2, 1, 3)).numpy()
     np.testing.assert_allclose(_to_first(y), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -211,6 +226,7 @@ def test_conv_transpose_valid_sizes():
 # --------------------------------------------------------------------------- #
 # Initialisation
 # --------------------------------------------------------------------------- #
+
 
 def _assert_uniform_bound(a, bound):
     a = np.abs(np.asarray(a))
@@ -245,8 +261,14 @@ def test_w_init_gets_canonical_shape_then_layout():
         seen.append(shape)
         return jnp.arange(math.prod(shape), dtype=dtype).reshape(shape)
 
-    layer = Conv(6, (3, 2), feature_group_count=2, W_init=W_init, b_init=jax.nn.initializers.zeros,
-                 dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    layer = Conv(
+        6,
+        (3, 2),
+        feature_group_count=2,
+        W_init=W_init,
+        b_init=jax.nn.initializers.zeros,
+        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+    )
     _, params, _ = layer.init(jax.random.key(0), (-1, 4, 5, 5))
     assert seen == [(3, 2, 2, 6)]
     canonical = np.arange(3 * 2 * 2 * 6, dtype=np.float32).reshape(3, 2, 2, 6)
@@ -259,6 +281,7 @@ def test_w_init_gets_canonical_shape_then_layout():
 # --------------------------------------------------------------------------- #
 # Errors
 # --------------------------------------------------------------------------- #
+
 
 def test_constructor_errors():
     with pytest.raises(ValueError, match=r"Conv.*unknown padding 'FULL'.*'VALID', 'SAME', 'SAME_LOWER'"):
@@ -322,15 +345,19 @@ def test_apply_errors():
         Conv(4, (3, 3)).apply(params, (), jnp.ones((2, 2, 8, 6)))
 
 
-@pytest.mark.parametrize("filt,strides,padding,dilation,shape", [
-    ((5, 5), 1, "VALID", 1, (3, 12, 12, 1)),
-    ((3, 2), (2, 1), "SAME", (1, 2), (2, 9, 8, 1)),
-    ((4,), 3, [(2, 1)], 1, (3, 10, 1)),
-    ((2, 3, 2), (1, 2, 1), "SAME_LOWER", (1, 1, 2), (1, 5, 6, 7, 1)),
-    ((5, 5), 1, "VALID", 1, (34, 28, 28, 1)),     # LeNet's conv1 (benchmark workload 3)
-])
+@pytest.mark.parametrize(
+    "filt,strides,padding,dilation,shape",
+    [
+        ((5, 5), 1, "VALID", 1, (3, 12, 12, 1)),
+        ((3, 2), (2, 1), "SAME", (1, 2), (2, 9, 8, 1)),
+        ((4,), 3, [(2, 1)], 1, (3, 10, 1)),
+        ((2, 3, 2), (1, 2, 1), "SAME_LOWER", (1, 1, 2), (1, 5, 6, 7, 1)),
+        ((5, 5), 1, "VALID", 1, (34, 28, 28, 1)),  # LeNet's conv1 (benchmark workload 3)
+    ],
+)
 def test_one_channel_conv_takes_the_patches_path_with_the_same_values_and_grads(
-        filt, strides, padding, dilation, shape):
+    filt, strides, padding, dilation, shape
+):
     """On CPU a one-channel Conv runs XLA's forward convolution with its gradients
     through the input's patches (XLA's are slow there); it must agree with
     lax.conv_general_dilated in values and both gradients."""
@@ -342,12 +369,9 @@ def test_one_channel_conv_takes_the_patches_path_with_the_same_values_and_grads(
     def loss(layer):
         return lambda p, x: jnp.sum(jnp.sin(layer.apply(p, (), x)[0]))
 
-    np.testing.assert_allclose(auto.apply(params, (), x)[0], xla.apply(params, (), x)[0],
-                               rtol=1e-5, atol=1e-5)
-    for got, want in zip(jax.grad(loss(auto), (0, 1))(params, x),
-                         jax.grad(loss(xla), (0, 1))(params, x)):
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
-                     got, want)
+    np.testing.assert_allclose(auto.apply(params, (), x)[0], xla.apply(params, (), x)[0], rtol=1e-5, atol=1e-5)
+    for got, want in zip(jax.grad(loss(auto), (0, 1))(params, x), jax.grad(loss(xla), (0, 1))(params, x)):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), got, want)
     # the patches path really ran: its forward is the one convolution, both gradients
     # are matrix products / slices (XLA's path: forward, input and filter gradient)
     jaxpr = str(jax.make_jaxpr(jax.grad(loss(auto), (0, 1)))(params, x))
@@ -365,8 +389,9 @@ def test_patches_implementation_needs_the_default_layout_and_one_group():
     # two input channels: 'auto' stays on XLA's convolution
     layer = Conv(4, (3, 3))
     _, params, _ = layer.init(jax.random.PRNGKey(0), (1, 5, 5, 2))
-    assert "conv_general_dilated" in str(jax.make_jaxpr(
-        lambda x: layer.apply(params, (), x)[0])(jnp.ones((1, 5, 5, 2))))
+    assert "conv_general_dilated" in str(
+        jax.make_jaxpr(lambda x: layer.apply(params, (), x)[0])(jnp.ones((1, 5, 5, 2)))
+    )
 
 
 def _conv_count(layer, params, x):
@@ -375,12 +400,15 @@ def _conv_count(layer, params, x):
     return str(jax.make_jaxpr(grad)(params, x)).count("conv_general_dilated")
 
 
-@pytest.mark.parametrize("kwargs,shape,pieces", [
-    (dict(padding="SAME"), (70, 6, 6, 3), 3),                        # 32 + 32 + 6
-    (dict(strides=2, dimension_numbers=("NCHW", "OIHW", "NCHW")), (64, 3, 7, 7), 2),
-    (dict(feature_group_count=2, dilation=2), (33, 9, 9, 4), 2),     # 32 + 1
-    (dict(implementation="chunked"), (40, 9, 3), 2),                 # 1-D only when asked
-])
+@pytest.mark.parametrize(
+    "kwargs,shape,pieces",
+    [
+        (dict(padding="SAME"), (70, 6, 6, 3), 3),  # 32 + 32 + 6
+        (dict(strides=2, dimension_numbers=("NCHW", "OIHW", "NCHW")), (64, 3, 7, 7), 2),
+        (dict(feature_group_count=2, dilation=2), (33, 9, 9, 4), 2),  # 32 + 1
+        (dict(implementation="chunked"), (40, 9, 3), 2),  # 1-D only when asked
+    ],
+)
 def test_batch_chunked_conv_equals_one_convolution(kwargs, shape, pieces):
     """On CPU a 2-D Conv of a batch over 32 on small images (or any Conv with
     implementation='chunked') runs XLA's convolution 32 examples at a time: values and
@@ -390,11 +418,9 @@ def test_batch_chunked_conv_equals_one_convolution(kwargs, shape, pieces):
     whole = Conv(4, filt, **{**kwargs, "implementation": "xla"})
     _, params, _ = chunked.init(jax.random.key(0), shape)
     x = jnp.asarray(_randn(*shape))
-    np.testing.assert_allclose(chunked.apply(params, (), x)[0], whole.apply(params, (), x)[0],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(chunked.apply(params, (), x)[0], whole.apply(params, (), x)[0], rtol=1e-5, atol=1e-5)
     loss = lambda layer: lambda p, x: jnp.sum(jnp.sin(layer.apply(p, (), x)[0]))  # noqa: E731
-    for got, want in zip(jax.grad(loss(chunked), (0, 1))(params, x),
-                         jax.grad(loss(whole), (0, 1))(params, x)):
+    for got, want in zip(jax.grad(loss(chunked), (0, 1))(params, x), jax.grad(loss(whole), (0, 1))(params, x)):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), got, want)
     # forward, input gradient and filter gradient: one convolution each per piece
     assert _conv_count(chunked, params, x) == 3 * pieces
@@ -403,12 +429,14 @@ def test_batch_chunked_conv_equals_one_convolution(kwargs, shape, pieces):
 
 def test_auto_chunks_only_large_2d_batches_of_small_images_on_cpu_and_caps_the_pieces():
     key = jax.random.key(0)
-    cases = [((32, 6, 6, 3), (3, 3), 1),      # 32 examples: one convolution
-             ((600, 6, 6, 3), (3, 3), 16),    # at most 16 pieces (of 38)
-             ((64, 16, 16, 3), (3, 3), 2),    # 16x16 positions: chunked
-             ((64, 17, 16, 3), (3, 3), 1),    # more: one convolution
-             ((96, 9, 3), (3,), 1),           # 1-D and 3-D: not measured to gain, one
-             ((96, 4, 4, 4, 2), (2, 2, 2), 1)]
+    cases = [
+        ((32, 6, 6, 3), (3, 3), 1),  # 32 examples: one convolution
+        ((600, 6, 6, 3), (3, 3), 16),  # at most 16 pieces (of 38)
+        ((64, 16, 16, 3), (3, 3), 2),  # 16x16 positions: chunked
+        ((64, 17, 16, 3), (3, 3), 1),  # more: one convolution
+        ((96, 9, 3), (3,), 1),  # 1-D and 3-D: not measured to gain, one
+        ((96, 4, 4, 4, 2), (2, 2, 2), 1),
+    ]
     for shape, filt, pieces in cases:
         layer = Conv(2, filt, W_init=jax.nn.initializers.zeros)
         _, params, _ = layer.init(key, shape)

@@ -4,6 +4,7 @@ weight, bias), in float32 and float64; and the inputs torch refuses, refused her
 
 Most of the time is XLA compiling: each test's configurations run as one jitted function
 (one compilation per dimension and dtype), on a few fixed input shapes."""
+
 import math
 
 import jax
@@ -15,6 +16,7 @@ from funcnet.errors import ArgumentError
 from funcnet.layers.conv import Conv, ConvTranspose
 
 from helpers.torch_ref import torch
+
 F = torch.nn.functional
 
 DTYPES = [(np.float32, 2e-5), (np.float64, 1e-10)]
@@ -23,8 +25,7 @@ CONFIGS = 20
 # One input size per dimensionality (batch, spatial...); channels vary with the config.
 SIZES = {1: (2, 7), 2: (2, 6, 5), 3: (1, 4, 5, 3)}
 ZEROS = dict(W_init=jax.nn.initializers.zeros, b_init=jax.nn.initializers.zeros)
-TORCH_LAYOUT = {1: ("NCH", "OIH", "NCH"), 2: ("NCHW", "OIHW", "NCHW"),
-                3: ("NCDHW", "OIDHW", "NCDHW")}
+TORCH_LAYOUT = {1: ("NCH", "OIH", "NCH"), 2: ("NCHW", "OIHW", "NCHW"), 3: ("NCDHW", "OIDHW", "NCDHW")}
 
 
 def _spatial_perm(n, in_first):
@@ -46,19 +47,18 @@ def _init(layer, shape):
     """``init``'s output shape and its params' shapes, traced only: running it would compile
     each new kernel shape's initializer."""
     out = []
-    params = jax.eval_shape(lambda k: out.append(layer.init(k, (-1, *shape))) or out[0][1],
-                            jax.random.key(0))
+    params = jax.eval_shape(lambda k: out.append(layer.init(k, (-1, *shape))) or out[0][1], jax.random.key(0))
     return out[0][0], params
 
 
 def _check(got, want, tol, what, cfg):
-    np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol,
-                               err_msg=f"{what}: {cfg}")
+    np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol, err_msg=f"{what}: {cfg}")
 
 
 def _run_all(cases, dtype, tol):
     """``cases``: (layer, x, W, b, g, channels_first, torch_fn, cfg). All the layers' values
     and gradients of ``sum(y * g)`` in one jitted call, then each compared with torch's."""
+
     def loss(params_and_inputs, gs):
         # the configurations do not interact: the gradient of the sum is each one's own
         ys = [layer.apply(p, (), x)[0] for (layer, *_), (p, x) in zip(cases, params_and_inputs)]
@@ -89,8 +89,7 @@ def _run_all(cases, dtype, tol):
         (yt * torch.tensor(g)).sum().backward()
         _check(theirs(y, cf), yt.detach().numpy(), tol, "output", cfg)
         _check(theirs(gx, cf), xt.grad.numpy(), tol, "input gradient", cfg)
-        w_grad = gp["W"] if cf else np.transpose(
-            np.asarray(gp["W"]), np.argsort(cfg["perm"]))
+        w_grad = gp["W"] if cf else np.transpose(np.asarray(gp["W"]), np.argsort(cfg["perm"]))
         _check(w_grad, wt.grad.numpy(), tol, "weight gradient", cfg)
         if b is not None:
             _check(gp["b"], bt.grad.numpy(), tol, "bias gradient", cfg)
@@ -103,13 +102,13 @@ def _run_all(cases, dtype, tol):
 # --------------------------------------------------------------------------- #
 
 # torch's refusals, and the words funcnet's error must use for the same reason
-CONV_REASONS = [("should be less than the corresponding input dimension",
-                 r"needs padding smaller than the input size"),
-                ("wrapping around more than once", r"needs padding at most the input size"),
-                ("Kernel size can't be greater than actual input size", r"empty|too small"),
-                ("Output size is too small", r"empty|too small|larger than the output"),
-                ("output padding must be smaller than either stride or dilation",
-                 r"output_padding.*smaller than")]
+CONV_REASONS = [
+    ("should be less than the corresponding input dimension", r"needs padding smaller than the input size"),
+    ("wrapping around more than once", r"needs padding at most the input size"),
+    ("Kernel size can't be greater than actual input size", r"empty|too small"),
+    ("Output size is too small", r"empty|too small|larger than the output"),
+    ("output padding must be smaller than either stride or dilation", r"output_padding.*smaller than"),
+]
 
 
 def _refused_alike(refusal, build):
@@ -158,17 +157,30 @@ def _conv_config(rng, n, mode, dtype, refused):
         x1, w1 = torch.zeros(1, 1, *sizes), torch.zeros(1, 1, *k)
         if kind == "pairs":
             flat = [v for lo_hi in reversed(pads) for v in lo_hi]  # F.pad: last axis first
-            refusal = _torch_refusal(lambda: getattr(F, f"conv{n}d")(
-                F.pad(x1, flat, mode=mode), w1, stride=stride, dilation=dilation))
+            refusal = _torch_refusal(
+                lambda: getattr(F, f"conv{n}d")(F.pad(x1, flat, mode=mode), w1, stride=stride, dilation=dilation)
+            )
         else:
-            refusal = _torch_refusal(lambda: getattr(torch.nn, f"Conv{n}d")(
-                1, 1, k, stride=stride, padding="same" if kind == "same" else padding,
-                dilation=dilation, padding_mode=mode, bias=False)(x1))
+            refusal = _torch_refusal(
+                lambda: getattr(torch.nn, f"Conv{n}d")(
+                    1,
+                    1,
+                    k,
+                    stride=stride,
+                    padding="same" if kind == "same" else padding,
+                    dilation=dilation,
+                    padding_mode=mode,
+                    bias=False,
+                )(x1)
+            )
         if refusal is None:
             break
-        _refused_alike(refusal, lambda: _init(
-            Conv(1, k, strides=stride, padding=padding, dilation=dilation, padding_mode=mode),
-            tuple(sizes) + (1,)))
+        _refused_alike(
+            refusal,
+            lambda: _init(
+                Conv(1, k, strides=stride, padding=padding, dilation=dilation, padding_mode=mode), tuple(sizes) + (1,)
+            ),
+        )
         refused.append(refusal)
         dilation = (1,) * n
         k = tuple(min(kk, 2) for kk in k)
@@ -177,10 +189,19 @@ def _conv_config(rng, n, mode, dtype, refused):
     impl = "xla"
     if not channels_first and groups == 1:
         impl = str(rng.choice(["xla", "chunked", "patches"]))
-    layer = Conv(cout, k, strides=stride, padding=padding, dilation=dilation,
-                 feature_group_count=groups, use_bias=use_bias, padding_mode=mode,
-                 implementation=impl,
-                 dimension_numbers=TORCH_LAYOUT[n] if channels_first else None, **ZEROS)
+    layer = Conv(
+        cout,
+        k,
+        strides=stride,
+        padding=padding,
+        dilation=dilation,
+        feature_group_count=groups,
+        use_bias=use_bias,
+        padding_mode=mode,
+        implementation=impl,
+        dimension_numbers=TORCH_LAYOUT[n] if channels_first else None,
+        **ZEROS,
+    )
     w = rng.standard_normal((cout, cin // groups) + k).astype(dtype)
     b = rng.standard_normal(cout).astype(dtype) if use_bias else None
     x = rng.standard_normal((batch, cin, *sizes)).astype(dtype)
@@ -190,13 +211,20 @@ def _conv_config(rng, n, mode, dtype, refused):
 
         def torch_fn(xt, wt, bt):
             conv = getattr(F, f"conv{n}d")
-            return conv(F.pad(xt, flat, mode=mode), wt, bt, stride=stride, dilation=dilation,
-                        groups=groups)
+            return conv(F.pad(xt, flat, mode=mode), wt, bt, stride=stride, dilation=dilation, groups=groups)
     else:
         module = getattr(torch.nn, f"Conv{n}d")(
-            cin, cout, k, stride=stride, padding="same" if kind == "same" else padding,
-            dilation=dilation, groups=groups, bias=use_bias, padding_mode=mode,
-            dtype=torch.float64 if dtype == np.float64 else torch.float32)
+            cin,
+            cout,
+            k,
+            stride=stride,
+            padding="same" if kind == "same" else padding,
+            dilation=dilation,
+            groups=groups,
+            bias=use_bias,
+            padding_mode=mode,
+            dtype=torch.float64 if dtype == np.float64 else torch.float32,
+        )
 
         def torch_fn(xt, wt, bt):
             # the module's own forward (its F.pad amounts and mode), with our tensors
@@ -208,12 +236,25 @@ def _conv_config(rng, n, mode, dtype, refused):
     perm = _spatial_perm(n, in_first=False)
     W = w if channels_first else np.transpose(w, perm)
     assert params["W"].shape == W.shape
-    cfg = dict(n=n, mode=mode, k=k, stride=stride, dilation=dilation, padding=padding,
-               groups=groups, cin=cin, cout=cout, bias=use_bias, impl=impl,
-               channels_first=channels_first, torch_w=w, perm=perm, shape=shape)
+    cfg = dict(
+        n=n,
+        mode=mode,
+        k=k,
+        stride=stride,
+        dilation=dilation,
+        padding=padding,
+        groups=groups,
+        cin=cin,
+        cout=cout,
+        bias=use_bias,
+        impl=impl,
+        channels_first=channels_first,
+        torch_w=w,
+        perm=perm,
+        shape=shape,
+    )
     ref_shape = torch_fn(torch.tensor(x), torch.tensor(w), None).shape
-    want = (-1,) + (tuple(ref_shape[1:]) if channels_first
-                    else tuple(ref_shape[2:]) + (cout,))
+    want = (-1,) + (tuple(ref_shape[1:]) if channels_first else tuple(ref_shape[2:]) + (cout,))
     assert shape == want, cfg
     g = rng.standard_normal(tuple(ref_shape)).astype(dtype)
     return layer, x, W, b, g, channels_first, torch_fn, cfg
@@ -226,8 +267,7 @@ def test_conv_padding_modes_match_torch(n, dtype, tol):
     rng = np.random.default_rng(100 * n + (dtype == np.float64))
     refused = []
     with jax.enable_x64(dtype == np.float64):
-        cases = [_conv_config(rng, n, mode, dtype, refused) for _ in range(CONFIGS)
-                 for mode in MODES]
+        cases = [_conv_config(rng, n, mode, dtype, refused) for _ in range(CONFIGS) for mode in MODES]
         _run_all(cases, dtype, tol)
     assert len(refused) >= 1, refused
 
@@ -243,23 +283,25 @@ def test_padding_modes_on_every_path_and_layout():
     for mode in MODES:
         ref = F.conv2d(F.pad(torch.tensor(x), flat, mode=mode), torch.tensor(w)).numpy()
         for impl in ("chunked", "patches", "auto"):
-            layer = Conv(3, (3, 2), padding=pads, padding_mode=mode, use_bias=False,
-                         implementation=impl)
-            y, _ = layer.apply({"W": jnp.asarray(np.transpose(w, (2, 3, 1, 0)))}, (),
-                               jnp.asarray(np.moveaxis(x, 1, -1)))
+            layer = Conv(3, (3, 2), padding=pads, padding_mode=mode, use_bias=False, implementation=impl)
+            y, _ = layer.apply(
+                {"W": jnp.asarray(np.transpose(w, (2, 3, 1, 0)))}, (), jnp.asarray(np.moveaxis(x, 1, -1))
+            )
             _check(np.moveaxis(np.asarray(y), -1, 1), ref, 2e-5, impl, mode)
         if mode == "reflect":  # chunked really split the batch: one convolution per piece
-            layer = Conv(3, (3, 2), padding=pads, padding_mode=mode, use_bias=False,
-                         implementation="chunked")
-            jaxpr = jax.make_jaxpr(lambda x: layer.apply(
-                {"W": jnp.zeros((3, 2, 1, 3))}, (), x)[0])(jnp.zeros((40, 6, 5, 1)))
+            layer = Conv(3, (3, 2), padding=pads, padding_mode=mode, use_bias=False, implementation="chunked")
+            jaxpr = jax.make_jaxpr(lambda x: layer.apply({"W": jnp.zeros((3, 2, 1, 3))}, (), x)[0])(
+                jnp.zeros((40, 6, 5, 1))
+            )
             assert str(jaxpr).count("conv_general_dilated") == 2
         # input "NWHC" lists W before H; padding follows the kernel spec "HWIO": (H, W)
-        layer = Conv(3, (3, 2), padding=pads, padding_mode=mode, use_bias=False,
-                     dimension_numbers=("NWHC", "HWIO", "NHWC"))
+        layer = Conv(
+            3, (3, 2), padding=pads, padding_mode=mode, use_bias=False, dimension_numbers=("NWHC", "HWIO", "NHWC")
+        )
         shape, _, _ = layer.init(jax.random.key(0), (40, 5, 6, 1))
-        y, _ = layer.apply({"W": jnp.asarray(np.transpose(w, (2, 3, 1, 0)))}, (),
-                           jnp.asarray(np.transpose(x, (0, 3, 2, 1))))
+        y, _ = layer.apply(
+            {"W": jnp.asarray(np.transpose(w, (2, 3, 1, 0)))}, (), jnp.asarray(np.transpose(x, (0, 3, 2, 1)))
+        )
         assert shape == y.shape == (40,) + ref.shape[2:] + (3,)
         _check(np.moveaxis(np.asarray(y), -1, 1), ref, 2e-5, "NWHC", mode)
 
@@ -275,13 +317,15 @@ def test_padding_mode_limits_match_torch():
             ref.weight.copy_(torch.tensor(w))
         want = ref(torch.tensor(x)).detach().numpy()
         y, _ = Conv(1, (1,), padding=p, padding_mode=mode, use_bias=False).apply(
-            {"W": jnp.ones((1, 1, 1))}, (), jnp.asarray(x.reshape(1, 3, 1)))
+            {"W": jnp.ones((1, 1, 1))}, (), jnp.asarray(x.reshape(1, 3, 1))
+        )
         np.testing.assert_array_equal(np.asarray(y)[..., 0], want[:, 0])
 
 
 # --------------------------------------------------------------------------- #
 # ConvTranspose groups
 # --------------------------------------------------------------------------- #
+
 
 def _transpose_config(rng, n, dtype, refused):
     batch, *sizes = SIZES[n]
@@ -294,8 +338,7 @@ def _transpose_config(rng, n, dtype, refused):
     full = [(s_in - 1) * s + w for s_in, s, w in zip(sizes, stride, windows)]
     asymmetric = bool(rng.integers(0, 3) == 0)
     if asymmetric:  # funcnet's (low, high) pairs: torch's unpadded output, cropped
-        pads = [tuple(int(v) for v in rng.integers(0, min(2, (f - 1) // 2) + 1, 2))
-                for f in full]
+        pads = [tuple(int(v) for v in rng.integers(0, min(2, (f - 1) // 2) + 1, 2)) for f in full]
         out_pad = (0,) * n
         padding = pads
     else:
@@ -303,37 +346,73 @@ def _transpose_config(rng, n, dtype, refused):
         # stride or the dilation, is refused by torch, then here, and drawn again.
         while True:
             padding = int(rng.integers(0, 3 + (rng.random() < 0.3)))
-            out_pad = tuple(max(s, d) if rng.random() < 0.1 else int(rng.integers(0, max(s, d)))
-                            for s, d in zip(stride, dilation))  # sometimes torch's limit
+            out_pad = tuple(
+                max(s, d) if rng.random() < 0.1 else int(rng.integers(0, max(s, d))) for s, d in zip(stride, dilation)
+            )  # sometimes torch's limit
             outs = [f - 2 * padding + o for f, o in zip(full, out_pad)]
-            if min(outs) < 1 and max(o >= max(s, d) for o, s, d
-                                     in zip(out_pad, stride, dilation)) == 0:
+            if min(outs) < 1 and max(o >= max(s, d) for o, s, d in zip(out_pad, stride, dilation)) == 0:
                 # An empty output: torch gives a 0-sized tensor in 1-D and fails inside
                 # oneDNN ("could not construct a memory descriptor") in 2-D and 3-D; funcnet
                 # refuses it on purpose, naming the padding and the output size.
                 with pytest.raises(ValueError, match=r"is larger than the output"):
-                    _init(ConvTranspose(groups, k, strides=stride, padding=padding,
-                                        dilation=dilation, output_padding=out_pad,
-                                        feature_group_count=groups), tuple(sizes) + (groups,))
+                    _init(
+                        ConvTranspose(
+                            groups,
+                            k,
+                            strides=stride,
+                            padding=padding,
+                            dilation=dilation,
+                            output_padding=out_pad,
+                            feature_group_count=groups,
+                        ),
+                        tuple(sizes) + (groups,),
+                    )
                 refused.append("empty output")
                 continue
-            refusal = _torch_refusal(lambda: getattr(F, f"conv_transpose{n}d")(
-                torch.zeros(1, groups, *sizes), torch.zeros(groups, 1, *k), stride=stride,
-                padding=padding, output_padding=out_pad, dilation=dilation, groups=groups))
+            refusal = _torch_refusal(
+                lambda: getattr(F, f"conv_transpose{n}d")(
+                    torch.zeros(1, groups, *sizes),
+                    torch.zeros(groups, 1, *k),
+                    stride=stride,
+                    padding=padding,
+                    output_padding=out_pad,
+                    dilation=dilation,
+                    groups=groups,
+                )
+            )
             if refusal is None:
                 break
-            _refused_alike(refusal, lambda: _init(
-                ConvTranspose(groups, k, strides=stride, padding=padding, dilation=dilation,
-                              output_padding=out_pad, feature_group_count=groups),
-                tuple(sizes) + (groups,)))
+            _refused_alike(
+                refusal,
+                lambda: _init(
+                    ConvTranspose(
+                        groups,
+                        k,
+                        strides=stride,
+                        padding=padding,
+                        dilation=dilation,
+                        output_padding=out_pad,
+                        feature_group_count=groups,
+                    ),
+                    tuple(sizes) + (groups,),
+                ),
+            )
             refused.append(refusal)
     use_bias = bool(rng.integers(0, 4))
     channels_first = bool(rng.integers(0, 2))
     layout = TORCH_LAYOUT[n][0], TORCH_LAYOUT[n][1].replace("OI", "IO"), TORCH_LAYOUT[n][2]
-    layer = ConvTranspose(cout, k, strides=stride, padding=padding, dilation=dilation,
-                          output_padding=out_pad, feature_group_count=groups,
-                          use_bias=use_bias, dimension_numbers=layout if channels_first
-                          else None, **ZEROS)
+    layer = ConvTranspose(
+        cout,
+        k,
+        strides=stride,
+        padding=padding,
+        dilation=dilation,
+        output_padding=out_pad,
+        feature_group_count=groups,
+        use_bias=use_bias,
+        dimension_numbers=layout if channels_first else None,
+        **ZEROS,
+    )
     w = rng.standard_normal((cin, cout // groups) + k).astype(dtype)  # torch: (in, out/g, *k)
     b = rng.standard_normal(cout).astype(dtype) if use_bias else None
     x = rng.standard_normal((batch, cin, *sizes)).astype(dtype)
@@ -341,8 +420,9 @@ def _transpose_config(rng, n, dtype, refused):
 
     def torch_fn(xt, wt, bt):
         if not asymmetric:
-            return conv_t(xt, wt, bt, stride=stride, padding=padding, output_padding=out_pad,
-                          dilation=dilation, groups=groups)
+            return conv_t(
+                xt, wt, bt, stride=stride, padding=padding, output_padding=out_pad, dilation=dilation, groups=groups
+            )
         y = conv_t(xt, wt, bt, stride=stride, dilation=dilation, groups=groups)
         crop = tuple(slice(lo, y.shape[2 + i] - hi) for i, (lo, hi) in enumerate(pads))
         return y[(slice(None), slice(None)) + crop]
@@ -353,9 +433,22 @@ def _transpose_config(rng, n, dtype, refused):
     assert params["W"].shape == W.shape and ("b" in params) == use_bias
     ref_shape = tuple(torch_fn(torch.tensor(x), torch.tensor(w), None).shape)
     want = (-1,) + (ref_shape[1:] if channels_first else ref_shape[2:] + (cout,))
-    cfg = dict(n=n, k=k, stride=stride, dilation=dilation, padding=padding,
-               output_padding=out_pad, groups=groups, cin=cin, cout=cout, bias=use_bias,
-               channels_first=channels_first, torch_w=w, perm=perm, shape=shape)
+    cfg = dict(
+        n=n,
+        k=k,
+        stride=stride,
+        dilation=dilation,
+        padding=padding,
+        output_padding=out_pad,
+        groups=groups,
+        cin=cin,
+        cout=cout,
+        bias=use_bias,
+        channels_first=channels_first,
+        torch_w=w,
+        perm=perm,
+        shape=shape,
+    )
     assert shape == want, cfg
     g = rng.standard_normal(ref_shape).astype(dtype)
     return layer, x, W, b, g, channels_first, torch_fn, cfg
@@ -367,8 +460,7 @@ def test_grouped_conv_transpose_matches_torch(n, dtype, tol):
     rng = np.random.default_rng(200 * n + (dtype == np.float64))
     refused = []
     with jax.enable_x64(dtype == np.float64):
-        cases = [_transpose_config(rng, n, dtype, refused)
-                 for _ in range(CONFIGS if n < 3 else 8)]
+        cases = [_transpose_config(rng, n, dtype, refused) for _ in range(CONFIGS if n < 3 else 8)]
         _run_all(cases, dtype, tol)
     assert len(refused) >= 1, refused
 
@@ -384,8 +476,7 @@ def test_grouped_conv_transpose_weight_mapping():
         x = np.zeros((1, cin, 2), np.float32)
         x[0, c_in] = 1.0
         ref = F.conv_transpose1d(torch.tensor(x), torch.tensor(w), groups=groups).numpy()
-        y, _ = layer.apply({"W": jnp.asarray(np.transpose(w, (2, 0, 1)))}, (),
-                           jnp.asarray(np.moveaxis(x, 1, -1)))
+        y, _ = layer.apply({"W": jnp.asarray(np.transpose(w, (2, 0, 1)))}, (), jnp.asarray(np.moveaxis(x, 1, -1)))
         np.testing.assert_array_equal(np.moveaxis(np.asarray(y), -1, 1), ref)
         lit = np.flatnonzero(np.asarray(y)[0, 0])
         assert lit.tolist() == [(c_in // (cin // groups)) * (cout // groups) + o]
@@ -398,8 +489,7 @@ def _assert_uniform_bound(a, bound):
 
 def test_grouped_conv_transpose_default_init_is_torch():
     groups, cin, cout, k = 4, 8, 64, (3, 2)
-    _, params, _ = ConvTranspose(cout, k, feature_group_count=groups).init(
-        jax.random.key(1), (-1, 5, 5, cin))
+    _, params, _ = ConvTranspose(cout, k, feature_group_count=groups).init(jax.random.key(1), (-1, 5, 5, cin))
     assert params["W"].shape == k + (cin, cout // groups) and params["b"].shape == (cout,)
     tl = torch.nn.ConvTranspose2d(cin, cout, k, groups=groups)
     assert tuple(tl.weight.shape) == (cin, cout // groups) + k
@@ -416,11 +506,15 @@ def test_grouped_conv_transpose_default_init_is_torch():
 # Refused inputs
 # --------------------------------------------------------------------------- #
 
+
 def test_unknown_padding_mode_lists_the_allowed_ones():
     for bad in ("foo", "Reflect", "constant", None):
-        with pytest.raises(ArgumentError, match=r"Conv\(4, \(3,\)\): padding_mode must be one of "
-                                                r"'zeros', 'reflect', 'replicate', 'circular', "
-                                                rf"got {bad!r}"):
+        with pytest.raises(
+            ArgumentError,
+            match=r"Conv\(4, \(3,\)\): padding_mode must be one of "
+            r"'zeros', 'reflect', 'replicate', 'circular', "
+            rf"got {bad!r}",
+        ):
             Conv(4, (3,), padding_mode=bad)
 
 
@@ -428,9 +522,12 @@ def test_reflect_padding_as_large_as_the_input_is_refused_naming_both():
     key = jax.random.key(0)
     with torch.no_grad(), pytest.raises(RuntimeError, match="should be less than"):
         torch.nn.Conv2d(1, 1, 1, padding=3, padding_mode="reflect")(torch.ones(1, 1, 3, 3))
-    with pytest.raises(ArgumentError, match=r"Conv\(4, \(1, 1\)\): padding_mode='reflect' needs "
-                                            r"padding smaller than the input size.*got padding "
-                                            r"\(3, 3\) on axis 1 of size 3"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"Conv\(4, \(1, 1\)\): padding_mode='reflect' needs "
+        r"padding smaller than the input size.*got padding "
+        r"\(3, 3\) on axis 1 of size 3",
+    ):
         Conv(4, (1, 1), padding=3, padding_mode="reflect").init(key, (-1, 3, 3, 1))
     with pytest.raises(ArgumentError, match=r"padding \(0, 4\) on axis 2 of size 4"):
         Conv(4, (1, 1), padding=[(1, 1), (0, 4)], padding_mode="reflect").init(key, (-1, 5, 4, 1))
@@ -448,28 +545,36 @@ def test_reflect_padding_as_large_as_the_input_is_refused_naming_both():
 def test_circular_padding_beyond_the_input_is_refused_naming_both():
     with torch.no_grad(), pytest.raises(RuntimeError, match="wrapping around more than once"):
         torch.nn.Conv1d(1, 1, 1, padding=4, padding_mode="circular")(torch.ones(1, 1, 3))
-    with pytest.raises(ArgumentError, match=r"padding_mode='circular' needs padding at most the "
-                                            r"input size.*got padding \(4, 4\) on axis 1 of "
-                                            r"size 3"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"padding_mode='circular' needs padding at most the "
+        r"input size.*got padding \(4, 4\) on axis 1 of "
+        r"size 3",
+    ):
         Conv(4, (1,), padding=4, padding_mode="circular").init(jax.random.key(0), (-1, 3, 1))
 
 
 def test_conv_transpose_refuses_other_padding_modes_and_bad_groups():
     with pytest.raises(ValueError, match='Only "zeros" padding mode is supported'):
         torch.nn.ConvTranspose2d(1, 1, 3, padding_mode="reflect")
-    with pytest.raises(ArgumentError, match=r"ConvTranspose\(4, \(3, 3\)\): padding_mode must be "
-                                            r"'zeros', got 'reflect'.*Only \"zeros\" padding "
-                                            r"mode is supported for ConvTranspose2d"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"ConvTranspose\(4, \(3, 3\)\): padding_mode must be "
+        r"'zeros', got 'reflect'.*Only \"zeros\" padding "
+        r"mode is supported for ConvTranspose2d",
+    ):
         ConvTranspose(4, (3, 3), padding_mode="reflect")
     ConvTranspose(4, (3, 3), padding_mode="zeros")
     with pytest.raises(ArgumentError, match=r"feature_group_count=3 must divide out_chan=4"):
         ConvTranspose(4, (3,), feature_group_count=3)
     with pytest.raises(ArgumentError, match=r"feature_group_count must be a positive int, got 0"):
         ConvTranspose(4, (3,), feature_group_count=0)
-    with pytest.raises(ArgumentError, match=r"feature_group_count=2 must divide the input "
-                                            r"channels, got 3 channels"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"feature_group_count=2 must divide the input "
+        r"channels, got 3 channels",
+    ):
         ConvTranspose(4, (3,), feature_group_count=2).init(jax.random.key(0), (-1, 5, 3))
-    _, params, _ = ConvTranspose(4, (3,), feature_group_count=2, **ZEROS).init(
-        jax.random.key(0), (-1, 5, 6))
+    _, params, _ = ConvTranspose(4, (3,), feature_group_count=2, **ZEROS).init(jax.random.key(0), (-1, 5, 6))
     with pytest.raises(ValueError, match=r"input has 4 channels on axis 2 .* built for 6"):
         ConvTranspose(4, (3,), feature_group_count=2).apply(params, (), jnp.ones((1, 5, 4)))

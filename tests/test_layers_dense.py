@@ -1,4 +1,5 @@
 """funcnet.layers.Dense: formula and PyTorch's default init."""
+
 import math
 import jax
 import jax.numpy as jnp
@@ -16,17 +17,19 @@ def test_dense_matches_formula_and_torch_default_init():
         assert float(jnp.max(jnp.abs(p))) <= bound
         assert float(jnp.max(jnp.abs(p))) > 0.9 * bound  # really uniform over the range
     # U(-a, a) has variance a^2 / 3.
-    np.testing.assert_allclose(np.var(params["W"]), bound ** 2 / 3, rtol=0.05)
+    np.testing.assert_allclose(np.var(params["W"]), bound**2 / 3, rtol=0.05)
     x = jax.random.normal(KEY, (3, 7, 50))
     y, _ = Dense(200).apply(params, (), x)
-    np.testing.assert_allclose(y, np.asarray(x) @ np.asarray(params["W"]) + np.asarray(params["b"]),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        y, np.asarray(x) @ np.asarray(params["W"]) + np.asarray(params["b"]), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_params_with_a_missing_or_extra_bias_are_refused():
     # Params of a Dense built with the other use_bias would run silently without (or
     # ignoring) the bias.
     from funcnet.errors import MismatchError
+
     with_bias, without = Dense(3), Dense(3, use_bias=False)
     _, p, _ = with_bias.init(jax.random.key(0), (-1, 2))
     _, q, _ = without.init(jax.random.key(0), (-1, 2))
@@ -44,14 +47,22 @@ def test_in_dim_catches_a_model_whose_earlier_layers_changed_the_shape():
     from funcnet.layers import AvgPool, Conv, Flatten
 
     def net(padding):
-        return funcnet.serial(Conv(32, (3, 3), padding=padding), AvgPool((2, 2), (2, 2)),
-                              Conv(64, (3, 3), padding=padding), AvgPool((2, 2), (2, 2)),
-                              Flatten, Dense(256, in_dim=3136))
+        return funcnet.serial(
+            Conv(32, (3, 3), padding=padding),
+            AvgPool((2, 2), (2, 2)),
+            Conv(64, (3, 3), padding=padding),
+            AvgPool((2, 2), (2, 2)),
+            Flatten,
+            Dense(256, in_dim=3136),
+        )
 
     out_shape, params, _ = net("SAME").init(jax.random.key(0), (-1, 28, 28, 1))
     assert out_shape == (-1, 256) and params[-1]["W"].shape == (3136, 256)
-    with pytest.raises(ValueError, match=r"Dense\(256\): in_dim=3136 but the input has 1600 "
-                                         r"features .*pads VALID"):
+    with pytest.raises(
+        ValueError,
+        match=r"Dense\(256\): in_dim=3136 but the input has 1600 "
+        r"features .*pads VALID",
+    ):
         net("VALID").init(jax.random.key(0), (-1, 28, 28, 1))
     with pytest.raises(Exception, match="in_dim"):
         Dense(4, in_dim=0)

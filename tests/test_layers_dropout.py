@@ -1,4 +1,5 @@
 """funcnet.layers.Dropout: statistics, keys, eval mode, errors."""
+
 import math
 import re
 import jax
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 from funcnet.layers.dropout import Dropout
 from funcnet.testing import check_layer
+
 
 def _randn(seed, *shape):
     """float32 test data from NumPy: no jax.random program to compile per shape."""
@@ -43,8 +45,7 @@ def test_dropout_eval_identity_and_masks_depend_on_key():
     np.testing.assert_array_equal(y_none, x)
     m1 = np.asarray(apply((), (), x, rng=jax.random.key(1), train=True)[0]) != 0
     m2 = np.asarray(apply((), (), x, rng=jax.random.key(2), train=True)[0]) != 0
-    m1b = np.asarray(jax.jit(lambda x, k: apply((), (), x, rng=k, train=True)[0])(
-        x, jax.random.key(1))) != 0
+    m1b = np.asarray(jax.jit(lambda x, k: apply((), (), x, rng=k, train=True)[0])(x, jax.random.key(1))) != 0
     assert (m1 != m2).mean() > 0.3  # independent masks disagree on ~half the entries
     np.testing.assert_array_equal(m1, m1b)  # same key, same mask, jit or not
 
@@ -73,6 +74,7 @@ def test_dropout_contract():
 @pytest.mark.parametrize("rate", [0.2, 0.5])
 def test_spatial_dropout_drops_whole_channels(rate):
     from funcnet.layers.dropout import SpatialDropout
+
     init, apply = SpatialDropout(rate)
     x = np.random.default_rng(1).uniform(1.0, 2.0, (64, 3, 4, 50)).astype(np.float32)  # never 0
     out_shape, params, state = init(jax.random.key(0), (-1, 3, 4, 50))
@@ -97,6 +99,7 @@ def test_spatial_dropout_drops_whole_channels(rate):
 
 def test_spatial_dropout_eval_rate_zero_and_keys():
     from funcnet.layers.dropout import SpatialDropout
+
     x = jnp.asarray(_randn(0, 4, 3, 3, 8))
     _, apply = SpatialDropout(0.5)
     np.testing.assert_array_equal(apply((), (), x)[0], x)  # eval: identity, no rng needed
@@ -110,14 +113,18 @@ def test_spatial_dropout_eval_rate_zero_and_keys():
 
 def test_spatial_dropout_errors_and_contract():
     from funcnet.layers.dropout import SpatialDropout
+
     for rate in (-0.1, 1.0, "0.5", None):
         with pytest.raises(ValueError, match=r"SpatialDropout.*rate.*" + re.escape(repr(rate))):
             SpatialDropout(rate)
     with pytest.raises(ValueError, match=r"SpatialDropout.*rng"):
         SpatialDropout(0.5).apply((), (), jnp.ones((2, 3, 4)), train=True)
-    with pytest.raises(ValueError, match=r"SpatialDropout\(0.5\): expected a channels-last input "
-                       r"\(N, \*spatial, C\).*got shape \(-1, 16\). For \(N, features\) inputs "
-                       r"use Dropout"):
+    with pytest.raises(
+        ValueError,
+        match=r"SpatialDropout\(0.5\): expected a channels-last input "
+        r"\(N, \*spatial, C\).*got shape \(-1, 16\). For \(N, features\) inputs "
+        r"use Dropout",
+    ):
         SpatialDropout(0.5).init(jax.random.key(0), (-1, 16))
     with pytest.raises(ValueError, match=r"rank 3 to 5.*got shape \(2, 2, 2, 2, 2, 2\)"):
         SpatialDropout(0.5).apply((), (), jnp.ones((2,) * 6))

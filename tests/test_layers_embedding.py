@@ -1,4 +1,5 @@
 """funcnet.layers.Embedding, against PyTorch."""
+
 import math
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import pytest
 from helpers.torch_ref import torch
 from funcnet.layers.embedding import Embedding
 from funcnet.testing import check_layer
+
 
 def _ids(seed, high, *shape):
     return np.random.default_rng(seed).integers(0, high, shape)
@@ -82,18 +84,22 @@ def test_embedding_errors_and_contract():
 def test_embedding_concrete_out_of_range_ids_are_an_error_like_torch():
     init, apply = Embedding(5, 3)
     _, params, _ = init(jax.random.key(0), (-1,))
-    with pytest.raises(ValueError, match=r"Embedding\(5, 3\): ids must be in \[0, 5\), found "
-                       r"\[-1, 5, 100\].*vocab_size.*NaN"):
+    with pytest.raises(
+        ValueError,
+        match=r"Embedding\(5, 3\): ids must be in \[0, 5\), found "
+        r"\[-1, 5, 100\].*vocab_size.*NaN",
+    ):
         apply(params, (), jnp.array([1, -1, 5, 100, 4]))
-    apply(params, (), np.array([0, 4]))          # in range: fine eagerly too
+    apply(params, (), np.array([0, 4]))  # in range: fine eagerly too
 
 
 def test_padding_idx_row_starts_at_zero_and_gets_no_gradient_as_in_torch():
     from funcnet.layers import Embedding
-    layer = Embedding(6, 3, padding_idx=-2)      # row 4
+
+    layer = Embedding(6, 3, padding_idx=-2)  # row 4
     _, params, _ = layer.init(jax.random.key(0), (-1, 5))
     assert not np.asarray(params["E"][4]).any()
-    params = {"E": params["E"].at[4].set(1.5)}   # a loaded, non-zero padding row is read as is
+    params = {"E": params["E"].at[4].set(1.5)}  # a loaded, non-zero padding row is read as is
     ids = np.array([[0, 4, 2, 4, 5]])
     out, _ = layer.apply(params, (), jnp.asarray(ids))
     grad = jax.grad(lambda p: jnp.sum(layer.apply(p, (), jnp.asarray(ids))[0] ** 2))(params)

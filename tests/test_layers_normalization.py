@@ -1,4 +1,5 @@
 """funcnet.layers BatchNorm and LayerNorm, against formulas and PyTorch."""
+
 import math
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import pytest
 from helpers.torch_ref import torch
 from funcnet.layers.normalization import BatchNorm, LayerNorm
 from funcnet.testing import check_layer
+
 
 def _np(x):
     return np.asarray(x, dtype=np.float64)
@@ -20,22 +22,22 @@ def _randn(seed, *shape):
 def _bn_reference(x, mean, var, scale, bias, axis, eps=1e-5):
     shape = [1] * x.ndim
     shape[axis] = -1
-    return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * scale.reshape(shape) \
-        + bias.reshape(shape)
+    return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * scale.reshape(shape) + bias.reshape(shape)
 
 
 def _random_params(seed, c):
     rng = np.random.default_rng(seed)
-    return {"scale": jnp.asarray(rng.uniform(0.5, 2.0, c), jnp.float32),
-            "bias": jnp.asarray(rng.standard_normal(c), jnp.float32)}
+    return {
+        "scale": jnp.asarray(rng.uniform(0.5, 2.0, c), jnp.float32),
+        "bias": jnp.asarray(rng.standard_normal(c), jnp.float32),
+    }
 
 
 @pytest.mark.parametrize("running_var", [None, "unbiased", "biased"])
 def test_batchnorm_train_eval_and_running_stats_formula(running_var):
     """The default (None here) is torch's unbiased running variance."""
     momentum, c = 0.8, 3
-    init, apply = BatchNorm(momentum=momentum, **({} if running_var is None else
-                                                  {"running_var": running_var}))
+    init, apply = BatchNorm(momentum=momentum, **({} if running_var is None else {"running_var": running_var}))
     out_shape, params, state = init(jax.random.key(0), (-1, c))
     assert out_shape == (-1, c)
     np.testing.assert_array_equal(state["mean"], np.zeros(c))
@@ -53,8 +55,8 @@ def test_batchnorm_train_eval_and_running_stats_formula(running_var):
         xn = _np(x)
         bmean, bvar = xn.mean(0), ((xn - xn.mean(0)) ** 2).mean(0)  # biased variance
         np.testing.assert_allclose(
-            y, _bn_reference(xn, bmean, bvar, _np(params["scale"]), _np(params["bias"]), 1),
-            rtol=1e-5, atol=1e-5)
+            y, _bn_reference(xn, bmean, bvar, _np(params["scale"]), _np(params["bias"]), 1), rtol=1e-5, atol=1e-5
+        )
         run_mean = momentum * run_mean + (1 - momentum) * bmean
         n = xn.shape[0]
         correction = 1.0 if running_var == "biased" else n / (n - 1)
@@ -66,8 +68,8 @@ def test_batchnorm_train_eval_and_running_stats_formula(running_var):
     y, eval_state = apply(params, state, x, train=False)
     assert eval_state is state
     np.testing.assert_allclose(
-        y, _bn_reference(_np(x), run_mean, run_var, _np(params["scale"]), _np(params["bias"]), 1),
-        rtol=1e-5, atol=1e-5)
+        y, _bn_reference(_np(x), run_mean, run_var, _np(params["scale"]), _np(params["bias"]), 1), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5), (2, 3, 4, 4)])
@@ -90,11 +92,11 @@ def test_batchnorm_matches_torch(shape):
     np.testing.assert_allclose(y, y_torch, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(new_state["mean"], torch_bn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
     # the default running variance is torch's unbiased one
-    np.testing.assert_allclose(new_state["var"], torch_bn.running_var.numpy(), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(new_state["var"], torch_bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
     # running_var="biased" keeps the variance used to normalise: off by n / (n - 1)
     _, biased = BatchNorm(axis=axis, momentum=0.9, running_var="biased").apply(
-        params, state, jnp.asarray(x), train=True)
+        params, state, jnp.asarray(x), train=True
+    )
     ours = (_np(biased["var"]) - 0.9) / 0.1
     theirs = (torch_bn.running_var.numpy().astype(np.float64) - 0.9) / 0.1
     np.testing.assert_allclose(ours * n / (n - 1), theirs, rtol=1e-4)
@@ -104,8 +106,7 @@ def test_batchnorm_matches_torch(shape):
     torch_bn.eval()
     x2 = _randn(3, *shape)
     y_torch = torch_bn(torch.tensor(x2)).detach().numpy()
-    torch_state = {"mean": jnp.asarray(torch_bn.running_mean.numpy()),
-                   "var": jnp.asarray(torch_bn.running_var.numpy())}
+    torch_state = {"mean": jnp.asarray(torch_bn.running_mean.numpy()), "var": jnp.asarray(torch_bn.running_var.numpy())}
     y, _ = apply(params, torch_state, jnp.asarray(x2), train=False)
     np.testing.assert_allclose(y, y_torch, rtol=1e-4, atol=1e-5)
 
@@ -121,8 +122,7 @@ def test_synced_batchnorm_pmap_equals_global_batch():
     x = jnp.asarray(_randn(2, 4, 5, c) + np.arange(4, dtype=np.float32)[:, None, None])
 
     def run(layer):
-        return jax.pmap(lambda x: layer.apply(params, state, x, train=True),
-                        axis_name="batch")(x)
+        return jax.pmap(lambda x: layer.apply(params, state, x, train=True), axis_name="batch")(x)
 
     y, new_state = run(synced)
     y_ref, state_ref = BatchNorm().apply(params, state, x.reshape(20, c), train=True)
@@ -147,8 +147,7 @@ def test_batchnorm_channels_first_and_flags():
     xn = _np(x)
     mean = xn.mean(axis=(0, 2, 3))
     var = xn.var(axis=(0, 2, 3))
-    np.testing.assert_allclose(y, _bn_reference(xn, mean, var, np.ones(4), np.zeros(4), 1),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, _bn_reference(xn, mean, var, np.ones(4), np.zeros(4), 1), rtol=1e-5, atol=1e-5)
 
 
 def test_batchnorm_keeps_dtypes():
@@ -184,8 +183,7 @@ def test_layernorm_matches_torch(axis, normalized_shape):
     out_shape, params, state = init(jax.random.key(0), (-1,) + shape[1:])
     assert out_shape == (-1,) + shape[1:] and state == ()
     assert params["scale"].shape == params["bias"].shape == normalized_shape
-    params = {"scale": jnp.asarray(_randn(1, *normalized_shape)),
-              "bias": jnp.asarray(_randn(2, *normalized_shape))}
+    params = {"scale": jnp.asarray(_randn(1, *normalized_shape)), "bias": jnp.asarray(_randn(2, *normalized_shape))}
     x = 2.0 + 3.0 * _randn(3, *shape)
     ln = torch.nn.LayerNorm(normalized_shape)
     with torch.no_grad():
@@ -224,15 +222,18 @@ def test_batchnorm_train_needs_more_than_one_value_per_channel():
     init, apply = BatchNorm()
     _, params, state = init(jax.random.key(0), (-1, 3))
     for shape in ((1, 3), (0, 3)):
-        with pytest.raises(ValueError, match=r"BatchNorm: expected more than 1 value per channel "
-                           rf"when training, got input of shape \({shape[0]}, 3\).*"
-                           r"drop_remainder=True.*train=False"):
+        with pytest.raises(
+            ValueError,
+            match=r"BatchNorm: expected more than 1 value per channel "
+            rf"when training, got input of shape \({shape[0]}, 3\).*"
+            r"drop_remainder=True.*train=False",
+        ):
             apply(params, state, jnp.ones(shape), train=True)
     channels_first = BatchNorm(axis=1)
     _, p2, s2 = channels_first.init(jax.random.key(0), (-1, 2, 1))
     with pytest.raises(ValueError, match=r"BatchNorm\(axis=1\).*\(1, 2, 1\)"):
         jax.jit(lambda x: channels_first.apply(p2, s2, x, train=True))(jnp.ones((1, 2, 1)))
-    apply(params, state, jnp.ones((1, 3)), train=False)   # eval mode uses the running stats
+    apply(params, state, jnp.ones((1, 3)), train=False)  # eval mode uses the running stats
     channels_first.apply(p2, s2, jnp.ones((1, 2, 2)), train=True)  # 2 values per channel
 
 
@@ -242,7 +243,8 @@ def test_synced_batchnorm_takes_one_value_per_channel_per_device():
     _, params, state = BatchNorm().init(jax.random.key(0), (-1, 3))
     synced = BatchNorm(axis_name="b")
     y, _ = jax.pmap(lambda x: synced.apply(params, state, x, train=True), axis_name="b")(
-        jnp.arange(12.0).reshape(4, 1, 3))
+        jnp.arange(12.0).reshape(4, 1, 3)
+    )
     assert np.isfinite(y).all() and np.abs(y).max() > 0.5
 
 
@@ -312,8 +314,7 @@ def test_groupnorm_matches_torch_nhwc_and_nchw(dtype, tol):
     x = _randn(1, 2, 4, 3, 6) * 2 + 1  # NHWC, 6 channels
     with jax.enable_x64(dtype == np.float64):
         _torch_parity(GroupNorm(3), torch.nn.GroupNorm(3, 6), x, dtype, tol, move=(-1, 1))
-        _torch_parity(GroupNorm(2, axis=1), torch.nn.GroupNorm(2, 6),
-                      np.moveaxis(x, -1, 1), dtype, tol)
+        _torch_parity(GroupNorm(2, axis=1), torch.nn.GroupNorm(2, 6), np.moveaxis(x, -1, 1), dtype, tol)
 
 
 def test_groupnorm_groups_are_contiguous_channels():
@@ -323,22 +324,27 @@ def test_groupnorm_groups_are_contiguous_channels():
     y, _ = GroupNorm(2, center=False, scale=False).apply({}, (), jnp.asarray(x))
     xn = _np(x).reshape(2, 5, 2, 2)
     mean, var = xn.mean((1, 3), keepdims=True), xn.var((1, 3), keepdims=True)
-    np.testing.assert_allclose(y, ((xn - mean) / np.sqrt(var + 1e-5)).reshape(x.shape),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, ((xn - mean) / np.sqrt(var + 1e-5)).reshape(x.shape), rtol=1e-5, atol=1e-5)
 
 
 def test_layernorm_without_bias_matches_torch():
     x = _randn(2, 4, 6) * 2 + 1
-    _torch_parity(LayerNorm(use_bias=False), torch.nn.LayerNorm(6, bias=False), x, np.float32,
-                  1e-5)
-    for kwargs, keys in (({"use_bias": False}, {"scale"}), ({"center": False}, {"scale"}),
-                         ({"center": False, "use_bias": False}, {"scale"}),
-                         ({"center": True, "use_bias": True}, {"scale", "bias"}),
-                         ({"use_bias": True}, {"scale", "bias"}), ({}, {"scale", "bias"})):
+    _torch_parity(LayerNorm(use_bias=False), torch.nn.LayerNorm(6, bias=False), x, np.float32, 1e-5)
+    for kwargs, keys in (
+        ({"use_bias": False}, {"scale"}),
+        ({"center": False}, {"scale"}),
+        ({"center": False, "use_bias": False}, {"scale"}),
+        ({"center": True, "use_bias": True}, {"scale", "bias"}),
+        ({"use_bias": True}, {"scale", "bias"}),
+        ({}, {"scale", "bias"}),
+    ):
         assert set(LayerNorm(**kwargs).init(jax.random.key(0), (-1, 6))[1]) == keys, kwargs
     for kwargs in ({"center": True, "use_bias": False}, {"center": False, "use_bias": True}):
-        with pytest.raises(ValueError, match=r"LayerNorm: center=.* and use_bias=.* are the "
-                           r"same switch.*disagree"):
+        with pytest.raises(
+            ValueError,
+            match=r"LayerNorm: center=.* and use_bias=.* are the "
+            r"same switch.*disagree",
+        ):
             LayerNorm(**kwargs)
     with pytest.raises(ValueError, match="LayerNorm: use_bias must be True or False"):
         LayerNorm(use_bias="no")
@@ -350,20 +356,20 @@ def test_rmsnorm_default_eps_is_torchs_per_dtype():
     # have a mean square near eps, so another eps gives another output.
     layer = RMSNorm(scale=False)
     eps32, eps64 = np.finfo(np.float32).eps, np.finfo(np.float64).eps
-    for dtype, tdtype, value, eps in ((jnp.bfloat16, torch.bfloat16, 3e-4, eps32),
-                                      (jnp.float16, torch.float16, 3e-4, eps32),
-                                      (jnp.float32, torch.float32, 3e-4, eps32),
-                                      (jnp.float64, torch.float64, 1e-8, eps64)):
+    for dtype, tdtype, value, eps in (
+        (jnp.bfloat16, torch.bfloat16, 3e-4, eps32),
+        (jnp.float16, torch.float16, 3e-4, eps32),
+        (jnp.float32, torch.float32, 3e-4, eps32),
+        (jnp.float64, torch.float64, 1e-8, eps64),
+    ):
         with jax.enable_x64(dtype == jnp.float64):
             x = jnp.full((1, 4), value, dtype)
             y, _ = layer.apply({}, (), x)
             assert y.dtype == dtype
             xv = float(np.asarray(x, np.float64)[0, 0])  # the value after rounding to dtype
-            want = xv / np.sqrt(xv ** 2 + eps)
-            np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=4e-3,
-                                       err_msg=str(dtype))
-            theirs = torch.nn.RMSNorm(4, elementwise_affine=False)(
-                torch.tensor(np.asarray(x, np.float64)).to(tdtype))
+            want = xv / np.sqrt(xv**2 + eps)
+            np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=4e-3, err_msg=str(dtype))
+            theirs = torch.nn.RMSNorm(4, elementwise_affine=False)(torch.tensor(np.asarray(x, np.float64)).to(tdtype))
             # equal to torch's (a CPU kernel) to the last bit of the narrow dtypes on CPU; in
             # float64 within a few ulps (rsqrt's last bit is the CPU kernel's), still 1e8
             # times finer than the gap another eps would leave. On a GPU rsqrt is an
@@ -371,40 +377,43 @@ def test_rmsnorm_default_eps_is_torchs_per_dtype():
             # to bfloat16/float16 by one of their ulps: 1/256 of the value, still far finer
             # than another eps (0.66 here against 1.0 without eps).
             exact = jax.default_backend() == "cpu" or dtype == jnp.float64
-            rtol = (0 if dtype != jnp.float64 else 1e-14) if exact else float(
-                jnp.finfo(dtype).eps)
-            np.testing.assert_allclose(np.asarray(y, np.float64), theirs.double().numpy(),
-                                       rtol=rtol, atol=0, err_msg=str(dtype))
+            rtol = (0 if dtype != jnp.float64 else 1e-14) if exact else float(jnp.finfo(dtype).eps)
+            np.testing.assert_allclose(
+                np.asarray(y, np.float64), theirs.double().numpy(), rtol=rtol, atol=0, err_msg=str(dtype)
+            )
     # a given epsilon replaces the default (here the bfloat16 eps of torch's old docs)
     y, _ = RMSNorm(scale=False, epsilon=float(jnp.finfo(jnp.bfloat16).eps)).apply(
-        {}, (), jnp.full((1, 4), 0.01, jnp.bfloat16))
-    np.testing.assert_allclose(np.asarray(y, np.float32), 0.01 / np.sqrt(1e-4 + 2.0 ** -7),
-                               rtol=1e-2)
+        {}, (), jnp.full((1, 4), 0.01, jnp.bfloat16)
+    )
+    np.testing.assert_allclose(np.asarray(y, np.float32), 0.01 / np.sqrt(1e-4 + 2.0**-7), rtol=1e-2)
 
 
 def test_bf16_inputs_give_bf16_outputs_close_to_float32():
     x32 = jnp.asarray(_randn(3, 2, 3, 8) * 4 + 1).astype(jnp.bfloat16).astype(jnp.float32)
     rng = np.random.default_rng(4)
     ones_ish = jnp.asarray(rng.uniform(0.5, 1.5, 8), jnp.float32)
-    for layer, params in ((RMSNorm(), {"scale": ones_ish}),
-                          (GroupNorm(4), {"scale": ones_ish, "bias": ones_ish - 1}),
-                          (LayerNorm(use_bias=False), {"scale": ones_ish})):
+    for layer, params in (
+        (RMSNorm(), {"scale": ones_ish}),
+        (GroupNorm(4), {"scale": ones_ish, "bias": ones_ish - 1}),
+        (LayerNorm(use_bias=False), {"scale": ones_ish}),
+    ):
         y32, _ = layer.apply(params, (), x32)
         yb, _ = layer.apply(params, (), x32.astype(jnp.bfloat16))
         assert yb.dtype == jnp.bfloat16, layer.name
         # one bfloat16 rounding of the float32 result: float32 statistics, no bf16 sums
-        np.testing.assert_allclose(np.asarray(yb, np.float32), y32, rtol=2 ** -8, atol=1e-6,
-                                   err_msg=layer.name)
+        np.testing.assert_allclose(np.asarray(yb, np.float32), y32, rtol=2**-8, atol=1e-6, err_msg=layer.name)
 
 
 def test_rms_and_group_norm_contract():
     # The layers ignore `train`: one mode is enough. Their gradients are checked against
     # torch's in float64 to 1e-10 above, tighter than check_grads' finite differences
     # (which would cost ~2 s of compilation here).
-    check_layer(RMSNorm(axis=(1, 2)), (-1, 3, 4), train_modes=(False,), grad_check=False,
-                inputs=jnp.asarray(_randn(5, 2, 3, 4)))
-    check_layer(GroupNorm(2), (-1, 3, 2, 4), train_modes=(False,), grad_check=False,
-                inputs=jnp.asarray(_randn(6, 2, 3, 2, 4)))
+    check_layer(
+        RMSNorm(axis=(1, 2)), (-1, 3, 4), train_modes=(False,), grad_check=False, inputs=jnp.asarray(_randn(5, 2, 3, 4))
+    )
+    check_layer(
+        GroupNorm(2), (-1, 3, 2, 4), train_modes=(False,), grad_check=False, inputs=jnp.asarray(_randn(6, 2, 3, 2, 4))
+    )
     out_shape, params, state = GroupNorm(2, axis=1).init(jax.random.key(0), (-1, 4, -1, 3))
     assert out_shape == (-1, 4, -1, 3) and state == ()
     np.testing.assert_array_equal(params["scale"], np.ones(4))
@@ -416,14 +425,23 @@ def test_rms_and_group_norm_contract():
 
 def test_rms_and_group_norm_errors():
     key = jax.random.key(0)
-    with pytest.raises(ValueError, match=r"GroupNorm\(3\): num_groups=3 does not divide the 4 "
-                       r"channels on axis 2 of shape \(-1, 5, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"GroupNorm\(3\): num_groups=3 does not divide the 4 "
+        r"channels on axis 2 of shape \(-1, 5, 4\)",
+    ):
         GroupNorm(3).init(key, (-1, 5, 4))
-    with pytest.raises(ValueError, match=r"GroupNorm\(4, axis=1\): num_groups=4 does not divide "
-                       r"the 6 channels on axis 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"GroupNorm\(4, axis=1\): num_groups=4 does not divide "
+        r"the 6 channels on axis 1",
+    ):
         GroupNorm(4, axis=1).apply({}, (), jnp.ones((2, 6, 3)))
-    with pytest.raises(ValueError, match=r"GroupNorm\(1\): expected an input of rank >= 2, got "
-                       r"rank 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"GroupNorm\(1\): expected an input of rank >= 2, got "
+        r"rank 1",
+    ):
         GroupNorm(1).init(key, (4,))
     with pytest.raises(ValueError, match=r"GroupNorm\(1\): expected an input of rank >= 2"):
         GroupNorm(1).apply({}, (), jnp.ones(4))
@@ -432,19 +450,29 @@ def test_rms_and_group_norm_errors():
     with pytest.raises(ValueError, match="channel dimension"):
         GroupNorm(1).init(key, (2, -1))
     _, params, _ = GroupNorm(2).init(key, (-1, 4))
-    with pytest.raises(ValueError, match=r"GroupNorm\(2\): the input has 6 channels on axis 1 "
-                       r"but params\['scale'\] was built for 4"):
+    with pytest.raises(
+        ValueError,
+        match=r"GroupNorm\(2\): the input has 6 channels on axis 1 "
+        r"but params\['scale'\] was built for 4",
+    ):
         GroupNorm(2).apply(params, (), jnp.ones((2, 6)))
-    for bad in ({"num_groups": 0}, {"num_groups": 2.0}, {"num_groups": 2, "epsilon": -1.0},
-                {"num_groups": 2, "axis": "channels"}, {"num_groups": 2, "center": 1}):
+    for bad in (
+        {"num_groups": 0},
+        {"num_groups": 2.0},
+        {"num_groups": 2, "epsilon": -1.0},
+        {"num_groups": 2, "axis": "channels"},
+        {"num_groups": 2, "center": 1},
+    ):
         with pytest.raises(ValueError, match="GroupNorm"):
             GroupNorm(**bad)
     for bad in ({"epsilon": -1e-6}, {"axis": ()}, {"scale": "yes"}):
         with pytest.raises(ValueError, match="RMSNorm"):
             RMSNorm(**bad)
-    with pytest.raises(ValueError,
-                       match=r"RMSNorm\(axis=\(-2, -1\)\): expected an input of rank >= 2"):
+    with pytest.raises(ValueError, match=r"RMSNorm\(axis=\(-2, -1\)\): expected an input of rank >= 2"):
         RMSNorm(axis=(-2, -1)).init(key, (4,))
-    with pytest.raises(ValueError, match=r"RMSNorm.*\(4,\) on the normalised axes.*built for "
-                       r"\(3,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"RMSNorm.*\(4,\) on the normalised axes.*built for "
+        r"\(3,\)",
+    ):
         RMSNorm().apply({"scale": jnp.ones(3)}, (), jnp.ones((2, 4)))

@@ -1,6 +1,7 @@
 """BatchNorm and InstanceNorm options against torch.nn.BatchNorm*d / InstanceNorm*d: random
 configurations, weights and running buffers copied across, forward, every gradient and the
 running statistics, in float32 and float64."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,11 +44,11 @@ def _run_config(kind, rng, dtype, tol, momentum_=_DRAW, track_=_DRAW):
     tm = _torch_module(kind, spatial, c, **torch_kw).to(_TORCH_DTYPE[dtype])
     ours_momentum = None if momentum is None else 1.0 - momentum
     if kind == "BatchNorm":
-        layer = BatchNorm(axis=1, momentum=ours_momentum, epsilon=eps, center=affine,
-                          scale=affine, track_running_stats=track)
+        layer = BatchNorm(
+            axis=1, momentum=ours_momentum, epsilon=eps, center=affine, scale=affine, track_running_stats=track
+        )
     else:
-        layer = InstanceNorm(axis=1, momentum=ours_momentum, epsilon=eps, affine=affine,
-                             track_running_stats=track)
+        layer = InstanceNorm(axis=1, momentum=ours_momentum, epsilon=eps, affine=affine, track_running_stats=track)
     shape = (n, c, *sizes)
     _, params, state = layer.init(jax.random.key(0), shape)
     if affine:
@@ -58,8 +59,7 @@ def _run_config(kind, rng, dtype, tol, momentum_=_DRAW, track_=_DRAW):
         params = {"scale": jnp.asarray(w, dtype), "bias": jnp.asarray(b, dtype)}
     state = jax.tree.map(lambda a: a.astype(dtype) if a.dtype == jnp.float32 else a, state)
     if track:
-        assert set(state) == {"mean", "var"} | ({"num_batches_tracked"} if momentum is None
-                                                else set())
+        assert set(state) == {"mean", "var"} | ({"num_batches_tracked"} if momentum is None else set())
     else:
         assert state == ()
 
@@ -81,15 +81,11 @@ def _run_config(kind, rng, dtype, tol, momentum_=_DRAW, track_=_DRAW):
         np.testing.assert_allclose(y, yt.detach().numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
         np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
         if affine:
-            np.testing.assert_allclose(gp["scale"], tm.weight.grad.numpy(), rtol=tol, atol=tol,
-                                       err_msg=str(cfg))
-            np.testing.assert_allclose(gp["bias"], tm.bias.grad.numpy(), rtol=tol, atol=tol,
-                                       err_msg=str(cfg))
+            np.testing.assert_allclose(gp["scale"], tm.weight.grad.numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
+            np.testing.assert_allclose(gp["bias"], tm.bias.grad.numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
         if track:
-            np.testing.assert_allclose(state["mean"], tm.running_mean.numpy(), rtol=tol,
-                                       atol=tol, err_msg=str(cfg))
-            np.testing.assert_allclose(state["var"], tm.running_var.numpy(), rtol=tol,
-                                       atol=tol, err_msg=str(cfg))
+            np.testing.assert_allclose(state["mean"], tm.running_mean.numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
+            np.testing.assert_allclose(state["var"], tm.running_var.numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
             if momentum is None:
                 assert int(state["num_batches_tracked"]) == int(tm.num_batches_tracked)
     tm.eval()
@@ -97,8 +93,7 @@ def _run_config(kind, rng, dtype, tol, momentum_=_DRAW, track_=_DRAW):
     y, same = layer.apply(params, state, jnp.asarray(x), train=False)
     assert same is state
     with torch.no_grad():
-        np.testing.assert_allclose(y, tm(torch.tensor(x)).numpy(), rtol=tol, atol=tol,
-                                   err_msg=str(cfg))
+        np.testing.assert_allclose(y, tm(torch.tensor(x)).numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
 
 
 @pytest.mark.parametrize("dtype,tol", DTYPES)
@@ -132,7 +127,7 @@ def test_instancenorm_channels_last_default_and_defaults():
     layer = InstanceNorm()
     out_shape, params, state = layer.init(jax.random.key(0), x.shape)
     assert (out_shape, params, state) == (x.shape, {}, ())  # affine=False, no running stats
-    y, _ = layer.apply(params, state, jnp.asarray(x))        # eval: instance statistics
+    y, _ = layer.apply(params, state, jnp.asarray(x))  # eval: instance statistics
     ref = torch.nn.InstanceNorm1d(3)(torch.tensor(x).transpose(1, 2)).transpose(1, 2)
     np.testing.assert_allclose(y, ref.numpy(), rtol=1e-5, atol=1e-5)
 
@@ -142,19 +137,24 @@ def test_instancenorm_channels_last_default_and_defaults():
 def test_batchnorm_momentum_none_synced_counts_global_batch(transform):
     """Synced, the unbiased correction uses the global count n (all devices' values)."""
     from jax.sharding import NamedSharding, PartitionSpec as P
+
     c = 2
-    x = (np.random.default_rng(3).standard_normal((4, 3, c)).astype(np.float32)
-         + np.arange(4, dtype=np.float32)[:, None, None])
+    x = (
+        np.random.default_rng(3).standard_normal((4, 3, c)).astype(np.float32)
+        + np.arange(4, dtype=np.float32)[:, None, None]
+    )
     synced = BatchNorm(momentum=None, axis_name="d")
     _, params, state = synced.init(jax.random.key(0), (-1, c))
     if transform == "pmap":
-        _, new = jax.pmap(lambda v: synced.apply(params, state, v, train=True),
-                          axis_name="d")(x)
+        _, new = jax.pmap(lambda v: synced.apply(params, state, v, train=True), axis_name="d")(x)
         new = jax.tree.map(lambda a: a[0], new)
     else:
         mesh = jax.make_mesh((4,), ("d",))
-        run = jax.jit(jax.shard_map(lambda v: synced.apply(params, state, v, train=True)[1],
-                                    mesh=mesh, in_specs=P("d"), out_specs=P()))
+        run = jax.jit(
+            jax.shard_map(
+                lambda v: synced.apply(params, state, v, train=True)[1], mesh=mesh, in_specs=P("d"), out_specs=P()
+            )
+        )
         new = run(jax.device_put(x.reshape(12, c), NamedSharding(mesh, P("d"))))
     tm = torch.nn.BatchNorm1d(c, momentum=None)
     tm(torch.tensor(x.reshape(12, c)))
@@ -180,16 +180,19 @@ def test_batchnorm_without_running_stats_uses_batch_stats_in_eval():
     np.testing.assert_allclose(synced.apply(params, state, x)[0], y_eval)
 
 
-@pytest.mark.parametrize("make,match", [
-    (lambda: BatchNorm(running_var="torch"), "running_var must be 'unbiased'.*or 'biased'"),
-    (lambda: BatchNorm(running_var=True), "running_var must be 'unbiased'"),
-    (lambda: BatchNorm(momentum=1.5), "momentum.*None for torch's cumulative average"),
-    (lambda: BatchNorm(track_running_stats=1), "track_running_stats must be True or False"),
-    (lambda: InstanceNorm(affine="yes"), "affine must be True or False"),
-    (lambda: InstanceNorm(momentum=-0.1), "momentum"),
-    (lambda: InstanceNorm(momentum=None), "momentum=None is not supported.*momentum=1.0"),
-    (lambda: InstanceNorm(axis=None), "axis must be an int"),
-])
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: BatchNorm(running_var="torch"), "running_var must be 'unbiased'.*or 'biased'"),
+        (lambda: BatchNorm(running_var=True), "running_var must be 'unbiased'"),
+        (lambda: BatchNorm(momentum=1.5), "momentum.*None for torch's cumulative average"),
+        (lambda: BatchNorm(track_running_stats=1), "track_running_stats must be True or False"),
+        (lambda: InstanceNorm(affine="yes"), "affine must be True or False"),
+        (lambda: InstanceNorm(momentum=-0.1), "momentum"),
+        (lambda: InstanceNorm(momentum=None), "momentum=None is not supported.*momentum=1.0"),
+        (lambda: InstanceNorm(axis=None), "axis must be an int"),
+    ],
+)
 def test_bad_options_are_refused(make, match):
     with pytest.raises(ArgumentError, match=match):
         make()
@@ -208,6 +211,7 @@ def test_instancenorm_bad_inputs_as_torch():
 
 def test_load_torch_state_dict_carries_the_cumulative_count():
     from funcnet.interop import load_torch_state_dict
+
     rng = np.random.default_rng(5)
     tm = torch.nn.BatchNorm1d(3, momentum=None)
     for _ in range(2):

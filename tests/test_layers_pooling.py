@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from helpers.torch_ref import F, torch
 
-from funcnet.layers.pooling import (AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, GlobalAvgPool,
-                                    MaxPool, MaxUnpool)
+from funcnet.layers.pooling import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, GlobalAvgPool, MaxPool, MaxUnpool
 from funcnet.testing import check_layer
 
 RNG = np.random.default_rng(0)
@@ -38,8 +37,12 @@ def _last(x):
 
 
 TORCH_POOL = {
-    ("max", 1): F.max_pool1d, ("max", 2): F.max_pool2d, ("max", 3): F.max_pool3d,
-    ("avg", 1): F.avg_pool1d, ("avg", 2): F.avg_pool2d, ("avg", 3): F.avg_pool3d,
+    ("max", 1): F.max_pool1d,
+    ("max", 2): F.max_pool2d,
+    ("max", 3): F.max_pool3d,
+    ("avg", 1): F.avg_pool1d,
+    ("avg", 2): F.avg_pool2d,
+    ("avg", 3): F.avg_pool3d,
 }
 
 # (spatial input, window, strides or None, torch padding (symmetric ints))
@@ -86,20 +89,24 @@ def _loop_pool(x, window, strides, pads, op, include_pad):
     return out
 
 
-@pytest.mark.parametrize("padding,pads", [
-    ("SAME", [(0, 1), (0, 1)]),  # TF rule: out = ceil(in / s), the odd pad at the end
-    ("same_lower", [(1, 0), (1, 0)]),
-    ([(1, 0), (0, 2)], [(1, 0), (0, 2)]),
-])
+@pytest.mark.parametrize(
+    "padding,pads",
+    [
+        ("SAME", [(0, 1), (0, 1)]),  # TF rule: out = ceil(in / s), the odd pad at the end
+        ("same_lower", [(1, 0), (1, 0)]),
+        ([(1, 0), (0, 2)], [(1, 0), (0, 2)]),
+    ],
+)
 def test_pools_asymmetric_padding_match_loops(padding, pads):
     x = _randn(2, 7, 6, 3)
     window, strides = (2, 3), (2, 2)
-    for layer, op, include in [(MaxPool(window, strides, padding), "max", None),
-                               (AvgPool(window, strides, padding), "avg", True),
-                               (AvgPool(window, strides, padding, count_include_pad=False), "avg", False)]:
+    for layer, op, include in [
+        (MaxPool(window, strides, padding), "max", None),
+        (AvgPool(window, strides, padding), "avg", True),
+        (AvgPool(window, strides, padding, count_include_pad=False), "avg", False),
+    ]:
         got = _run(layer, x)
-        np.testing.assert_allclose(got, _loop_pool(x, window, strides, pads, op, include),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, _loop_pool(x, window, strides, pads, op, include), rtol=1e-5, atol=1e-6)
 
 
 def test_global_avg_pool():
@@ -124,8 +131,7 @@ def test_integer_inputs():
 
 def test_contract():
     check_layer(MaxPool((2, 3), strides=(2, 1), padding="SAME"), (-1, 5, 6, 2), train_modes=(False,))
-    check_layer(AvgPool((3,), strides=2, padding=1, count_include_pad=False), (-1, 8, 2),
-                train_modes=(False,))
+    check_layer(AvgPool((3,), strides=2, padding=1, count_include_pad=False), (-1, 8, 2), train_modes=(False,))
     check_layer(GlobalAvgPool, (-1, 3, 4, 2), train_modes=(False,), grad_check=False)
 
 
@@ -133,11 +139,17 @@ def test_errors():
     key = jax.random.key(0)
     with pytest.raises(ValueError, match=r"MaxPool.*unknown padding 'FULL'.*'VALID', 'SAME', 'SAME_LOWER'"):
         MaxPool((2, 2), padding="FULL")
-    with pytest.raises(ValueError, match=r"AvgPool.*padding 2 on spatial axis 0 is more than half "
-                                         r"the window: window 2, so padding may be at most 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"AvgPool.*padding 2 on spatial axis 0 is more than half "
+        r"the window: window 2, so padding may be at most 1",
+    ):
         AvgPool((2, 2), padding=2)
-    with pytest.raises(ValueError, match=r"AvgPool.*padding \(\(2, 0\), \(0, 0\)\) must be smaller "
-                                         r"than the window \(2, 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"AvgPool.*padding \(\(2, 0\), \(0, 0\)\) must be smaller "
+        r"than the window \(2, 2\)",
+    ):
         AvgPool((2, 2), padding=[(2, 0), (0, 0)])
     with pytest.raises(TypeError, match=r"window_shape must be a tuple"):
         MaxPool(2)
@@ -159,12 +171,14 @@ def test_errors():
         GlobalAvgPool.apply((), (), jnp.ones((2, 3)))
 
 
-@pytest.mark.parametrize("window, shape", [((2, 2), (3, 8, 6, 4)), ((3,), (2, 10, 3)),
-                                           ((2, 3), (2, 7, 8, 3)), ((2, 2, 2), (1, 4, 5, 4, 2))])
+@pytest.mark.parametrize(
+    "window, shape", [((2, 2), (3, 8, 6, 4)), ((3,), (2, 10, 3)), ((2, 3), (2, 7, 8, 3)), ((2, 2, 2), (1, 4, 5, 4, 2))]
+)
 def test_tiled_maxpool_fast_path_equals_reduce_window_with_ties(window, shape):
     """MaxPool with strides == window and VALID padding takes the reshape path; it must give
     reduce_window's values and gradients, ties (first maximum wins) and -inf included."""
     from jax import lax
+
     rng = np.random.default_rng(0)
     x = rng.integers(-2, 3, size=shape).astype(np.float32)  # many ties
     x.flat[::7] = -np.inf
@@ -187,6 +201,7 @@ def test_tiled_maxpool_fast_path_equals_reduce_window_with_ties(window, shape):
 
 def test_global_max_pool_matches_torch():
     from funcnet.layers.pooling import GlobalMaxPool
+
     pool = jax.jit(lambda x: GlobalMaxPool.apply((), (), x)[0])  # one compilation per shape
     for shape in [(2, 5, 3), (2, 4, 5, 3), (2, 2, 3, 4, 3)]:
         x = _randn(*shape)
@@ -202,6 +217,7 @@ def test_global_max_pool_ties_nan_and_integers():
     """With ties the whole gradient goes to the first maximum in row-major order, as
     torch.nn.AdaptiveMaxPool2d(1) (jnp.max would split it); a NaN wins, as in torch."""
     from funcnet.layers.pooling import GlobalMaxPool
+
     rng = np.random.default_rng(1)
     x = rng.integers(-2, 3, size=(3, 4, 5, 2)).astype(np.float32)  # many ties
     x[0, :, :, 1] = 0.0  # a constant channel: every position ties
@@ -229,6 +245,7 @@ def test_global_max_pool_ties_nan_and_integers():
 
 def test_global_max_pool_contract_and_errors():
     from funcnet.layers.pooling import GlobalMaxPool
+
     check_layer(GlobalMaxPool, (-1, 3, 4, 2), train_modes=(False,))
     with pytest.raises(ValueError, match=r"GlobalMaxPool.*rank >= 3"):
         GlobalMaxPool.init(jax.random.key(0), (-1, 3))
@@ -240,9 +257,13 @@ def test_new_pools_trace_with_a_symbolic_batch():
     # jax.export's symbolic batch (funcnet.inference.export): no NumPy work on the batch size
     b = jax.export.symbolic_shape("b")[0]
     x = jax.ShapeDtypeStruct((b, 4, 4, 3), jnp.float32)
-    for layer in (MaxPool((2, 2), return_indices=True), MaxPool((2, 2), dilation=2),
-                  AvgPool((3, 3), 2, 1, ceil_mode=True), AdaptiveAvgPool((3, 3)),
-                  AdaptiveMaxPool((3, 2), return_indices=True)):
+    for layer in (
+        MaxPool((2, 2), return_indices=True),
+        MaxPool((2, 2), dilation=2),
+        AvgPool((3, 3), 2, 1, ceil_mode=True),
+        AdaptiveAvgPool((3, 3)),
+        AdaptiveMaxPool((3, 2), return_indices=True),
+    ):
         jax.export.export(jax.jit(lambda v, layer=layer: layer.apply((), (), v)[0]))(x)
     v = jax.ShapeDtypeStruct((b, 2, 2, 3), jnp.float32)
     i = jax.ShapeDtypeStruct((b, 2, 2, 3), jnp.int32)

@@ -2,16 +2,18 @@
 AvgPool (ceil_mode, count_include_pad, divisor_override), MaxUnpool, AdaptiveAvgPool and
 AdaptiveMaxPool. Random configurations in 1-D, 2-D and 3-D; outputs, indices and input
 gradients compared with torch's in float32 and float64 (torch NC* <-> funcnet N*C)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from funcnet.errors import ArgumentError
-from funcnet.layers import (AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool, MaxUnpool)
+from funcnet.layers import AdaptiveAvgPool, AdaptiveMaxPool, AvgPool, MaxPool, MaxUnpool
 from funcnet.testing import check_layer
 
 from helpers.torch_ref import torch
+
 F = torch.nn.functional
 
 DTYPES = [(np.float32, 2e-6), (np.float64, 1e-12)]
@@ -70,8 +72,7 @@ def _check_all(cases, torch_fns):
     torch in float32 and float64."""
     for dtype, tol in DTYPES:
         with jax.enable_x64(dtype == np.float64):
-            typed = [(layer, x.astype(dtype), ct.astype(dtype), ind)
-                     for layer, x, ct, ind in cases]
+            typed = [(layer, x.astype(dtype), ct.astype(dtype), ind) for layer, x, ct, ind in cases]
             for ours, fn, (_, x, ct, _) in zip(_ours(typed), torch_fns, typed):
                 _compare(ours, _torch(fn, x, ct), tol)
 
@@ -94,10 +95,12 @@ def _compare(ours, theirs, tol):
 
 
 # What torch's refusals mean, and the words funcnet's error must use for the same reason.
-REASONS = [("pad should be", r"more than half the window: window \d+.*so padding may be at most"),
-           ("padding should be at most half", r"more than half the window"),
-           ("Output size is too small", r"too small for a window"),
-           ("smaller than kernel size", r"is smaller than the window")]
+REASONS = [
+    ("pad should be", r"more than half the window: window \d+.*so padding may be at most"),
+    ("padding should be at most half", r"more than half the window"),
+    ("Output size is too small", r"too small for a window"),
+    ("smaller than kernel size", r"is smaller than the window"),
+]
 
 
 def _torch_refusal(fn, x):
@@ -156,13 +159,14 @@ def test_maxpool_options_match_torch():
     configs = 28
     while len(cases) < configs:
         i = len(cases)  # each option off in every 7th configuration, at a different place
-        n, x, window, stride, dilation, pad, ceil, span = _max_config(
-            rng, ceil=i % 7 != 0, dilated=i % 7 != 2)
+        n, x, window, stride, dilation, pad, ceil, span = _max_config(rng, ceil=i % 7 != 0, dilated=i % 7 != 2)
         indices = i % 7 != 4
-        fn = (lambda t, n=n, a=(window, stride, pad, dilation), ceil=ceil, indices=indices:
-              getattr(F, f"max_pool{n}d")(t, *a, ceil_mode=ceil, return_indices=indices))
+        fn = lambda t, n=n, a=(window, stride, pad, dilation), ceil=ceil, indices=indices: getattr(F, f"max_pool{n}d")(
+            t, *a, ceil_mode=ceil, return_indices=indices
+        )
         make = lambda a=(window, stride, pad), d=dilation, c=ceil, r=indices: MaxPool(
-            *a, dilation=d, ceil_mode=c, return_indices=r)
+            *a, dilation=d, ceil_mode=c, return_indices=r
+        )
         refusal = _torch_refusal(fn, x)
         if refusal is not None:
             refused.append(_assert_refused(make, x, refusal))
@@ -172,12 +176,10 @@ def test_maxpool_options_match_torch():
         cases.append((make(), x, ct, indices))
         fns.append(fn)
         ceil_on += ceil
-        ceil_changed += ceil and any(_ceil_changes(d, e, s, p) for d, e, s, p
-                                     in zip(x.shape[2:], span, stride, pad))
+        ceil_changed += ceil and any(_ceil_changes(d, e, s, p) for d, e, s, p in zip(x.shape[2:], span, stride, pad))
         dilated += max(dilation) > 1
         indexed += indices
-    assert min(ceil_on, dilated, indexed) >= PER_OPTION and ceil_changed >= 8, (
-        ceil_on, dilated, indexed, ceil_changed)
+    assert min(ceil_on, dilated, indexed) >= PER_OPTION and ceil_changed >= 8, (ceil_on, dilated, indexed, ceil_changed)
     # torch's pad limit ignores the dilation: pads up to half the dilated window hit it
     assert sum("half of kernel size" in r for r in refused) >= 3, refused
     _check_all(cases, fns)
@@ -188,23 +190,27 @@ def test_maxpool_indices_every_rank_and_path():
     indices and gradients, and the plain path's values and gradients."""
     rng = np.random.default_rng(1)
     cases, fns = [], []
-    for n, window, stride, pad in [(1, (3,), (2,), (1,)), (2, (2, 2), (2, 2), (0, 0)),
-                                   (2, (3, 2), (1, 2), (1, 1)),
-                                   (3, (2, 2, 2), (1, 2, 2), (1, 0, 1))]:
+    for n, window, stride, pad in [
+        (1, (3,), (2,), (1,)),
+        (2, (2, 2), (2, 2), (0, 0)),
+        (2, (3, 2), (1, 2), (1, 1)),
+        (3, (2, 2, 2), (1, 2, 2), (1, 0, 1)),
+    ]:
         x = _inputs(rng, n, ties=True)
-        fn = lambda t, n=n, a=(window, stride, pad): getattr(F, f"max_pool{n}d")(
-            t, *a, return_indices=True)
+        fn = lambda t, n=n, a=(window, stride, pad): getattr(F, f"max_pool{n}d")(t, *a, return_indices=True)
         ct = rng.standard_normal(fn(torch.tensor(x))[0].shape)
-        cases += [(MaxPool(window, stride, pad, return_indices=True), x, ct, True),
-                  (MaxPool(window, stride, pad), x, ct, False)]
+        cases += [
+            (MaxPool(window, stride, pad, return_indices=True), x, ct, True),
+            (MaxPool(window, stride, pad), x, ct, False),
+        ]
         fns += [fn, lambda t, fn=fn: fn(t)[0]]
     _check_all(cases, fns)
 
 
 def test_maxpool_nan_and_minus_inf_like_torch():
     """torch keeps the last NaN of a window; a window of -inf gives its first position."""
-    x = np.array([[[1., np.nan, 2., np.nan, -np.inf, -np.inf, 0., 5.]]])
-    ct = np.arange(1., 5.).reshape(1, 1, 4)
+    x = np.array([[[1.0, np.nan, 2.0, np.nan, -np.inf, -np.inf, 0.0, 5.0]]])
+    ct = np.arange(1.0, 5.0).reshape(1, 1, 4)
     fn = lambda t: F.max_pool1d(t, 2, return_indices=True)
     [(y, g, i)] = _ours([(MaxPool((2,), return_indices=True), x, ct, True)])
     yt, gt, it = _torch(fn, x, ct)
@@ -238,22 +244,22 @@ def test_avgpool_options_match_torch():
         include = bool(rng.integers(2)) if i % 2 == 0 else i % 24 >= 20
         if not include and divisor is None and max(pad) == 0:  # padding, so that it matters
             a = int(np.argmax(window))
-            window = window[:a] + (max(window[a], 2),) + window[a + 1:]
-            pad = pad[:a] + (1,) + pad[a + 1:]
+            window = window[:a] + (max(window[a], 2),) + window[a + 1 :]
+            pad = pad[:a] + (1,) + pad[a + 1 :]
         if n == 1 and divisor is not None:  # avg_pool1d has no divisor_override
-            fn = (lambda t, a=((*window, 1), (*stride, 1), (*pad, 0), ceil, include, divisor):
-                  F.avg_pool2d(t[..., None], *a)[..., 0])
+            fn = lambda t, a=((*window, 1), (*stride, 1), (*pad, 0), ceil, include, divisor): F.avg_pool2d(
+                t[..., None], *a
+            )[..., 0]
         else:
-            fn = (lambda t, n=n, a=(window, stride, pad, ceil, include),
-                  d=([divisor] if n > 1 else []): getattr(F, f"avg_pool{n}d")(t, *a, *d))
-        make = lambda a=(window, stride, pad, include), c=ceil, d=divisor: AvgPool(
-            *a, ceil_mode=c, divisor_override=d)
+            fn = lambda t, n=n, a=(window, stride, pad, ceil, include), d=([divisor] if n > 1 else []): getattr(
+                F, f"avg_pool{n}d"
+            )(t, *a, *d)
+        make = lambda a=(window, stride, pad, include), c=ceil, d=divisor: AvgPool(*a, ceil_mode=c, divisor_override=d)
         refusal = _torch_refusal(fn, x)
         if refusal is not None:
             refused.append(_assert_refused(make, x, refusal))
             continue
-        changes = ceil and any(_ceil_changes(d, w, s, p) for d, w, s, p
-                               in zip(x.shape[2:], window, stride, pad))
+        changes = ceil and any(_ceil_changes(d, w, s, p) for d, w, s, p in zip(x.shape[2:], window, stride, pad))
         cases.append((make(), x, rng.standard_normal(fn(torch.tensor(x)).shape), False))
         fns.append(fn)
         ceil_on += ceil
@@ -261,7 +267,11 @@ def test_avgpool_options_match_torch():
         overridden += divisor is not None
         excluded_padded += not include and divisor is None and max(pad) > 0
     assert min(ceil_on, overridden, excluded_padded) >= PER_OPTION and ceil_changed >= 10, (
-        ceil_on, overridden, excluded_padded, ceil_changed)
+        ceil_on,
+        overridden,
+        excluded_padded,
+        ceil_changed,
+    )
     for reason in ("pad should be", "smaller than kernel size"):
         assert sum(reason in r for r in refused) >= 2, (reason, refused)
     _check_all(cases, fns)
@@ -273,18 +283,19 @@ def test_avgpool3d_input_smaller_than_window_like_torch():
     x = torch.zeros(1, 1, 8, 2, 5)
     with pytest.raises(RuntimeError, match=r"input image \(T: 8 H: 2 W: 5\) smaller than kernel"):
         F.avg_pool3d(x, (1, 3, 4), (2, 1, 1), (0, 1, 2))
-    with pytest.raises(ArgumentError, match=r"AvgPool\(\(1, 3, 4\)\): input size 2 on axis 2 is "
-                                            r"smaller than the window 3 .*avg_pool3d"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"AvgPool\(\(1, 3, 4\)\): input size 2 on axis 2 is "
+        r"smaller than the window 3 .*avg_pool3d",
+    ):
         AvgPool((1, 3, 4), (2, 1, 1), (0, 1, 2)).init(None, (-1, 8, 2, 5, 1))
     # as torch: 2-D average and 3-D max pools take it (the padding makes one window)
     assert F.avg_pool2d(x[0, :, 0], (3, 4), 1, (1, 2)).shape == (1, 2, 6)
     assert AvgPool((3, 4), 1, (1, 2)).init(None, (-1, 2, 5, 1))[0] == (-1, 2, 6, 1)
     assert F.max_pool3d(x, (1, 3, 4), (2, 1, 1), (0, 1, 2)).shape == (1, 1, 4, 2, 6)
-    assert MaxPool((1, 3, 4), (2, 1, 1), (0, 1, 2)).init(None, (-1, 8, 2, 5, 1))[0] == (
-        -1, 4, 2, 6, 1)
+    assert MaxPool((1, 3, 4), (2, 1, 1), (0, 1, 2)).init(None, (-1, 8, 2, 5, 1))[0] == (-1, 4, 2, 6, 1)
     # (low, high) pairs and "SAME" are not torch's spelling: one window is enough
-    assert AvgPool((1, 3, 4), (2, 1, 1), ((0, 0), (1, 1), (2, 2))).init(
-        None, (-1, 8, 2, 5, 1))[0] == (-1, 4, 2, 6, 1)
+    assert AvgPool((1, 3, 4), (2, 1, 1), ((0, 0), (1, 1), (2, 2))).init(None, (-1, 8, 2, 5, 1))[0] == (-1, 4, 2, 6, 1)
 
 
 def test_maxpool_window_of_only_padding_is_refused():
@@ -296,11 +307,13 @@ def test_maxpool_window_of_only_padding_is_refused():
     y.sum().backward()
     assert y.isinf().all() and i.flatten().tolist() == [1, 1]  # input has 1 position
     assert xt.grad.flatten().tolist() == [0.0, 1.0]  # channel 0's window's gradient
-    for layer in (MaxPool((2,), 2, 1, dilation=2, return_indices=True),
-                  MaxPool((2,), 2, 1, dilation=2)):
-        with pytest.raises(ValueError, match=r"MaxPool\(\(2,\)\): window 0 on axis 1 covers "
-                                             r"only padding: input size 1, window 2 with "
-                                             r"dilation 2 reads positions \[-1, 1\]"):
+    for layer in (MaxPool((2,), 2, 1, dilation=2, return_indices=True), MaxPool((2,), 2, 1, dilation=2)):
+        with pytest.raises(
+            ValueError,
+            match=r"MaxPool\(\(2,\)\): window 0 on axis 1 covers "
+            r"only padding: input size 1, window 2 with "
+            r"dilation 2 reads positions \[-1, 1\]",
+        ):
             layer.init(None, (-1, 1, 2))
         with pytest.raises(ValueError, match=r"covers only padding"):
             layer.apply((), (), jnp.zeros((1, 1, 2)))
@@ -314,10 +327,9 @@ def test_maxpool_window_of_only_padding_is_refused():
 def test_ceil_mode_drops_a_window_starting_in_the_right_padding():
     # size 5, window 2, stride 2, pad 1: rounding up gives 4 windows, the 4th would start
     # at padded position 6 >= 5 + 1 (in the right padding): torch drops it.
-    x = np.arange(1., 6.).reshape(1, 1, 5)
+    x = np.arange(1.0, 6.0).reshape(1, 1, 5)
     for include in (True, False):
-        [(y, _, _)] = _ours([(AvgPool((2,), 2, 1, include, ceil_mode=True), x, np.ones((1, 1, 3)),
-                              False)])
+        [(y, _, _)] = _ours([(AvgPool((2,), 2, 1, include, ceil_mode=True), x, np.ones((1, 1, 3)), False)])
         np.testing.assert_allclose(y, F.avg_pool1d(torch.tensor(x), 2, 2, 1, True, include))
         assert y.shape == (1, 1, 3)
     assert MaxPool((2,), 2, 1, ceil_mode=True).init(None, (-1, 5, 1))[0] == (-1, 3, 1)
@@ -333,22 +345,22 @@ def test_adaptive_pools_match_torch():
     for config in range(CONFIGS):
         n = config % 3 + 1
         x = _inputs(rng, n, ties=True)
-        out = tuple(None if rng.random() < 0.15 else int(rng.integers(1, d + 4))
-                    for d in x.shape[2:])
+        out = tuple(None if rng.random() < 0.15 else int(rng.integers(1, d + 4)) for d in x.shape[2:])
         if config < 3:  # a divisor and a size larger than the input, on purpose
             out = (x.shape[2] + 2,) + tuple(1 for _ in x.shape[3:])
         indices = config % 6 != 5  # on in 20 of the 24
         # torch's 1-D pools take no None: the input's size is what None means
         out_t = tuple(d if o is None else o for d, o in zip(x.shape[2:], out)) if n == 1 else out
-        fn_max = lambda t, n=n, out=out_t, i=indices: getattr(F, f"adaptive_max_pool{n}d")(
-            t, out, return_indices=i)
+        fn_max = lambda t, n=n, out=out_t, i=indices: getattr(F, f"adaptive_max_pool{n}d")(t, out, return_indices=i)
         fn_avg = lambda t, n=n, out=out_t: getattr(F, f"adaptive_avg_pool{n}d")(t, out)
         ct = rng.standard_normal(fn_avg(torch.tensor(x)).shape)
         noisy = x + 0.1 * rng.standard_normal(x.shape)  # for the mean: no ties needed
         kept += None in out
         indexed += indices
-        cases += [(AdaptiveMaxPool(out, return_indices=indices), x, ct, indices),
-                  (AdaptiveAvgPool(out), noisy, ct, False)]
+        cases += [
+            (AdaptiveMaxPool(out, return_indices=indices), x, ct, indices),
+            (AdaptiveAvgPool(out), noisy, ct, False),
+        ]
         fns += [fn_max, fn_avg]
     assert kept >= 3 and indexed >= PER_OPTION, (kept, indexed)
     _check_all(cases, fns)
@@ -362,12 +374,10 @@ def test_max_unpool_matches_torch():
     overlapping = sized = 0
     while len(configs) < 28:
         n, x, window, stride, _, pad, ceil, _ = _max_config(rng)
-        pool = lambda t: getattr(F, f"max_pool{n}d")(t, window, stride, pad, ceil_mode=ceil,
-                                                      return_indices=True)
+        pool = lambda t: getattr(F, f"max_pool{n}d")(t, window, stride, pad, ceil_mode=ceil, return_indices=True)
         refusal = _torch_refusal(pool, x)
         if refusal is not None:  # the pool torch refuses is refused here too
-            refused.append(_assert_refused(
-                lambda: MaxPool(window, stride, pad, ceil_mode=ceil), x, refusal))
+            refused.append(_assert_refused(lambda: MaxPool(window, stride, pad, ceil_mode=ceil), x, refusal))
             continue
         v, i = (a.numpy() for a in pool(torch.tensor(x)))
         default = [(d - 1) * s - 2 * p + w for d, s, p, w in zip(v.shape[2:], stride, pad, window)]
@@ -378,8 +388,7 @@ def test_max_unpool_matches_torch():
                 size = tuple(int(d + rng.integers(0, s)) for d, s in zip(default, stride))
         args = (window, stride, pad)
         try:
-            getattr(F, f"max_unpool{n}d")(torch.tensor(v), torch.tensor(i), *args,
-                                          output_size=size)
+            getattr(F, f"max_unpool{n}d")(torch.tensor(v), torch.tensor(i), *args, output_size=size)
         except RuntimeError as e:  # an empty output, or indices outside it: refused here too
             refused.append(str(e))
             with pytest.raises(ValueError, match=r"empty output|is outside the output"):
@@ -387,8 +396,9 @@ def test_max_unpool_matches_torch():
                 layer.init(None, ((-1,) + _last(v).shape[1:],) * 2)
                 layer.apply((), (), (jnp.asarray(_last(v)), jnp.asarray(_last(i))))
             continue
-        configs.append((n, MaxUnpool(*args, output_size=size), v, i,
-                        rng.standard_normal((2, 2, *(size or default))), args, size))
+        configs.append(
+            (n, MaxUnpool(*args, output_size=size), v, i, rng.standard_normal((2, 2, *(size or default))), args, size)
+        )
         overlapping += any(s < w for s, w in zip(stride, window))
         sized += size is not None
     assert overlapping >= 8 and sized >= PER_OPTION, (overlapping, sized)
@@ -426,23 +436,23 @@ def test_pool_then_unpool_round_trip_under_jit():
         return unpool.apply((), (), pool.apply((), (), x)[0])[0]
 
     y = np.asarray(f(x))
-    want = F.max_unpool2d(*F.max_pool2d(torch.tensor(_first(x)), 2, return_indices=True), 2,
-                          output_size=(6, 7))
+    want = F.max_unpool2d(*F.max_pool2d(torch.tensor(_first(x)), 2, return_indices=True), 2, output_size=(6, 7))
     np.testing.assert_array_equal(_first(y), want.numpy())
 
 
 def test_contracts():
-    check_layer(MaxPool((3, 2), 2, 1, dilation=(1, 2), ceil_mode=True), (-1, 7, 8, 2),
-                train_modes=(False,))
-    check_layer(MaxPool((2,), 2, 1, ceil_mode=True, return_indices=True), (-1, 7, 2),
-                train_modes=(False,), grad_check=False)
+    check_layer(MaxPool((3, 2), 2, 1, dilation=(1, 2), ceil_mode=True), (-1, 7, 8, 2), train_modes=(False,))
+    check_layer(
+        MaxPool((2,), 2, 1, ceil_mode=True, return_indices=True), (-1, 7, 2), train_modes=(False,), grad_check=False
+    )
     check_layer(AvgPool((3, 3), 2, 1, False, ceil_mode=True), (-1, 6, 6, 2), train_modes=(False,))
     check_layer(AdaptiveAvgPool((3, None)), (-1, 5, 4, 2), train_modes=(False,))
     check_layer(AdaptiveMaxPool((2, 2, 3)), (-1, 3, 5, 4, 2), train_modes=(False,))
     idx = jnp.asarray(np.random.default_rng(6).integers(0, 16, (2, 2, 2, 3)), jnp.int32)
     values = jnp.ones((2, 2, 2, 3))
-    check_layer(MaxUnpool((2, 2)), ((-1, 2, 2, 3), (-1, 2, 2, 3)), inputs=(values, idx),
-                train_modes=(False,), grad_check=False)
+    check_layer(
+        MaxUnpool((2, 2)), ((-1, 2, 2, 3), (-1, 2, 2, 3)), inputs=(values, idx), train_modes=(False,), grad_check=False
+    )
 
 
 def test_integer_inputs():
@@ -461,9 +471,12 @@ def test_errors():
         F.max_pool1d(torch.zeros(1, 1, 11), 3, 2, 2, 2)
     with pytest.raises(RuntimeError, match=r"pad should be smaller than or equal to half"):
         F.max_pool2d(torch.zeros(1, 1, 11, 11), 3, 2, 2, 2)
-    with pytest.raises(ArgumentError, match=r"MaxPool\(\(3,\)\): padding 2 on spatial axis 0 is "
-                                            r"more than half the window: window 3 \(dilation 2 "
-                                            r"does not count\), so padding may be at most 1"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"MaxPool\(\(3,\)\): padding 2 on spatial axis 0 is "
+        r"more than half the window: window 3 \(dilation 2 "
+        r"does not count\), so padding may be at most 1",
+    ):
         MaxPool((3,), 2, 2, dilation=2)
     with pytest.raises(ArgumentError, match=r"padding 2 on spatial axis 1 .* at most 1"):
         MaxPool((3, 3), 2, (0, 2), dilation=2)
@@ -477,34 +490,52 @@ def test_errors():
         AvgPool((2, 2), divisor_override=1.5)
     with pytest.raises(ArgumentError, match=r"ceil_mode must be True or False, got 'yes'"):
         MaxPool((2, 2), ceil_mode="yes")
-    with pytest.raises(ValueError, match=r"dilation must be a positive int or 2 positive ints, "
-                                         r"got \(0, 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"dilation must be a positive int or 2 positive ints, "
+        r"got \(0, 1\)",
+    ):
         MaxPool((2, 2), dilation=(0, 1))
-    with pytest.raises(ValueError, match=r"input size 2 on axis 1 is too small for a window of "
-                                         r"5 \(after dilation\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"input size 2 on axis 1 is too small for a window of "
+        r"5 \(after dilation\)",
+    ):
         MaxPool((3,), dilation=2).init(key, (-1, 2, 1))
     for bad in [(0, 2), (2, -1)]:
-        with pytest.raises(ArgumentError, match=rf"AdaptiveAvgPool.*output_size entries must be "
-                                                rf"positive, got {min(bad)}"):
+        with pytest.raises(
+            ArgumentError,
+            match=rf"AdaptiveAvgPool.*output_size entries must be "
+            rf"positive, got {min(bad)}",
+        ):
             AdaptiveAvgPool(bad)
-    with pytest.raises(ArgumentError, match=r"AdaptiveMaxPool\(7\): output_size must be a tuple "
-                                            r"of 1 to 3 entries"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"AdaptiveMaxPool\(7\): output_size must be a tuple "
+        r"of 1 to 3 entries",
+    ):
         AdaptiveMaxPool(7)
     with pytest.raises(ArgumentError, match=r"AdaptiveMaxPool.*1 to 3 entries.*got \(1, 1, 1, 1\)"):
         AdaptiveMaxPool((1, 1, 1, 1))
     with pytest.raises(ValueError, match=r"AdaptiveAvgPool.*rank-4"):
         AdaptiveAvgPool((2, 2)).init(key, (-1, 5, 3))
     unpool = MaxUnpool((2, 2))
-    with pytest.raises(ArgumentError, match=r"output_size \(7, 4\) is invalid: on spatial axis 0 "
-                                            r"it must be between 2 and 6, exclusive"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"output_size \(7, 4\) is invalid: on spatial axis 0 "
+        r"it must be between 2 and 6, exclusive",
+    ):
         MaxUnpool((2, 2), output_size=(7, 4)).init(key, ((-1, 2, 2, 1),) * 2)
     with pytest.raises(ArgumentError, match=r"output_size must be None or 2 positive ints"):
         MaxUnpool((2, 2), output_size=(4, 0))
     with pytest.raises(ArgumentError, match=r"padding must be .* got the string 'SAME'"):
         MaxUnpool((2, 2), padding="SAME")
     v = jnp.ones((1, 2, 2, 1))
-    with pytest.raises(ArgumentError, match=r"index 99 is outside the output's 16 spatial "
-                                            r"positions \(4, 4\)"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"index 99 is outside the output's 16 spatial "
+        r"positions \(4, 4\)",
+    ):
         unpool.apply((), (), (v, jnp.full((1, 2, 2, 1), 99)))
     with pytest.raises(ArgumentError, match=r"index -1 is outside"):
         unpool.apply((), (), (v, jnp.full((1, 2, 2, 1), -1)))

@@ -1,4 +1,5 @@
 """funcnet.layers.position: sinusoidal tables, RoPE and learned positions, against formulas."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +29,7 @@ def _rope_reference(x, pos, base):
     half = D // 2
     z = x[..., :half] + 1j * x[..., half:]
     theta = base ** (-2.0 * np.arange(half) / D)
-    z = z * np.exp(1j * pos[:, None, None] * theta)   # (T, H, half)
+    z = z * np.exp(1j * pos[:, None, None] * theta)  # (T, H, half)
     return np.concatenate([z.real, z.imag], axis=-1)
 
 
@@ -39,8 +40,9 @@ def test_rope_against_the_complex_form_and_relative_positions():
         np.testing.assert_allclose(got[b], _rope_reference(x[b], np.arange(5), 50.0), atol=1e-5)
     # <rope(q, m), rope(k, n)> depends on m - n only
     q, k = (np.random.default_rng(s).standard_normal((1, 1, 1, 8)) for s in (1, 2))
-    dot = lambda m, n: float(jnp.sum(rope(jnp.asarray(q, jnp.float32), jnp.array([m])) *
-                                     rope(jnp.asarray(k, jnp.float32), jnp.array([n]))))
+    dot = lambda m, n: float(
+        jnp.sum(rope(jnp.asarray(q, jnp.float32), jnp.array([m])) * rope(jnp.asarray(k, jnp.float32), jnp.array([n])))
+    )
     np.testing.assert_allclose(dot(3, 1), dot(7, 5), rtol=1e-5)
     np.testing.assert_allclose(dot(0, 0), float(np.sum(q * k)), rtol=1e-5)
     with pytest.raises(ValueError, match="even"):
@@ -61,9 +63,11 @@ def test_rope_interleaved_convention_is_a_permutation():
     np.testing.assert_allclose(got, interleaved[..., perm], atol=1e-5)
 
 
-@pytest.mark.parametrize("make", [lambda d: LearnedPositions(6, E_init=None, decode=d),
-                                  lambda d: SinusoidalPositions(6, decode=d)],
-                         ids=["learned", "sinusoidal"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda d: LearnedPositions(6, E_init=None, decode=d), lambda d: SinusoidalPositions(6, decode=d)],
+    ids=["learned", "sinusoidal"],
+)
 def test_positions_add_the_table_and_decode_one_token_at_a_time(make):
     full, dec = make(False), make(True)
     _, params, state = check_layer(full, (-1, 4, 8), grad_check=False, train_modes=(False,))
@@ -75,7 +79,7 @@ def test_positions_add_the_table_and_decode_one_token_at_a_time(make):
     _, _, s = dec.init(KEY, (2, 1, 8))
     got = []
     for t in range(5):
-        y, s = dec.apply(params, s, x[:, t:t + 1])
+        y, s = dec.apply(params, s, x[:, t : t + 1])
         got.append(y)
     np.testing.assert_allclose(jnp.concatenate(got, 1), want, rtol=1e-6)
     assert int(s["index"]) == 5
@@ -88,5 +92,6 @@ def test_positions_add_the_table_and_decode_one_token_at_a_time(make):
 def test_learned_positions_params_are_torch_embedding_layout():
     _, params, _ = LearnedPositions(10).init(KEY, (-1, 4, 3))
     assert params["E"].shape == (10, 3)
-    assert np.std(np.asarray(LearnedPositions(500, 64).init(KEY, (-1, 4, 64))[1]["E"])) == \
-        pytest.approx(1.0, rel=0.05)  # torch nn.Embedding's N(0, 1)
+    assert np.std(np.asarray(LearnedPositions(500, 64).init(KEY, (-1, 4, 64))[1]["E"])) == pytest.approx(
+        1.0, rel=0.05
+    )  # torch nn.Embedding's N(0, 1)

@@ -1,4 +1,5 @@
 """funcnet.layers RNN, LSTM and GRU, against PyTorch."""
+
 import math
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ from jax.test_util import check_grads
 from funcnet.combinators import serial
 from funcnet.layers.recurrent import GRU, LSTM, RNN
 from funcnet.testing import check_layer
+
 
 def _randn(seed, *shape):
     """float32 test data from NumPy: no jax.random program to compile per shape."""
@@ -30,17 +32,19 @@ def _layer(kind, nonlinearity, return_sequences):
     return {"LSTM": LSTM, "GRU": GRU}[kind](H, return_sequences=return_sequences)
 
 
-@pytest.mark.parametrize("kind,nonlinearity,gates",
-                         [("RNN", "tanh", 1), ("RNN", "relu", 1), ("LSTM", None, 4),
-                          ("GRU", None, 3)])
+@pytest.mark.parametrize(
+    "kind,nonlinearity,gates", [("RNN", "tanh", 1), ("RNN", "relu", 1), ("LSTM", None, 4), ("GRU", None, 3)]
+)
 def test_recurrent_matches_torch(kind, nonlinearity, gates):
     torch.manual_seed(0)
     module = _torch_module(kind, nonlinearity)
     # the documented layout: W_ih = weight_ih_l0.T, W_hh = weight_hh_l0.T, biases as they are
-    params = {"W_ih": module.weight_ih_l0.detach().numpy().T,
-              "W_hh": module.weight_hh_l0.detach().numpy().T,
-              "b_ih": module.bias_ih_l0.detach().numpy(),
-              "b_hh": module.bias_hh_l0.detach().numpy()}
+    params = {
+        "W_ih": module.weight_ih_l0.detach().numpy().T,
+        "W_hh": module.weight_hh_l0.detach().numpy().T,
+        "b_ih": module.bias_ih_l0.detach().numpy(),
+        "b_hh": module.bias_hh_l0.detach().numpy(),
+    }
     params = {k: jnp.asarray(v) for k, v in params.items()}
     x = _randn(1, N, T, F)
     y_torch, h_n = module(torch.tensor(x))
@@ -68,8 +72,7 @@ def test_recurrent_init_range_and_scan(layer):
         assert np.abs(p).max() <= bound, k
         assert np.abs(p).max() > 0.7 * bound, k  # spans the range, not e.g. U(0, small)
     # one lax.scan, not a Python loop over time: the program does not grow with T
-    eqns = [jax.make_jaxpr(lambda x: layer.apply(params, (), x))(jnp.zeros((2, t, F))).jaxpr.eqns
-            for t in (3, 30)]
+    eqns = [jax.make_jaxpr(lambda x: layer.apply(params, (), x))(jnp.zeros((2, t, F))).jaxpr.eqns for t in (3, 30)]
     assert "scan" in [e.primitive.name for e in eqns[0]]
     assert len(eqns[0]) == len(eqns[1])
 
@@ -90,11 +93,9 @@ def test_recurrent_errors():
         apply(params, (), jnp.ones((5, 4)))
 
 
-@pytest.mark.parametrize("layer", [RNN(3), LSTM(3, return_sequences=False), GRU(3)],
-                         ids=lambda l: l.name)
+@pytest.mark.parametrize("layer", [RNN(3), LSTM(3, return_sequences=False), GRU(3)], ids=lambda l: l.name)
 def test_recurrent_contract(layer):
-    check_layer(layer, (-1, 3, 2), inputs=jnp.asarray(_randn(0, 2, 3, 2)), train_modes=(False,),
-                grad_check=False)
+    check_layer(layer, (-1, 3, 2), inputs=jnp.asarray(_randn(0, 2, 3, 2)), train_modes=(False,), grad_check=False)
 
 
 def test_recurrent_grads():
@@ -114,6 +115,7 @@ def test_recurrent_grads():
 # torch's full recurrent layers: layers, directions, initial state, lengths
 # --------------------------------------------------------------------------- #
 
+
 def _load_torch(params, module, num_layers, dirs):
     with torch.no_grad():
         for k in range(num_layers):
@@ -129,6 +131,7 @@ def _load_torch(params, module, num_layers, dirs):
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
 def test_two_layer_bidirectional_with_lengths_and_initial_state_match_torch(kind):
     from funcnet import layers as L
+
     N, T, F, H = 3, 5, 4, 6
     layer = getattr(L, kind)(H, num_layers=2, bidirectional=True, return_state=True)
     shape, params, _ = layer.init(jax.random.key(0), (-1, T, F))
@@ -139,14 +142,15 @@ def test_two_layer_bidirectional_with_lengths_and_initial_state_match_torch(kind
     lengths = np.array([5, 2, 4])
     h0 = [r.normal(size=(4, N, H)).astype(np.float32) for _ in range(carries)]
     init_state = tuple(h0) if carries == 2 else h0[0]
-    (out, final), _ = jax.jit(lambda p, x, l, s: layer.apply(p, (), x, lengths=l,
-                                                             initial_state=s))(
-        params, x, lengths, init_state)
+    (out, final), _ = jax.jit(lambda p, x, l, s: layer.apply(p, (), x, lengths=l, initial_state=s))(
+        params, x, lengths, init_state
+    )
 
     module = getattr(torch.nn, kind)(F, H, num_layers=2, bidirectional=True, batch_first=True)
     _load_torch(params, module, 2, 2)
-    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.tensor(x), torch.tensor(lengths),
-                                                     batch_first=True, enforce_sorted=False)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        torch.tensor(x), torch.tensor(lengths), batch_first=True, enforce_sorted=False
+    )
     state_in = tuple(torch.tensor(h) for h in h0) if carries == 2 else torch.tensor(h0[0])
     t_out, t_final = module(packed, state_in)
     t_out, _ = torch.nn.utils.rnn.pad_packed_sequence(t_out, batch_first=True, total_length=T)
@@ -161,6 +165,7 @@ def test_two_layer_bidirectional_with_lengths_and_initial_state_match_torch(kind
 def test_full_recurrent_layer_contract_dropout_and_bad_input():
     from funcnet import layers as L
     from funcnet.testing import check_layer
+
     layer = L.GRU(4, num_layers=2, bidirectional=True, dropout=0.5)
     check_layer(layer, (-1, 3, 2), train_modes=(False,))
     _, params, _ = layer.init(jax.random.key(0), (-1, 3, 2))
@@ -182,6 +187,7 @@ def test_full_recurrent_layer_contract_dropout_and_bad_input():
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
 def test_two_layer_bidirectional_without_lengths_or_initial_state_match_torch(kind):
     from funcnet import layers as L
+
     N, T, F, H = 3, 5, 4, 6
     layer = getattr(L, kind)(H, num_layers=2, bidirectional=True, return_state=True)
     _, params, _ = layer.init(jax.random.key(0), (-1, T, F))
@@ -189,7 +195,7 @@ def test_two_layer_bidirectional_without_lengths_or_initial_state_match_torch(ki
     out, final = jax.jit(lambda p, x: layer.apply(p, (), x)[0])(params, x)
     module = getattr(torch.nn, kind)(F, H, num_layers=2, bidirectional=True, batch_first=True)
     _load_torch(params, module, 2, 2)
-    t_out, t_final = module(torch.tensor(x))          # zero initial state, full sequences
+    t_out, t_final = module(torch.tensor(x))  # zero initial state, full sequences
     np.testing.assert_allclose(np.asarray(out), t_out.detach().numpy(), rtol=1e-5, atol=1e-5)
     pairs = zip(final, t_final) if kind == "LSTM" else [(final, t_final)]
     for a, b in pairs:
@@ -199,11 +205,15 @@ def test_two_layer_bidirectional_without_lengths_or_initial_state_match_torch(ki
 def test_lengths_out_of_range_are_refused_when_known_and_clipped_under_jit():
     from funcnet import layers as L
     from funcnet.errors import ArgumentError
+
     layer = L.GRU(3, bidirectional=True)
     _, params, _ = layer.init(jax.random.key(0), (-1, 4, 2))
     x = jnp.asarray(_randn(2, 2, 4, 2))
-    with pytest.raises(ArgumentError, match=r"GRU\(3\): lengths must lie in \[0, 4\] \(the "
-                                            r"sequence length\), got -2 at index 1"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"GRU\(3\): lengths must lie in \[0, 4\] \(the "
+        r"sequence length\), got -2 at index 1",
+    ):
         layer.apply(params, (), x, lengths=np.array([3, -2]))
     with pytest.raises(ValueError, match=r"got 6 at index 0"):
         layer.apply(params, (), x, lengths=np.array([6, 1]))

@@ -3,6 +3,7 @@ one or two directions, with and without an initial state), weights loaded with
 funcnet.interop.load_torch_state_dict, outputs, final (h, c) and the gradients w.r.t. the
 input, the initial state and every parameter, float32 and float64; plus init, errors and the
 loader without torch."""
+
 import math
 
 import jax
@@ -31,15 +32,14 @@ def _case(seed):
 
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("num_layers,bidirectional,with_state", STRUCTURES)
-def test_lstm_proj_size_matches_torch_outputs_states_and_gradients(
-        num_layers, bidirectional, with_state, dtype, tol):
+def test_lstm_proj_size_matches_torch_outputs_states_and_gradients(num_layers, bidirectional, with_state, dtype, tol):
     H, P, F, r = _case(10 * num_layers + 2 * bidirectional + with_state)
     N, T, D = 2, 3, 2 if bidirectional else 1
     torch.manual_seed(int(r.integers(2**31)))
-    module = torch.nn.LSTM(F, H, num_layers=num_layers, bidirectional=bidirectional,
-                           batch_first=True, proj_size=P).to(_TORCH_DTYPE[dtype])
-    layer = LSTM(H, num_layers=num_layers, bidirectional=bidirectional, proj_size=P,
-                 return_state=True)
+    module = torch.nn.LSTM(F, H, num_layers=num_layers, bidirectional=bidirectional, batch_first=True, proj_size=P).to(
+        _TORCH_DTYPE[dtype]
+    )
+    layer = LSTM(H, num_layers=num_layers, bidirectional=bidirectional, proj_size=P, return_state=True)
     with jax.enable_x64(dtype == np.float64):
         shape, like, state = layer.init(jax.random.key(0), (N, T, F))
         assert shape == ((N, T, D * P), ((num_layers * D, N, P), (num_layers * D, N, H)))
@@ -48,26 +48,20 @@ def test_lstm_proj_size_matches_torch_outputs_states_and_gradients(
         x = r.standard_normal((N, T, F)).astype(dtype)
         h0 = r.standard_normal((num_layers * D, N, P)).astype(dtype)
         c0 = r.standard_normal((num_layers * D, N, H)).astype(dtype)
-        gy, gh, gc = (r.standard_normal(s).astype(dtype) for s in
-                      [(N, T, D * P), h0.shape, c0.shape])
+        gy, gh, gc = (r.standard_normal(s).astype(dtype) for s in [(N, T, D * P), h0.shape, c0.shape])
 
         def loss(p, x, h0, c0):
-            (y, (h_n, c_n)), _ = layer.apply(p, state, x,
-                                             initial_state=(h0, c0) if with_state else None)
+            (y, (h_n, c_n)), _ = layer.apply(p, state, x, initial_state=(h0, c0) if with_state else None)
             return jnp.sum(y * gy) + jnp.sum(h_n * gh) + jnp.sum(c_n * gc), (y, h_n, c_n)
 
-        grads, outs = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(
-            params, x, h0, c0)
+        grads, outs = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(params, x, h0, c0)
 
     xt, h0t, c0t = (torch.tensor(a, requires_grad=True) for a in (x, h0, c0))
     yt, (hnt, cnt) = module(xt, (h0t, c0t)) if with_state else module(xt)
-    ((yt * torch.tensor(gy)).sum() + (hnt * torch.tensor(gh)).sum()
-     + (cnt * torch.tensor(gc)).sum()).backward()
-    cfg = dict(H=H, P=P, F=F, num_layers=num_layers, bidirectional=bidirectional,
-               with_state=with_state)
+    ((yt * torch.tensor(gy)).sum() + (hnt * torch.tensor(gh)).sum() + (cnt * torch.tensor(gc)).sum()).backward()
+    cfg = dict(H=H, P=P, F=F, num_layers=num_layers, bidirectional=bidirectional, with_state=with_state)
     for ours, theirs in zip(outs, (yt, hnt, cnt)):
-        np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=tol, atol=tol,
-                                   err_msg=str(cfg))
+        np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
     gp, gx, gh0, gc0 = grads
     np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
     if with_state:
@@ -75,13 +69,11 @@ def test_lstm_proj_size_matches_torch_outputs_states_and_gradients(
         np.testing.assert_allclose(gc0, c0t.grad.numpy(), rtol=tol, atol=tol, err_msg=str(cfg))
     # torch's weight gradients, weight_hr_l* among them, converted by the same loader
     with jax.enable_x64(dtype == np.float64):
-        theirs, _ = load_torch_state_dict(like, state, {n: p.grad for n, p in
-                                                        module.named_parameters()})
+        theirs, _ = load_torch_state_dict(like, state, {n: p.grad for n, p in module.named_parameters()})
     flat = jax.tree_util.tree_flatten_with_path(gp)[0]
     assert sum("W_hr" in jax.tree_util.keystr(path) for path, _ in flat) == num_layers * D
     for (path, a), b in zip(flat, jax.tree.leaves(theirs)):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol,
-                                   err_msg=f"{cfg} {jax.tree_util.keystr(path)}")
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{cfg} {jax.tree_util.keystr(path)}")
 
 
 def test_lstm_proj_size_with_lengths_matches_packed_torch():
@@ -89,14 +81,14 @@ def test_lstm_proj_size_with_lengths_matches_packed_torch():
     layer = LSTM(H, num_layers=2, bidirectional=True, proj_size=P, return_state=True)
     _, like, state = layer.init(jax.random.key(0), (N, T, F))
     torch.manual_seed(1)
-    module = torch.nn.LSTM(F, H, num_layers=2, bidirectional=True, batch_first=True,
-                           proj_size=P)
+    module = torch.nn.LSTM(F, H, num_layers=2, bidirectional=True, batch_first=True, proj_size=P)
     params, _ = load_torch_state_dict(like, state, module.state_dict())
     x = np.random.default_rng(0).standard_normal((N, T, F)).astype(np.float32)
     lengths = np.array([4, 1, 3])
     (y, (h_n, c_n)), _ = layer.apply(params, state, x, lengths=lengths)
-    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.tensor(x), torch.tensor(lengths),
-                                                     batch_first=True, enforce_sorted=False)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        torch.tensor(x), torch.tensor(lengths), batch_first=True, enforce_sorted=False
+    )
     yt, (hnt, cnt) = module(packed)
     yt, _ = torch.nn.utils.rnn.pad_packed_sequence(yt, batch_first=True, total_length=T)
     for ours, theirs in ((y, yt), (h_n, hnt), (c_n, cnt)):
@@ -112,13 +104,17 @@ def test_torch_refuses_the_proj_sizes_funcnet_refuses():
 
 def test_proj_init_shapes_bounds_and_unprojected_entries_unchanged():
     H, P, F = 6, 2, 3
-    shape, params, _ = LSTM(H, num_layers=2, bidirectional=True, proj_size=P).init(
-        jax.random.key(0), (-1, 5, F))
+    shape, params, _ = LSTM(H, num_layers=2, bidirectional=True, proj_size=P).init(jax.random.key(0), (-1, 5, F))
     assert shape == (-1, 5, 2 * P)
     assert sorted(params) == ["l0", "l0_reverse", "l1", "l1_reverse"]
     for key, p in params.items():
-        want = {"W_ih": ((F if key.startswith("l0") else 2 * P), 4 * H), "W_hh": (P, 4 * H),
-                "b_ih": (4 * H,), "b_hh": (4 * H,), "W_hr": (H, P)}
+        want = {
+            "W_ih": ((F if key.startswith("l0") else 2 * P), 4 * H),
+            "W_hh": (P, 4 * H),
+            "b_ih": (4 * H,),
+            "b_hh": (4 * H,),
+            "W_hr": (H, P),
+        }
         assert {k: v.shape for k, v in p.items()} == want
         # torch's U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)) for W_hr as for the rest
         assert float(jnp.abs(p["W_hr"]).max()) <= 1 / math.sqrt(H)
@@ -155,9 +151,13 @@ def test_proj_initial_state_shapes_are_named():
 def test_loader_maps_weight_hr_from_numpy_and_names_a_missing_projection():
     H, P, F = 4, 3, 2
     r = np.random.default_rng(0)
-    sd = {"weight_ih_l0": r.standard_normal((4 * H, F)), "weight_hh_l0": r.standard_normal((4 * H, P)),
-          "bias_ih_l0": r.standard_normal(4 * H), "bias_hh_l0": r.standard_normal(4 * H),
-          "weight_hr_l0": r.standard_normal((P, H))}
+    sd = {
+        "weight_ih_l0": r.standard_normal((4 * H, F)),
+        "weight_hh_l0": r.standard_normal((4 * H, P)),
+        "bias_ih_l0": r.standard_normal(4 * H),
+        "bias_hh_l0": r.standard_normal(4 * H),
+        "weight_hr_l0": r.standard_normal((P, H)),
+    }
     _, like, _ = LSTM(H, proj_size=P).init(jax.random.key(0), (-1, 3, F))
     params, _ = load_torch_state_dict(like, (), sd)
     np.testing.assert_array_equal(params["W_hr"], sd["weight_hr_l0"].T.astype(np.float32))

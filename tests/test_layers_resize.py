@@ -1,6 +1,5 @@
 """Upsample and ZeroPad: torch.nn.Upsample / ZeroPad{1,2,3}d parity, the contract, errors."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,14 +46,28 @@ def _torch_upsample(x_first, mode, align_corners, **kwargs):
 # factors, per-axis factors, sizes; 7 samples at 1.1 keep their size (torch copies such an
 # axis for 2 spatial axes only), 5 at 2.1 double (read as dst // 2 for 2 axes only).
 CASES = {
-    1: [((5,), dict(scale_factor=2)), ((5,), dict(scale_factor=1.7)),
-        ((9,), dict(scale_factor=0.5)), ((7,), dict(scale_factor=1.1)),
-        ((5,), dict(scale_factor=2.1)), ((4,), dict(size=(11,)))],
-    2: [((4, 5), dict(scale_factor=2)), ((4, 5), dict(scale_factor=1.5)),
-        ((7, 6), dict(scale_factor=(0.6, 1.3))), ((7, 7), dict(scale_factor=1.1)),
-        ((5, 3), dict(scale_factor=2.1)), ((3, 4), dict(size=7)), ((4, 5), dict(size=(1, 2)))],
-    3: [((3, 4, 2), dict(scale_factor=2)), ((3, 4, 5), dict(scale_factor=(1.5, 0.7, 1.1))),
-        ((3, 2, 4), dict(size=(5, 3, 4)))],
+    1: [
+        ((5,), dict(scale_factor=2)),
+        ((5,), dict(scale_factor=1.7)),
+        ((9,), dict(scale_factor=0.5)),
+        ((7,), dict(scale_factor=1.1)),
+        ((5,), dict(scale_factor=2.1)),
+        ((4,), dict(size=(11,))),
+    ],
+    2: [
+        ((4, 5), dict(scale_factor=2)),
+        ((4, 5), dict(scale_factor=1.5)),
+        ((7, 6), dict(scale_factor=(0.6, 1.3))),
+        ((7, 7), dict(scale_factor=1.1)),
+        ((5, 3), dict(scale_factor=2.1)),
+        ((3, 4), dict(size=7)),
+        ((4, 5), dict(size=(1, 2))),
+    ],
+    3: [
+        ((3, 4, 2), dict(scale_factor=2)),
+        ((3, 4, 5), dict(scale_factor=(1.5, 0.7, 1.1))),
+        ((3, 2, 4), dict(size=(5, 3, 4))),
+    ],
 }
 LINEAR = {1: "linear", 2: "bilinear", 3: "trilinear"}
 
@@ -112,12 +125,12 @@ def test_upsample_shapes_dtypes_and_jit():
     assert y.dtype == jnp.int32 and y.shape == (1, 6, 8, 1)
     y = Upsample(scale_factor=2, mode="bilinear").apply((), (), jnp.asarray(xi))[0]
     assert jnp.issubdtype(y.dtype, jnp.floating)
-    np.testing.assert_allclose(y, _run(Upsample(scale_factor=2, mode="bilinear"),
-                                       xi.astype(np.float32)), rtol=1e-6)
+    np.testing.assert_allclose(y, _run(Upsample(scale_factor=2, mode="bilinear"), xi.astype(np.float32)), rtol=1e-6)
     x = jnp.asarray(_randn(2, 4, 5, 3))
     layer = Upsample(scale_factor=1.5, mode="bilinear")
-    np.testing.assert_allclose(jax.jit(lambda x: layer.apply((), (), x)[0])(x),
-                               layer.apply((), (), x)[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(lambda x: layer.apply((), (), x)[0])(x), layer.apply((), (), x)[0], rtol=1e-6, atol=1e-6
+    )
 
 
 def test_upsample_gradient_matches_torch():
@@ -133,20 +146,25 @@ def test_upsample_gradient_matches_torch():
 
 def test_upsample_contract():
     check_layer(Upsample(scale_factor=2), (-1, 3, 4, 2), train_modes=(False,))
-    check_layer(Upsample(size=(5, 7), mode="bilinear", align_corners=True), (-1, 3, 4, 2),
-                train_modes=(False,))
+    check_layer(Upsample(size=(5, 7), mode="bilinear", align_corners=True), (-1, 3, 4, 2), train_modes=(False,))
 
 
 def test_upsample_errors():
     key = jax.random.key(0)
-    with pytest.raises(ValueError, match=r"Upsample.*exactly one of scale_factor .* or size .*"
-                       r"got both"):
+    with pytest.raises(
+        ValueError,
+        match=r"Upsample.*exactly one of scale_factor .* or size .*"
+        r"got both",
+    ):
         Upsample(scale_factor=2, size=(4, 4))
     with pytest.raises(ValueError, match=r"Upsample.*exactly one of scale_factor.*got neither"):
         Upsample()
-    with pytest.raises(ValueError, match=r"Upsample.*mode must be one of 'nearest', "
-                       r"'nearest-exact', 'area', 'linear', 'bilinear', 'trilinear', 'bicubic', "
-                       r"got 'cubic'"):
+    with pytest.raises(
+        ValueError,
+        match=r"Upsample.*mode must be one of 'nearest', "
+        r"'nearest-exact', 'area', 'linear', 'bilinear', 'trilinear', 'bicubic', "
+        r"got 'cubic'",
+    ):
         Upsample(scale_factor=2, mode="cubic")
     with pytest.raises(ValueError, match=r"align_corners=True is only for the interpolating"):
         Upsample(scale_factor=2, align_corners=True)
@@ -157,41 +175,59 @@ def test_upsample_errors():
             Upsample(scale_factor=bad)
     with pytest.raises(ValueError, match=r"size must be a positive int"):
         Upsample(size=(4, 2.5))
-    with pytest.raises(ValueError, match=r"mode 'bilinear' interpolates 2 spatial axes, but "
-                       r"scale_factor has 3 entries"):
+    with pytest.raises(
+        ValueError,
+        match=r"mode 'bilinear' interpolates 2 spatial axes, but "
+        r"scale_factor has 3 entries",
+    ):
         Upsample(scale_factor=(2, 2, 2), mode="bilinear")
     # Wrong rank, at init and at apply, with the layout and the right mode named.
-    with pytest.raises(ValueError, match=r"Upsample.*expected a rank-4 input \(N, H, W, C\) "
-                       r"\(channels last\), got shape \(-1, 8, 3\). For a rank-3 input use "
-                       r"mode='linear'"):
+    with pytest.raises(
+        ValueError,
+        match=r"Upsample.*expected a rank-4 input \(N, H, W, C\) "
+        r"\(channels last\), got shape \(-1, 8, 3\). For a rank-3 input use "
+        r"mode='linear'",
+    ):
         Upsample(scale_factor=2, mode="bilinear").init(key, (-1, 8, 3))
-    with pytest.raises(ValueError, match=r"expected a rank-4 input.*got shape \(2, 8, 8, 8, 3\)"
-                       r".*mode='trilinear'"):
+    with pytest.raises(
+        ValueError,
+        match=r"expected a rank-4 input.*got shape \(2, 8, 8, 8, 3\)"
+        r".*mode='trilinear'",
+    ):
         Upsample(scale_factor=2, mode="bilinear").apply((), (), jnp.ones((2, 8, 8, 8, 3)))
-    with pytest.raises(ValueError, match=r"Upsample.*1 to 3 spatial axes \(rank 3 to 5.*got "
-                       r"shape \(-1, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Upsample.*1 to 3 spatial axes \(rank 3 to 5.*got "
+        r"shape \(-1, 3\)",
+    ):
         Upsample(scale_factor=2).init(key, (-1, 3))
     with pytest.raises(ValueError, match=r"1 to 3 spatial axes.*got shape \(2, 3\)"):
         Upsample(scale_factor=2).apply((), (), jnp.ones((2, 3)))
     with pytest.raises(ValueError, match=r"expected a rank-4 input.*got shape \(-1, 4, 3\)"):
         Upsample(size=(4, 4)).init(key, (-1, 4, 3))
-    with pytest.raises(ValueError, match=r"input size 1 on axis 2 times scale_factor 0.5 is "
-                       r"below 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"input size 1 on axis 2 times scale_factor 0.5 is "
+        r"below 1",
+    ):
         Upsample(scale_factor=0.5).init(key, (-1, 4, 1, 3))
     with pytest.raises(TypeError, match=r"expected an array input"):
         Upsample(scale_factor=2).apply((), (), [[1.0]])
 
 
-@pytest.mark.parametrize("padding, torch_pad, spatial", [
-    (1, 1, (3,)),
-    ((2, 0), (2, 0), (4,)),                                  # (left, right) on (N, L, C)
-    (((1, 3),), (1, 3), (4,)),
-    (2, 2, (3, 4)),
-    ((1, 2), (2, 2, 1, 1), (3, 4)),                          # (pad_h, pad_w)
-    (((0, 1), (3, 2)), (3, 2, 0, 1), (3, 4)),                # ((top, bottom), (left, right))
-    (1, 1, (2, 3, 2)),
-    (((1, 0), 2, (0, 1)), (0, 1, 2, 2, 1, 0), (2, 3, 2)),
-])
+@pytest.mark.parametrize(
+    "padding, torch_pad, spatial",
+    [
+        (1, 1, (3,)),
+        ((2, 0), (2, 0), (4,)),  # (left, right) on (N, L, C)
+        (((1, 3),), (1, 3), (4,)),
+        (2, 2, (3, 4)),
+        ((1, 2), (2, 2, 1, 1), (3, 4)),  # (pad_h, pad_w)
+        (((0, 1), (3, 2)), (3, 2, 0, 1), (3, 4)),  # ((top, bottom), (left, right))
+        (1, 1, (2, 3, 2)),
+        (((1, 0), 2, (0, 1)), (0, 1, 2, 2, 1, 0), (2, 3, 2)),
+    ],
+)
 def test_zero_pad_matches_torch(padding, torch_pad, spatial):
     x = _randn(2, 3, *spatial)
     pad = {1: torch.nn.ZeroPad1d, 2: torch.nn.ZeroPad2d, 3: torch.nn.ZeroPad3d}[len(spatial)]
@@ -215,16 +251,25 @@ def test_zero_pad_errors():
     for bad in (-1, (1, -1), ((1, 2, 3), 0), 1.5, "same", True, (), ((1, 2),) * 4):
         with pytest.raises(ValueError, match=r"ZeroPad.*padding must be a non-negative int"):
             ZeroPad(bad)
-    with pytest.raises(ValueError, match=r"flat 4-tuple is ambiguous.*ZeroPad2d's \(left, right, "
-                       r"top, bottom\) is \(\(top, bottom\), \(left, right\)\) here"):
+    with pytest.raises(
+        ValueError,
+        match=r"flat 4-tuple is ambiguous.*ZeroPad2d's \(left, right, "
+        r"top, bottom\) is \(\(top, bottom\), \(left, right\)\) here",
+    ):
         ZeroPad((1, 2, 3, 4))
-    with pytest.raises(ValueError, match=r"padding has 2 entries, one per spatial axis, so it "
-                       r"expects a rank-4 input \(N, H, W, C\).*got shape \(-1, 2, 3, 4, 5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"padding has 2 entries, one per spatial axis, so it "
+        r"expects a rank-4 input \(N, H, W, C\).*got shape \(-1, 2, 3, 4, 5\)",
+    ):
         ZeroPad(((1, 1), (0, 0))).init(key, (-1, 2, 3, 4, 5))
     with pytest.raises(ValueError, match=r"expects a rank-4 input.*or a rank-3 input \(N, L, C\)"):
         ZeroPad((1, 2)).apply((), (), jnp.ones((2, 3, 4, 5, 6)))
-    with pytest.raises(ValueError, match=r"padding has 3 entries.*rank-5.*got shape "
-                       r"\(-1, 4, 5, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"padding has 3 entries.*rank-5.*got shape "
+        r"\(-1, 4, 5, 3\)",
+    ):
         ZeroPad((1, 1, 1)).init(key, (-1, 4, 5, 3))
     with pytest.raises(ValueError, match=r"ZeroPad\(1\).*1 to 3 spatial axes.*got shape \(-1, 3\)"):
         ZeroPad(1).init(key, (-1, 3))

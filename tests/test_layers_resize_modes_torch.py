@@ -1,6 +1,7 @@
 """Upsample's modes "nearest-exact", "area" and "bicubic", and the linear modes in float64,
 against torch.nn.Upsample: outputs and input gradients, float32 and float64, growing,
 shrinking and same-size axes, scale factors and sizes, both align_corners."""
+
 import zlib
 
 import jax
@@ -19,11 +20,20 @@ TOL = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-12, atol
 # (spatial input, Upsample keyword arguments): integer, fractional, shrinking and per-axis
 # factors and sizes; 7 at 1.1 keeps its size, 5 at 2.1 doubles.
 CASES = {
-    1: [((5,), dict(scale_factor=1.7)), ((9,), dict(scale_factor=0.6)),
-        ((7,), dict(scale_factor=1.1)), ((4,), dict(size=11))],
-    2: [((4, 5), dict(scale_factor=2)), ((7, 6), dict(scale_factor=(0.6, 1.3))),
-        ((7, 7), dict(scale_factor=1.1)), ((5, 3), dict(scale_factor=2.1)),
-        ((6, 5), dict(size=(1, 2))), ((8, 9), dict(size=(3, 4)))],
+    1: [
+        ((5,), dict(scale_factor=1.7)),
+        ((9,), dict(scale_factor=0.6)),
+        ((7,), dict(scale_factor=1.1)),
+        ((4,), dict(size=11)),
+    ],
+    2: [
+        ((4, 5), dict(scale_factor=2)),
+        ((7, 6), dict(scale_factor=(0.6, 1.3))),
+        ((7, 7), dict(scale_factor=1.1)),
+        ((5, 3), dict(scale_factor=2.1)),
+        ((6, 5), dict(size=(1, 2))),
+        ((8, 9), dict(size=(3, 4))),
+    ],
     3: [((3, 4, 5), dict(scale_factor=(1.5, 0.7, 1.1))), ((5, 2, 4), dict(size=(2, 3, 4)))],
 }
 LINEAR = {1: "linear", 2: "bilinear", 3: "trilinear"}
@@ -55,7 +65,7 @@ def _torch(spatial, kwargs, mode, align, dtype):
     if mode == "bicubic" and tuple(yt.shape) == x.shape:
         size = int(np.prod(spatial))
         basis = torch.eye(size, dtype=xt.dtype).reshape(size, 1, *spatial)
-        jacobian = up(basis).reshape(size, size).numpy()   # [input k, output j]
+        jacobian = up(basis).reshape(size, size).numpy()  # [input k, output j]
         gx = (g.reshape(2, 3, size) @ jacobian.T).reshape(x.shape)
     return x, g, yt.detach().numpy(), gx
 
@@ -64,8 +74,7 @@ def _check(cases, dtype):
     """funcnet's outputs and input gradients against torch's, channels-first data moved to
     channels-last and back; every case in one compilation (one per case is much slower)."""
     refs = [_torch(*case, dtype) for case in cases]
-    layers = [Upsample(mode=mode, align_corners=align, **kwargs)
-              for _, kwargs, mode, align in cases]
+    layers = [Upsample(mode=mode, align_corners=align, **kwargs) for _, kwargs, mode, align in cases]
     last = lambda a: np.moveaxis(a, 1, -1)
     first = lambda a: np.moveaxis(np.asarray(a), -1, 1)
 
@@ -79,8 +88,7 @@ def _check(cases, dtype):
 
     with jax.enable_x64(dtype == np.float64):
         got = outputs_and_gradients([last(r[0]) for r in refs], [last(r[1]) for r in refs])
-        shapes = [layer.init(jax.random.key(0), (-1,) + last(r[0]).shape[1:])[0]
-                  for layer, r in zip(layers, refs)]
+        shapes = [layer.init(jax.random.key(0), (-1,) + last(r[0]).shape[1:])[0] for layer, r in zip(layers, refs)]
     for layer, case, (x, g, yt, gxt), (y, gx), shape in zip(layers, cases, refs, got, shapes):
         where = f"{layer.name}, align_corners={case[3]}, {dtype.__name__}, input {x.shape}"
         assert y.dtype == dtype and shape == (-1,) + y.shape[1:], where
@@ -148,32 +156,45 @@ def test_new_modes_dtypes_shapes_and_contract():
     for mode in ("area", "bicubic"):
         y = Upsample(scale_factor=2, mode=mode).apply((), (), xi)[0]
         assert jnp.issubdtype(y.dtype, jnp.floating) and y.shape == (1, 6, 8, 1), mode
-    assert Upsample(scale_factor=0.5, mode="area").init(key, (-1, 5, 4, 3, 2))[0] == \
-        (-1, 2, 2, 1, 2)
+    assert Upsample(scale_factor=0.5, mode="area").init(key, (-1, 5, 4, 3, 2))[0] == (-1, 2, 2, 1, 2)
     assert Upsample(size=(4, 6), mode="bicubic").init(key, (-1, -1, -1, 3))[0] == (-1, 4, 6, 3)
-    check_layer(Upsample(scale_factor=1.5, mode="bicubic", align_corners=True), (-1, 3, 4, 2),
-                train_modes=(False,))
+    check_layer(Upsample(scale_factor=1.5, mode="bicubic", align_corners=True), (-1, 3, 4, 2), train_modes=(False,))
 
 
 def test_new_modes_errors():
     key = jax.random.key(0)
     for mode in ("nearest-exact", "area"):
-        with pytest.raises(ArgumentError, match=rf"align_corners=True is only for the "
-                           rf"interpolating modes 'linear', 'bilinear', 'trilinear', "
-                           rf"'bicubic'; {mode} has no corners to align"):
+        with pytest.raises(
+            ArgumentError,
+            match=rf"align_corners=True is only for the "
+            rf"interpolating modes 'linear', 'bilinear', 'trilinear', "
+            rf"'bicubic'; {mode} has no corners to align",
+        ):
             Upsample(scale_factor=2, mode=mode, align_corners=True)
-    with pytest.raises(ArgumentError, match=r"mode must be one of 'nearest', 'nearest-exact', "
-                       r"'area', 'linear', 'bilinear', 'trilinear', 'bicubic', got 'cubic'"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"mode must be one of 'nearest', 'nearest-exact', "
+        r"'area', 'linear', 'bilinear', 'trilinear', 'bicubic', got 'cubic'",
+    ):
         Upsample(scale_factor=2, mode="cubic")
-    with pytest.raises(ArgumentError, match=r"mode 'bicubic' interpolates 2 spatial axes, but "
-                       r"size has 3 entries"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"mode 'bicubic' interpolates 2 spatial axes, but "
+        r"size has 3 entries",
+    ):
         Upsample(size=(2, 2, 2), mode="bicubic")
-    with pytest.raises(ValueError, match=r"expected a rank-4 input \(N, H, W, C\) \(channels "
-                       r"last\), got shape \(-1, 4, 4, 4, 3\). torch's bicubic is 2-D only "
-                       r"too. For a rank-5 input use mode='trilinear'"):
+    with pytest.raises(
+        ValueError,
+        match=r"expected a rank-4 input \(N, H, W, C\) \(channels "
+        r"last\), got shape \(-1, 4, 4, 4, 3\). torch's bicubic is 2-D only "
+        r"too. For a rank-5 input use mode='trilinear'",
+    ):
         Upsample(scale_factor=2, mode="bicubic").init(key, (-1, 4, 4, 4, 3))
     with pytest.raises(ValueError, match=r"1 to 3 spatial axes.*got shape \(2, 3\)"):
         Upsample(scale_factor=2, mode="area").apply((), (), jnp.ones((2, 3)))
-    with pytest.raises(ValueError, match=r"input size 1 on axis 1 times scale_factor 0.5 is "
-                       r"below 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"input size 1 on axis 1 times scale_factor 0.5 is "
+        r"below 1",
+    ):
         Upsample(scale_factor=0.5, mode="area").init(key, (-1, 1, 3))

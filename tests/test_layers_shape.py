@@ -1,4 +1,5 @@
 """funcnet.layers Flatten and Reshape."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,8 +24,9 @@ def test_flatten():
     check_layer(Flatten, (-1, 3, 2), train_modes=(False,))
 
 
-@pytest.mark.parametrize("target,expected", [((4, 10), (4, 10)), ((-1, 5), (8, 5)),
-                                             (40, (40,)), ((2, -1, 2), (2, 10, 2))])
+@pytest.mark.parametrize(
+    "target,expected", [((4, 10), (4, 10)), ((-1, 5), (8, 5)), (40, (40,)), ((2, -1, 2), (2, 10, 2))]
+)
 def test_reshape(target, expected):
     x = _randn(3, 2, 4, 5)
     out_shape, _, _ = Reshape(target).init(jax.random.key(0), (-1, 2, 4, 5))
@@ -35,8 +37,11 @@ def test_reshape(target, expected):
 
 def test_shape_errors():
     key = jax.random.key(0)
-    with pytest.raises(ValueError, match=r"Reshape\(\(3, 7\)\): cannot reshape .* \(-1, 2, 4, 5\) "
-                                         r"\(40 elements per example\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Reshape\(\(3, 7\)\): cannot reshape .* \(-1, 2, 4, 5\) "
+        r"\(40 elements per example\)",
+    ):
         Reshape((3, 7)).init(key, (-1, 2, 4, 5))
     with pytest.raises(ValueError, match=r"Reshape\(\(3, -1\)\).*a multiple of 3"):
         Reshape((3, -1)).init(key, (-1, 2, 4, 5))

@@ -1,5 +1,6 @@
 """funcnet.loop's layout: one way in, callbacks see only the public FitContext, one class
 per placement with the same interface, and fit's docstring has one Args row per parameter."""
+
 import importlib.util
 import inspect
 import re
@@ -43,8 +44,7 @@ def test_callbacks_see_only_the_public_context():
 
     opt = optax.sgd(0.1)
     ts = TrainState.create(NET, opt, jax.random.key(0), (-1, 2))
-    funcnet.fit(ts, _loss, opt, [np.ones((4, 2), np.float32)] * 2, callbacks=[Spy()],
-                progress=False)
+    funcnet.fit(ts, _loss, opt, [np.ones((4, 2), np.float32)] * 2, callbacks=[Spy()], progress=False)
     # the loop's scratchpad (latest metrics, data layout, epoch sums) is in its run record
     assert [k for k in seen if k.startswith("_")] == ["_run"]
     assert set(seen["metrics"]) == {"loss"}
@@ -64,7 +64,7 @@ def test_each_placement_is_one_class_with_the_same_interface():
 
 def test_fit_docstring_has_one_args_row_per_parameter():
     doc = inspect.getdoc(loop.fit)
-    args = doc[doc.index("Args:"):doc.index("History:")]
+    args = doc[doc.index("Args:") : doc.index("History:")]
     rows = [r.lstrip("*") for r in re.findall(r"^  (\**\w+(?:, \w+)*):", args, re.M)]
     assert all("," not in r for r in rows), rows
     assert sorted(rows) == sorted(inspect.signature(loop.fit).parameters)

@@ -4,6 +4,7 @@
 each loss is named after ``funcnet.losses`` (reprs, pickles, doctest and the API page all
 find it there), and the modules share only the package's helper modules.
 """
+
 import ast
 import pathlib
 import pickle
@@ -19,13 +20,27 @@ HELPERS = {"_args", "_reduction"}  # the shared private helpers every family may
 # The public names before the split into a package (funcnet 0.1's losses.py), in order,
 # then the losses added with it.
 BEFORE_THE_SPLIT = [
-    "cross_entropy", "nll_loss", "sigmoid_binary_cross_entropy", "mse", "mae", "huber",
-    "hinge", "multiclass_hinge", "smooth_l1", "center_loss_init", "center_loss",
-    "binary_cross_entropy", "kl_div", "cosine_embedding_loss", "margin_ranking_loss",
-    "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "ctc_loss",
+    "cross_entropy",
+    "nll_loss",
+    "sigmoid_binary_cross_entropy",
+    "mse",
+    "mae",
+    "huber",
+    "hinge",
+    "multiclass_hinge",
+    "smooth_l1",
+    "center_loss_init",
+    "center_loss",
+    "binary_cross_entropy",
+    "kl_div",
+    "cosine_embedding_loss",
+    "margin_ranking_loss",
+    "triplet_margin_loss",
+    "poisson_nll_loss",
+    "gaussian_nll_loss",
+    "ctc_loss",
 ]
-ADDED = ["soft_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
-         "hinge_embedding_loss"]
+ADDED = ["soft_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss", "hinge_embedding_loss"]
 
 
 def _submodules():
@@ -65,19 +80,18 @@ def test_families_import_only_the_helpers_and_no_other_family():
     for name in _submodules():
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                    "funcnet.losses"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("funcnet.losses"):
                 # a family's privates stay its own: only the helpers are shared
                 if node.module.rpartition(".")[2] not in HELPERS:
                     found.append(f"{name} imports {node.module}")
-            if isinstance(node, ast.Import) and any(
-                    a.name.startswith("funcnet.losses") for a in node.names):
+            if isinstance(node, ast.Import) and any(a.name.startswith("funcnet.losses") for a in node.names):
                 found.append(f"{name} imports the package")
     assert found == []
 
 
 def test_helpers_export_nothing():
     from funcnet.losses import _args, _reduction
+
     assert _args.__all__ == [] and _reduction.__all__ == []
 
 
@@ -86,15 +100,17 @@ def test_the_package_reexports_each_family_exactly():
     imported = {}
     for node in tree.body:
         if isinstance(node, ast.ImportFrom):
-            imported.setdefault(node.module.rpartition(".")[2], set()).update(
-                a.name for a in node.names)
+            imported.setdefault(node.module.rpartition(".")[2], set()).update(a.name for a in node.names)
     for name in _submodules():
         if name in HELPERS:
             assert name not in imported
             continue
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
-        exported = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                        and getattr(n.targets[0], "id", "") == "__all__")
+        exported = next(
+            ast.literal_eval(n.value)
+            for n in tree.body
+            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
+        )
         assert imported.get(name) == set(exported), name
 
 

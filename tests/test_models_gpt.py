@@ -1,6 +1,7 @@
 """funcnet.models.GPT against a PyTorch GPT built the way nanoGPT's model.py builds it: the
 same loss and the same gradients (the tied token table above all) for copied weights; the
 TransformerBlock and TiedEmbedding it is made of; Scan/Remat forms; nanoGPT's init."""
+
 import functools
 import math
 
@@ -61,17 +62,21 @@ def _params_from_torch(tm, bias):
     blocks = []
     for b in tm.blocks:
         w = t(b.c_attn.weight)
-        attn = {n: {"W": w[i * E:(i + 1) * E].T} for i, n in enumerate(("query", "key", "value"))}
+        attn = {n: {"W": w[i * E : (i + 1) * E].T} for i, n in enumerate(("query", "key", "value"))}
         if bias:
             for i, n in enumerate(("query", "key", "value")):
-                attn[n]["b"] = t(b.c_attn.bias)[i * E:(i + 1) * E]
+                attn[n]["b"] = t(b.c_attn.bias)[i * E : (i + 1) * E]
         attn["out"] = lin(b.attn_proj)
-        blocks.append({"attn": {"norm": ln(b.ln_1), "attn": attn, "drop": ()},
-                       "mlp": {"norm": ln(b.ln_2), "fc": lin(b.c_fc), "act": (),
-                               "proj": lin(b.mlp_proj), "drop": ()}})
-    return {"E": t(tm.wte.weight),
-            "body": {"pos": {"E": t(tm.wpe.weight)}, "drop": (), "blocks": tuple(blocks),
-                     "ln_f": ln(tm.ln_f)}}
+        blocks.append(
+            {
+                "attn": {"norm": ln(b.ln_1), "attn": attn, "drop": ()},
+                "mlp": {"norm": ln(b.ln_2), "fc": lin(b.c_fc), "act": (), "proj": lin(b.mlp_proj), "drop": ()},
+            }
+        )
+    return {
+        "E": t(tm.wte.weight),
+        "body": {"pos": {"E": t(tm.wpe.weight)}, "drop": (), "blocks": tuple(blocks), "ln_f": ln(tm.ln_f)},
+    }
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -103,19 +108,22 @@ def test_same_loss_and_gradients_as_torch_tied_gpt(bias):
     np.testing.assert_allclose(loss, loss_t.item(), rtol=1e-5)
     # the tied table: the embedding's gradient plus the head's, as torch accumulates them
     np.testing.assert_allclose(grads["E"], tm.wte.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(grads["body"]["pos"]["E"], tm.wpe.weight.grad.numpy(),
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads["body"]["pos"]["E"], tm.wpe.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
     b0 = tm.blocks[0]
-    np.testing.assert_allclose(grads["body"]["blocks"][0]["attn"]["attn"]["query"]["W"],
-                               b0.c_attn.weight.grad.numpy()[:E].T, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(grads["body"]["blocks"][1]["mlp"]["fc"]["W"],
-                               tm.blocks[1].c_fc.weight.grad.numpy().T, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        grads["body"]["blocks"][0]["attn"]["attn"]["query"]["W"],
+        b0.c_attn.weight.grad.numpy()[:E].T,
+        rtol=1e-4,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        grads["body"]["blocks"][1]["mlp"]["fc"]["W"], tm.blocks[1].c_fc.weight.grad.numpy().T, rtol=1e-4, atol=1e-6
+    )
 
 
 def test_nanogpt_init():
     n_layer = 4
-    _, params, _ = GPT(V, 64, n_layer=n_layer, n_head=2, n_embd=64, bias=True).init(
-        KEY, (-1, 64))
+    _, params, _ = GPT(V, 64, n_layer=n_layer, n_head=2, n_embd=64, bias=True).init(KEY, (-1, 64))
     flat = funcnet.paths(params)
     resid = 0.02 / math.sqrt(2 * n_layer)
     for path, leaf in flat.items():
@@ -133,8 +141,7 @@ def test_nanogpt_init():
 
 def test_tied_embedding_sums_both_uses_and_checks_the_body():
     layer = TiedEmbedding(5, 3)
-    out_shape, params, _ = check_layer(layer, (-1, 4), inputs=jnp.array([[0, 1, 2, 4]] * 2),
-                                       grad_check=False)
+    out_shape, params, _ = check_layer(layer, (-1, 4), inputs=jnp.array([[0, 1, 2, 4]] * 2), grad_check=False)
     assert out_shape == (-1, 4, 5) and set(params) == {"E"}
     ids = jnp.array([[1, 3]])
     E = params["E"]
@@ -150,8 +157,14 @@ def test_tied_embedding_sums_both_uses_and_checks_the_body():
 def test_transformer_block_contract_and_paths():
     block = TransformerBlock(2, dropout=0.1)
     _, params, _ = check_layer(block, (-1, 4, 8), train_modes=(True,), grad_check=False)
-    assert {"attn/norm/scale", "attn/norm/bias", "attn/attn/query/W", "attn/attn/query/b",
-            "mlp/fc/W", "mlp/proj/W"} <= set(funcnet.paths(params))
+    assert {
+        "attn/norm/scale",
+        "attn/norm/bias",
+        "attn/attn/query/W",
+        "attn/attn/query/b",
+        "mlp/fc/W",
+        "mlp/proj/W",
+    } <= set(funcnet.paths(params))
     assert params["mlp"]["fc"]["W"].shape == (8, 32)
     _, params, _ = TransformerBlock(2, use_bias=False).init(KEY, (-1, 3, 4))
     assert not any(p.endswith("/b") or p.endswith("bias") for p in funcnet.paths(params))
@@ -191,21 +204,20 @@ def test_policy_runs_the_products_in_bfloat16_on_a_float32_stream():
     def loss(net, p):
         return losses.cross_entropy(net.apply(p, (), idx)[0].reshape(-1, V), idx.reshape(-1))
 
-    g_mixed, g_plain = (jax.jit(jax.grad(functools.partial(loss, net)))(params)
-                        for net in (mixed, plain))
+    g_mixed, g_plain = (jax.jit(jax.grad(functools.partial(loss, net)))(params) for net in (mixed, plain))
     assert {g.dtype for g in jax.tree.leaves(g_mixed)} == {jnp.dtype(jnp.float32)}
     np.testing.assert_allclose(g_mixed["E"], g_plain["E"], atol=0.02 * np.abs(g_plain["E"]).max())
 
     decoder = GPT(V, BLOCK, decode=True, policy=policy, **kw)
     _, _, cache = decoder.init(KEY, (2, 1))
     first, _ = jax.jit(decoder.apply)(params, cache, idx[:, :3])
-    np.testing.assert_allclose(first.astype(jnp.float32), got[:, :3].astype(jnp.float32),
-                               atol=0.02)
+    np.testing.assert_allclose(first.astype(jnp.float32), got[:, :3].astype(jnp.float32), atol=0.02)
     scanned = GPT(V, BLOCK, scan=True, policy=policy, **kw)
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *params["body"]["blocks"])
     sparams = {**params, "body": {**params["body"], "blocks": stacked}}
-    np.testing.assert_allclose(jax.jit(scanned.apply)(sparams, (), idx)[0].astype(jnp.float32),
-                               got.astype(jnp.float32), atol=0.02)
+    np.testing.assert_allclose(
+        jax.jit(scanned.apply)(sparams, (), idx)[0].astype(jnp.float32), got.astype(jnp.float32), atol=0.02
+    )
     with pytest.raises(TypeError, match="policy"):
         GPT(V, BLOCK, policy=jnp.bfloat16, **kw)
     with pytest.raises(TypeError, match="policy"):

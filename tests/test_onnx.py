@@ -29,6 +29,7 @@ def _release(version: str) -> tuple:
 def _jax2onnx_version():
     try:
         from importlib import metadata
+
         return metadata.version("jax2onnx")
     except Exception:  # not installed: the tests that need it skip in _runtime
         return None
@@ -38,12 +39,13 @@ def _jax2onnx_version():
 # networks whose program holds a nested jit (Dense's) fail inside jax2onnx there. Skipped, with
 # both versions in the reason, for that pair only: a newer jax2onnx is tested again.
 J2O = _jax2onnx_version()
-BROKEN_PAIR = (J2O is not None and _release(jax.__version__) >= (0, 12)
-               and _release(J2O) <= (0, 17, 1))
+BROKEN_PAIR = J2O is not None and _release(jax.__version__) >= (0, 12) and _release(J2O) <= (0, 17, 1)
 NEW_JAX = pytest.mark.skipif(
-    BROKEN_PAIR, reason=f"jax2onnx {J2O} does not support jax {jax.__version__} (jax >= 0.12 removed "
-                        f"jax._src.core.ClosedJaxpr); to_onnx needs jax<0.12 there, "
-                        f"funcnet.inference.export works")
+    BROKEN_PAIR,
+    reason=f"jax2onnx {J2O} does not support jax {jax.__version__} (jax >= 0.12 removed "
+    f"jax._src.core.ClosedJaxpr); to_onnx needs jax<0.12 there, "
+    f"funcnet.inference.export works",
+)
 
 
 def _runtime():
@@ -74,14 +76,25 @@ def test_mlp(tmp_path):
 
 @NEW_JAX
 def test_cnn(tmp_path):
-    net = funcnet.serial(Conv(4, (3, 3), padding="SAME"), BatchNorm(), Relu, AvgPool((2, 2)),
-                         Conv(4, (3, 3), strides=(2, 2)), Relu, Flatten, Dense(3))
+    net = funcnet.serial(
+        Conv(4, (3, 3), padding="SAME"),
+        BatchNorm(),
+        Relu,
+        AvgPool((2, 2)),
+        Conv(4, (3, 3), strides=(2, 2)),
+        Relu,
+        Flatten,
+        Dense(3),
+    )
     x = np.asarray(jax.random.normal(jax.random.key(1), (1, 8, 8, 2)))
     _check(net, (-1, 8, 8, 2), x, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="jax2onnx 0.17.1: MaxPool does not convert (its jnp.reshape "
-                   "patch lacks out_sharding; its MaxPool node is refused by onnxruntime)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="jax2onnx 0.17.1: MaxPool does not convert (its jnp.reshape "
+    "patch lacks out_sharding; its MaxPool node is refused by onnxruntime)",
+)
 @pytest.mark.parametrize("strides", [None, (1, 1)])
 def test_maxpool_does_not_convert_yet(tmp_path, strides):
     _runtime()
@@ -98,14 +111,20 @@ def test_gpt(tmp_path):
 def test_a_missing_extra_and_bad_specs_are_explained(tmp_path, monkeypatch):
     net = Dense(2)
     _, params, state = net.init(jax.random.key(0), (-1, 3))
-    with pytest.raises(ArgumentError, match=r"to_onnx: input_spec must be one input's shape or a "
-                                            r"tuple/list of them \(ONNX inputs are positional\)"):
+    with pytest.raises(
+        ArgumentError,
+        match=r"to_onnx: input_spec must be one input's shape or a "
+        r"tuple/list of them \(ONNX inputs are positional\)",
+    ):
         to_onnx(net, params, state, {"x": (-1, 3)})
     with pytest.raises(ArgumentError, match=r"input_names must be 1 strings"):
         to_onnx(net, params, state, (-1, 3), input_names=["a", "b"])
     monkeypatch.setitem(sys.modules, "jax2onnx", None)
-    with pytest.raises(ImportError, match=r'to_onnx needs the jax2onnx package.*pip install '
-                                          r'"funcnet\[onnx\]"'):
+    with pytest.raises(
+        ImportError,
+        match=r"to_onnx needs the jax2onnx package.*pip install "
+        r'"funcnet\[onnx\]"',
+    ):
         to_onnx(net, params, state, (-1, 3))
 
 
@@ -114,13 +133,15 @@ def test_a_jax2onnx_that_does_not_support_this_jax_is_explained(monkeypatch):
     def broken(*args, **kwargs):
         raise AttributeError("module 'jax._src.core' has no attribute 'ClosedJaxpr'")
 
-    monkeypatch.setitem(sys.modules, "jax2onnx", types.SimpleNamespace(to_onnx=broken,
-                                                                       __name__="jax2onnx"))
+    monkeypatch.setitem(sys.modules, "jax2onnx", types.SimpleNamespace(to_onnx=broken, __name__="jax2onnx"))
     net = Dense(2)
     _, params, state = net.init(jax.random.key(0), (-1, 3))
-    with pytest.raises(RuntimeError, match=r"to_onnx: jax2onnx .* cannot convert Dense\(2\) on jax "
-                                           r"[0-9.]+: .*ClosedJaxpr.*jax 0\.12.*funcnet\.inference\.export "
-                                           r"instead.*jax<0\.12") as info:
+    with pytest.raises(
+        RuntimeError,
+        match=r"to_onnx: jax2onnx .* cannot convert Dense\(2\) on jax "
+        r"[0-9.]+: .*ClosedJaxpr.*jax 0\.12.*funcnet\.inference\.export "
+        r"instead.*jax<0\.12",
+    ) as info:
         to_onnx(net, params, state, (-1, 3))
     assert isinstance(info.value.__cause__, AttributeError)
 
@@ -130,6 +151,9 @@ def test_the_real_failure_on_jax_0_12_is_explained():
     _runtime()
     net = funcnet.serial(Dense(4), Relu, Dense(2))
     _, params, state = net.init(jax.random.key(0), (-1, 3))
-    with pytest.raises(RuntimeError, match=rf"jax2onnx {re.escape(J2O)} cannot convert .* on jax "
-                                           rf"{re.escape(jax.__version__)}.*funcnet\.inference\.export"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"jax2onnx {re.escape(J2O)} cannot convert .* on jax "
+        rf"{re.escape(jax.__version__)}.*funcnet\.inference\.export",
+    ):
         to_onnx(net, params, state, (-1, 3))

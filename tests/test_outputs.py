@@ -24,8 +24,7 @@ RTOL, ATOL = 1e-5, 1e-6
 
 
 def close(actual, expected, rtol=RTOL, atol=ATOL, err_msg=""):
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol,
-                               err_msg=err_msg)
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol, err_msg=err_msg)
 
 
 def golden(name, key):
@@ -36,11 +35,18 @@ def golden(name, key):
 # Golden values from MXNet 1.9.1.
 # --------------------------------------------------------------------------- #
 
+
 def test_golden_file_is_from_mxnet_191_and_covers_every_op():
     assert _META["mxnet_version"] == "1.9.1"
     ops = {c["op"] for c in SINGLE}
-    assert ops == {"softmax_output", "linear_regression_output", "logistic_regression_output",
-                   "mae_regression_output", "svm_output", "make_loss"}
+    assert ops == {
+        "softmax_output",
+        "linear_regression_output",
+        "logistic_regression_output",
+        "mae_regression_output",
+        "svm_output",
+        "make_loss",
+    }
     assert len(SINGLE) > 80
 
 
@@ -58,9 +64,11 @@ def test_matches_mxnet(case):
 
 def _group_net(x, w, label, target):
     z = x @ w
-    return (O.softmax_output(z, label, normalization="batch"),
-            O.linear_regression_output(z, target, grad_scale=0.5),
-            O.make_loss(jnp.sum(z * z, axis=1), normalization="batch"))
+    return (
+        O.softmax_output(z, label, normalization="batch"),
+        O.linear_regression_output(z, target, grad_scale=0.5),
+        O.make_loss(jnp.sum(z * z, axis=1), normalization="batch"),
+    )
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -94,13 +102,13 @@ def test_block_grad_inside_make_loss_matches_mxnet():
 # Independent numpy references (loops over MXNet's C++ formulas).
 # --------------------------------------------------------------------------- #
 
+
 def np_softmax(x, axis):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def ref_softmax_grad_rows(prob, labels, grad_scale, ignore_label, use_ignore, normalization,
-                          smooth_alpha):
+def ref_softmax_grad_rows(prob, labels, grad_scale, ignore_label, use_ignore, normalization, smooth_alpha):
     """prob (L, C) rows, labels (L,): MXNet's SoftmaxGrad / SmoothSoftmaxGrad loop."""
     n_rows, c = prob.shape
     g = np.zeros_like(prob, dtype=np.float64)
@@ -110,8 +118,7 @@ def ref_softmax_grad_rows(prob, labels, grad_scale, ignore_label, use_ignore, no
             if use_ignore and k == int(ignore_label):
                 g[y, x] = 0.0
             elif smooth_alpha:
-                g[y, x] = prob[y, x] - 1 + smooth_alpha if x == k else \
-                    prob[y, x] - smooth_alpha / (c - 1)
+                g[y, x] = prob[y, x] - 1 + smooth_alpha if x == k else prob[y, x] - smooth_alpha / (c - 1)
             else:
                 g[y, x] = prob[y, x] - (1.0 if x == k else 0.0)
     valid = max(1, sum(int(v) != int(ignore_label) for v in labels))
@@ -125,14 +132,12 @@ def test_softmax_output_2d_formula(normalization, use_ignore, smooth_alpha):
     rs = np.random.RandomState(0)
     x = rs.randn(7, 4).astype(np.float32)
     labels = np.array([0, 3, -1, 2, 1, -1, 3], np.float32)
-    kw = dict(grad_scale=1.7, use_ignore=use_ignore, normalization=normalization,
-              smooth_alpha=smooth_alpha)
+    kw = dict(grad_scale=1.7, use_ignore=use_ignore, normalization=normalization, smooth_alpha=smooth_alpha)
     out = O.softmax_output(x, labels, **kw)
     g = O.grad(lambda d: O.softmax_output(d, labels, **kw))(x)
     p = np_softmax(x.astype(np.float64), 1)
     close(out, p)
-    close(g, ref_softmax_grad_rows(p, labels, 1.7, -1.0, use_ignore, normalization,
-                                   smooth_alpha))
+    close(g, ref_softmax_grad_rows(p, labels, 1.7, -1.0, use_ignore, normalization, smooth_alpha))
 
 
 @pytest.mark.parametrize("normalization", ["null", "batch", "valid"])
@@ -142,8 +147,7 @@ def test_softmax_output_multi_output_formula(normalization, use_ignore):
     n, c, d1, d2 = 2, 3, 2, 2
     x = rs.randn(n, c, d1, d2).astype(np.float32)
     labels = np.array([[[0, 2], [-1, 1]], [[2, 2], [0, -1]]], np.float32)
-    kw = dict(grad_scale=0.8, use_ignore=use_ignore, normalization=normalization,
-              multi_output=True)
+    kw = dict(grad_scale=0.8, use_ignore=use_ignore, normalization=normalization, multi_output=True)
     g = np.asarray(O.grad(lambda d: O.softmax_output(d, labels, **kw))(x))
     p = np_softmax(x.astype(np.float64), 1)
     expected = np.zeros_like(p)
@@ -177,8 +181,7 @@ def test_svm_output_formula(use_linear):
     x = (rs.randn(5, 4) * 1.5).astype(np.float32)
     labels = np.array([0, 3, 1, 2, 7], np.float32)
     m, r = 0.6, 1.3
-    g = O.grad(lambda d: O.svm_output(d, labels, margin=m, regularization_coefficient=r,
-                                      use_linear=use_linear))(x)
+    g = O.grad(lambda d: O.svm_output(d, labels, margin=m, regularization_coefficient=r, use_linear=use_linear))(x)
     expected = np.zeros((5, 4))
     for i in range(5):
         for c in range(4):
@@ -186,23 +189,26 @@ def test_svm_output_formula(use_linear):
             if c == int(labels[i]):  # hinge on max(0, m - o)
                 hinge = m - o
                 expected[i, c] = -(r if use_linear else 2 * r * hinge) if hinge > 0 else 0.0
-            else:                    # hinge on max(0, m + o)
+            else:  # hinge on max(0, m + o)
                 hinge = m + o
                 expected[i, c] = (r if use_linear else 2 * r * hinge) if hinge > 0 else 0.0
     close(g, expected)
     close(O.svm_output(x, labels), x)
 
 
-@pytest.mark.parametrize("op,fwd,resid", [
-    (O.linear_regression_output, lambda x: x, lambda o, y: o - y),
-    (O.logistic_regression_output, lambda x: 1 / (1 + np.exp(-x)), lambda o, y: o - y),
-    (O.mae_regression_output, lambda x: x, lambda o, y: np.where(o - y > 0, 1.0, -1.0)),
-])
+@pytest.mark.parametrize(
+    "op,fwd,resid",
+    [
+        (O.linear_regression_output, lambda x: x, lambda o, y: o - y),
+        (O.logistic_regression_output, lambda x: 1 / (1 + np.exp(-x)), lambda o, y: o - y),
+        (O.mae_regression_output, lambda x: x, lambda o, y: np.where(o - y > 0, 1.0, -1.0)),
+    ],
+)
 def test_regression_formula(op, fwd, resid):
     rs = np.random.RandomState(4)
     x = rs.randn(4, 2, 3).astype(np.float32)
-    y = rs.rand(4, 6).astype(np.float32)        # same size, another shape
-    y[0, 0] = x[0, 0, 0]                         # MAE tie -> -1
+    y = rs.rand(4, 6).astype(np.float32)  # same size, another shape
+    y[0, 0] = x[0, 0, 0]  # MAE tie -> -1
     o = fwd(x.astype(np.float64))
     close(op(x, y), o)
     g = O.grad(lambda d: op(d, y, grad_scale=3.0))(x)
@@ -212,10 +218,12 @@ def test_regression_formula(op, fwd, resid):
 @pytest.mark.parametrize("normalization", ["null", "batch", "valid"])
 def test_make_loss_formula(normalization):
     x = np.array([[[0.5, 0.2], [1.0, -1.0], [0.2, 0.3]]], np.float32)  # (1, 3, 2)
-    g = O.grad(lambda d: O.make_loss(d, grad_scale=2.0, normalization=normalization,
-                                     valid_thresh=0.2))(x)
-    norm = {"null": 1, "batch": 1 * 3,                # prod(shape[:-1])
-            "valid": int(np.sum(x > np.float32(0.2)))}[normalization]   # strict > -> 3
+    g = O.grad(lambda d: O.make_loss(d, grad_scale=2.0, normalization=normalization, valid_thresh=0.2))(x)
+    norm = {
+        "null": 1,
+        "batch": 1 * 3,  # prod(shape[:-1])
+        "valid": int(np.sum(x > np.float32(0.2))),
+    }[normalization]  # strict > -> 3
     close(g, np.full(x.shape, 2.0 / norm))
 
 
@@ -257,8 +265,7 @@ def test_label_gets_zero_gradient_and_integer_labels_work():
     lab = jnp.asarray(_LAB)
     _, g_lab = jax.grad(lambda d, l: jnp.sum(O.softmax_output(d, l)), argnums=(0, 1))(_X, lab)
     close(g_lab, np.zeros(4))
-    _, g_lab = jax.grad(lambda d, l: jnp.sum(O.linear_regression_output(d, l)),
-                        argnums=(0, 1))(_X[:, :1], lab)
+    _, g_lab = jax.grad(lambda d, l: jnp.sum(O.linear_regression_output(d, l)), argnums=(0, 1))(_X[:, :1], lab)
     close(g_lab, np.zeros(4))
     g_float = O.grad(lambda d: O.softmax_output(d, lab))(_X)
     g_int = O.grad(lambda d: O.softmax_output(d, lab.astype(jnp.int32)))(_X)
@@ -268,8 +275,14 @@ def test_label_gets_zero_gradient_and_integer_labels_work():
 
 
 def test_jit_matches_eager_with_traced_labels():
-    f = lambda d, l: O.softmax_output(d, l, use_ignore=True, ignore_label=1,  # noqa: E731
-                                      normalization="valid", smooth_alpha=0.1)
+    f = lambda d, l: O.softmax_output(
+        d,
+        l,
+        use_ignore=True,
+        ignore_label=1,  # noqa: E731
+        normalization="valid",
+        smooth_alpha=0.1,
+    )
     eager = O.value_and_grad(f)(_X, _LAB)
     jitted = jax.jit(O.value_and_grad(f))(_X, _LAB)
     close(jitted[0], eager[0])
@@ -314,30 +327,45 @@ def test_grad_has_aux_plain_heads_and_pytrees():
 # Errors.
 # --------------------------------------------------------------------------- #
 
-@pytest.mark.parametrize("call,exc,match", [
-    (lambda: O.softmax_output(_X, _LAB, normalization="mean"), ValueError, "normalization"),
-    (lambda: O.make_loss(_X, normalization="sum"), ValueError, "normalization"),
-    (lambda: O.softmax_output(_X, _LAB[:3]), ValueError, r"label of shape \(4,\)"),
-    (lambda: O.softmax_output(_X[:, 0], _LAB), ValueError, "at least 2-D"),
-    (lambda: O.softmax_output(np.zeros((2, 3, 4), np.float32), np.zeros((2, 3))),
-     ValueError, "multi_output=True"),
-    (lambda: O.softmax_output(np.zeros((2, 3, 4), np.float32), np.zeros((2, 3)),
-                              multi_output=True), ValueError, r"\(2, 4\)"),
-    (lambda: O.softmax_output(np.zeros((2, 3, 4), np.float32), np.zeros((2, 4)),
-                              multi_output=True, preserve_shape=True), ValueError, "conflict"),
-    (lambda: O.softmax_output(np.zeros((2, 3, 4), np.float32), np.zeros((2, 4)),
-                              multi_output=True, smooth_alpha=0.1), ValueError, "smooth_alpha"),
-    (lambda: O.softmax_output(_X, np.zeros((4, 3)), smooth_alpha=0.1), ValueError,
-     "smooth_alpha"),
-    (lambda: O.softmax_output(_X, _LAB, grad_scale="2"), TypeError, "grad_scale"),
-    (lambda: O.softmax_output(_X, _LAB, use_ignore=1), TypeError, "use_ignore"),
-    (lambda: O.softmax_output(_X.astype(np.int32), _LAB), TypeError, "floating"),
-    (lambda: O.linear_regression_output(_X, np.zeros((4, 2))), ValueError, "same|batch size"),
-    (lambda: O.mae_regression_output(_X, np.zeros((3, 4))), ValueError, "batch size"),
-    (lambda: O.logistic_regression_output(jnp.float32(1.0), 0.0), ValueError, "scalar"),
-    (lambda: O.svm_output(_X, np.zeros((4, 3))), ValueError, r"label of shape \(4,\)"),
-    (lambda: O.grad(lambda d: d, has_aux=True)(_X), TypeError, "pair"),
-])
+
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda: O.softmax_output(_X, _LAB, normalization="mean"), ValueError, "normalization"),
+        (lambda: O.make_loss(_X, normalization="sum"), ValueError, "normalization"),
+        (lambda: O.softmax_output(_X, _LAB[:3]), ValueError, r"label of shape \(4,\)"),
+        (lambda: O.softmax_output(_X[:, 0], _LAB), ValueError, "at least 2-D"),
+        (lambda: O.softmax_output(np.zeros((2, 3, 4), np.float32), np.zeros((2, 3))), ValueError, "multi_output=True"),
+        (
+            lambda: O.softmax_output(np.zeros((2, 3, 4), np.float32), np.zeros((2, 3)), multi_output=True),
+            ValueError,
+            r"\(2, 4\)",
+        ),
+        (
+            lambda: O.softmax_output(
+                np.zeros((2, 3, 4), np.float32), np.zeros((2, 4)), multi_output=True, preserve_shape=True
+            ),
+            ValueError,
+            "conflict",
+        ),
+        (
+            lambda: O.softmax_output(
+                np.zeros((2, 3, 4), np.float32), np.zeros((2, 4)), multi_output=True, smooth_alpha=0.1
+            ),
+            ValueError,
+            "smooth_alpha",
+        ),
+        (lambda: O.softmax_output(_X, np.zeros((4, 3)), smooth_alpha=0.1), ValueError, "smooth_alpha"),
+        (lambda: O.softmax_output(_X, _LAB, grad_scale="2"), TypeError, "grad_scale"),
+        (lambda: O.softmax_output(_X, _LAB, use_ignore=1), TypeError, "use_ignore"),
+        (lambda: O.softmax_output(_X.astype(np.int32), _LAB), TypeError, "floating"),
+        (lambda: O.linear_regression_output(_X, np.zeros((4, 2))), ValueError, "same|batch size"),
+        (lambda: O.mae_regression_output(_X, np.zeros((3, 4))), ValueError, "batch size"),
+        (lambda: O.logistic_regression_output(jnp.float32(1.0), 0.0), ValueError, "scalar"),
+        (lambda: O.svm_output(_X, np.zeros((4, 3))), ValueError, r"label of shape \(4,\)"),
+        (lambda: O.grad(lambda d: d, has_aux=True)(_X), TypeError, "pair"),
+    ],
+)
 def test_bad_arguments_raise_clear_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
@@ -351,15 +379,17 @@ def test_errors_raise_at_trace_time_under_jit():
 
 def test_softmax_output_checks_concrete_label_range_and_keeps_mxnet_semantics_under_jit():
     x = np.zeros((3, 4), np.float32)
-    with pytest.raises(ValueError, match=r"softmax_output: labels must be class ids in \[0, 4\) "
-                       r"or ignore_label=-1, found \[4, 7\].*multi_output"):
+    with pytest.raises(
+        ValueError,
+        match=r"softmax_output: labels must be class ids in \[0, 4\) "
+        r"or ignore_label=-1, found \[4, 7\].*multi_output",
+    ):
         O.softmax_output(x, np.array([0, 4, 7], np.float32))
     with pytest.raises(ValueError, match=r"found \[-2\]"):
         O.grad(lambda d: O.softmax_output(d, np.array([0, -2, 1])))(x)  # labels concrete
     with pytest.raises(ValueError, match=r"\[0, 3\).*found \[3\]"):  # classes on axis 1
-        O.softmax_output(np.zeros((2, 3, 5), np.float32), np.full((2, 5), 3),
-                         multi_output=True)
-    O.softmax_output(x, np.array([0, -1, 3.7]))   # ignore_label, and 3.7 truncates to 3
+        O.softmax_output(np.zeros((2, 3, 5), np.float32), np.full((2, 5), 3), multi_output=True)
+    O.softmax_output(x, np.array([0, -1, 3.7]))  # ignore_label, and 3.7 truncates to 3
     O.softmax_output(x, np.array([0, 5, 1]), ignore_label=5, use_ignore=True)
     # Under jit the values are unknown: MXNet's rule, an out-of-range label hits no class.
     g = jax.jit(O.grad(lambda d, l: O.softmax_output(d, l)))(x, jnp.array([0, 4, 7]))

@@ -50,8 +50,16 @@ def test_named_serial_errors():
 def test_paths_of_a_named_net():
     _, params, _ = autoencoder().init(KEY, (-1, 6))
     view = paths(params)
-    assert list(view) == ["decoder/0/W", "decoder/0/b", "decoder/1/W", "decoder/1/b",
-                          "encoder/0/W", "encoder/0/b", "encoder/1/bias", "encoder/1/scale"]
+    assert list(view) == [
+        "decoder/0/W",
+        "decoder/0/b",
+        "decoder/1/W",
+        "decoder/1/b",
+        "encoder/0/W",
+        "encoder/0/b",
+        "encoder/1/bias",
+        "encoder/1/scale",
+    ]
     assert view["encoder/0/W"] is params["encoder"][0]["W"]
     assert funcnet.paths(params).keys() == view.keys()
 
@@ -80,8 +88,7 @@ def test_subtree_mask_and_mask_where():
     _, params, _ = autoencoder().init(KEY, (-1, 6))
     enc = paths(subtree_mask(params, "encoder"))
     assert {p for p, m in enc.items() if m} == {p for p in enc if p.startswith("encoder/")}
-    assert [p for p, m in paths(subtree_mask(params, "decoder/1")).items() if m] == [
-        "decoder/1/W", "decoder/1/b"]
+    assert [p for p, m in paths(subtree_mask(params, "decoder/1")).items() if m] == ["decoder/1/W", "decoder/1/b"]
     biases = mask_where(params, lambda path, x: path.endswith("/b"))
     assert [p for p, m in paths(biases).items() if m] == ["decoder/0/b", "decoder/1/b", "encoder/0/b"]
     with pytest.raises(ValueError, match=r"no parameter path starts with 'enc'.*encoder/0/W"):
@@ -116,8 +123,7 @@ def test_stop_gradient_alone_does_not_freeze_under_weight_decay():
     """Why freeze exists: a zero gradient still gets weight decay in optax."""
     _, params, _ = autoencoder().init(KEY, (-1, 6))
     x = jnp.ones((4, 6))
-    stopped = serial(encoder=_stop_gradient(serial(Dense(4), LayerNorm(), Relu)),
-                     decoder=serial(Dense(3), Dense(6)))
+    stopped = serial(encoder=_stop_gradient(serial(Dense(4), LayerNorm(), Relu)), decoder=serial(Dense(3), Dense(6)))
     after = _frozen_step(optim.sgd(0.1, momentum=0.9, weight_decay=0.1), stopped, params, x)
     assert not np.allclose(after["encoder"][0]["W"], params["encoder"][0]["W"])
 
@@ -125,15 +131,19 @@ def test_stop_gradient_alone_does_not_freeze_under_weight_decay():
 def _stop_gradient(layer):
     def apply(params, state, x, *, rng=None, train=False):
         return layer.apply(jax.lax.stop_gradient(params), state, x, rng=rng, train=train)
+
     return funcnet.named("StopGradient", layer.init, apply)
 
 
-@pytest.mark.parametrize("name,make", [
-    ("sgd", lambda: optim.sgd(0.1, momentum=0.9, weight_decay=0.1)),
-    ("adam", lambda: optim.adam(0.1, weight_decay=0.1)),
-    ("adamw", lambda: optim.adamw(0.1)),                    # weight_decay=0.01 by default
-    ("rmsprop", lambda: optim.rmsprop(0.1, momentum=0.9, weight_decay=0.1)),
-])
+@pytest.mark.parametrize(
+    "name,make",
+    [
+        ("sgd", lambda: optim.sgd(0.1, momentum=0.9, weight_decay=0.1)),
+        ("adam", lambda: optim.adam(0.1, weight_decay=0.1)),
+        ("adamw", lambda: optim.adamw(0.1)),  # weight_decay=0.01 by default
+        ("rmsprop", lambda: optim.rmsprop(0.1, momentum=0.9, weight_decay=0.1)),
+    ],
+)
 def test_freeze_keeps_params_bit_identical_under_every_decaying_recipe(name, make):
     """The promise in optim's docstrings: freeze(), not stop_gradient, freezes."""
     net = autoencoder()

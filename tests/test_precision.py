@@ -10,8 +10,7 @@ import pytest
 
 import funcnet
 from funcnet import datasets, initializers, losses, metrics, outputs, precision, train
-from funcnet.layers import (GRU, LSTM, RNN, BatchNorm, Conv, ConvTranspose, Dense, Embedding,
-                            LayerNorm, Relu)
+from funcnet.layers import GRU, LSTM, RNN, BatchNorm, Conv, ConvTranspose, Dense, Embedding, LayerNorm, Relu
 from funcnet.precision import Policy, apply_policy, parse_policy
 from funcnet.train import Aux, TrainState, make_train_step
 
@@ -33,6 +32,7 @@ def _dtypes(tree):
 # Policy.
 # --------------------------------------------------------------------------- #
 
+
 def test_parse_policy():
     p = parse_policy("params=float32,compute=bfloat16,output=float32")
     assert p == Policy(jnp.float32, jnp.bfloat16, jnp.float32)
@@ -41,13 +41,16 @@ def test_parse_policy():
     assert Policy.make("f32", "bf16", "f32") == p
 
 
-@pytest.mark.parametrize("spec, match", [
-    ("params=float32,compute=int8", "compute_dtype must be a floating dtype"),
-    ("params=float32,compute=nonsense", "compute_dtype"),
-    ("weights=float32", "cannot read 'weights=float32'"),
-    ("params=f32,params=bf16", "given twice"),
-    ("", "expected a string"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("params=float32,compute=int8", "compute_dtype must be a floating dtype"),
+        ("params=float32,compute=nonsense", "compute_dtype"),
+        ("weights=float32", "cannot read 'weights=float32'"),
+        ("params=f32,params=bf16", "given twice"),
+        ("", "expected a string"),
+    ],
+)
 def test_parse_policy_errors(spec, match):
     with pytest.raises(ValueError, match=match):
         parse_policy(spec)
@@ -107,8 +110,7 @@ def test_layer_under_bf16_policy(name):
     assert _dtypes(grads) == {jnp.dtype(jnp.float32)}
     if state32 != ():
         assert _dtypes(new_state) == {jnp.dtype(jnp.float32)}
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                     new_state, state32)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), new_state, state32)
 
 
 def test_dense_really_computes_in_bf16():
@@ -133,6 +135,7 @@ def test_output_dtype_and_summary_name():
 # BatchNorm statistics stay float32.
 # --------------------------------------------------------------------------- #
 
+
 def _bn_run(x_dtype, steps=50, momentum=0.99):
     init, apply = BatchNorm(momentum=momentum)
     _, params, state = init(jax.random.key(0), (-1, 3))
@@ -155,8 +158,7 @@ def test_batchnorm_stats_stay_float32_under_bf16_inputs():
     naive = jnp.zeros((3,), jnp.bfloat16)
     for i in range(50):
         x = _bf16_values(16, 3, seed=i, scale=0.5, shift=5.0)
-        naive = (jnp.bfloat16(0.99) * naive
-                 + jnp.bfloat16(0.01) * jnp.mean(x.astype(jnp.bfloat16), axis=0))
+        naive = jnp.bfloat16(0.99) * naive + jnp.bfloat16(0.01) * jnp.mean(x.astype(jnp.bfloat16), axis=0)
     assert np.max(np.abs(np.asarray(naive, np.float32) - s32["mean"])) > 1e-2
 
 
@@ -166,8 +168,11 @@ def test_batchnorm_refuses_half_precision_state():
     bad = jax.tree.map(lambda a: a.astype(jnp.bfloat16), state)
     x = jnp.ones((4, 3), jnp.bfloat16)
     for training in (True, False):
-        with pytest.raises(TypeError, match=r"BatchNorm: the running statistics must be float32"
-                                            r".*state\['mean'\] of dtype bfloat16"):
+        with pytest.raises(
+            TypeError,
+            match=r"BatchNorm: the running statistics must be float32"
+            r".*state\['mean'\] of dtype bfloat16",
+        ):
             apply(params, bad, x, train=training)
     f16_var = {"mean": state["mean"], "var": state["var"].astype(jnp.float16)}
     with pytest.raises(TypeError, match=r"state\['var'\] of dtype float16"):
@@ -189,6 +194,7 @@ def test_layernorm_statistics_in_float32():
 # --------------------------------------------------------------------------- #
 # Losses, output ops and metrics compute in float32.
 # --------------------------------------------------------------------------- #
+
 
 def _logits():
     return _bf16_values(6, 5, seed=2, scale=3.0)
@@ -251,8 +257,7 @@ def test_output_op_of_bf16_data_is_float32(name):
     np.testing.assert_allclose(out, op(z), rtol=1e-6, atol=1e-6)
     g = jax.jit(outputs.grad(op))(z.astype(jnp.bfloat16))
     assert g.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(g, np.float32), outputs.grad(op)(z), rtol=1e-2,
-                               atol=1e-3)
+    np.testing.assert_allclose(np.asarray(g, np.float32), outputs.grad(op)(z), rtol=1e-2, atol=1e-3)
 
 
 def test_metrics_accumulate_in_float32_and_int():
@@ -264,8 +269,7 @@ def test_metrics_accumulate_in_float32_and_int():
     @jax.jit
     def update(states, _):
         m, e, a = states
-        return (mean.update(m, one), mse.update(e, one, zero),
-                acc.update(a, scores, LABELS[:4])), None
+        return (mean.update(m, one), mse.update(e, one, zero), acc.update(a, scores, LABELS[:4])), None
 
     # 1200 > 256: a bf16 running total would stop at 256.
     (m, e, a), _ = jax.lax.scan(update, (m, e, a), None, length=300)
@@ -278,6 +282,7 @@ def test_metrics_accumulate_in_float32_and_int():
 # --------------------------------------------------------------------------- #
 # Loss scaling.
 # --------------------------------------------------------------------------- #
+
 
 def test_update_loss_scale_rules():
     ls = precision.dynamic_loss_scale(1024.0, period=3, factor=2.0, min_scale=256.0)
@@ -318,33 +323,31 @@ def _linear_loss(params, state, batch, rng):
 
 def _linear_state(opt, loss_scale=()):
     params = {"w": jnp.ones((3,))}
-    return TrainState(params, (), opt.init(params), jnp.zeros((), jnp.int32), jax.random.key(0),
-                      loss_scale=loss_scale)
+    return TrainState(params, (), opt.init(params), jnp.zeros((), jnp.int32), jax.random.key(0), loss_scale=loss_scale)
 
 
 def test_scaled_step_skips_non_finite_and_lowers_the_scale():
     opt = optax.adam(0.1)
-    ts = _linear_state(opt, precision.dynamic_loss_scale(2.0 ** 10, period=2))
+    ts = _linear_state(opt, precision.dynamic_loss_scale(2.0**10, period=2))
     step = jax.jit(make_train_step(_linear_loss, opt, ema_decay=0.5, grad_norm=True))
     ts = ts._replace(ema=funcnet.train.EMA(ts.params, jnp.ones((), jnp.int32)))
 
     bad = jnp.asarray([1.0, jnp.inf, 0.0])
     new, m = step(ts, bad)
-    assert not bool(m["grads_finite"]) and float(new.loss_scale.scale) == 2.0 ** 9
-    jax.tree.map(np.testing.assert_array_equal, (new.params, new.opt_state, new.ema),
-                 (ts.params, ts.opt_state, ts.ema))
+    assert not bool(m["grads_finite"]) and float(new.loss_scale.scale) == 2.0**9
+    jax.tree.map(np.testing.assert_array_equal, (new.params, new.opt_state, new.ema), (ts.params, ts.opt_state, ts.ema))
     assert int(new.step) == 1
 
     good = jnp.asarray([1.0, 2.0, 3.0])
     new2, m2 = step(new, good)
     ls2 = new2.loss_scale
-    assert bool(m2["grads_finite"]) and float(ls2.scale) == 2.0 ** 9 and int(ls2.good_steps) == 1
-    assert float(m2["loss"]) == pytest.approx(6.0) and float(m2["loss_scale"]) == 2.0 ** 9
+    assert bool(m2["grads_finite"]) and float(ls2.scale) == 2.0**9 and int(ls2.good_steps) == 1
+    assert float(m2["loss"]) == pytest.approx(6.0) and float(m2["loss_scale"]) == 2.0**9
     assert float(m2["grad_norm"]) == pytest.approx(np.sqrt(14.0))  # unscaled gradients
     assert not np.allclose(new2.params["w"], ts.params["w"])
     assert not np.allclose(new2.ema.params["w"], ts.ema.params["w"])
     new3, _ = step(new2, good)
-    assert float(new3.loss_scale.scale) == 2.0 ** 10  # raised after 2 finite steps
+    assert float(new3.loss_scale.scale) == 2.0**10  # raised after 2 finite steps
     assert int(new3.loss_scale.good_steps) == 0
 
 
@@ -352,35 +355,32 @@ def test_loss_scale_in_create_and_with_microbatches():
     net = funcnet.serial(Dense(4), Relu, Dense(2))
     opt = optax.sgd(0.5)
     plain = TrainState.create(net, opt, jax.random.key(0), (-1, 3))
-    scaled = TrainState.create(net, opt, jax.random.key(0), (-1, 3),
-                               loss_scale=precision.static_loss_scale(2.0 ** 8))
+    scaled = TrainState.create(net, opt, jax.random.key(0), (-1, 3), loss_scale=precision.static_loss_scale(2.0**8))
     assert plain.loss_scale == () and float(scaled.loss_scale.scale) == 256.0
 
     def loss_fn(params, state, batch, rng):
         out, state = net.apply(params, state, batch)
-        return jnp.mean(out ** 2), Aux(state=state)
+        return jnp.mean(out**2), Aux(state=state)
 
     x = jax.random.normal(jax.random.key(1), (8, 3))
     want, _ = jax.jit(make_train_step(loss_fn, opt))(plain, x)
     got, m = jax.jit(make_train_step(loss_fn, opt, microbatches=2))(scaled, x)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                 got.params, want.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got.params, want.params)
     assert float(m["loss_scale"]) == 256.0 and bool(m["grads_finite"])
     with pytest.raises(ValueError, match="loss_scale must be None or a funcnet.precision.LossScale"):
-        TrainState.create(net, opt, jax.random.key(0), (-1, 3), loss_scale=2.0 ** 8)
+        TrainState.create(net, opt, jax.random.key(0), (-1, 3), loss_scale=2.0**8)
 
 
 def test_deprecated_make_scaled_train_step_warns_and_gives_the_same_step():
     opt = optax.adam(0.1)
-    ls = precision.dynamic_loss_scale(2.0 ** 10, period=2)
+    ls = precision.dynamic_loss_scale(2.0**10, period=2)
     with pytest.warns(DeprecationWarning, match="TrainState.create\\(..., loss_scale="):
         old = train.make_scaled_train_step(_linear_loss, opt)
     batch = jnp.asarray([1.0, 2.0, 3.0])
     new_old, ls_old, m_old = old(_linear_state(opt), ls, batch)
     # the deprecated step keeps reporting grad_norm, as it always did
     new, m = make_train_step(_linear_loss, opt, grad_norm=True)(_linear_state(opt, ls), batch)
-    jax.tree.map(np.testing.assert_array_equal, (new_old.params, ls_old, m_old),
-                 (new.params, new.loss_scale, m))
+    jax.tree.map(np.testing.assert_array_equal, (new_old.params, ls_old, m_old), (new.params, new.loss_scale, m))
     assert new_old.loss_scale == ()
     with pytest.raises(ValueError, match="pass the TrainState first and the precision.LossScale"):
         old(ls, _linear_state(opt), batch)
@@ -402,20 +402,21 @@ def _mlp_steps(policy, tiny):
 
 def test_scaled_f16_step_matches_f32_step():
     batch = (jax.random.normal(jax.random.key(1), (32, 8)), jnp.arange(32) % 4)
-    tiny = 2.0 ** -20  # a small loss: its float16 gradients underflow unless scaled
+    tiny = 2.0**-20  # a small loss: its float16 gradients underflow unless scaled
     plain32, _, ts = _mlp_steps(Policy(), tiny)
     _, scaled16, ts16 = _mlp_steps(F16, tiny)
-    delta = lambda new: np.concatenate([np.ravel(a - b) for a, b in zip(
-        jax.tree.leaves(new.params), jax.tree.leaves(ts.params))])  # = -grad with SGD(1)
+    delta = lambda new: np.concatenate(
+        [np.ravel(a - b) for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(ts.params))]
+    )  # = -grad with SGD(1)
 
     want = delta(plain32(ts, batch)[0])
     runs = {}
-    for scale in (2.0 ** 20, 1.0):
+    for scale in (2.0**20, 1.0):
         new, m = scaled16(ts16._replace(loss_scale=precision.static_loss_scale(scale)), batch)
         assert bool(m["grads_finite"]) and _dtypes(new.params) == {jnp.dtype(jnp.float32)}
         runs[scale] = delta(new)
     assert np.max(np.abs(want)) > 1e-8
-    np.testing.assert_allclose(runs[2.0 ** 20], want, rtol=2e-2, atol=2e-3 * np.max(np.abs(want)))
+    np.testing.assert_allclose(runs[2.0**20], want, rtol=2e-2, atol=2e-3 * np.max(np.abs(want)))
     # Without the scale, float16 gradients of that small loss underflow: the check
     # above is one that unscaled float16 fails.
     assert np.max(np.abs(runs[1.0] - want)) > 0.1 * np.max(np.abs(want))
@@ -428,8 +429,7 @@ def test_scaled_step_under_pmap_agrees_across_devices():
     params = {"w": jnp.ones((3,))}
     ts = _linear_state(opt, precision.dynamic_loss_scale(8.0))
     rep = lambda t: jax.tree.map(lambda a: jnp.stack([a] * n), t)
-    step = jax.pmap(make_train_step(_linear_loss, opt, axis_name="b"),
-                    axis_name="b", devices=jax.local_devices()[:n])
+    step = jax.pmap(make_train_step(_linear_loss, opt, axis_name="b"), axis_name="b", devices=jax.local_devices()[:n])
     # Only device 1 sees an inf: the averaged gradient is inf on both, both skip.
     batch = jnp.asarray([[1.0, 2.0, 3.0], [1.0, jnp.inf, 3.0]])
     new, m = step(rep(ts), batch)
@@ -441,6 +441,7 @@ def test_scaled_step_under_pmap_agrees_across_devices():
 # --------------------------------------------------------------------------- #
 # End to end: the tinynn MNIST MLP in bfloat16 trains as well as in float32.
 # --------------------------------------------------------------------------- #
+
 
 def _train_mnist(policy, x, y, x_test, y_test, steps=200, batch=64):
     dense = lambda n: Dense(n, W_init=initializers.xavier_uniform(), b_init=initializers.zeros)
@@ -462,6 +463,7 @@ def _train_mnist(policy, x, y, x_test, y_test, steps=200, batch=64):
         def body(ts, i):
             j = i % n_batches
             return step(ts, (xb[j], yb[j]))[0], None
+
         return jax.lax.scan(body, ts, jnp.arange(steps))[0]
 
     ts = train(ts)
@@ -476,7 +478,6 @@ def test_mnist_mlp_bf16_matches_f32_accuracy():
     x, y = jnp.asarray(x[:9600]), jnp.asarray(y[:9600])
     x_test, y_test = jnp.asarray(x_test[:2000]), jnp.asarray(y_test[:2000])
     acc32 = _train_mnist(Policy(), x, y, x_test, y_test)
-    acc16 = _train_mnist(parse_policy("params=float32,compute=bfloat16,output=float32"),
-                         x, y, x_test, y_test)
+    acc16 = _train_mnist(parse_policy("params=float32,compute=bfloat16,output=float32"), x, y, x_test, y_test)
     assert acc32 > 0.85, acc32  # 200 steps on 9600 images: training works
     assert abs(acc16 - acc32) <= 0.01, (acc16, acc32)

@@ -50,7 +50,7 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
     base = module.split(".") if is_package else module.split(".")[:-1]
-    base = base[:len(base) - (node.level - 1)]
+    base = base[: len(base) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -75,11 +75,14 @@ def _reaches(path: pathlib.Path, tree: ast.AST) -> list:
                     aliases[alias.asname] = alias.name
     for node in ast.walk(tree):
         # m._name, where m is a public funcnet module imported under that name
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases and _private(node.attr)):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and _private(node.attr)
+        ):
             source = aliases[node.value.id]
-            if (source != me and not _is_private_module(source)
-                    and not _is_module(f"{source}.{node.attr}")):
+            if source != me and not _is_private_module(source) and not _is_module(f"{source}.{node.attr}"):
                 found.append((me, source, node.attr, node.lineno))
     return found
 
@@ -92,11 +95,16 @@ def _all_reaches() -> list:
 
 
 def test_no_module_imports_another_public_modules_private_names():
-    bad = [f"{me} (line {line}) takes {name} from {source}"
-           for me, source, name, line in _all_reaches() if (me, source, name) not in ALLOWED]
-    assert not bad, ("These funcnet modules reach into another public module's private names; "
-                     "move what they share into a private module (funcnet/_x.py) that both "
-                     "import, or make it public:\n  " + "\n  ".join(bad))
+    bad = [
+        f"{me} (line {line}) takes {name} from {source}"
+        for me, source, name, line in _all_reaches()
+        if (me, source, name) not in ALLOWED
+    ]
+    assert not bad, (
+        "These funcnet modules reach into another public module's private names; "
+        "move what they share into a private module (funcnet/_x.py) that both "
+        "import, or make it public:\n  " + "\n  ".join(bad)
+    )
 
 
 def test_the_allow_list_holds_no_stale_entries():
@@ -105,15 +113,18 @@ def test_the_allow_list_holds_no_stale_entries():
     assert not stale, f"ALLOWED lists reaches that no longer exist; remove them: {stale}"
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("from funcnet.inference import _dest, export\n", [("funcnet.inference", "_dest")]),
-    ("from .inference import _dtype\n", [("funcnet.inference", "_dtype")]),
-    ("import funcnet.inference as inf\ninf._input_specs(1)\n", [("funcnet.inference", "_input_specs")]),
-    ("from funcnet import inference\ninference._dest(1)\n", [("funcnet.inference", "_dest")]),
-    ("from funcnet import _checks as checks\nchecks._name(1)\n", []),
-    ("from funcnet._export_args import input_specs, _x\n", []),
-    ("from funcnet._version import __version__\n", []),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("from funcnet.inference import _dest, export\n", [("funcnet.inference", "_dest")]),
+        ("from .inference import _dtype\n", [("funcnet.inference", "_dtype")]),
+        ("import funcnet.inference as inf\ninf._input_specs(1)\n", [("funcnet.inference", "_input_specs")]),
+        ("from funcnet import inference\ninference._dest(1)\n", [("funcnet.inference", "_dest")]),
+        ("from funcnet import _checks as checks\nchecks._name(1)\n", []),
+        ("from funcnet._export_args import input_specs, _x\n", []),
+        ("from funcnet._version import __version__\n", []),
+    ],
+)
 def test_the_check_tells_a_reach_from_an_allowed_import(source, expected):
     found = _reaches(ROOT / "onnx.py", ast.parse(source))
     assert [(src, name) for _, src, name, _ in found] == expected

@@ -37,6 +37,7 @@ def _ids(seed, shape, high):
 # Cases: (replicated args, batch args, fn(*replicated, *batch) -> pytree).
 # --------------------------------------------------------------------------- #
 
+
 def _layer(layer, x, *, train=False, dropout_key=False):
     """Output, new state and parameter gradients of ``sum(sin(output))`` (not of a sum of
     squares: through BatchNorm that gradient is zero up to rounding)."""
@@ -62,8 +63,7 @@ def _grad_of(loss_fn, *batch, **kwargs):
 
 def _output_op(op, data, label, **kwargs):
     """An MXNet output op's forward and its injected gradient."""
-    return (), (data, label), lambda d, y: (op(d, y, **kwargs),
-                                            outputs.grad(lambda d: op(d, y, **kwargs))(d))
+    return (), (data, label), lambda d, y: (op(d, y, **kwargs), outputs.grad(lambda d: op(d, y, **kwargs))(d))
 
 
 def _metric(metric, *batch):
@@ -102,46 +102,62 @@ LAYERS = {
     "Embedding": _layer(L.Embedding(10, 3), _ids(10, (N, 5), 10)),
     # One case for the three: each scan costs a second of compiling.
     "RNN+GRU+LSTM": _layer(C.serial(L.RNN(4), L.GRU(3), L.LSTM(4, return_sequences=False)), seq),
-    "activations": _layer(C.serial(L.Relu, L.LeakyRelu(0.1), L.Elu, L.Selu, L.Gelu, L.Sigmoid,
-                                   L.Tanh, L.Softplus, L.Softmax(), L.LogSoftmax()), x2),
-    "serial+parallel": _layer(C.serial(C.FanOut(2), C.parallel(L.Dense(3), L.Dense(2)),
-                                       C.FanInConcat()), x2),
-    "FanInSum+Residual": _layer(C.serial(C.FanOut(2), C.parallel(L.Dense(5), C.Identity),
-                                         C.FanInSum, C.Residual(L.Dense(5))), x2),
+    "activations": _layer(
+        C.serial(
+            L.Relu, L.LeakyRelu(0.1), L.Elu, L.Selu, L.Gelu, L.Sigmoid, L.Tanh, L.Softplus, L.Softmax(), L.LogSoftmax()
+        ),
+        x2,
+    ),
+    "serial+parallel": _layer(C.serial(C.FanOut(2), C.parallel(L.Dense(3), L.Dense(2)), C.FanInConcat()), x2),
+    "FanInSum+Residual": _layer(
+        C.serial(C.FanOut(2), C.parallel(L.Dense(5), C.Identity), C.FanInSum, C.Residual(L.Dense(5))), x2
+    ),
 }
 
 LOSSES = {
     "cross_entropy": _grad_of(losses.cross_entropy, logits, labels),
-    "cross_entropy-weight-ignore": _grad_of(losses.cross_entropy, logits, labels_ignored,
-                                            weight=weight, label_smoothing=0.1),
+    "cross_entropy-weight-ignore": _grad_of(
+        losses.cross_entropy, logits, labels_ignored, weight=weight, label_smoothing=0.1
+    ),
     "cross_entropy-probs": _grad_of(losses.cross_entropy, logits, probs, weight=weight),
-    "nll_loss-weight": _grad_of(losses.nll_loss, jax.nn.log_softmax(logits), labels_ignored,
-                                weight=weight),
-    "sigmoid_bce": _grad_of(losses.sigmoid_binary_cross_entropy, logits, (targets > 0),
-                            pos_weight=weight),
+    "nll_loss-weight": _grad_of(losses.nll_loss, jax.nn.log_softmax(logits), labels_ignored, weight=weight),
+    "sigmoid_bce": _grad_of(losses.sigmoid_binary_cross_entropy, logits, (targets > 0), pos_weight=weight),
     "mse": _grad_of(losses.mse, logits, targets),
     "mae": _grad_of(losses.mae, logits, targets),
     "huber": _grad_of(losses.huber, logits, targets, delta=0.5),
     "smooth_l1": _grad_of(lambda x: jnp.sum(losses.smooth_l1(x, scalar=2.0)), logits),
     "hinge": _grad_of(losses.hinge, logits, np.sign(targets)),
     "multiclass_hinge-weight": _grad_of(losses.multiclass_hinge, logits, labels, weight=weight),
-    "center_loss": ((centers,), (logits, labels),
-                    lambda c, f, y: jax.value_and_grad(lambda f: losses.center_loss(c, f, y),
-                                                       has_aux=True)(f)),
+    "center_loss": (
+        (centers,),
+        (logits, labels),
+        lambda c, f, y: jax.value_and_grad(lambda f: losses.center_loss(c, f, y), has_aux=True)(f),
+    ),
 }
 
 OUTPUTS = {
-    "softmax_output": _output_op(outputs.softmax_output, logits, labels.astype(np.float32),
-                                 normalization="valid", use_ignore=True, ignore_label=2.0),
+    "softmax_output": _output_op(
+        outputs.softmax_output,
+        logits,
+        labels.astype(np.float32),
+        normalization="valid",
+        use_ignore=True,
+        ignore_label=2.0,
+    ),
     "softmax_output-probs": _output_op(outputs.softmax_output, logits, probs, smooth_alpha=0.0),
     "linear_regression_output": _output_op(outputs.linear_regression_output, logits, targets),
-    "logistic_regression_output": _output_op(outputs.logistic_regression_output, logits,
-                                             (targets > 0).astype(np.float32)),
+    "logistic_regression_output": _output_op(
+        outputs.logistic_regression_output, logits, (targets > 0).astype(np.float32)
+    ),
     "mae_regression_output": _output_op(outputs.mae_regression_output, logits, targets),
     "svm_output": _output_op(outputs.svm_output, logits, labels.astype(np.float32)),
-    "make_loss+block_grad": ((), (logits, targets), lambda d, t: outputs.value_and_grad(
-        lambda d: outputs.make_loss(jnp.sum((d - outputs.block_grad(t)) ** 2, axis=-1),
-                                    normalization="batch"))(d)),
+    "make_loss+block_grad": (
+        (),
+        (logits, targets),
+        lambda d, t: outputs.value_and_grad(
+            lambda d: outputs.make_loss(jnp.sum((d - outputs.block_grad(t)) ** 2, axis=-1), normalization="batch")
+        )(d),
+    ),
 }
 
 METRICS = {
@@ -152,15 +168,20 @@ METRICS = {
     "MSE": _metric(metrics.MSE(), logits, targets),
     "MAE": _metric(metrics.MAE(), logits, targets),
     "RMSE": _metric(metrics.RMSE(), logits, targets),
-    "collection": ((), (logits, labels, targets), lambda p, y, t: (lambda m: m.compute(m.update(
-        m.init(), acc=(p, y), err=(p, t))))(metrics.collection(acc=metrics.Accuracy(),
-                                                               err=metrics.MSE()))),
+    "collection": (
+        (),
+        (logits, labels, targets),
+        lambda p, y, t: (lambda m: m.compute(m.update(m.init(), acc=(p, y), err=(p, t))))(
+            metrics.collection(acc=metrics.Accuracy(), err=metrics.MSE())
+        ),
+    ),
 }
 
-CASES = {f"{group}:{name}": case
-         for group, cases in (("layer", LAYERS), ("loss", LOSSES), ("output", OUTPUTS),
-                              ("metric", METRICS))
-         for name, case in cases.items()}
+CASES = {
+    f"{group}:{name}": case
+    for group, cases in (("layer", LAYERS), ("loss", LOSSES), ("output", OUTPUTS), ("metric", METRICS))
+    for name, case in cases.items()
+}
 
 MESHES = {"explicit": (AxisType.Explicit,), "auto": (AxisType.Auto,)}
 
@@ -195,8 +216,9 @@ def test_batch_sharded_jit_equals_one_device(case, mesh_kind):
         want = np.asarray(want)
         # Split sums add their terms in another order: f32 rounding of the leaf's magnitude.
         scale = float(np.nanmax(np.abs(want), initial=1.0)) if want.dtype.kind == "f" else 0.0
-        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * scale,
-                                   err_msg=f"{case} on the {mesh_kind} mesh")
+        np.testing.assert_allclose(
+            np.asarray(got), want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{case} on the {mesh_kind} mesh"
+        )
 
 
 @pytest.mark.devices(4)

@@ -6,6 +6,7 @@ momentum, whose update is linear in the gradient: Adam's scale invariance would 
 a gradient N times too large), and its outputs must keep the layout they came in
 with.
 """
+
 import functools
 import re
 import warnings
@@ -79,8 +80,9 @@ def _assert_same_layout(got, want):
     for (path, a), b in zip(funcnet.paths(got).items(), jax.tree.leaves(want)):
         if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
             continue
-        assert a.sharding.is_equivalent_to(b.sharding, a.ndim), \
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim), (
             f"{path}: came in as {b.sharding.spec}, left as {a.sharding.spec}"
+        )
 
 
 def _assert_close(got, want, tol=1e-5):
@@ -92,6 +94,7 @@ def _assert_close(got, want, tol=1e-5):
 # Rules and placement
 # --------------------------------------------------------------------------- #
 
+
 @pytest.mark.devices(4)
 def test_first_matching_rule_wins_by_re_search_and_the_rest_is_replicated():
     ts, _, _ = _mlp_case()
@@ -99,11 +102,11 @@ def test_first_matching_rule_wins_by_re_search_and_the_rest_is_replicated():
     rules = [(r"0/W$", P(None, "data")), (r"W$", P("data", None)), (r"5/b", P("data"))]
     specs = sharding.param_specs(ts.params, mesh, rules)
     got = {k: v for k, v in funcnet.paths(specs).items()}
-    assert got["0/W"] == P(None, "data")          # the first rule, though the second matches
-    assert got["2/W"] == P("data", None)          # re.search: "W$" is found in "2/W"
+    assert got["0/W"] == P(None, "data")  # the first rule, though the second matches
+    assert got["2/W"] == P("data", None)  # re.search: "W$" is found in "2/W"
     assert got["5/W"] == P("data", None)
     assert got["5/b"] == P("data")
-    assert got["0/b"] == P() and got["3/scale"] == P()   # no rule: replicated
+    assert got["0/b"] == P() and got["3/scale"] == P()  # no rule: replicated
     placed = sharding.shard_params(ts.params, mesh, rules)
     for (path, x), orig in zip(funcnet.paths(placed).items(), jax.tree.leaves(ts.params)):
         assert x.sharding == NamedSharding(mesh, got[path])
@@ -114,10 +117,12 @@ def test_first_matching_rule_wins_by_re_search_and_the_rest_is_replicated():
 @pytest.mark.devices(4)
 def test_train_state_optimizer_moments_follow_their_params():
     net = _mlp()
-    for opt in (optax.adam(1e-3), optax.sgd(0.1, momentum=0.9),
-                funcnet.optim.adamw(1e-3, weight_decay=0.1,
-                                    mask=funcnet.kernel_mask),
-                funcnet.freeze(optax.adam(1e-3), lambda p: funcnet.subtree_mask(p, "0"))):
+    for opt in (
+        optax.adam(1e-3),
+        optax.sgd(0.1, momentum=0.9),
+        funcnet.optim.adamw(1e-3, weight_decay=0.1, mask=funcnet.kernel_mask),
+        funcnet.freeze(optax.adam(1e-3), lambda p: funcnet.subtree_mask(p, "0")),
+    ):
         ts = TrainState.create(net, opt, jax.random.key(0), (-1, 18))
         if isinstance(ts.opt_state, tuple) and not jax.tree.leaves(ts.opt_state):
             continue
@@ -130,7 +135,7 @@ def test_train_state_optimizer_moments_follow_their_params():
                 assert x.sharding.spec == params[owner[0]].sharding.spec, path
                 mirrored += 1
             else:
-                assert x.sharding.is_fully_replicated, path   # counts and the like
+                assert x.sharding.is_fully_replicated, path  # counts and the like
         assert mirrored >= len(params) // 2, opt
         assert placed.rng.sharding.is_fully_replicated and placed.step.sharding.is_fully_replicated
 
@@ -141,9 +146,9 @@ def test_fsdp_splits_the_largest_divisible_dimension_and_replicates_the_small():
     mesh = _mesh()
     assert spec((64, 20), mesh) == P("data", None)
     assert spec((20, 64), mesh) == P(None, "data")
-    assert spec((6, 64, 64), mesh) == P(None, "data", None)   # ties: the first
-    assert spec((7, 33), mesh) == P()                        # nothing divides: whole
-    assert spec((8,), mesh) == P()                           # small: whole
+    assert spec((6, 64, 64), mesh) == P(None, "data", None)  # ties: the first
+    assert spec((7, 33), mesh) == P()  # nothing divides: whole
+    assert spec((8,), mesh) == P()  # small: whole
     assert sharding.fsdp_rules("data", 0)[0][0] == ".*"
 
 
@@ -154,8 +159,7 @@ def test_explain_reports_one_nth_per_device_under_fsdp():
     mesh = _mesh()
     full = sharding.explain(distributed.replicate_on(mesh, ts), print_fn=None)
     lines = []
-    fsdp = sharding.explain(sharding.shard_params(ts, mesh, sharding.fsdp_rules()),
-                            print_fn=lines.append)
+    fsdp = sharding.explain(sharding.shard_params(ts, mesh, sharding.fsdp_rules()), print_fn=lines.append)
     assert full.bytes_per_device == full.bytes_total
     assert fsdp.bytes_total == full.bytes_total
     assert fsdp.bytes_per_device <= 1.1 * full.bytes_per_device / 4
@@ -166,6 +170,7 @@ def test_explain_reports_one_nth_per_device_under_fsdp():
 # The step
 # --------------------------------------------------------------------------- #
 
+
 @pytest.mark.parametrize("auto", [False, True], ids=["explicit", "auto"])
 @pytest.mark.devices(4)
 def test_fsdp_step_equals_one_device_and_keeps_the_layout(auto):
@@ -175,7 +180,7 @@ def test_fsdp_step_equals_one_device_and_keeps_the_layout(auto):
     mesh = _mesh(auto=auto)
     placed = sharding.shard_params(ts, mesh, sharding.fsdp_rules(min_size=0))
     assert placed.params[0]["W"].sharding.spec == P(None, "data")
-    assert placed.params[2]["W"].sharding.spec == P("data", None)   # split over the batch's axis
+    assert placed.params[2]["W"].sharding.spec == P("data", None)  # split over the batch's axis
     inputs = jax.tree.leaves(placed)
     got = _two_steps(step, placed, batch, mesh)
     _assert_close(got.params, want.params)
@@ -190,12 +195,13 @@ def test_tensor_parallel_and_2d_layouts_equal_one_device(auto):
     step = make_train_step(loss_fn, OPT)
     want = _two_steps(step, ts, batch)
     mesh = _mesh((2, 2), ("data", "model"), auto=auto)
-    for rules in (sharding.megatron_rules(column=["0"], row=["2"]),
-                  sharding.megatron_rules(column=["0"], row=["2"], fsdp_axis="data")
-                  + sharding.fsdp_rules("data", min_size=0)):
+    for rules in (
+        sharding.megatron_rules(column=["0"], row=["2"]),
+        sharding.megatron_rules(column=["0"], row=["2"], fsdp_axis="data") + sharding.fsdp_rules("data", min_size=0),
+    ):
         placed = sharding.shard_params(ts, mesh, rules)
-        assert placed.params[0]["W"].sharding.spec[-1] == "model"   # column-parallel
-        assert placed.params[2]["W"].sharding.spec[0] == "model"    # row-parallel
+        assert placed.params[0]["W"].sharding.spec[-1] == "model"  # column-parallel
+        assert placed.params[2]["W"].sharding.spec[0] == "model"  # row-parallel
         got = _two_steps(step, placed, batch, mesh)
         _assert_close(got.params, want.params)
         _assert_same_layout(got, placed)
@@ -236,6 +242,7 @@ def test_gpt_sharded_step_equals_one_device(layout):
 # fit and checkpoints
 # --------------------------------------------------------------------------- #
 
+
 def _fit_data():
     r = np.random.default_rng(1)
     return r.normal(size=(64, 18)).astype(np.float32), r.normal(size=(64, 8)).astype(np.float32)
@@ -246,16 +253,17 @@ def _fit_data():
 def test_fit_keeps_a_sharded_state_and_equals_one_device(layout):
     ts, loss_fn, _ = _mlp_case()
     arrays = _fit_data()
-    want, _ = funcnet.fit(ts, loss_fn, OPT, data.DeviceData(arrays, 16, shuffle=True, rng=0),
-                          epochs=2)
+    want, _ = funcnet.fit(ts, loss_fn, OPT, data.DeviceData(arrays, 16, shuffle=True, rng=0), epochs=2)
     if layout == "fsdp":
         mesh, rules = _mesh(), sharding.fsdp_rules(min_size=0)
     else:
         mesh = _mesh((2, 2), ("data", "model"))
         rules = sharding.megatron_rules(column=["0"], row=["2"]) + sharding.fsdp_rules("data", 0)
     placed = sharding.shard_params(ts, mesh, rules)
-    for train in (data.DeviceData(arrays, 16, shuffle=True, rng=0),
-                  lambda e: data.batches(arrays, 16, shuffle=True, rng=0, epoch=e)):
+    for train in (
+        data.DeviceData(arrays, 16, shuffle=True, rng=0),
+        lambda e: data.batches(arrays, 16, shuffle=True, rng=0, epoch=e),
+    ):
         got, _ = funcnet.fit(placed, loss_fn, OPT, train, epochs=2, mesh=mesh)
         _assert_close(got.params, want.params)
         _assert_same_layout(got, placed)
@@ -275,12 +283,18 @@ def test_fit_resumes_a_sharded_state_from_orbax_in_its_shardings(tmp_path):
     # What fit's Checkpoint writes: the state, the loop position, the data layout it
     # checks on resume, the (here no) callback states and the epoch's metric sums.
     layout = dict.fromkeys(("batch_size", "n", "drop_remainder", "shuffle", "seed"), np.int64(0))
-    restored = ck.checkpointer.restore({"train_state": placed, "epoch": np.int64(0),
-                                        "batch_in_epoch": np.int64(0), "data": layout,
-                                        "callbacks": {}, "epoch_metrics": EpochSums.empty_tree()})
+    restored = ck.checkpointer.restore(
+        {
+            "train_state": placed,
+            "epoch": np.int64(0),
+            "batch_in_epoch": np.int64(0),
+            "data": layout,
+            "callbacks": {},
+            "epoch_metrics": EpochSums.empty_tree(),
+        }
+    )
     _assert_same_layout(restored["train_state"], placed)
-    resumed, _ = funcnet.fit(placed, loss_fn, OPT, train, epochs=2, mesh=mesh,
-                             resume_from=ck.checkpointer)
+    resumed, _ = funcnet.fit(placed, loss_fn, OPT, train, epochs=2, mesh=mesh, resume_from=ck.checkpointer)
     for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(full.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     _assert_same_layout(resumed, placed)
@@ -299,12 +313,13 @@ def test_npz_checkpointer_gathers_a_sharded_state_and_refuses_past_its_limit(tmp
     small = checkpoint.NpzCheckpointer(tmp_path / "no", max_gather_bytes=1000)
     with pytest.raises(ValueError, match=r"gather all .* max_gather_bytes=1000.*orbax"):
         small.save(1, placed)
-    small.save(1, jax.device_get(placed))   # host arrays: nothing to gather
+    small.save(1, jax.device_get(placed))  # host arrays: nothing to gather
 
 
 # --------------------------------------------------------------------------- #
 # Bad input
 # --------------------------------------------------------------------------- #
+
 
 @pytest.mark.devices(4)
 def test_bad_rules_are_named():
@@ -312,8 +327,11 @@ def test_bad_rules_are_named():
     mesh = _mesh()
     with pytest.raises(ValueError, match=r"'0/W'.*axis 'model', which the mesh does not have"):
         sharding.shard_params(ts.params, mesh, [("0/W", P(None, "model"))])
-    with pytest.raises(ValueError, match=r"'0/W' has shape \(18, 64\).*dimension 0 \(18\).*"
-                                         r"size 4.*fsdp_rules"):
+    with pytest.raises(
+        ValueError,
+        match=r"'0/W' has shape \(18, 64\).*dimension 0 \(18\).*"
+        r"size 4.*fsdp_rules",
+    ):
         sharding.shard_params(ts.params, mesh, [("0/W", P("data"))])
     with pytest.raises(ValueError, match=r"names 3 dimensions; the leaf has 1"):
         sharding.shard_params(ts.params, mesh, [("0/b", P(None, None, "data"))])
@@ -381,20 +399,32 @@ def test_fit_refuses_a_batch_the_data_axis_does_not_divide(layout):
     axis = rf"over {n_split} devices \(mesh axis 'data'"
     fit = lambda train: funcnet.fit(placed, loss_fn, OPT, train, epochs=1, mesh=mesh)  # noqa: E731
 
-    with pytest.raises(ValueError, match=rf"^DeviceData: a batch of {bad} examples cannot be "
-                                         rf"split evenly {axis}\)\. Use a batch_size that is a "
-                                         rf"multiple of {n_split} \(e\.g\. {fix}\)\.$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^DeviceData: a batch of {bad} examples cannot be "
+        rf"split evenly {axis}\)\. Use a batch_size that is a "
+        rf"multiple of {n_split} \(e\.g\. {fix}\)\.$",
+    ):
         fit(data.DeviceData((x, y), bad))
-    with pytest.raises(ValueError, match=rf"a batch of {tail} examples cannot be split evenly "
-                                         rf"{axis}\)\. It is each epoch's last batch, the rows "
-                                         rf"left of n={n_tail} after batches of batch_size=8: "
-                                         rf"drop it \(drop_remainder=True\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"a batch of {tail} examples cannot be split evenly "
+        rf"{axis}\)\. It is each epoch's last batch, the rows "
+        rf"left of n={n_tail} after batches of batch_size=8: "
+        rf"drop it \(drop_remainder=True\)",
+    ):
         fit(data.DeviceData((x[:n_tail], y[:n_tail]), 8, drop_remainder=False))
-    with pytest.raises(ValueError, match=rf"a batch of {bad} examples cannot be split evenly "
-                                         rf"{axis}\): {bad} % {n_split} = {bad % n_split}\. "
-                                         rf"Use a batch size that is a multiple of {n_split}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"a batch of {bad} examples cannot be split evenly "
+        rf"{axis}\): {bad} % {n_split} = {bad % n_split}\. "
+        rf"Use a batch size that is a multiple of {n_split}",
+    ):
         fit(lambda e: data.batches((x, y), bad, epoch=e))
-    with pytest.raises(ValueError, match=rf"a batch of {tail} examples cannot be split evenly "
-                                         rf"{axis}.*last, partial batch.*drop_remainder=True"):
+    with pytest.raises(
+        ValueError,
+        match=rf"a batch of {tail} examples cannot be split evenly "
+        rf"{axis}.*last, partial batch.*drop_remainder=True",
+    ):
         fit(lambda e: data.batches((x[:n_tail], y[:n_tail]), 8, drop_remainder=False, epoch=e))
     assert not any(a.is_deleted() for a in jax.tree.leaves(placed))

@@ -23,14 +23,20 @@ def _same_with_empty_state(net, x):
     return params
 
 
-@pytest.mark.parametrize("make", [
-    lambda: serial(Dense(4), Relu, Dense(2)),
-    lambda: serial(FanOut(2), parallel(Dense(3), serial(Dense(3), Tanh)), FanInConcat()),
-    lambda: serial(Dense(5), Residual(serial(Dense(5), Relu)), Residual(Tanh)),
-    lambda: serial(serial(Dense(4), serial(Relu, Dropout(0.5))),
-                   serial(FanOut(2), parallel(Dense(4), Residual(Relu)), FanInSum), Dense(2)),
-    lambda: serial(encoder=serial(Dense(4), Relu), decoder=serial(Dense(3), Relu, Dense(5))),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: serial(Dense(4), Relu, Dense(2)),
+        lambda: serial(FanOut(2), parallel(Dense(3), serial(Dense(3), Tanh)), FanInConcat()),
+        lambda: serial(Dense(5), Residual(serial(Dense(5), Relu)), Residual(Tanh)),
+        lambda: serial(
+            serial(Dense(4), serial(Relu, Dropout(0.5))),
+            serial(FanOut(2), parallel(Dense(4), Residual(Relu)), FanInSum),
+            Dense(2),
+        ),
+        lambda: serial(encoder=serial(Dense(4), Relu), decoder=serial(Dense(3), Relu, Dense(5))),
+    ],
+)
 def test_stateless_networks_accept_empty_state(make):
     _same_with_empty_state(make(), X)
 

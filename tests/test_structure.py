@@ -46,8 +46,11 @@ def _imports(name, path):
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module is not None or (
-                isinstance(node, ast.ImportFrom) and node.level):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module is not None
+            or (isinstance(node, ast.ImportFrom) and node.level)
+        ):
             base = node.module or ""
             if node.level:
                 anchor = package
@@ -70,7 +73,7 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 def test_the_graph_is_read():
     # A parser that found nothing would make the tests below pass vacuously.
     assert len(MODULES) > 30
-    assert ("funcnet.core", ) in {(t,) for t, _, _ in GRAPH["funcnet.combinators"]}
+    assert ("funcnet.core",) in {(t,) for t, _, _ in GRAPH["funcnet.combinators"]}
     assert any(t == "funcnet.train" for t, _, _ in GRAPH["funcnet.loop._fit"])
 
 
@@ -124,23 +127,31 @@ def test_no_import_cycles():
     # Every import counts, also one inside a function: hiding an import in a function
     # only moves a cycle from import time to call time. Importing a package's submodule
     # from outside runs the package's __init__ first, so that is an edge too.
-    graph = {name: set().union(*[_with_packages(name, t) for t, _, _ in edges] or [set()])
-             - {"funcnet"} for name, edges in GRAPH.items()}
+    graph = {
+        name: set().union(*[_with_packages(name, t) for t, _, _ in edges] or [set()]) - {"funcnet"}
+        for name, edges in GRAPH.items()
+    }
     assert _cycles(graph) == []
 
 
 def test_package_edges_are_seen():
     assert _with_packages("funcnet.loop", "funcnet.checkpoint._npz") == {
-        "funcnet.checkpoint._npz", "funcnet.checkpoint"}
-    assert _with_packages("funcnet.checkpoint", "funcnet.checkpoint._npz") == {
-        "funcnet.checkpoint._npz"}
+        "funcnet.checkpoint._npz",
+        "funcnet.checkpoint",
+    }
+    assert _with_packages("funcnet.checkpoint", "funcnet.checkpoint._npz") == {"funcnet.checkpoint._npz"}
 
 
 def test_no_function_local_funcnet_imports():
-    local = [f"{MODULES[name].relative_to(ROOT.parent)}:{line} imports {target}"
-             for name, edges in GRAPH.items() for target, line, at_top in edges if not at_top]
-    assert local == [], ("funcnet modules import each other at module level; a function-local "
-                         "import hides a cycle:\n" + "\n".join(local))
+    local = [
+        f"{MODULES[name].relative_to(ROOT.parent)}:{line} imports {target}"
+        for name, edges in GRAPH.items()
+        for target, line, at_top in edges
+        if not at_top
+    ]
+    assert local == [], (
+        "funcnet modules import each other at module level; a function-local import hides a cycle:\n" + "\n".join(local)
+    )
 
 
 def test_no_funcnet_module_is_imported_by_name_at_run_time():
@@ -150,10 +161,13 @@ def test_no_funcnet_module_is_imported_by_name_at_run_time():
     found = []
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
-                    ("import_module", "__import__")) and node.args
-                    and isinstance(node.args[0], ast.Constant)
-                    and str(node.args[0].value).startswith("funcnet")):
+            if (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func).endswith(("import_module", "__import__"))
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("funcnet")
+            ):
                 found.append(f"{name}:{node.lineno} imports {node.args[0].value}")
     assert found == [], "import funcnet modules at module level:\n" + "\n".join(found)
 
@@ -193,8 +207,7 @@ def test_errors_are_the_same_classes_where_they_are_raised():
                 seen += 1
     assert seen >= 5
     assert funcnet.checkpoint.CheckpointMismatchError is errors.CheckpointMismatchError
-    assert issubclass(errors.ArgumentError, ValueError) and issubclass(errors.ArgumentError,
-                                                                     TypeError)
+    assert issubclass(errors.ArgumentError, ValueError) and issubclass(errors.ArgumentError, TypeError)
 
 
 def test_pyproject_floor_is_the_floor_ci_checks():
@@ -209,8 +222,8 @@ def test_pyproject_floor_is_the_floor_ci_checks():
             pins[name] = version
     declared = {}
     text = (root / "pyproject.toml").read_text()
-    block = text[text.index("dependencies = ["):]
-    block = block[:block.index("]")]
+    block = text[text.index("dependencies = [") :]
+    block = block[: block.index("]")]
     for entry in block.split('"')[1::2]:
         name, _, version = entry.partition(">=")
         declared[name] = version

@@ -1,9 +1,11 @@
 """funcnet.testing.check_layer: it passes correct layers and catches contract violations."""
+
 import jax
 import jax.numpy as jnp
 import pytest
 import funcnet
 from funcnet.testing import check_layer
+
 
 def _broken(init_shape_delta=0, state_change=None, jit_differs=False, bad_grad=False):
     def init(rng, input_shape):
@@ -30,14 +32,17 @@ def _wrong_grad(y):
 _wrong_grad.defvjp(lambda y: (y, None), lambda _, g: (3.0 * g,))
 
 
-@pytest.mark.parametrize("layer, msg", [
-    (_broken(init_shape_delta=1), "init's output shape"),
-    (_broken(state_change=lambda s: {"s": jnp.zeros(4)}), "shape"),
-    (_broken(state_change=lambda s: {"s": jnp.zeros(3, jnp.int32)}), "dtype"),
-    (_broken(state_change=lambda s: {"t": s["s"]}), "structure|struct"),
-    (_broken(jit_differs=True), "jit"),
-    (_broken(bad_grad=True), "JVP|VJP|check|close|Not equal|tolerance"),
-])
+@pytest.mark.parametrize(
+    "layer, msg",
+    [
+        (_broken(init_shape_delta=1), "init's output shape"),
+        (_broken(state_change=lambda s: {"s": jnp.zeros(4)}), "shape"),
+        (_broken(state_change=lambda s: {"s": jnp.zeros(3, jnp.int32)}), "dtype"),
+        (_broken(state_change=lambda s: {"t": s["s"]}), "structure|struct"),
+        (_broken(jit_differs=True), "jit"),
+        (_broken(bad_grad=True), "JVP|VJP|check|close|Not equal|tolerance"),
+    ],
+)
 def test_check_layer_catches_contract_violations(layer, msg):
     with pytest.raises(AssertionError, match=msg):
         check_layer(layer, (-1, 3))

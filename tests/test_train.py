@@ -26,12 +26,13 @@ def test_step_equals_the_same_step_written_by_hand():
         def f(p):
             logits, _ = net.apply(p, ts.state, x, train=True)
             return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
+
         loss, g = jax.value_and_grad(f)(params)
         upd, opt_state = opt.update(g, opt_state, params)
         return optax.apply_updates(params, upd), opt_state, loss
 
     for i in range(5):
-        batch = (X[32 * i:32 * i + 32], Y[32 * i:32 * i + 32])
+        batch = (X[32 * i : 32 * i + 32], Y[32 * i : 32 * i + 32])
         ts, m = step(ts, batch)
         params, opt_state, loss = hand(params, opt_state, *batch)
         np.testing.assert_allclose(m["loss"], loss, rtol=1e-6)
@@ -82,8 +83,11 @@ def test_loss_fn_must_return_aux():
     with pytest.raises(TypeError, match="Aux"):
         bad(ts, (X[:4], Y[:4]))
     loss_only = make_train_step(lambda p, s, b, r: jnp.sum(net.apply(p, s, b[0])[0]), opt)
-    with pytest.raises(TypeError, match=r"must return \(loss, Aux\(...\)\), got an array of "
-                       r"shape \(\) alone \(the loss without its Aux\?\).*loss, Aux\(state=state\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"must return \(loss, Aux\(...\)\), got an array of "
+        r"shape \(\) alone \(the loss without its Aux\?\).*loss, Aux\(state=state\)",
+    ):
         jax.jit(loss_only)(ts, (X[:4], Y[:4]))
 
 
@@ -92,18 +96,20 @@ def _global_vs_pmap(net, loss_fn_factory, n_steps=4, lr=0.05):
     opt = optax.sgd(lr, momentum=0.9)
     ts = TrainState.create(net(None), opt, KEY, (-1, 8))
     single = jax.jit(make_train_step(loss_fn_factory(net(None)), opt))
-    multi = jax.pmap(make_train_step(loss_fn_factory(net("batch")), opt, axis_name="batch"),
-                     axis_name="batch")
+    multi = jax.pmap(make_train_step(loss_fn_factory(net("batch")), opt, axis_name="batch"), axis_name="batch")
     ts_s, ts_m = ts, funcnet.distributed.replicate(ts)
     for i in range(n_steps):
-        batch = (X[64 * i:64 * i + 64], Y[64 * i:64 * i + 64])
+        batch = (X[64 * i : 64 * i + 64], Y[64 * i : 64 * i + 64])
         ts_s, m_s = single(ts_s, batch)
         ts_m, m_m = multi(ts_m, funcnet.distributed.shard(batch, n))
         np.testing.assert_allclose(m_m["loss"], np.full(n, m_s["loss"]), rtol=1e-5)
     for leaf in jax.tree.leaves((ts_m.params, ts_m.state)):  # replicas identical
         np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[0], leaf.shape))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a[0], b, rtol=1e-5, atol=1e-6),
-                 (ts_m.params, ts_m.state), (ts_s.params, ts_s.state))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a[0], b, rtol=1e-5, atol=1e-6),
+        (ts_m.params, ts_m.state),
+        (ts_s.params, ts_s.state),
+    )
     return ts_s, ts_m
 
 
@@ -129,6 +135,7 @@ def test_pmap_step_with_synced_center_loss_equals_global_batch():
             f, state = Dense(2).apply(params, state, x)
             closs, c = losses.center_loss(loss_state, f, y, alpha=0.5, axis_name=axis)
             return closs, Aux(state=state, loss_state=c)
+
         return ts, make_train_step(loss_fn, opt, axis_name=axis)
 
     ts, step_s = run(None)
@@ -136,11 +143,12 @@ def test_pmap_step_with_synced_center_loss_equals_global_batch():
     step_s, step_m = jax.jit(step_s), jax.pmap(step_m, axis_name="batch")
     ts_s, ts_m = ts, funcnet.distributed.replicate(ts)
     for i in range(4):
-        batch = (X[64 * i:64 * i + 64], Y[64 * i:64 * i + 64])
+        batch = (X[64 * i : 64 * i + 64], Y[64 * i : 64 * i + 64])
         ts_s, _ = step_s(ts_s, batch)
         ts_m, _ = step_m(ts_m, funcnet.distributed.shard(batch, 4))
-    np.testing.assert_allclose(ts_m.loss_state, np.broadcast_to(ts_s.loss_state, ts_m.loss_state.shape),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ts_m.loss_state, np.broadcast_to(ts_s.loss_state, ts_m.loss_state.shape), rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(ts_m.params["W"][0], ts_s.params["W"], rtol=1e-5, atol=1e-6)
 
 
@@ -156,7 +164,8 @@ def test_eval_step_sums_metric_states_across_devices():
 
     single = jax.jit(make_eval_step(metric_fn))(ts, (X, Y))
     multi = jax.pmap(make_eval_step(metric_fn, axis_name="b"), axis_name="b")(
-        funcnet.distributed.replicate(ts), funcnet.distributed.shard((X, Y), 4))
+        funcnet.distributed.replicate(ts), funcnet.distributed.shard((X, Y), 4)
+    )
     jax.tree.map(lambda m, s: np.testing.assert_allclose(m[0], s), multi, single)
     logits, _ = net.apply(ts.params, ts.state, X)
     assert float(acc.compute(single)) == pytest.approx(float(np.mean(np.argmax(logits, -1) == Y)))
@@ -171,7 +180,7 @@ def test_each_device_gets_its_own_dropout_key():
     def loss_fn(params, state, batch, rng):
         y, _ = net.apply(params, (), batch[0])
         # Integer state is not averaged across devices, so it shows each device's key.
-        return jnp.mean(y), Aux(state=jax.random.randint(rng, (), 0, 2 ** 30))
+        return jnp.mean(y), Aux(state=jax.random.randint(rng, (), 0, 2**30))
 
     ts = ts._replace(state=jnp.int32(0))
     step = jax.pmap(make_train_step(loss_fn, opt, axis_name="b"), axis_name="b")
@@ -202,8 +211,7 @@ def test_unsynced_loss_state_is_averaged_so_replicas_never_drift():
 
 def test_metrics_may_not_shadow_the_loss():
     ts = TrainState.create(Dense(4), optax.sgd(0.1), KEY, (-1, 8))
-    bad = make_train_step(lambda p, s, b, r: (jnp.float32(0), Aux(state=s, metrics={"loss": 1.0})),
-                          optax.sgd(0.1))
+    bad = make_train_step(lambda p, s, b, r: (jnp.float32(0), Aux(state=s, metrics={"loss": 1.0})), optax.sgd(0.1))
     with pytest.raises(ValueError, match="may not contain 'loss'"):
         bad(ts, (X[:4], Y[:4]))
 
@@ -212,17 +220,24 @@ def test_train_state_of_another_optimizer_is_named_before_optax_fails():
     net = Dense(4)
     ts = TrainState.create(net, optax.adam(1e-2), KEY, (-1, 8))
     loss_fn = make_loss(net)
-    with pytest.raises(ValueError, match=r"make_train_step: the TrainState's opt_state was made "
-                       r"by another optimizer: it holds \(ScaleByAdamState, EmptyState\), this "
-                       r"optimizer's init gives \(TraceState, EmptyState\).*the same optimizer"):
+    with pytest.raises(
+        ValueError,
+        match=r"make_train_step: the TrainState's opt_state was made "
+        r"by another optimizer: it holds \(ScaleByAdamState, EmptyState\), this "
+        r"optimizer's init gives \(TraceState, EmptyState\).*the same optimizer",
+    ):
         make_train_step(loss_fn, optax.sgd(0.1, momentum=0.9))(ts, (X[:4], Y[:4]))
     from funcnet import fit
+
     with pytest.raises(ValueError, match=r"opt_state was made by another optimizer"):
         fit(ts, loss_fn, optax.sgd(0.1, momentum=0.9), [(X[:4], Y[:4])], progress=False)
     # Per model: the optimizer that does not fit is named.
     models = {"a": (net, (-1, 8)), "b": (net, (-1, 8))}
     two = TrainState.create(models, {"a": optax.adam(1e-2), "b": optax.sgd(0.1)}, KEY)
-    two_loss = lambda p, s, b, r: (jnp.sum(net.apply(p["a"], (), b[0])[0]) +  # noqa: E731
-                                   jnp.sum(net.apply(p["b"], (), b[0])[0]), Aux(state=s))
+    two_loss = lambda p, s, b, r: (
+        jnp.sum(net.apply(p["a"], (), b[0])[0])  # noqa: E731
+        + jnp.sum(net.apply(p["b"], (), b[0])[0]),
+        Aux(state=s),
+    )
     with pytest.raises(ValueError, match=r"opt_state\['b'\] was made by another optimizer"):
         make_train_step(two_loss, {"a": optax.adam(1e-2), "b": optax.adam(1e-2)})(two, (X[:4],))

@@ -29,15 +29,16 @@ def d_loss(params, state, batch, rng):
     fake, _ = G.apply(params["gen"], (), noise)
     p_real, _ = D.apply(params["disc"], (), real)
     p_fake, _ = D.apply(params["disc"], (), fake)
-    return (losses.sigmoid_binary_cross_entropy(p_real, jnp.ones_like(p_real))
-            + losses.sigmoid_binary_cross_entropy(p_fake, jnp.zeros_like(p_fake))), Aux(state=state)
+    return (
+        losses.sigmoid_binary_cross_entropy(p_real, jnp.ones_like(p_real))
+        + losses.sigmoid_binary_cross_entropy(p_fake, jnp.zeros_like(p_fake))
+    ), Aux(state=state)
 
 
 def g_loss(params, state, batch, rng):
     fake, _ = G.apply(params["gen"], (), batch[1])
     p_fake, _ = D.apply(params["disc"], (), fake)  # through the frozen discriminator
-    return losses.sigmoid_binary_cross_entropy(p_fake, jnp.ones_like(p_fake)), Aux(
-        state=state, outputs={"fake": fake})
+    return losses.sigmoid_binary_cross_entropy(p_fake, jnp.ones_like(p_fake)), Aux(state=state, outputs={"fake": fake})
 
 
 def _identical(a, b):
@@ -70,8 +71,7 @@ def test_gan_alternation_leaves_the_frozen_model_bit_identical():
         _changed(ts.params["disc"], before.params["disc"])
         before = ts
         ts, g_metrics, outputs = g_step(ts, batch)
-        _identical((ts.params["disc"], ts.opt_state["disc"]),
-                   (before.params["disc"], before.opt_state["disc"]))
+        _identical((ts.params["disc"], ts.opt_state["disc"]), (before.params["disc"], before.opt_state["disc"]))
         _changed(ts.params["gen"], before.params["gen"])
     assert int(ts.step) == 4 and set(d_metrics) == set(g_metrics) == {"loss"}
     np.testing.assert_allclose(outputs["fake"], G.apply(before.params["gen"], (), NOISE)[0], rtol=1e-6)
@@ -80,11 +80,15 @@ def test_gan_alternation_leaves_the_frozen_model_bit_identical():
 def test_update_equals_a_hand_written_step_on_that_model_only():
     opts, ts = gan_state(optax.sgd(0.1, momentum=0.9))
     ts2, _ = jax.jit(make_train_step(d_loss, opts, update="disc"))(ts, (REAL, NOISE))
-    grads = jax.jit(jax.grad(lambda d: d_loss({**ts.params, "disc": d}, ts.state, (REAL, NOISE),
-                                              None)[0]))(ts.params["disc"])
+    grads = jax.jit(jax.grad(lambda d: d_loss({**ts.params, "disc": d}, ts.state, (REAL, NOISE), None)[0]))(
+        ts.params["disc"]
+    )
     updates, _ = opts["disc"].update(grads, ts.opt_state["disc"], ts.params["disc"])
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-                 ts2.params["disc"], optax.apply_updates(ts.params["disc"], updates))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+        ts2.params["disc"],
+        optax.apply_updates(ts.params["disc"], updates),
+    )
 
 
 def _mlp_loss(net):
@@ -92,6 +96,7 @@ def _mlp_loss(net):
         x, y = batch
         logits, new = net.apply(params["net"], state["net"], x, rng=rng, train=True)
         return losses.cross_entropy(logits, y), Aux(state={"net": new})
+
     return loss_fn
 
 
@@ -101,8 +106,7 @@ def test_dict_state_with_one_model_steps_like_the_plain_state(per_model_optimize
     opt = optax.sgd(0.1, momentum=0.9)
     opts = {"net": opt} if per_model_optimizer else opt
     multi = TrainState.create({"net": (net, (-1, 6))}, opts, KEY)
-    plain = TrainState(multi.params["net"], multi.state["net"], opt.init(multi.params["net"]),
-                       multi.step, multi.rng)
+    plain = TrainState(multi.params["net"], multi.state["net"], opt.init(multi.params["net"]), multi.step, multi.rng)
 
     def plain_loss(params, state, batch, rng):
         logits, new = net.apply(params, state, batch[0], rng=rng, train=True)
@@ -120,8 +124,7 @@ def test_dict_state_with_one_model_steps_like_the_plain_state(per_model_optimize
 
 def test_target_network_has_no_optimizer_and_follows_by_copy_and_polyak():
     q = serial(Dense(4), Relu, Dense(2))
-    ts = TrainState.create({"online": (q, (-1, 3)), "target": (q, (-1, 3))},
-                           {"online": optax.sgd(0.1)}, KEY)
+    ts = TrainState.create({"online": (q, (-1, 3)), "target": (q, (-1, 3))}, {"online": optax.sgd(0.1)}, KEY)
     assert set(ts.opt_state) == {"online"}
     _changed(ts.params["online"], ts.params["target"])  # initialised with different keys
     ts = copy_params(ts, "online", "target")
@@ -144,8 +147,12 @@ def test_target_network_has_no_optimizer_and_follows_by_copy_and_polyak():
 
     tau = 0.25
     soft = polyak_update(ts, "online", "target", tau)
-    jax.tree.map(lambda t, o, old: np.testing.assert_allclose(t, tau * o + (1 - tau) * old, rtol=1e-6),
-                 soft.params["target"], ts.params["online"], old_target)
+    jax.tree.map(
+        lambda t, o, old: np.testing.assert_allclose(t, tau * o + (1 - tau) * old, rtol=1e-6),
+        soft.params["target"],
+        ts.params["online"],
+        old_target,
+    )
     _identical(soft.params["online"], ts.params["online"])
     _identical(polyak_update(ts, "online", "target", 1.0).params["target"], ts.params["online"])
 
@@ -165,11 +172,10 @@ def test_outputs_come_back_unaveraged_under_pmap():
 
     def loss_fn(params, state, batch, rng):
         out, _ = net.apply(params, state, batch)
-        return jnp.mean(out ** 2), Aux(state=state, metrics={"mean_out": out.mean()},
-                                       outputs={"out": out})
+        return jnp.mean(out**2), Aux(state=state, metrics={"mean_out": out.mean()}, outputs={"out": out})
 
     step = jax.pmap(make_train_step(loss_fn, opt, axis_name="b"), axis_name="b")
-    x = REAL[:2 * n]
+    x = REAL[: 2 * n]
     _, metrics, outputs = step(distributed.replicate(ts, n), distributed.shard(x, n))
     want, _ = net.apply(ts.params, (), x)
     np.testing.assert_allclose(outputs["out"].reshape(2 * n, 2), want, rtol=1e-6)
@@ -214,14 +220,13 @@ def test_public_names():
 def test_update_step_under_pmap_matches_one_device():
     n = jax.local_device_count()
     opts, ts = gan_state(optax.sgd(0.1))
-    real = jnp.tile(REAL, (n, 1))[:4 * n]
-    noise = jnp.tile(NOISE, (n, 1))[:4 * n]
+    real = jnp.tile(REAL, (n, 1))[: 4 * n]
+    noise = jnp.tile(NOISE, (n, 1))[: 4 * n]
     one, _ = jax.jit(make_train_step(d_loss, opts, update="disc"))(ts, (real, noise))
     pstep = jax.pmap(make_train_step(d_loss, opts, update="disc", axis_name="b"), axis_name="b")
     many, _ = pstep(distributed.replicate(ts, n), distributed.shard((real, noise), n))
     many = distributed.unreplicate(many)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                 many.params, one.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), many.params, one.params)
     _identical(many.params["gen"], ts.params["gen"])
 
 
@@ -245,13 +250,13 @@ def test_fit_accepts_a_loss_fn_that_returns_outputs():
             loss = losses.cross_entropy(logits, batch[1])
             outs = {"logits": logits} if with_outputs else {}
             return loss, fn.Aux(state=state, outputs=outs)
+
         return loss_fn
 
     finals = []
     for with_outputs in (False, True):
         ts = fn.TrainState.create(net, opt, jax.random.PRNGKey(0), (-1, 4))
-        ts, _ = fn.fit(ts, make_loss(with_outputs), opt, [(x, y)] * 3, epochs=1,
-                       progress=False)
+        ts, _ = fn.fit(ts, make_loss(with_outputs), opt, [(x, y)] * 3, epochs=1, progress=False)
         finals.append(ts.params)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), *finals)
     assert jnp.all(jnp.isfinite(finals[0]["W"]))

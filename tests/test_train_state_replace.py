@@ -1,5 +1,6 @@
 """TrainState.replace: Flax's spelling of the NamedTuple's _replace, with an error that names
 the fields; a pytree under jit and through a checkpoint as before."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +18,7 @@ def _state(**kw):
 
 def _loss(params, state, batch, rng):
     out, state = Dense(2).apply(params, state, batch)
-    return jnp.mean(out ** 2), Aux(state=state)
+    return jnp.mean(out**2), Aux(state=state)
 
 
 def test_replace_swaps_the_named_fields_and_keeps_the_rest():
@@ -26,31 +27,36 @@ def test_replace_swaps_the_named_fields_and_keeps_the_rest():
     new = ts.replace(params=zeros, step=ts.step + 3)
     assert type(new) is TrainState and int(new.step) == 3 and int(ts.step) == 0
     assert float(jnp.abs(new.params["W"]).sum()) == 0.0
-    assert float(jnp.abs(ts.params["W"]).sum()) > 0.0          # the original is untouched
+    assert float(jnp.abs(ts.params["W"]).sum()) > 0.0  # the original is untouched
     for field in ("state", "opt_state", "rng", "loss_state", "ema", "loss_scale"):
         assert getattr(new, field) is getattr(ts, field)
-    assert new == ts._replace(params=zeros, step=new.step)     # _replace still works
+    assert new == ts._replace(params=zeros, step=new.step)  # _replace still works
     assert ts.replace() == ts
 
 
 def test_replace_names_the_fields_for_an_unknown_name():
     ts = _state()
-    with pytest.raises(TypeError, match=r"\['parms'\] is not a field of TrainState; its fields "
-                                        r"are \['params', 'state', 'opt_state', 'step', 'rng', "
-                                        r"'loss_state', 'ema', 'loss_scale'\]\. "
-                                        r"Did you mean 'parms' -> 'params'\?"):
+    with pytest.raises(
+        TypeError,
+        match=r"\['parms'\] is not a field of TrainState; its fields "
+        r"are \['params', 'state', 'opt_state', 'step', 'rng', "
+        r"'loss_state', 'ema', 'loss_scale'\]\. "
+        r"Did you mean 'parms' -> 'params'\?",
+    ):
         ts.replace(parms=ts.params)
-    with pytest.raises(TypeError, match=r"\['tx', 'apply_fn'\] are not fields.*Flax's "
-                                        r"TrainState keeps \['tx', 'apply_fn'\].*make_train_step"):
+    with pytest.raises(
+        TypeError,
+        match=r"\['tx', 'apply_fn'\] are not fields.*Flax's "
+        r"TrainState keeps \['tx', 'apply_fn'\].*make_train_step",
+    ):
         ts.replace(tx=optax.sgd(0.1), apply_fn=None)
-    with pytest.raises(ValueError):                            # the NamedTuple's own, as before
+    with pytest.raises(ValueError):  # the NamedTuple's own, as before
         ts._replace(parms=ts.params)
 
 
 def test_replace_under_jit_and_through_a_step_and_a_checkpoint(tmp_path):
     ts = _state(ema=True)
-    bumped = jax.jit(lambda t: t.replace(step=t.step + 1,
-                                         params=jax.tree.map(lambda p: 2 * p, t.params)))(ts)
+    bumped = jax.jit(lambda t: t.replace(step=t.step + 1, params=jax.tree.map(lambda p: 2 * p, t.params)))(ts)
     assert type(bumped) is TrainState
     assert jax.tree.structure(bumped) == jax.tree.structure(ts)
     np.testing.assert_array_equal(bumped.params["W"], 2 * ts.params["W"])
@@ -60,6 +66,5 @@ def test_replace_under_jit_and_through_a_step_and_a_checkpoint(tmp_path):
     checkpoint.save(tmp_path, after, 2)
     restored = checkpoint.restore(tmp_path, target=after)
     assert type(restored) is TrainState and int(restored.step) == 2
-    for a, b in zip(jax.tree.leaves((restored.params, restored.ema)),
-                    jax.tree.leaves((after.params, after.ema))):
+    for a, b in zip(jax.tree.leaves((restored.params, restored.ema)), jax.tree.leaves((after.params, after.ema))):
         np.testing.assert_array_equal(a, b)

@@ -15,6 +15,7 @@ python tools/screenshots.py --only index benchmarks     # pages whose path conta
 A page longer than `--height` pixels is cut there: the top of a long page is what a reader
 sees first, and Chromium's `--screenshot` takes the window, not the whole document.
 """
+
 import argparse
 import functools
 import http.server
@@ -30,8 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def build(site_dir):
     """`mkdocs build` into ``site_dir`` (not strict: a warning should not stop a look)."""
-    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--no-strict", "-q", "-d", site_dir],
-                   cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--no-strict", "-q", "-d", site_dir], cwd=ROOT, check=True)
 
 
 def pages(site_dir):
@@ -60,9 +60,18 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 def shoot(chromium, url, png, width, height, timeout):
     """One screenshot of ``url`` into ``png``; False (and a line on stderr) if it failed."""
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           "--force-device-scale-factor=1", f"--window-size={width},{height}",
-           f"--screenshot={png}", "--virtual-time-budget=3000", url]
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        f"--window-size={width},{height}",
+        f"--screenshot={png}",
+        "--virtual-time-budget=3000",
+        url,
+    ]
     try:
         subprocess.run(cmd, check=True, timeout=timeout, capture_output=True)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
@@ -82,8 +91,10 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per page")
     args = p.parse_args(argv)
     if not shutil.which(args.chromium):
-        sys.exit(f"screenshots: no Chromium at {args.chromium!r}: install Debian's `chromium` "
-                 "package (apt-get install chromium) or pass --chromium PATH")
+        sys.exit(
+            f"screenshots: no Chromium at {args.chromium!r}: install Debian's `chromium` "
+            "package (apt-get install chromium) or pass --chromium PATH"
+        )
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         site = args.site or os.path.join(tmp, "site")

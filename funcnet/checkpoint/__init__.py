@@ -70,13 +70,35 @@ from funcnet.checkpoint._backends import Checkpointer, NpzCheckpointer, checkpoi
 from funcnet.checkpoint._fit import FitCheckpoint, restore_fit_checkpoint, restore_train_state
 from funcnet.checkpoint._npz import all_steps, info, latest_step, restore, save
 from funcnet.checkpoint._orbax import OrbaxCheckpointer
-from funcnet.checkpoint._ownership import (CheckpointInfo, new_run_id, owner_for_save,
-                                           steps_to_rotate)
-from funcnet.errors import (CheckpointCorruptError, CheckpointError, CheckpointMismatchError,
-                            CheckpointOwnershipError, CheckpointVersionError)
+from funcnet.checkpoint._ownership import CheckpointInfo, new_run_id, owner_for_save, steps_to_rotate
+from funcnet.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointOwnershipError,
+    CheckpointVersionError,
+)
 
-__all__ = ["save", "restore", "latest_step", "all_steps", "info", "new_run_id", "CheckpointInfo",
-           "owner_for_save", "steps_to_rotate", "Checkpointer", "NpzCheckpointer",
-           "OrbaxCheckpointer", "checkpointer_for", "restore_train_state",
-           "restore_fit_checkpoint", "FitCheckpoint", "CheckpointError", "CheckpointCorruptError",
-           "CheckpointMismatchError", "CheckpointVersionError", "CheckpointOwnershipError"]
+__all__ = [
+    "save",
+    "restore",
+    "latest_step",
+    "all_steps",
+    "info",
+    "new_run_id",
+    "CheckpointInfo",
+    "owner_for_save",
+    "steps_to_rotate",
+    "Checkpointer",
+    "NpzCheckpointer",
+    "OrbaxCheckpointer",
+    "checkpointer_for",
+    "restore_train_state",
+    "restore_fit_checkpoint",
+    "FitCheckpoint",
+    "CheckpointError",
+    "CheckpointCorruptError",
+    "CheckpointMismatchError",
+    "CheckpointVersionError",
+    "CheckpointOwnershipError",
+]

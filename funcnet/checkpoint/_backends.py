@@ -66,14 +66,19 @@ class NpzCheckpointer:
 
     every_process_saves = False
 
-    def __init__(self, directory: str | os.PathLike, *, keep: Optional[int] = None,
-                 run_id: Optional[str] = None, overwrite: bool = False,
-                 max_gather_bytes: Optional[int] = 2 ** 31) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        keep: Optional[int] = None,
+        run_id: Optional[str] = None,
+        overwrite: bool = False,
+        max_gather_bytes: Optional[int] = 2**31,
+    ) -> None:
         if keep is not None:
             keep = checks.positive_int("NpzCheckpointer", "keep (or None)", keep)
         if max_gather_bytes is not None:
-            max_gather_bytes = checks.non_negative_int("NpzCheckpointer", "max_gather_bytes",
-                                                       max_gather_bytes)
+            max_gather_bytes = checks.non_negative_int("NpzCheckpointer", "max_gather_bytes", max_gather_bytes)
         self.directory, self.keep, self.run_id = Path(directory), keep, run_id
         self.overwrite = checks.flag("NpzCheckpointer", "overwrite", overwrite)
         self.max_gather_bytes = max_gather_bytes
@@ -81,8 +86,15 @@ class NpzCheckpointer:
     def save(self, step, tree, *, finite=None) -> None:
         _check_gatherable(tree, self.max_gather_bytes)
         if jax.process_index() == 0:
-            save(self.directory, jax.device_get(tree), step, keep=self.keep, run_id=self.run_id,
-                 finite=finite, overwrite=self.overwrite)
+            save(
+                self.directory,
+                jax.device_get(tree),
+                step,
+                keep=self.keep,
+                run_id=self.run_id,
+                finite=finite,
+                overwrite=self.overwrite,
+            )
 
     def restore(self, target, step=None):
         return restore(self.directory, target=target, step=step)
@@ -109,29 +121,44 @@ class NpzCheckpointer:
 def _check_gatherable(tree, limit: Optional[int]) -> None:
     """Refuses, with the way out, a sharded state the npz backend cannot or should not
     gather to one host."""
-    split = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)
-             and not x.sharding.is_fully_replicated and len(x.sharding.device_set) > 1]
+    split = [
+        x
+        for x in jax.tree.leaves(tree)
+        if isinstance(x, jax.Array) and not x.sharding.is_fully_replicated and len(x.sharding.device_set) > 1
+    ]
     if not split:
         return
     if any(not x.is_fully_addressable for x in split):
-        raise ValueError("NpzCheckpointer.save: the state is sharded across processes, and the "
-                         "npz backend writes one file from process 0, which does not hold the "
-                         "other processes' shards. Use the orbax backend (Checkpoint(..., "
-                         "backend='orbax') or funcnet.checkpoint.OrbaxCheckpointer): "
-                         "each process writes its own shards.")
-    total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)
-                if hasattr(x, "dtype") and not is_prng_key(x))
+        raise ValueError(
+            "NpzCheckpointer.save: the state is sharded across processes, and the "
+            "npz backend writes one file from process 0, which does not hold the "
+            "other processes' shards. Use the orbax backend (Checkpoint(..., "
+            "backend='orbax') or funcnet.checkpoint.OrbaxCheckpointer): "
+            "each process writes its own shards."
+        )
+    total = sum(
+        int(np.prod(x.shape)) * x.dtype.itemsize
+        for x in jax.tree.leaves(tree)
+        if hasattr(x, "dtype") and not is_prng_key(x)
+    )
     if limit is not None and total > limit:
-        raise ValueError(f"NpzCheckpointer.save: the state is sharded over a mesh and the npz "
-                         f"backend would gather all {total / 2**20:.0f} MiB of it into this "
-                         f"host's memory, past max_gather_bytes={limit}. Use the orbax backend "
-                         f"(backend='orbax'), which writes each device's shards without "
-                         f"gathering, or raise max_gather_bytes.")
+        raise ValueError(
+            f"NpzCheckpointer.save: the state is sharded over a mesh and the npz "
+            f"backend would gather all {total / 2**20:.0f} MiB of it into this "
+            f"host's memory, past max_gather_bytes={limit}. Use the orbax backend "
+            f"(backend='orbax'), which writes each device's shards without "
+            f"gathering, or raise max_gather_bytes."
+        )
 
 
-def checkpointer_for(target: str | os.PathLike | Checkpointer, *, backend: str = "npz",
-                     keep: Optional[int] = None, overwrite: bool = False,
-                     where: str = "checkpointer_for") -> Checkpointer:
+def checkpointer_for(
+    target: str | os.PathLike | Checkpointer,
+    *,
+    backend: str = "npz",
+    keep: Optional[int] = None,
+    overwrite: bool = False,
+    where: str = "checkpointer_for",
+) -> Checkpointer:
     """``target`` itself if it is a :class:`funcnet.checkpoint.Checkpointer`, else the
     ``backend`` (``"npz"`` or ``"orbax"``) checkpointer of the directory ``target``."""
     if isinstance(target, Checkpointer):

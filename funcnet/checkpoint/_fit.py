@@ -46,8 +46,9 @@ class FitCheckpoint(NamedTuple):
     extras: dict
 
 
-def restore_fit_checkpoint(source: str | os.PathLike | Checkpointer, target: PyTree,
-                           step: Optional[int] = None) -> FitCheckpoint:
+def restore_fit_checkpoint(
+    source: str | os.PathLike | Checkpointer, target: PyTree, step: Optional[int] = None
+) -> FitCheckpoint:
     """Reads a checkpoint ``fit`` wrote, with a target for its train state only.
 
     Args:
@@ -83,8 +84,7 @@ def restore_fit_checkpoint(source: str | os.PathLike | Checkpointer, target: PyT
     return FitCheckpoint(_on_device(restored["train_state"], target), position, step, rest)
 
 
-def restore_train_state(source: str | os.PathLike | Checkpointer, target: PyTree,
-                        step: Optional[int] = None) -> PyTree:
+def restore_train_state(source: str | os.PathLike | Checkpointer, target: PyTree, step: Optional[int] = None) -> PyTree:
     """The :class:`funcnet.train.TrainState` of a checkpoint ``fit`` wrote: for
     inference, evaluation or fine-tuning from it, whatever else the checkpoint holds.
     ``restore_fit_checkpoint(source, target, step).train_state``; the arguments are
@@ -113,12 +113,17 @@ def _checkpointer(source):
     if isinstance(source, Checkpointer):
         return source
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"restore_fit_checkpoint: source must be a checkpoint directory or a "
-                        f"funcnet.checkpoint.Checkpointer, got {type(source).__name__}.")
+        raise TypeError(
+            f"restore_fit_checkpoint: source must be a checkpoint directory or a "
+            f"funcnet.checkpoint.Checkpointer, got {type(source).__name__}."
+        )
     directory = Path(source)
-    if not all_steps(directory) and directory.is_dir() and any(
-            p.is_dir() and p.name.isdigit() for p in directory.iterdir()):
-        return OrbaxCheckpointer(directory)   # orbax writes one directory per step
+    if (
+        not all_steps(directory)
+        and directory.is_dir()
+        and any(p.is_dir() and p.name.isdigit() for p in directory.iterdir())
+    ):
+        return OrbaxCheckpointer(directory)  # orbax writes one directory per step
     return NpzCheckpointer(directory)
 
 
@@ -128,9 +133,11 @@ def _orbax_within(checkpointer: OrbaxCheckpointer, wanted: dict, step: int):
     stored = checkpointer.stored_tree(step)
     if not isinstance(stored, dict):  # no metadata: the position's layout only
         return checkpointer.restore(wanted, step=step), {}
-    rest = {k: jax.tree.map(lambda s: np.zeros(s.shape, s.dtype)
-                            if isinstance(s, jax.ShapeDtypeStruct) else s, v)
-            for k, v in stored.items() if k not in wanted}
+    rest = {
+        k: jax.tree.map(lambda s: np.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, v)
+        for k, v in stored.items()
+        if k not in wanted
+    }
     restored = checkpointer.restore({**rest, **wanted}, step=step)
     return ({k: restored[k] for k in wanted}, {k: restored[k] for k in rest})
 
@@ -138,6 +145,7 @@ def _orbax_within(checkpointer: OrbaxCheckpointer, wanted: dict, step: int):
 def _on_device(tree, target):
     """The leaves an abstract target leaf (a ``ShapeDtypeStruct`` without a sharding)
     gave as NumPy arrays, as ``jax.Array``\\ s: what a model applies."""
+
     def put(value, like):
         if isinstance(like, jax.ShapeDtypeStruct) and isinstance(value, (np.ndarray, np.generic)):
             return jnp.asarray(value)

@@ -19,17 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet import _checks as checks
-from funcnet.checkpoint._ownership import (CheckpointInfo, host, owner_for_save,
-                                           steps_to_rotate)
-from funcnet.errors import (CheckpointCorruptError, CheckpointError, CheckpointMismatchError,
-                            CheckpointVersionError)
+from funcnet.checkpoint._ownership import CheckpointInfo, host, owner_for_save, steps_to_rotate
+from funcnet.errors import CheckpointCorruptError, CheckpointError, CheckpointMismatchError, CheckpointVersionError
 from funcnet.core import PyTree
 from funcnet.fileio import atomic_write
 
 __all__ = ["save", "restore", "latest_step", "all_steps", "info", "is_prng_key"]
 
 _FORMAT = "funcnet.checkpoint"
-_VERSION = 2               # 2 added the header's run_id and finite
+_VERSION = 2  # 2 added the header's run_id and finite
 _READABLE = (1, 2)
 _NAME_RE = re.compile(r"^ckpt-(\d+)\.npz$")
 _TMP_RE = re.compile(r"^\.ckpt-\d+\.npz\.(?P<host>[A-Za-z0-9-]*)\.(?P<pid>\d+)\..*\.tmp$")
@@ -97,12 +95,12 @@ def _existing_step(directory: Path, step, where: str) -> int:
     if step is None:
         step = latest_step(directory)
         if step is None:
-            raise FileNotFoundError(f"{where}: no checkpoint in {directory} "
-                                    "(expected files named ckpt-<step>.npz).")
+            raise FileNotFoundError(f"{where}: no checkpoint in {directory} (expected files named ckpt-<step>.npz).")
     step = _check_step(step)
     if not _path(directory, step).is_file():
-        raise FileNotFoundError(f"{where}: no checkpoint for step {step} in "
-                                f"{directory}; available steps: {all_steps(directory)}.")
+        raise FileNotFoundError(
+            f"{where}: no checkpoint for step {step} in {directory}; available steps: {all_steps(directory)}."
+        )
     return step
 
 
@@ -124,8 +122,7 @@ def _info_of(path: Path, step: int) -> CheckpointInfo:
             raise _corrupt(path, f"cannot be read as a checkpoint ({type(e).__name__}: {e})") from None
         if len(_INFO_CACHE) > 4096:
             _INFO_CACHE.clear()
-        _INFO_CACHE[key] = CheckpointInfo(step, header.get("run_id"),
-                                          bool(header.get("finite", True)), path)
+        _INFO_CACHE[key] = CheckpointInfo(step, header.get("run_id"), bool(header.get("finite", True)), path)
     return _INFO_CACHE[key]
 
 
@@ -143,6 +140,7 @@ def _infos(directory, steps) -> Dict[int, CheckpointInfo]:
 # --------------------------------------------------------------------------- #
 # Encoding
 # --------------------------------------------------------------------------- #
+
 
 def is_prng_key(x) -> bool:
     """Whether ``x`` is a typed PRNG key array (stored as its key data)."""
@@ -179,15 +177,12 @@ def _skeleton(node, counter: list):
     entries = _children(node)
     kids = [_skeleton(c, counter) for _, c in entries]
     if _is_namedtuple(node):
-        return {"t": "namedtuple", "name": type(node).__name__,
-                "fields": list(type(node)._fields), "c": kids}
+        return {"t": "namedtuple", "name": type(node).__name__, "fields": list(type(node)._fields), "c": kids}
     if isinstance(node, dict):  # keys in jax's order (sorted, or insertion for OrderedDict)
-        return {"t": "dict", "keys": [_json_key(getattr(e, "key", e)) for e, _ in entries],
-                "c": kids}
+        return {"t": "dict", "keys": [_json_key(getattr(e, "key", e)) for e, _ in entries], "c": kids}
     if type(node) is tuple:
         return {"t": "tuple", "c": kids}
-    return {"t": "list" if isinstance(node, list) else "node", "name": type(node).__name__,
-            "c": kids}
+    return {"t": "list" if isinstance(node, list) else "node", "name": type(node).__name__, "c": kids}
 
 
 def _pytype(x) -> str:
@@ -198,8 +193,7 @@ def _encode_leaf(x, where: str):
     """``(array to store, header entry)`` for one leaf."""
     if is_prng_key(x):
         data = np.asarray(jax.random.key_data(x))
-        return data, {"kind": "key", "impl": str(jax.random.key_impl(x)),
-                      "shape": list(x.shape), "dtype": str(x.dtype)}
+        return data, {"kind": "key", "impl": str(jax.random.key_impl(x)), "shape": list(x.shape), "dtype": str(x.dtype)}
     if isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic):
         try:
             arr = np.asarray(x)
@@ -207,21 +201,21 @@ def _encode_leaf(x, where: str):
             arr = np.asarray(None)
         if arr.dtype == object:
             raise TypeError(f"checkpoint.save: the Python int at {where} does not fit in int64.")
-        return arr, {"kind": "python", "pytype": _pytype(x), "shape": [],
-                     "dtype": arr.dtype.name}
+        return arr, {"kind": "python", "pytype": _pytype(x), "shape": [], "dtype": arr.dtype.name}
     if isinstance(x, (np.ndarray, np.generic, jax.Array)):
         arr = np.asarray(x)
         if arr.dtype.kind in "OSUM" or arr.dtype.fields is not None:
-            raise TypeError(f"checkpoint.save: leaf {where} has dtype {arr.dtype}, which is not "
-                            "a numeric/bool dtype.")
+            raise TypeError(f"checkpoint.save: leaf {where} has dtype {arr.dtype}, which is not a numeric/bool dtype.")
         entry = {"kind": "array", "shape": list(arr.shape), "dtype": arr.dtype.name}
         if np.dtype(arr.dtype.str) != arr.dtype:  # ml_dtypes (bfloat16, float8, int4...)
             arr = arr.view(np.dtype(f"u{arr.dtype.itemsize}"))
             entry["raw"] = True
         return arr, entry
-    raise TypeError(f"checkpoint.save: leaf {where} is a {type(x).__name__}; checkpoints hold "
-                    "arrays, numpy/Python scalars and PRNG keys. Keep other values out of the "
-                    "saved tree (or convert them to arrays).")
+    raise TypeError(
+        f"checkpoint.save: leaf {where} is a {type(x).__name__}; checkpoints hold "
+        "arrays, numpy/Python scalars and PRNG keys. Keep other values out of the "
+        "saved tree (or convert them to arrays)."
+    )
 
 
 def _crc(arr: np.ndarray) -> int:
@@ -250,9 +244,16 @@ def _clean_stale_tmp(directory: Path) -> None:
             pass
 
 
-def save(directory: str | os.PathLike, train_state: PyTree, step: int, *, keep: Optional[int] = None,
-         run_id: Optional[str] = None, finite: Optional[bool] = None,
-         overwrite: bool = False) -> Path:
+def save(
+    directory: str | os.PathLike,
+    train_state: PyTree,
+    step: int,
+    *,
+    keep: Optional[int] = None,
+    run_id: Optional[str] = None,
+    finite: Optional[bool] = None,
+    overwrite: bool = False,
+) -> Path:
     """Writes ``train_state`` as the checkpoint of ``step`` (atomically).
 
     Args:
@@ -295,10 +296,15 @@ def save(directory: str | os.PathLike, train_state: PyTree, step: int, *, keep: 
     directory.mkdir(parents=True, exist_ok=True)
     _clean_stale_tmp(directory)
     infos = _infos(directory, all_steps(directory))
-    owner = owner_for_save(f"checkpoint.save(step={step})", directory, infos, step, run_id,
-                           overwrite=overwrite)
-    header = {"format": _FORMAT, "version": _VERSION, "step": step, "run_id": owner,
-              "finite": bool(is_finite and finite is not False), **arrays.pop("header")}
+    owner = owner_for_save(f"checkpoint.save(step={step})", directory, infos, step, run_id, overwrite=overwrite)
+    header = {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "step": step,
+        "run_id": owner,
+        "finite": bool(is_finite and finite is not False),
+        **arrays.pop("header"),
+    }
     raw = json.dumps(header).encode()
     arrays["header"] = np.frombuffer(raw, np.uint8)
     arrays["header_crc32"] = np.array(zlib.crc32(raw), np.uint32)
@@ -355,15 +361,19 @@ def _write(final: Path, arrays) -> None:
             free = f"{shutil.disk_usage(final.parent).free / 2**20:,.1f} MiB free"
         except OSError:
             free = "free space unknown"
-        raise OSError(e.errno, f"checkpoint.save: no space left writing {final} (about "
-                      f"{need / 2**20:,.1f} MiB needed, {free} on that file system). The "
-                      f"previous checkpoints are intact and the partial file was removed. Free "
-                      f"space, lower keep=, or save to another directory.") from e
+        raise OSError(
+            e.errno,
+            f"checkpoint.save: no space left writing {final} (about "
+            f"{need / 2**20:,.1f} MiB needed, {free} on that file system). The "
+            f"previous checkpoints are intact and the partial file was removed. Free "
+            f"space, lower keep=, or save to another directory.",
+        ) from e
 
 
 # --------------------------------------------------------------------------- #
 # Decoding
 # --------------------------------------------------------------------------- #
+
 
 def _describe(entry) -> str:
     if entry["kind"] == "key":
@@ -380,21 +390,27 @@ def _target_entry(x, where: str):
         return {"kind": "python", "pytype": _pytype(x)}
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return {"kind": "array", "shape": [int(d) for d in x.shape], "dtype": np.dtype(x.dtype).name}
-    raise TypeError(f"checkpoint.restore: target leaf {where} is a {type(x).__name__}; targets "
-                    "hold arrays, jax.ShapeDtypeStruct, Python scalars or PRNG keys.")
+    raise TypeError(
+        f"checkpoint.restore: target leaf {where} is a {type(x).__name__}; targets "
+        "hold arrays, jax.ShapeDtypeStruct, Python scalars or PRNG keys."
+    )
 
 
 def _compatible(found, expected) -> bool:
     if expected["kind"] == "python":
         return found["kind"] == "python" and found["pytype"] == expected["pytype"]
-    return (found["kind"] == expected["kind"] and found["dtype"] == expected["dtype"]
-            and list(found["shape"]) == expected["shape"])
+    return (
+        found["kind"] == expected["kind"]
+        and found["dtype"] == expected["dtype"]
+        and list(found["shape"]) == expected["shape"]
+    )
 
 
 def _corrupt(path: Path, why: str) -> CheckpointCorruptError:
     return CheckpointCorruptError(
         f"{path}: {why}. The checkpoint is unusable; restore another step "
-        f"(available: {all_steps(path.parent)}) or delete this file.")
+        f"(available: {all_steps(path.parent)}) or delete this file."
+    )
 
 
 def _checked_header(path: Path, z) -> dict:
@@ -413,7 +429,8 @@ def _checked_header(path: Path, z) -> dict:
         raise CheckpointVersionError(
             f"{path} is a checkpoint of format version {version}, written by a newer funcnet; "
             f"this funcnet reads versions {', '.join(map(str, _READABLE))}. Upgrade funcnet "
-            f"to restore it (the file itself is fine; keep it).")
+            f"to restore it (the file itself is fine; keep it)."
+        )
     if version not in _READABLE:
         raise _corrupt(path, f"unsupported checkpoint version {version!r}")
     return header
@@ -434,8 +451,7 @@ def _read(path: Path):
         raise
     except FileNotFoundError:
         raise
-    except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError, zlib.error,
-            TypeError, IndexError) as e:
+    except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError, zlib.error, TypeError, IndexError) as e:
         raise _corrupt(path, f"cannot be read as a checkpoint ({type(e).__name__}: {e})") from None
     return header, values
 
@@ -448,8 +464,9 @@ def _decode_leaf(arr: np.ndarray, entry):
     if entry.get("raw"):
         arr = arr.view(jnp.dtype(entry["dtype"]))
     if arr.dtype.name != entry["dtype"] or list(arr.shape) != list(entry["shape"]):
-        raise ValueError(f"leaf {entry['path']} is {arr.dtype}{list(arr.shape)}, header says "
-                         f"{entry['dtype']}{entry['shape']}")
+        raise ValueError(
+            f"leaf {entry['path']} is {arr.dtype}{list(arr.shape)}, header says {entry['dtype']}{entry['shape']}"
+        )
     return arr
 
 
@@ -481,8 +498,7 @@ def _place(value, like):
     return value
 
 
-def restore(directory: str | os.PathLike, target: Optional[PyTree] = None,
-            step: Optional[int] = None) -> PyTree:
+def restore(directory: str | os.PathLike, target: Optional[PyTree] = None, step: Optional[int] = None) -> PyTree:
     """Loads a checkpoint written by :func:`save`.
 
     Args:
@@ -518,8 +534,7 @@ def _read_step(directory, step, where: str):
     path = _path(directory, step)
     header, values = _read(path)
     if header.get("step") != step:
-        raise CheckpointCorruptError(f"{path}: the header says step {header.get('step')}, "
-                                     f"the file name step {step}.")
+        raise CheckpointCorruptError(f"{path}: the header says step {header.get('step')}, the file name step {step}.")
     return header, values, path
 
 
@@ -530,12 +545,13 @@ def restore_within(directory, target: dict, step=None):
     header, values, path = _read_step(directory, step, "checkpoint.restore")
     tree = _from_skeleton(header["tree"], values)
     if not isinstance(tree, dict):
-        raise CheckpointMismatchError(f"checkpoint.restore: {path} holds a "
-                                      f"{type(tree).__name__} at its top, not the dict of "
-                                      f"entries {sorted(target)} expected.")
+        raise CheckpointMismatchError(
+            f"checkpoint.restore: {path} holds a "
+            f"{type(tree).__name__} at its top, not the dict of "
+            f"entries {sorted(target)} expected."
+        )
     prefixes = tuple(f"[{k!r}]" for k in target)
-    stored = {e["path"]: (e, v) for e, v in zip(header["leaves"], values)
-              if e["path"].startswith(prefixes)}
+    stored = {e["path"]: (e, v) for e, v in zip(header["leaves"], values) if e["path"].startswith(prefixes)}
     restored = _matched(f"checkpoint.restore: {path}", stored, target)
     return restored, {k: v for k, v in tree.items() if k not in target}
 
@@ -550,11 +566,17 @@ def _matched(where: str, stored: dict, target):
     wanted_set = set(wanted)
     unexpected = [p for p in stored if p not in wanted_set]
     if missing:
-        problems.append("in target but not in the checkpoint: " + ", ".join(missing[:10])
-                        + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else ""))
+        problems.append(
+            "in target but not in the checkpoint: "
+            + ", ".join(missing[:10])
+            + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else "")
+        )
     if unexpected:
-        problems.append("in the checkpoint but not in target: " + ", ".join(unexpected[:10])
-                        + (f" (+{len(unexpected) - 10} more)" if len(unexpected) > 10 else ""))
+        problems.append(
+            "in the checkpoint but not in target: "
+            + ", ".join(unexpected[:10])
+            + (f" (+{len(unexpected) - 10} more)" if len(unexpected) > 10 else "")
+        )
     out = []
     for path, (_, like) in zip(wanted, target_leaves):
         expected = _target_entry(like, path)
@@ -562,13 +584,13 @@ def _matched(where: str, stored: dict, target):
             continue
         entry, value = stored[path]
         if not _compatible(entry, expected):
-            problems.append(f"{path}: target expects {_describe(expected)}, "
-                            f"the checkpoint has {_describe(entry)}")
+            problems.append(f"{path}: target expects {_describe(expected)}, the checkpoint has {_describe(entry)}")
             continue
         out.append(_place(value, like))
     if problems:
-        raise CheckpointMismatchError(f"{where} does not match target:\n  - "
-                                      + "\n  - ".join(problems) + _fit_hint(unexpected))
+        raise CheckpointMismatchError(
+            f"{where} does not match target:\n  - " + "\n  - ".join(problems) + _fit_hint(unexpected)
+        )
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -576,8 +598,10 @@ def _fit_hint(unexpected) -> str:
     """The way to read a ``fit`` checkpoint, when the entries a target left out are the
     ones ``fit`` adds (see :func:`funcnet.checkpoint.restore_train_state`)."""
     if any(p.startswith(("['data']", "['epoch_metrics']")) for p in unexpected):
-        return ("\nThis is a checkpoint written by fit (train_state, loop position, data "
-                "layout, callback states, metric sums): read its train state with "
-                "funcnet.checkpoint.restore_train_state(directory, target), or all of it "
-                "with funcnet.checkpoint.restore_fit_checkpoint.")
+        return (
+            "\nThis is a checkpoint written by fit (train_state, loop position, data "
+            "layout, callback states, metric sums): read its train state with "
+            "funcnet.checkpoint.restore_train_state(directory, target), or all of it "
+            "with funcnet.checkpoint.restore_fit_checkpoint."
+        )
     return ""

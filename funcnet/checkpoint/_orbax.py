@@ -52,9 +52,11 @@ def _orbax():
     try:
         import orbax.checkpoint as ocp
     except ImportError as e:
-        raise ImportError("OrbaxCheckpointer needs orbax-checkpoint: pip install "
-                          "'funcnet[orbax]' (or orbax-checkpoint). The default npz "
-                          "checkpoints (funcnet.checkpoint) need nothing extra.") from e
+        raise ImportError(
+            "OrbaxCheckpointer needs orbax-checkpoint: pip install "
+            "'funcnet[orbax]' (or orbax-checkpoint). The default npz "
+            "checkpoints (funcnet.checkpoint) need nothing extra."
+        ) from e
     return ocp
 
 
@@ -64,8 +66,9 @@ def _is_key(x) -> bool:
 
 
 def _is_float_array(x) -> bool:
-    return (isinstance(x, (jax.Array, np.ndarray, np.generic)) and not _is_key(x)
-            and jnp.issubdtype(x.dtype, jnp.inexact))
+    return (
+        isinstance(x, (jax.Array, np.ndarray, np.generic)) and not _is_key(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+    )
 
 
 @jax.jit
@@ -92,8 +95,9 @@ def _storable(tree):
 def _abstract(like):
     """The orbax restore target of one target leaf."""
     if _is_key(like):
-        like = jax.eval_shape(jax.random.key_data, like) if not isinstance(like, jax.Array) \
-            else jax.random.key_data(like)
+        like = (
+            jax.eval_shape(jax.random.key_data, like) if not isinstance(like, jax.Array) else jax.random.key_data(like)
+        )
     if isinstance(like, jax.Array):
         return jax.ShapeDtypeStruct(like.shape, like.dtype, sharding=like.sharding)
     if isinstance(like, jax.ShapeDtypeStruct) and getattr(like, "sharding", None) is None:
@@ -107,13 +111,13 @@ def _placed(value, like):
     if _is_key(like):
         # key_impl takes only concrete keys; an abstract (jax.eval_shape) key leaf carries
         # its implementation on its dtype (no public accessor as of jax 0.10).
-        impl = (jax.random.key_impl(like) if isinstance(like, jax.Array)
-                else like.dtype._impl)
+        impl = jax.random.key_impl(like) if isinstance(like, jax.Array) else like.dtype._impl
         return jax.random.wrap_key_data(value, impl=impl)
     if isinstance(like, np.generic):
         return np.asarray(value)[()]
-    if isinstance(like, np.ndarray) or (isinstance(like, jax.ShapeDtypeStruct)
-                                        and getattr(like, "sharding", None) is None):
+    if isinstance(like, np.ndarray) or (
+        isinstance(like, jax.ShapeDtypeStruct) and getattr(like, "sharding", None) is None
+    ):
         return np.asarray(value)
     return value
 
@@ -134,17 +138,25 @@ class OrbaxCheckpointer:
 
     every_process_saves = True
 
-    def __init__(self, directory: str | os.PathLike, *, keep: Optional[int] = None,
-                 async_: bool = True, run_id: Optional[str] = None,
-                 overwrite: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        keep: Optional[int] = None,
+        async_: bool = True,
+        run_id: Optional[str] = None,
+        overwrite: bool = False,
+    ) -> None:
         ocp = _orbax()
         if keep is not None:
             keep = checks.positive_int("OrbaxCheckpointer", "keep (or None)", keep)
         self.directory, self.keep, self.run_id = Path(directory).absolute(), keep, run_id
         self.overwrite = checks.flag("OrbaxCheckpointer", "overwrite", overwrite)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=None, create=True,  # rotation is ours: it knows runs and finite steps
-            enable_async_checkpointing=checks.flag("OrbaxCheckpointer", "async_", async_))
+            max_to_keep=None,
+            create=True,  # rotation is ours: it knows runs and finite steps
+            enable_async_checkpointing=checks.flag("OrbaxCheckpointer", "async_", async_),
+        )
         self._ocp = ocp
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._infos: Dict[int, CheckpointInfo] = {}
@@ -158,14 +170,18 @@ class OrbaxCheckpointer:
         self._finish_pending()  # the previous save is committed before the next starts
         self._manager.reload()  # another run may have written here since: not a cached list
         infos = self._all_infos()
-        owner = owner_for_save(f"OrbaxCheckpointer.save(step={step})", self.directory,
-                                    infos, step, self.run_id, overwrite=self.overwrite)
+        owner = owner_for_save(
+            f"OrbaxCheckpointer.save(step={step})", self.directory, infos, step, self.run_id, overwrite=self.overwrite
+        )
         if step in infos:  # orbax never overwrites a step; the same run replaces it
             self._delete(step)
-        self._manager.save(step, args=self._ocp.args.StandardSave(_storable(tree)), force=True,
-                           custom_metadata={_RUN_KEY: owner, _FINITE_KEY: bool(is_finite)})
-        self._infos[step] = CheckpointInfo(step, owner, bool(is_finite),
-                                                self.directory / str(step))
+        self._manager.save(
+            step,
+            args=self._ocp.args.StandardSave(_storable(tree)),
+            force=True,
+            custom_metadata={_RUN_KEY: owner, _FINITE_KEY: bool(is_finite)},
+        )
+        self._infos[step] = CheckpointInfo(step, owner, bool(is_finite), self.directory / str(step))
         self._pending = (step, owner)
 
     def _finish_pending(self) -> None:
@@ -198,8 +214,9 @@ class OrbaxCheckpointer:
         steps = set(self._manager.all_steps())
         for s in steps - set(self._infos):
             meta = self._manager.metadata(s).custom_metadata or {}
-            self._infos[s] = CheckpointInfo(s, meta.get(_RUN_KEY), bool(meta.get(_FINITE_KEY, True)),
-                                                 self.directory / str(s))
+            self._infos[s] = CheckpointInfo(
+                s, meta.get(_RUN_KEY), bool(meta.get(_FINITE_KEY, True)), self.directory / str(s)
+            )
         return {s: self._infos[s] for s in sorted(steps)}
 
     def all_steps(self, *, finite_only: bool = False) -> List[int]:
@@ -215,8 +232,10 @@ class OrbaxCheckpointer:
         infos = self._all_infos()
         step = self.latest_step() if step is None else _step(step)
         if step not in infos:
-            raise FileNotFoundError(f"OrbaxCheckpointer: no checkpoint for step {step} in "
-                                    f"{self.directory}; available steps: {sorted(infos)}.")
+            raise FileNotFoundError(
+                f"OrbaxCheckpointer: no checkpoint for step {step} in "
+                f"{self.directory}; available steps: {sorted(infos)}."
+            )
         return infos[step]
 
     def restore(self, target, step: Optional[int] = None):
@@ -232,27 +251,34 @@ class OrbaxCheckpointer:
         # this one, before reading any array.
         leaves_meta = self._stored_leaves(info.step)
         stored = _with_dtypes(leaves_meta)
-        _check_against(f"OrbaxCheckpointer.restore: step {info.step} in {self.directory}",
-                       target, abstract_leaves, leaves_meta, stored)
+        _check_against(
+            f"OrbaxCheckpointer.restore: step {info.step} in {self.directory}",
+            target,
+            abstract_leaves,
+            leaves_meta,
+            stored,
+        )
         try:
-            restored = self._manager.restore(info.step,
-                                             args=self._ocp.args.StandardRestore(abstract))
+            restored = self._manager.restore(info.step, args=self._ocp.args.StandardRestore(abstract))
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointMismatchError(
                 f"OrbaxCheckpointer.restore: step {info.step} in {self.directory} does not "
-                f"match target: {e}{_structure_hint(target, leaves_meta)}") from e
+                f"match target: {e}{_structure_hint(target, leaves_meta)}"
+            ) from e
         got = treedef.flatten_up_to(restored)
         # Orbax hands back the stored shapes whatever the target says; the npz backend
         # refuses, and so does this one (a model built with other sizes cannot use them).
-        wrong = [f"{jax.tree_util.keystr(path)}: target expects shape {tuple(np.shape(a))}, the "
-                 f"checkpoint has {tuple(np.shape(v))}"
-                 for (path, _), a, v in zip(jax.tree_util.tree_flatten_with_path(target)[0],
-                                            abstract_leaves, got)
-                 if tuple(np.shape(a)) != tuple(np.shape(v))]
+        wrong = [
+            f"{jax.tree_util.keystr(path)}: target expects shape {tuple(np.shape(a))}, the "
+            f"checkpoint has {tuple(np.shape(v))}"
+            for (path, _), a, v in zip(jax.tree_util.tree_flatten_with_path(target)[0], abstract_leaves, got)
+            if tuple(np.shape(a)) != tuple(np.shape(v))
+        ]
         if wrong:
             raise CheckpointMismatchError(
                 f"OrbaxCheckpointer.restore: step {info.step} in {self.directory} does not "
-                f"match target:\n  - " + "\n  - ".join(wrong[:10]))
+                f"match target:\n  - " + "\n  - ".join(wrong[:10])
+            )
         return jax.tree.unflatten(treedef, [_placed(v, like) for v, like in zip(got, leaves)])
 
     def stored_tree(self, step: Optional[int] = None):
@@ -262,10 +288,11 @@ class OrbaxCheckpointer:
         tree = self._item_metadata(self.info(step).step)
         if tree is None:
             return None
-        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape),
-                                                              np.dtype(leaf.dtype))
-                            if _has_shape(leaf) else leaf, tree,
-                            is_leaf=_has_shape)
+        return jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), np.dtype(leaf.dtype)) if _has_shape(leaf) else leaf,
+            tree,
+            is_leaf=_has_shape,
+        )
 
     def _item_metadata(self, step: int):
         """orbax's metadata tree of the checkpoint of ``step``, or None. A manager that
@@ -290,8 +317,7 @@ class OrbaxCheckpointer:
         tree = self._item_metadata(step)
         if tree is None:  # an older or foreign layout: restore checks what it can
             return {}
-        return {_plain(path): leaf
-                for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_has_shape)[0]}
+        return {_plain(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_has_shape)[0]}
 
     def __repr__(self):
         return f"OrbaxCheckpointer({str(self.directory)!r}, keep={self.keep})"
@@ -303,12 +329,16 @@ def _has_shape(leaf) -> bool:
 
 def _with_dtypes(leaves_meta: dict) -> Dict[tuple, jax.ShapeDtypeStruct]:
     """The dtype and shape of each stored leaf that has them (arrays), by path."""
-    return {key: jax.ShapeDtypeStruct(tuple(leaf.shape), np.dtype(leaf.dtype))
-            for key, leaf in leaves_meta.items() if _has_shape(leaf)}
+    return {
+        key: jax.ShapeDtypeStruct(tuple(leaf.shape), np.dtype(leaf.dtype))
+        for key, leaf in leaves_meta.items()
+        if _has_shape(leaf)
+    }
 
 
-def _check_against(where: str, target, abstract_leaves, leaves_meta: dict,
-                   stored: Dict[tuple, jax.ShapeDtypeStruct]) -> None:
+def _check_against(
+    where: str, target, abstract_leaves, leaves_meta: dict, stored: Dict[tuple, jax.ShapeDtypeStruct]
+) -> None:
     """Refuses, before reading any array, a target whose paths, dtypes or shapes are not
     the checkpoint's, listing each difference as the npz backend does. Nothing is
     compared without metadata (``leaves_meta`` empty)."""
@@ -316,27 +346,41 @@ def _check_against(where: str, target, abstract_leaves, leaves_meta: dict,
         return
     flat = jax.tree_util.tree_flatten_with_path(target)[0]
     paths = {_plain(p) for p, _ in flat}
-    missing = [jax.tree_util.keystr(p) + (f" ({_typed(a)})" if hasattr(a, "dtype") else "")
-               for (p, _), a in zip(flat, abstract_leaves) if _plain(p) not in leaves_meta]
-    unexpected = [_shown(key) + (f" ({_typed(stored[key])})" if key in stored else "")
-                  for key in leaves_meta if key not in paths]
-    problems = [f"{what}: " + ", ".join(names[:10])
-                + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
-                for what, names in (("in target but not in the checkpoint", missing),
-                                    ("in the checkpoint but not in target", unexpected))
-                if names]
-    wrong = [_difference(jax.tree_util.keystr(p), like, a, stored[_plain(p)])
-             for (p, like), a in zip(flat, abstract_leaves)
-             if hasattr(a, "dtype") and _plain(p) in stored]
+    missing = [
+        jax.tree_util.keystr(p) + (f" ({_typed(a)})" if hasattr(a, "dtype") else "")
+        for (p, _), a in zip(flat, abstract_leaves)
+        if _plain(p) not in leaves_meta
+    ]
+    unexpected = [
+        _shown(key) + (f" ({_typed(stored[key])})" if key in stored else "") for key in leaves_meta if key not in paths
+    ]
+    problems = [
+        f"{what}: " + ", ".join(names[:10]) + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
+        for what, names in (
+            ("in target but not in the checkpoint", missing),
+            ("in the checkpoint but not in target", unexpected),
+        )
+        if names
+    ]
+    wrong = [
+        _difference(jax.tree_util.keystr(p), like, a, stored[_plain(p)])
+        for (p, like), a in zip(flat, abstract_leaves)
+        if hasattr(a, "dtype") and _plain(p) in stored
+    ]
     wrong = [w for w in wrong if w]
     if not problems and not wrong:
         return
     raise CheckpointMismatchError(
-        f"{where} does not match target:\n  - " + "\n  - ".join(problems + wrong[:10])
+        f"{where} does not match target:\n  - "
+        + "\n  - ".join(problems + wrong[:10])
         + (_fit_hint(leaves_meta) if problems else "")
-        + ("\nRestore into a target of the saved shapes and dtypes (the model and policy "
-           "the run was saved with), then cast explicitly if another dtype is wanted."
-           if wrong else ""))
+        + (
+            "\nRestore into a target of the saved shapes and dtypes (the model and policy "
+            "the run was saved with), then cast explicitly if another dtype is wanted."
+            if wrong
+            else ""
+        )
+    )
 
 
 def _difference(where: str, like, abstract, stored: jax.ShapeDtypeStruct) -> str:
@@ -345,8 +389,7 @@ def _difference(where: str, like, abstract, stored: jax.ShapeDtypeStruct) -> str
     if not _same_dtype(like, abstract, stored.dtype):
         return f"{where}: target expects {_typed(abstract)}, the checkpoint has {_typed(stored)}"
     if tuple(np.shape(abstract)) != tuple(stored.shape):
-        return (f"{where}: target expects shape {tuple(np.shape(abstract))}, the checkpoint "
-                f"has {tuple(stored.shape)}")
+        return f"{where}: target expects shape {tuple(np.shape(abstract))}, the checkpoint has {tuple(stored.shape)}"
     return ""
 
 
@@ -354,10 +397,12 @@ def _fit_hint(stored) -> str:
     """The way to read a ``fit`` checkpoint, when ``stored`` is one (see
     :func:`funcnet.checkpoint.restore_train_state`)."""
     if any(key[:1] in (("data",), ("epoch_metrics",)) for key in stored):
-        return ("\nThis is a checkpoint written by fit (train_state, loop position, data "
-                "layout, callback states, metric sums): read its train state with "
-                "funcnet.checkpoint.restore_train_state(checkpointer, target), or all of it "
-                "with funcnet.checkpoint.restore_fit_checkpoint.")
+        return (
+            "\nThis is a checkpoint written by fit (train_state, loop position, data "
+            "layout, callback states, metric sums): read its train state with "
+            "funcnet.checkpoint.restore_train_state(checkpointer, target), or all of it "
+            "with funcnet.checkpoint.restore_fit_checkpoint."
+        )
     return ""
 
 
@@ -369,8 +414,10 @@ def _structure_hint(target, stored) -> str:
     theirs = sorted(stored)
     for a, b in zip(mine + [None], theirs + [None]):
         if a != b:
-            return (f" (first difference: target has {_shown(a) if a else 'nothing more'}, "
-                    f"the checkpoint {_shown(b) if b else 'nothing more'})")
+            return (
+                f" (first difference: target has {_shown(a) if a else 'nothing more'}, "
+                f"the checkpoint {_shown(b) if b else 'nothing more'})"
+            )
     return ""
 
 
@@ -393,8 +440,11 @@ def _same_dtype(like, abstract, stored) -> bool:
     dtype = np.dtype(abstract.dtype)
     if dtype == stored:
         return True
-    return (stored.kind in "iu" and isinstance(like, (jax.Array, jax.ShapeDtypeStruct))
-            and jax.dtypes.canonicalize_dtype(stored) == dtype)
+    return (
+        stored.kind in "iu"
+        and isinstance(like, (jax.Array, jax.ShapeDtypeStruct))
+        and jax.dtypes.canonicalize_dtype(stored) == dtype
+    )
 
 
 def _typed(like) -> str:

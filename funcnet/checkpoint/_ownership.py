@@ -15,8 +15,7 @@ import numpy as np
 
 from funcnet.errors import CheckpointOwnershipError
 
-__all__ = ["CheckpointInfo", "new_run_id", "PROCESS_RUN_ID", "host", "owner_for_save",
-           "steps_to_rotate"]
+__all__ = ["CheckpointInfo", "new_run_id", "PROCESS_RUN_ID", "host", "owner_for_save", "steps_to_rotate"]
 
 
 class CheckpointInfo(NamedTuple):
@@ -38,9 +37,9 @@ def new_run_id() -> str:
     rid = uuid.uuid4()
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
+
         raw = np.frombuffer(rid.bytes, np.uint8).astype(np.int32)
-        rid = uuid.UUID(bytes=bytes(np.asarray(
-            multihost_utils.broadcast_one_to_all(raw)).astype(np.uint8).tolist()))
+        rid = uuid.UUID(bytes=bytes(np.asarray(multihost_utils.broadcast_one_to_all(raw)).astype(np.uint8).tolist()))
     return f"{host()}-{rid.hex[:16]}"
 
 
@@ -53,8 +52,15 @@ def host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
 
 
-def owner_for_save(where: str, directory: str | os.PathLike, infos: Dict[int, CheckpointInfo], step: int,
-                   run_id: Optional[str], *, overwrite: bool = False) -> str:
+def owner_for_save(
+    where: str,
+    directory: str | os.PathLike,
+    infos: Dict[int, CheckpointInfo],
+    step: int,
+    run_id: Optional[str],
+    *,
+    overwrite: bool = False,
+) -> str:
     """The run id a new checkpoint of ``step`` is saved under (the rule of :func:`save`'s
     ``run_id``, shared by the backends), or :class:`CheckpointOwnershipError`.
 
@@ -76,11 +82,11 @@ def owner_for_save(where: str, directory: str | os.PathLike, infos: Dict[int, Ch
         f"{sorted(infos)}), not of {who}. Saving there would mix the two runs and let keep= "
         f"delete one of them. Either resume from it (fit(..., resume_from=...) continues that "
         f"run), pick a new directory for this run, or pass overwrite=True to replace that "
-        f"run's checkpoints.")
+        f"run's checkpoints."
+    )
 
 
-def steps_to_rotate(infos: Dict[int, CheckpointInfo], step: int, run_id: str,
-                    keep: Optional[int]) -> List[int]:
+def steps_to_rotate(infos: Dict[int, CheckpointInfo], step: int, run_id: str, keep: Optional[int]) -> List[int]:
     """The steps ``keep=`` deletes once ``step`` is written (shared by the backends): the
     run's own, older than ``step``, beyond its ``keep`` newest, never the newest finite
     checkpoint in the directory (``infos``, the new one included)."""
@@ -89,4 +95,4 @@ def steps_to_rotate(infos: Dict[int, CheckpointInfo], step: int, run_id: str,
     older = sorted(s for s, i in infos.items() if s < step and i.run_id == run_id)
     finite = [s for s, i in infos.items() if i.finite]
     protected = max(finite) if finite else None
-    return [s for s in older[:max(len(older) - (keep - 1), 0)] if s != protected]
+    return [s for s in older[: max(len(older) - (keep - 1), 0)] if s != protected]

@@ -43,19 +43,24 @@ def _parse_idx(data: bytes, path) -> np.ndarray:
     if len(data) < 4:
         raise CorruptFileError.at(path, f"only {len(data)} bytes, shorter than an idx header")
     if data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES or data[3] == 0:
-        raise CorruptFileError.at(path, f"wrong magic number 0x{data[:4].hex()} (an idx file starts "
-                             "with 0x0000, a type code 0x08-0x0E and the number of dimensions)")
+        raise CorruptFileError.at(
+            path,
+            f"wrong magic number 0x{data[:4].hex()} (an idx file starts "
+            "with 0x0000, a type code 0x08-0x0E and the number of dimensions)",
+        )
     ndim = data[3]
     offset = 4 + 4 * ndim
     if len(data) < offset:
-        raise CorruptFileError.at(path, f"header declares {ndim} dimensions but the file ends after "
-                             f"{len(data)} bytes")
+        raise CorruptFileError.at(path, f"header declares {ndim} dimensions but the file ends after {len(data)} bytes")
     dims = tuple(int(d) for d in np.frombuffer(data, ">u4", count=ndim, offset=4))
     dtype = np.dtype(_IDX_DTYPES[data[2]])
     expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
     if len(data) - offset != expected:
-        raise CorruptFileError.at(path, f"size mismatch: the header says shape {dims} of {dtype.name} "
-                             f"({expected} bytes of data) but the file has {len(data) - offset}")
+        raise CorruptFileError.at(
+            path,
+            f"size mismatch: the header says shape {dims} of {dtype.name} "
+            f"({expected} bytes of data) but the file has {len(data) - offset}",
+        )
     arr = np.frombuffer(data, dtype, offset=offset).reshape(dims)
     return arr.astype(dtype.newbyteorder("="), copy=False)
 

@@ -35,8 +35,7 @@ from funcnet.datasets.idx import CorruptFileError, read_idx, read_idx_cached
 from funcnet.fileio import atomic_write
 from funcnet.errors import MNISTNotFoundError
 
-__all__ = ["load", "MNISTNotFoundError", "MNIST_FILES", "MNIST_MD5", "MNIST_MIRRORS",
-           "REPO_DATA_DIR"]
+__all__ = ["load", "MNISTNotFoundError", "MNIST_FILES", "MNIST_MD5", "MNIST_MIRRORS", "REPO_DATA_DIR"]
 
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -79,8 +78,10 @@ def _cache_dir() -> Path:
 def _search_dirs(data_dir) -> list:
     """``[(description, directory)]`` in search order."""
     dirs = []
-    for what, root in (("data_dir argument", data_dir),
-                       ("$FUNCNET_DATA_DIR", os.environ.get("FUNCNET_DATA_DIR") or None)):
+    for what, root in (
+        ("data_dir argument", data_dir),
+        ("$FUNCNET_DATA_DIR", os.environ.get("FUNCNET_DATA_DIR") or None),
+    ):
         if root is not None:
             root = Path(root).expanduser()
             dirs += [(what, root), (what, root / "mnist")]
@@ -118,8 +119,7 @@ def _fetch(name: str, cache: Path, errors: list) -> bool:
             _download(url, cache / (name + ".gz"), MNIST_MD5.get(name))
             return True
         # HTTPException (BadStatusLine: the port speaks something other than HTTP) is not an OSError
-        except (OSError, urllib.error.URLError, http.client.HTTPException, CorruptFileError,
-                ValueError) as e:
+        except (OSError, urllib.error.URLError, http.client.HTTPException, CorruptFileError, ValueError) as e:
             errors.append(f"{url}: {e}")
     return False
 
@@ -129,18 +129,23 @@ def _not_found(split, names, places, errors, cache) -> MNISTNotFoundError:
     looked = "\n".join(f"  - {d} ({what})" for what, d in places)
     tried = "\n".join(f"  - {e}" for e in errors) if errors is not None else "  (download=False)"
     mirrors = _mirrors()
-    fetch = (f"download {' and '.join(mirrors[0].rstrip('/') + '/' + n + '.gz' for n in names)} into {cache}"
-             if mirrors else f"put {' and '.join(names)} (.gz or raw) into {cache}")
+    fetch = (
+        f"download {' and '.join(mirrors[0].rstrip('/') + '/' + n + '.gz' for n in names)} into {cache}"
+        if mirrors
+        else f"put {' and '.join(names)} (.gz or raw) into {cache}"
+    )
     return MNISTNotFoundError(
         f"mnist.load: could not find the {split} files {', '.join(n + '[.gz]' for n in names)}.\n"
         f"Searched:\n{looked}\nDownload attempts:\n{tried}\n"
         f"To fix: {fetch} (or into any directory, then pass load(data_dir=...) or set FUNCNET_DATA_DIR to "
         f"it); or, if a mirror is reachable from here, set FUNCNET_MNIST_MIRRORS to its base URL "
-        f"and call load(download=True).")
+        f"and call load(download=True)."
+    )
 
 
-def load(split: str = "train", data_dir: Optional[str | os.PathLike] = None, flatten: bool = False, *,
-         download: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+def load(
+    split: str = "train", data_dir: Optional[str | os.PathLike] = None, flatten: bool = False, *, download: bool = True
+) -> Tuple[np.ndarray, np.ndarray]:
     """The MNIST digits as numpy arrays.
 
     Args:
@@ -196,11 +201,13 @@ def load(split: str = "train", data_dir: Optional[str | os.PathLike] = None, fla
     images = read_idx_cached(image_path, MNIST_MD5.get(names[0]))
     labels = read_idx_cached(label_path, MNIST_MD5.get(names[1]))
     if images.ndim != 3 or images.dtype != np.uint8:
-        raise CorruptFileError.at(image_path, f"expected uint8 images (N, rows, cols), got {images.dtype} "
-                                   f"{images.shape}")
+        raise CorruptFileError.at(
+            image_path, f"expected uint8 images (N, rows, cols), got {images.dtype} {images.shape}"
+        )
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-        raise CorruptFileError.at(label_path, f"expected {images.shape[0]} labels to match {image_path.name}, "
-                                   f"got shape {labels.shape}")
+        raise CorruptFileError.at(
+            label_path, f"expected {images.shape[0]} labels to match {image_path.name}, got shape {labels.shape}"
+        )
     x = images.astype(np.float32)
     x /= np.float32(255)  # divide, not multiply by 1/255: exact as torchvision's ToTensor
     x = x.reshape(x.shape[0], -1) if flatten else x[..., None]

@@ -47,12 +47,10 @@ def _patches(x, window, strides, dilation, pads):
     """``(N, *out, K * C)``: every window position's inputs, kernel offset major."""
     x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
     n_sp = len(window)
-    out = [(x.shape[1 + i] - ((window[i] - 1) * dilation[i] + 1)) // strides[i] + 1
-           for i in range(n_sp)]
+    out = [(x.shape[1 + i] - ((window[i] - 1) * dilation[i] + 1)) // strides[i] + 1 for i in range(n_sp)]
     cols = []
     for offset in itertools.product(*(range(k) for k in window)):
-        index = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                      for o, d, m, s in zip(offset, dilation, out, strides))
+        index = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in zip(offset, dilation, out, strides))
         cols.append(x[(slice(None), *index, slice(None))])
     return jnp.concatenate(cols, axis=-1)
 
@@ -60,21 +58,25 @@ def _patches(x, window, strides, dilation, pads):
 def _offset_patches(x, window, strides, dilation, pads):
     """``(K, N, *out, C)``: :func:`_patches`'s slices stacked on a new leading axis."""
     x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
-    out = [(x.shape[1 + i] - ((window[i] - 1) * dilation[i] + 1)) // strides[i] + 1
-           for i in range(len(window))]
-    return jnp.stack([
-        x[(slice(None),
-           *(slice(o * d, o * d + (m - 1) * s + 1, s)
-             for o, d, m, s in zip(offset, dilation, out, strides)),
-           slice(None))]
-        for offset in itertools.product(*(range(k) for k in window))])
+    out = [(x.shape[1 + i] - ((window[i] - 1) * dilation[i] + 1)) // strides[i] + 1 for i in range(len(window))]
+    return jnp.stack(
+        [
+            x[
+                (
+                    slice(None),
+                    *(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in zip(offset, dilation, out, strides)),
+                    slice(None),
+                )
+            ]
+            for offset in itertools.product(*(range(k) for k in window))
+        ]
+    )
 
 
 def _xla_conv(x, W, window, strides, dilation, pads):
-    spatial = "DHW"[3 - len(window):]
+    spatial = "DHW"[3 - len(window) :]
     specs = (f"N{spatial}C", f"{spatial}IO", f"N{spatial}C")
-    return jax.lax.conv_general_dilated(x, W, strides, pads, rhs_dilation=dilation,
-                                        dimension_numbers=specs)
+    return jax.lax.conv_general_dilated(x, W, strides, pads, rhs_dilation=dilation, dimension_numbers=specs)
 
 
 def patch_conv(x, W, strides, dilation, pads):
@@ -98,13 +100,14 @@ def _fwd(args, x, W):
 def _bwd(args, res, dy):
     x, W = res
     o = W.shape[-1]
-    q = _offset_patches(x, *args)                      # (K, N, *out, C)
-    rest = list(range(1, q.ndim - 1))                  # N and the output positions
+    q = _offset_patches(x, *args)  # (K, N, *out, C)
+    rest = list(range(1, q.ndim - 1))  # N and the output positions
     k, c, oo = 0, q.ndim - 1, q.ndim
     # Summed over the batch: under an Explicit mesh that axis is split, so the result's
     # (whole, replicated) layout is stated; elsewhere explicit_sharding gives None.
-    dW = jnp.einsum(q, [k, *rest, c], dy, [*rest, oo], [k, c, oo],
-                    out_sharding=_mesh.explicit_sharding(x, None, None, None))
+    dW = jnp.einsum(
+        q, [k, *rest, c], dy, [*rest, oo], [k, c, oo], out_sharding=_mesh.explicit_sharding(x, None, None, None)
+    )
     dW = dW.reshape(W.shape)
     dp = dy @ W.reshape(-1, o).T
     # The patch extraction is linear in x; its transpose is the overlap-add (col2im).

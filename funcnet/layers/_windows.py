@@ -21,13 +21,14 @@ PADDING_STRINGS = ("VALID", "SAME", "SAME_LOWER")
 def window_tuple(layer: str, value, what: str, max_dims: int = 3) -> Tuple[int, ...]:
     """A ``filter_shape``/``window_shape``: a tuple of 1 to ``max_dims`` positive ints."""
     if checks.is_int(value) or not isinstance(value, (tuple, list)):
-        raise TypeError(f"{layer}: {what} must be a tuple of 1 to {max_dims} ints, one per "
-                        f"spatial axis (e.g. (3, 3) for 2-D), got {value!r}.")
+        raise TypeError(
+            f"{layer}: {what} must be a tuple of 1 to {max_dims} ints, one per "
+            f"spatial axis (e.g. (3, 3) for 2-D), got {value!r}."
+        )
     if not all(checks.is_int(v) for v in value):
         raise TypeError(f"{layer}: {what} must contain only ints, got {tuple(value)!r}.")
     if not 1 <= len(value) <= max_dims or not all(v > 0 for v in value):
-        raise ValueError(f"{layer}: {what} must be 1 to {max_dims} positive ints, got "
-                         f"{tuple(value)!r}.")
+        raise ValueError(f"{layer}: {what} must be 1 to {max_dims} positive ints, got {tuple(value)!r}.")
     return tuple(int(v) for v in value)
 
 
@@ -41,22 +42,29 @@ def normalize_padding(layer: str, padding, n: int, strings: Sequence[str] = PADD
     choices = ", ".join(repr(s) for s in strings)
     if isinstance(padding, str):
         if padding.upper() not in strings:
-            raise ValueError(f"{layer}: unknown padding {padding!r}; expected one of {choices}, "
-                             f"an int, or {n} (low, high) int pairs.")
+            raise ValueError(
+                f"{layer}: unknown padding {padding!r}; expected one of {choices}, "
+                f"an int, or {n} (low, high) int pairs."
+            )
         return padding.upper()
     if checks.is_int(padding):
         padding = [padding] * n
-    bad = ValueError(f"{layer}: padding must be one of {choices}, a non-negative int, or {n} "
-                     f"(low, high) pairs of non-negative ints (one per spatial axis), got "
-                     f"{padding!r}.")
+    bad = ValueError(
+        f"{layer}: padding must be one of {choices}, a non-negative int, or {n} "
+        f"(low, high) pairs of non-negative ints (one per spatial axis), got "
+        f"{padding!r}."
+    )
     if not isinstance(padding, (tuple, list)) or len(padding) != n:
         raise bad
     pairs = []
     for entry in padding:
         if checks.is_int(entry):
             entry = (entry, entry)
-        if (not isinstance(entry, (tuple, list)) or len(entry) != 2
-                or not all(checks.is_int(p) and p >= 0 for p in entry)):
+        if (
+            not isinstance(entry, (tuple, list))
+            or len(entry) != 2
+            or not all(checks.is_int(p) and p >= 0 for p in entry)
+        ):
             raise bad
         pairs.append((int(entry[0]), int(entry[1])))
     return tuple(pairs)
@@ -70,12 +78,13 @@ def output_size(layer: str, size: int, window: int, stride: int, padding, axis: 
     """
     if size == -1:
         return -1
-    lo, hi = (lax.padtype_to_pads([size], [window], [stride], padding)[0]
-              if isinstance(padding, str) else padding)
+    lo, hi = lax.padtype_to_pads([size], [window], [stride], padding)[0] if isinstance(padding, str) else padding
     out = (size + lo + hi - window) // stride + 1
     if out < 1:
-        raise ValueError(f"{layer}: input size {size} on axis {axis} is too small for a window "
-                         f"of {window} (after dilation) with padding {(lo, hi)}: the output would "
-                         f"be empty. Use a larger input, a smaller filter/window, or more "
-                         f"padding.")
+        raise ValueError(
+            f"{layer}: input size {size} on axis {axis} is too small for a window "
+            f"of {window} (after dilation) with padding {(lo, hi)}: the output would "
+            f"be empty. Use a larger input, a smaller filter/window, or more "
+            f"padding."
+        )
     return out

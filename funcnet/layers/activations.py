@@ -42,13 +42,35 @@ import jax.numpy as jnp
 from jax import lax
 
 from funcnet import _checks as checks
-from funcnet.core import (Layer, MismatchError, check_input, check_known, check_shape, named,
-                          normalize_axis)
+from funcnet.core import Layer, MismatchError, check_input, check_known, check_shape, named, normalize_axis
 
-__all__ = ["Relu", "Relu6", "LeakyRelu", "Prelu", "Elu", "Celu", "Selu", "Gelu", "Sigmoid",
-           "Tanh", "Softplus", "Hardtanh", "Hardsigmoid", "Hardswish", "Silu", "Swish", "Mish",
-           "Softmax", "LogSoftmax", "elementwise", "Glu", "LogSigmoid", "Softsign",
-           "Tanhshrink", "Threshold"]
+__all__ = [
+    "Relu",
+    "Relu6",
+    "LeakyRelu",
+    "Prelu",
+    "Elu",
+    "Celu",
+    "Selu",
+    "Gelu",
+    "Sigmoid",
+    "Tanh",
+    "Softplus",
+    "Hardtanh",
+    "Hardsigmoid",
+    "Hardswish",
+    "Silu",
+    "Swish",
+    "Mish",
+    "Softmax",
+    "LogSoftmax",
+    "elementwise",
+    "Glu",
+    "LogSigmoid",
+    "Softsign",
+    "Tanhshrink",
+    "Threshold",
+]
 
 
 def elementwise(name: str, fn: Callable, axis: int | None = None) -> Layer:
@@ -108,10 +130,18 @@ def _optional_arguments(build: Callable[..., Layer]) -> Layer:
     says ``Elu(init=..., apply=...)``, and a pytree round trip (which rebuilds a
     NamedTuple from its type) keeps the layer callable.
     """
-    cls = type(build.__name__, (_OptionalArguments,), {
-        "__slots__": (), "__doc__": build.__doc__, "__module__": __name__,
-        "__qualname__": build.__name__, "__signature__": inspect.signature(build),
-        "_build": staticmethod(build)})
+    cls = type(
+        build.__name__,
+        (_OptionalArguments,),
+        {
+            "__slots__": (),
+            "__doc__": build.__doc__,
+            "__module__": __name__,
+            "__qualname__": build.__name__,
+            "__signature__": inspect.signature(build),
+            "_build": staticmethod(build),
+        },
+    )
     return cls(*build())
 
 
@@ -162,6 +192,7 @@ is ``1 - (1 - tanh(x)^2)`` in both, with the same rounding near 0."""
 # --------------------------------------------------------------------------- #
 # Layers with torch's optional arguments.
 # --------------------------------------------------------------------------- #
+
 
 @_optional_arguments
 def Elu(alpha: float = 1.0) -> Layer:
@@ -218,11 +249,13 @@ def Celu(alpha: float = 1.0) -> Layer:
     """
     alpha = checks.real("Celu", "alpha", alpha)
     if alpha == 0:
-        raise checks.ArgumentError(f"Celu: alpha must not be 0 (it divides x), got {alpha!r}. "
-                                   f"torch.nn.CELU refuses it too; use Celu() for alpha=1.")
+        raise checks.ArgumentError(
+            f"Celu: alpha must not be 0 (it divides x), got {alpha!r}. "
+            f"torch.nn.CELU refuses it too; use Celu() for alpha=1."
+        )
 
     inverse = 1.0 / alpha  # torch multiplies by 1/alpha: x / alpha differs by an ulp, which
-                           # exp turns into 3e-6 (float32) where x / alpha nears 40
+    # exp turns into 3e-6 (float32) where x / alpha nears 40
 
     def celu(x):
         # x > 0 would give exp(x / alpha) = inf for alpha > 0 in the branch not taken, and
@@ -301,7 +334,8 @@ def Gelu(approximate: str = "none") -> Layer:
         raise checks.ArgumentError(
             f"Gelu: approximate must be 'none' or 'tanh' (torch's strings), got {approximate!r}. "
             f"jax.nn.gelu's approximate={approximate} is Gelu(approximate="
-            f"{'tanh' if approximate else 'none'!r}).")
+            f"{'tanh' if approximate else 'none'!r})."
+        )
     checks.one_of("Gelu", "approximate", approximate, ("none", "tanh"))
     if approximate == "tanh":
         return elementwise("Gelu(approximate='tanh')", _gelu_tanh)
@@ -341,9 +375,11 @@ def Softplus(beta: float = 1.0, threshold: float = 20.0) -> Layer:
     beta = checks.real("Softplus", "beta", beta)
     threshold = checks.real("Softplus", "threshold", threshold)
     if beta == 0:
-        raise checks.ArgumentError("Softplus: beta must not be 0 (softplus divides by it: "
-                                   "torch.nn.Softplus(beta=0) gives inf everywhere), got "
-                                   f"{beta!r}. Use Softplus() for beta=1.")
+        raise checks.ArgumentError(
+            "Softplus: beta must not be 0 (softplus divides by it: "
+            "torch.nn.Softplus(beta=0) gives inf everywhere), got "
+            f"{beta!r}. Use Softplus() for beta=1."
+        )
 
     def softplus(x):
         z = x * beta
@@ -387,13 +423,13 @@ def Hardtanh(min_val: float = -1.0, max_val: float = 1.0) -> Layer:
         raise checks.ArgumentError(
             f"Hardtanh: max_val ({max_val!r}) must be greater than min_val ({min_val!r}). "
             f"Pass them in that order: Hardtanh(min_val={min(min_val, max_val)!r}, max_val="
-            f"{max(min_val, max_val)!r}) (for two different values).")
+            f"{max(min_val, max_val)!r}) (for two different values)."
+        )
 
     def hardtanh(x):
         return jnp.where(x <= min_val, min_val, jnp.where(x >= max_val, max_val, x))
 
-    return elementwise(_name("Hardtanh", min_val=(min_val, -1.0), max_val=(max_val, 1.0)),
-                       hardtanh)
+    return elementwise(_name("Hardtanh", min_val=(min_val, -1.0), max_val=(max_val, 1.0)), hardtanh)
 
 
 @_optional_arguments
@@ -422,8 +458,7 @@ def LeakyRelu(negative_slope: float = 0.01) -> Layer:
       Array(0.2, dtype=float32, weak_type=True)
     """
     negative_slope = checks.real("LeakyRelu", "negative_slope", negative_slope)
-    return elementwise(f"LeakyRelu({negative_slope})",
-                       lambda x: jnp.where(x > 0, x, negative_slope * x))
+    return elementwise(f"LeakyRelu({negative_slope})", lambda x: jnp.where(x > 0, x, negative_slope * x))
 
 
 @_optional_arguments
@@ -468,11 +503,9 @@ def Prelu(num_parameters: int = 1, init: float = 0.25, axis: int = -1) -> Layer:
     num_parameters = checks.positive_int("Prelu", "num_parameters", num_parameters)
     init_value = checks.real("Prelu", "init", init)
     if not checks.is_int(axis):
-        raise checks.ArgumentError(f"Prelu: axis must be an int (the channel axis), got "
-                                   f"{checks.got(axis)}.")
+        raise checks.ArgumentError(f"Prelu: axis must be an int (the channel axis), got {checks.got(axis)}.")
     axis = int(axis)
-    name = _name("Prelu", num_parameters=(num_parameters, 1), init=(init_value, 0.25),
-                 axis=(axis, -1))
+    name = _name("Prelu", num_parameters=(num_parameters, 1), init=(init_value, 0.25), axis=(axis, -1))
     per_channel = num_parameters > 1
 
     def init_fn(rng, input_shape):
@@ -485,17 +518,22 @@ def Prelu(num_parameters: int = 1, init: float = 0.25, axis: int = -1) -> Layer:
                     f"{name}: num_parameters ({num_parameters}) must be 1 or the channel "
                     f"count, the input's size on axis {axis} ({shape[ax]}); input_shape "
                     f"{shape}. Use Prelu(num_parameters={shape[ax]}) for a slope per channel, "
-                    f"Prelu() for one shared slope, or set axis to the channel axis.")
+                    f"Prelu() for one shared slope, or set axis to the channel axis."
+                )
         return shape, {"weight": jnp.full((num_parameters,), init_value, jnp.float32)}, ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
         check_input(name, inputs, min_rank=2 if per_channel else None)
         weight = params.get("weight") if isinstance(params, dict) else None
         if getattr(weight, "shape", None) != (num_parameters,):
-            raise MismatchError(name, "params", name,
-                                f"{{'weight': shape ({num_parameters},)}}",
-                                repr(jax.tree_util.tree_map(jnp.shape, params)),
-                                hint="Pass the params this layer's init made.")
+            raise MismatchError(
+                name,
+                "params",
+                name,
+                f"{{'weight': shape ({num_parameters},)}}",
+                repr(jax.tree_util.tree_map(jnp.shape, params)),
+                hint="Pass the params this layer's init made.",
+            )
         if per_channel:
             ax = normalize_axis(name, axis, inputs.ndim)
             check_input(name, inputs, axis=ax, size=num_parameters, what="channels")
@@ -547,8 +585,9 @@ def Glu(axis: int = -1) -> Layer:
             raise ValueError(
                 f"{name}: the input's size on axis {axis} must be even, Glu splits it into "
                 f"two halves (a * sigmoid(b)); got {shape[ax]} in shape {shape}. Have the layer "
-                f"before it give twice the features wanted, e.g. Dense(2 * k) for k outputs.")
-        return shape[:ax] + (-1 if shape[ax] == -1 else shape[ax] // 2,) + shape[ax + 1:]
+                f"before it give twice the features wanted, e.g. Dense(2 * k) for k outputs."
+            )
+        return shape[:ax] + (-1 if shape[ax] == -1 else shape[ax] // 2,) + shape[ax + 1 :]
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=1)
@@ -567,6 +606,7 @@ def Glu(axis: int = -1) -> Layer:
 # --------------------------------------------------------------------------- #
 # Constructors.
 # --------------------------------------------------------------------------- #
+
 
 def _check_axis(layer: str, axis) -> int:
     if not checks.is_int(axis):
@@ -649,12 +689,14 @@ def Threshold(threshold: float, value: float) -> Layer:
     """
     threshold = checks.real("Threshold", "threshold", threshold)
     value = checks.real("Threshold", "value", value)
-    return elementwise(f"Threshold(threshold={threshold!r}, value={value!r})",
-                       lambda x: jnp.where(x <= threshold, value, x))
+    return elementwise(
+        f"Threshold(threshold={threshold!r}, value={value!r})", lambda x: jnp.where(x <= threshold, value, x)
+    )
 
 
 # The optional-argument layers are instances, which doctest's finder skips: run their
 # docstrings' examples by name.
-__test__ = {name: globals()[name].__doc__
-            for name in ("Elu", "Celu", "Gelu", "Softplus", "Hardtanh", "LeakyRelu", "Prelu",
-                         "Glu")}
+__test__ = {
+    name: globals()[name].__doc__
+    for name in ("Elu", "Celu", "Gelu", "Softplus", "Hardtanh", "LeakyRelu", "Prelu", "Glu")
+}

@@ -28,8 +28,7 @@ from funcnet.initializers import Initializer
 from funcnet.layers.dense import linear
 from funcnet.layers.position import rope as _rope
 
-__all__ = ["MultiHeadAttention", "dot_product_attention", "causal_mask", "padding_mask",
-           "cache_lengths"]
+__all__ = ["MultiHeadAttention", "dot_product_attention", "causal_mask", "padding_mask", "cache_lengths"]
 
 _IMPLEMENTATIONS = (None, "xla", "cudnn", "reference")
 _CACHE_KEYS = ("key", "value", "index")
@@ -88,9 +87,11 @@ def padding_mask(valid: ArrayLike) -> jax.Array:
     """
     valid = jnp.asarray(valid)
     if valid.dtype != jnp.bool_ or valid.ndim != 2:
-        raise TypeError(f"padding_mask: expected booleans of shape (batch, k_len) with True at "
-                        f"real tokens, got {valid.dtype} of shape {tuple(valid.shape)}. From "
-                        f"lengths: jnp.arange(k_len)[None, :] < lengths[:, None].")
+        raise TypeError(
+            f"padding_mask: expected booleans of shape (batch, k_len) with True at "
+            f"real tokens, got {valid.dtype} of shape {tuple(valid.shape)}. From "
+            f"lengths: jnp.arange(k_len)[None, :] < lengths[:, None]."
+        )
     return valid[:, None, None, :]
 
 
@@ -100,32 +101,46 @@ def _check_mask(where: str, mask, target: tuple, what: str = "mask"):
         return None
     mask = jnp.asarray(mask)
     if what == "mask" and mask.dtype != jnp.bool_:
-        raise TypeError(f"{where}: mask must be boolean with True = may attend (the "
-                        f"convention of jax.nn.dot_product_attention and Flax), got dtype "
-                        f"{mask.dtype}. An additive float mask (torch's float attn_mask) goes in "
-                        f"bias=; a torch boolean mask (True = masked out) is ~mask here.")
+        raise TypeError(
+            f"{where}: mask must be boolean with True = may attend (the "
+            f"convention of jax.nn.dot_product_attention and Flax), got dtype "
+            f"{mask.dtype}. An additive float mask (torch's float attn_mask) goes in "
+            f"bias=; a torch boolean mask (True = masked out) is ~mask here."
+        )
     if what == "bias" and not jnp.issubdtype(mask.dtype, jnp.floating):
-        raise TypeError(f"{where}: bias must be a float array added to the attention logits, "
-                        f"got dtype {mask.dtype}. A boolean mask goes in mask=.")
+        raise TypeError(
+            f"{where}: bias must be a float array added to the attention logits, "
+            f"got dtype {mask.dtype}. A boolean mask goes in mask=."
+        )
     shape = tuple(mask.shape)
     try:
         if len(shape) > 4:
             raise ValueError
         np.broadcast_shapes(shape, target)
     except ValueError:
-        raise ValueError(f"{where}: {what} of shape {shape} cannot broadcast to (batch, heads, "
-                         f"q_len, k_len) = {target}. Use (q_len, k_len) for one mask for all, "
-                         f"(batch, 1, 1, k_len) for padding (funcnet.layers.padding_mask), or "
-                         f"(batch, heads, q_len, k_len).") from None
+        raise ValueError(
+            f"{where}: {what} of shape {shape} cannot broadcast to (batch, heads, "
+            f"q_len, k_len) = {target}. Use (q_len, k_len) for one mask for all, "
+            f"(batch, 1, 1, k_len) for padding (funcnet.layers.padding_mask), or "
+            f"(batch, heads, q_len, k_len)."
+        ) from None
     return mask.reshape((1,) * (4 - len(shape)) + shape)
 
 
-def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
-                          mask: Optional[ArrayLike] = None, bias: Optional[ArrayLike] = None,
-                          causal: bool = False, dropout: float = 0.0,
-                          rng: Optional[jax.Array] = None, train: bool = False,
-                          implementation: Optional[str] = None,
-                          scale: Optional[float] = None) -> jax.Array:
+def dot_product_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    *,
+    mask: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    causal: bool = False,
+    dropout: float = 0.0,
+    rng: Optional[jax.Array] = None,
+    train: bool = False,
+    implementation: Optional[str] = None,
+    scale: Optional[float] = None,
+) -> jax.Array:
     """``softmax(q k^T * scale + bias, masked) v`` per head, on ``(B, T, H, D)`` arrays.
 
     The values may have their own head size ``Dv`` (``(B, S, H, Dv)``), as in
@@ -195,8 +210,9 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
       [0.0, 0.5, 1.0]
     """
     if implementation not in _IMPLEMENTATIONS:
-        raise ValueError(f"dot_product_attention: implementation must be one of "
-                         f"{_IMPLEMENTATIONS}, got {implementation!r}.")
+        raise ValueError(
+            f"dot_product_attention: implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}."
+        )
     B, T, H, D = query.shape
     S = key.shape[1]
     _check_kv_heads("dot_product_attention", query.shape, key.shape, value.shape)
@@ -210,43 +226,49 @@ def dot_product_attention(query: ArrayLike, key: ArrayLike, value: ArrayLike, *,
     on_cpu = jax.default_backend() == "cpu"
     own_dv = value.shape[-1] != D  # jax's checks value against key's shape
     if own_dv and implementation in ("xla", "cudnn"):
-        raise ValueError(f"dot_product_attention: implementation={implementation!r} needs "
-                         f"the values' head size to equal the queries' and keys' ({D}), got "
-                         f"{value.shape[-1]}. Leave implementation=None (or 'reference') for "
-                         f"a value head size of its own.")
-    if implementation == "reference" or (implementation is None
-                                         and (drop or wide or on_cpu or own_dv)):
-        return _reference_attention(query, key, value, mask, bias, causal, scale,
-                                    dropout if drop else 0.0, rng)
+        raise ValueError(
+            f"dot_product_attention: implementation={implementation!r} needs "
+            f"the values' head size to equal the queries' and keys' ({D}), got "
+            f"{value.shape[-1]}. Leave implementation=None (or 'reference') for "
+            f"a value head size of its own."
+        )
+    if implementation == "reference" or (implementation is None and (drop or wide or on_cpu or own_dv)):
+        return _reference_attention(query, key, value, mask, bias, causal, scale, dropout if drop else 0.0, rng)
     if drop:
-        raise ValueError(f"dot_product_attention: dropout on the attention weights needs the "
-                         f"reference path; implementation={implementation!r} has none. Leave "
-                         f"implementation=None.")
+        raise ValueError(
+            f"dot_product_attention: dropout on the attention weights needs the "
+            f"reference path; implementation={implementation!r} has none. Leave "
+            f"implementation=None."
+        )
     if causal and T != S:
         # jax's is_causal aligns the first query with the first key; we align the last ones.
         cm = causal_mask(T, S, offset=S - T)[None, None]
         mask = cm if mask is None else mask & cm
         causal = False
-    return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale,
-                                        is_causal=causal, implementation=implementation)
+    return jax.nn.dot_product_attention(
+        query, key, value, bias=bias, mask=mask, scale=scale, is_causal=causal, implementation=implementation
+    )
 
 
 def _check_kv_heads(where, q_shape, k_shape, v_shape):
     """Keys and values share a number of heads that divides the queries' (at trace time)."""
     H, Hk, Hv = q_shape[2], k_shape[2], v_shape[2]
     if Hk != Hv:
-        raise ValueError(f"{where}: keys and values need the same number of heads, got keys "
-                         f"of shape {tuple(k_shape)} ({Hk} heads) and values of shape "
-                         f"{tuple(v_shape)} ({Hv} heads), in the layout (B, S, heads, dim).")
+        raise ValueError(
+            f"{where}: keys and values need the same number of heads, got keys "
+            f"of shape {tuple(k_shape)} ({Hk} heads) and values of shape "
+            f"{tuple(v_shape)} ({Hv} heads), in the layout (B, S, heads, dim)."
+        )
     if H % Hk:
-        raise ValueError(f"{where}: grouped-query attention needs the number of query heads "
-                         f"to be a multiple of the key/value heads (each key/value head "
-                         f"serves H // Hk query heads), got {H} query heads and {Hk} "
-                         f"key/value heads. Use a number of key/value heads dividing {H}.")
+        raise ValueError(
+            f"{where}: grouped-query attention needs the number of query heads "
+            f"to be a multiple of the key/value heads (each key/value head "
+            f"serves H // Hk query heads), got {H} query heads and {Hk} "
+            f"key/value heads. Use a number of key/value heads dividing {H}."
+        )
 
 
-def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng,
-                         need_weights=False):
+def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng, need_weights=False):
     """The written-out attention; with ``need_weights`` also its weights ``(B, H, T, S)``
     (after dropout, the ones that multiplied the values, as torch returns them)."""
     B, T, H, D = q.shape
@@ -282,24 +304,34 @@ def _reference_attention(q, k, v, mask, bias, causal, scale, dropout, rng,
         logits = jnp.where(per_head(mask), logits, -0.7 * jnp.finfo(dtype).max)
     weights = jax.nn.softmax(logits, axis=-1)
     if dropout > 0.0:
-        keep = jax.random.bernoulli(need_rng("dot_product_attention", rng), 1.0 - dropout,
-                                    weights.shape)
+        keep = jax.random.bernoulli(need_rng("dot_product_attention", rng), 1.0 - dropout, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout), 0.0)
     weights = weights.astype(v.dtype)
     out = unfold(jnp.einsum(tsd, weights, heads(v)))
     return (out, weights.reshape(B, H, T, S)) if need_weights else out
 
 
-def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
-                       out_dim: Optional[int] = None, use_bias: bool = True,
-                       dropout: float = 0.0, causal: bool = False, rope: bool = False,
-                       rope_base: float = 10000.0, cache_length: Optional[int] = None,
-                       W_init: Optional[Initializer] = None, b_init: Optional[Initializer] = None,
-                       out_W_init: Optional[Initializer] = None,
-                       implementation: Optional[str] = None,
-                       num_kv_heads: Optional[int] = None, add_bias_kv: bool = False,
-                       add_zero_attn: bool = False, need_weights: bool = False,
-                       average_attn_weights: bool = True) -> Layer:
+def MultiHeadAttention(
+    num_heads: int,
+    *,
+    head_dim: Optional[int] = None,
+    out_dim: Optional[int] = None,
+    use_bias: bool = True,
+    dropout: float = 0.0,
+    causal: bool = False,
+    rope: bool = False,
+    rope_base: float = 10000.0,
+    cache_length: Optional[int] = None,
+    W_init: Optional[Initializer] = None,
+    b_init: Optional[Initializer] = None,
+    out_W_init: Optional[Initializer] = None,
+    implementation: Optional[str] = None,
+    num_kv_heads: Optional[int] = None,
+    add_bias_kv: bool = False,
+    add_zero_attn: bool = False,
+    need_weights: bool = False,
+    average_attn_weights: bool = True,
+) -> Layer:
     """Multi-head attention, as ``torch.nn.MultiheadAttention(batch_first=True)``.
 
     Inputs: ``x`` (self-attention, ``(B, T, E)``), ``(q, kv)`` or ``(q, k, v)``
@@ -441,10 +473,17 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
         out_dim = checks.positive_int(name, "out_dim", out_dim)
     dropout = checks.real(name, "dropout", dropout, low=0.0, high=1.0, high_open=True)
     use_bias, causal, rope, add_bias_kv, add_zero_attn, need_weights, average_attn_weights = (
-        checks.flag(name, n, v) for n, v in
-        (("use_bias", use_bias), ("causal", causal), ("rope", rope), ("add_bias_kv", add_bias_kv),
-         ("add_zero_attn", add_zero_attn), ("need_weights", need_weights),
-         ("average_attn_weights", average_attn_weights)))
+        checks.flag(name, n, v)
+        for n, v in (
+            ("use_bias", use_bias),
+            ("causal", causal),
+            ("rope", rope),
+            ("add_bias_kv", add_bias_kv),
+            ("add_zero_attn", add_zero_attn),
+            ("need_weights", need_weights),
+            ("average_attn_weights", average_attn_weights),
+        )
+    )
     rope_base = checks.real(name, "rope_base", rope_base, low=0.0, low_open=True)
     _check_implementation(name, implementation, need_weights)
     kv_heads = _check_kv_option(name, num_heads, num_kv_heads)
@@ -459,10 +498,10 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
         E, kdim, vdim = q_shape[-1], k_shape[-1], v_shape[-1]
         D = _head_dim(name, E, num_heads, head_dim, rope)
         out = E if out_dim is None else out_dim
-        params = _init_params(rng, (E, kdim, vdim), (num_heads * D, kv_heads * D), out,
-                              use_bias, W_init, b_init, out_W_init, add_bias_kv)
-        state = () if cache_length is None else _init_cache(name, cache_length, q_shape,
-                                                               kv_heads, D)
+        params = _init_params(
+            rng, (E, kdim, vdim), (num_heads * D, kv_heads * D), out, use_bias, W_init, b_init, out_W_init, add_bias_kv
+        )
+        state = () if cache_length is None else _init_cache(name, cache_length, q_shape, kv_heads, D)
         out_shape = q_shape[:-1] + (out,)
         if not need_weights:
             return out_shape, params, state
@@ -474,8 +513,7 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
     def apply(params, state, inputs, *, rng=None, train=False, mask=None, bias=None):
         q_in, k_in, v_in = _split_inputs(name, inputs)
         if cache_length is not None and not (k_in is q_in and v_in is q_in):
-            raise ValueError(f"{name}: decoding with a cache is for self-attention; got "
-                             f"separate key/value inputs.")
+            raise ValueError(f"{name}: decoding with a cache is for self-attention; got separate key/value inputs.")
         for what, x in zip(("query", "key", "value"), (q_in, k_in, v_in)):
             _check_features(name, what, x, params[what]["W"].shape[0])
         q, k, v = _project(params, q_in, k_in, v_in, num_heads)
@@ -487,12 +525,12 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
             if rope:
                 q = _rope(q, base=rope_base)
                 k = _rope(k, base=rope_base)
-            y, weights = _attend(name, q, k, v, params, mask, bias, causal, drop, rng, train,
-                                 how)
+            y, weights = _attend(name, q, k, v, params, mask, bias, causal, drop, rng, train, how)
             new_state = state
         else:
-            (y, weights), new_state = _decode(name, q, k, v, params, state, mask, bias, drop,
-                                              rng, train, rope, rope_base, how)
+            (y, weights), new_state = _decode(
+                name, q, k, v, params, state, mask, bias, drop, rng, train, rope, rope_base, how
+            )
         y = _mesh.merge_last(y, 2)
         y = linear(y, params["out"]["W"], params["out"].get("b"))
         if need_weights:
@@ -504,6 +542,7 @@ def MultiHeadAttention(num_heads: int, *, head_dim: Optional[int] = None,
 
 class _How(NamedTuple):
     """How apply attends: torch's zero key/value, the weights returned, the kernel."""
+
     add_zero_attn: bool
     need_weights: bool
     implementation: Optional[str]
@@ -511,12 +550,13 @@ class _How(NamedTuple):
 
 def _check_implementation(name, implementation, need_weights):
     if implementation not in _IMPLEMENTATIONS:
-        raise ValueError(f"{name}: implementation must be one of {_IMPLEMENTATIONS}, got "
-                         f"{implementation!r}.")
+        raise ValueError(f"{name}: implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}.")
     if need_weights and implementation in ("xla", "cudnn"):
-        raise ValueError(f"{name}: need_weights=True returns the attention weights, which "
-                         f"jax's fused implementation={implementation!r} never forms. Leave "
-                         f"implementation=None (or 'reference'), or need_weights=False.")
+        raise ValueError(
+            f"{name}: need_weights=True returns the attention weights, which "
+            f"jax's fused implementation={implementation!r} never forms. Leave "
+            f"implementation=None (or 'reference'), or need_weights=False."
+        )
 
 
 def _check_cache_option(name, cache_length, causal):
@@ -524,8 +564,10 @@ def _check_cache_option(name, cache_length, causal):
         return None
     cache_length = checks.positive_int(name, "cache_length", cache_length)
     if not causal:
-        raise ValueError(f"{name}: cache_length (decoding) needs causal=True: a token being "
-                         f"decoded can only attend to the ones before it.")
+        raise ValueError(
+            f"{name}: cache_length (decoding) needs causal=True: a token being "
+            f"decoded can only attend to the ones before it."
+        )
     return cache_length
 
 
@@ -535,10 +577,12 @@ def _check_kv_option(name, num_heads, num_kv_heads):
         return num_heads
     num_kv_heads = checks.positive_int(name, "num_kv_heads", num_kv_heads)
     if num_heads % num_kv_heads:
-        raise ValueError(f"{name}: num_kv_heads={num_kv_heads} does not divide num_heads="
-                         f"{num_heads}: in grouped-query attention each key/value head serves "
-                         f"num_heads // num_kv_heads query heads. Pick num_kv_heads among the "
-                         f"divisors of {num_heads}.")
+        raise ValueError(
+            f"{name}: num_kv_heads={num_kv_heads} does not divide num_heads="
+            f"{num_heads}: in grouped-query attention each key/value head serves "
+            f"num_heads // num_kv_heads query heads. Pick num_kv_heads among the "
+            f"divisors of {num_heads}."
+        )
     return num_kv_heads
 
 
@@ -547,12 +591,12 @@ def _project(params, q_in, k_in, v_in, num_heads):
     D = params["query"]["W"].shape[1] // num_heads
     # Fused, the three kernels would be concatenated: not for kernels split over a
     # mesh (tensor parallel), which each projection uses as they lie.
-    if q_in is k_in is v_in and not any(_is_split(params[p]["W"]) for p in
-                                        ("query", "key", "value")):
+    if q_in is k_in is v_in and not any(_is_split(params[p]["W"]) for p in ("query", "key", "value")):
         return _project_together(params, q_in, D)
-    return tuple(_mesh.split_last(linear(x, params[p]["W"], params[p].get("b")),
-                                  (params[p]["W"].shape[1] // D, D))
-                 for x, p in ((q_in, "query"), (k_in, "key"), (v_in, "value")))
+    return tuple(
+        _mesh.split_last(linear(x, params[p]["W"], params[p].get("b")), (params[p]["W"].shape[1] // D, D))
+        for x, p in ((q_in, "query"), (k_in, "key"), (v_in, "value"))
+    )
 
 
 def _attend(name, q, k, v, params, mask, bias, causal, drop, rng, train, how):
@@ -578,33 +622,45 @@ def _attend(name, q, k, v, params, mask, bias, causal, drop, rng, train, how):
             cm = causal_mask(T, S, offset=S - T)[None, None]
             mask, causal = (cm if mask is None else mask & cm), False
         n = len(new_k)
-        k, v = (jnp.concatenate([x, jnp.broadcast_to(jnp.stack(rows).astype(x.dtype),
-                                                     (B, n) + x.shape[2:])], axis=1)
-                for x, rows in ((k, new_k), (v, new_v)))
+        k, v = (
+            jnp.concatenate([x, jnp.broadcast_to(jnp.stack(rows).astype(x.dtype), (B, n) + x.shape[2:])], axis=1)
+            for x, rows in ((k, new_k), (v, new_v))
+        )
         wide = ((0, 0),) * 3 + ((0, n),)
         if mask is not None:
-            mask = jnp.pad(jnp.broadcast_to(mask, mask.shape[:3] + (S,)), wide,
-                           constant_values=True)
+            mask = jnp.pad(jnp.broadcast_to(mask, mask.shape[:3] + (S,)), wide, constant_values=True)
         if bias is not None:
             bias = jnp.pad(jnp.broadcast_to(bias, bias.shape[:3] + (S,)), wide)
     if how.need_weights:
-        return _reference_attention(q, k, v, mask, bias, causal, None, drop,
-                                    rng, need_weights=True)
-    return dot_product_attention(q, k, v, mask=mask, bias=bias, causal=causal, dropout=drop,
-                                 rng=rng, train=train,
-                                 implementation=how.implementation), None
+        return _reference_attention(q, k, v, mask, bias, causal, None, drop, rng, need_weights=True)
+    return dot_product_attention(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        dropout=drop,
+        rng=rng,
+        train=train,
+        implementation=how.implementation,
+    ), None
 
 
 def _head_dim(name, E, num_heads, head_dim, rope):
     if head_dim is None:
         if E % num_heads:
-            raise ValueError(f"{name}: num_heads={num_heads} does not divide the model dimension "
-                             f"{E}. Pick num_heads dividing {E}, or give head_dim= explicitly.")
+            raise ValueError(
+                f"{name}: num_heads={num_heads} does not divide the model dimension "
+                f"{E}. Pick num_heads dividing {E}, or give head_dim= explicitly."
+            )
         head_dim = E // num_heads
     if rope and head_dim % 2:
-        raise ValueError(f"{name}: rope rotates pairs of features, so it needs an even head "
-                         f"dim, got head_dim={head_dim}. Choose num_heads/head_dim so that "
-                         f"head_dim is even.")
+        raise ValueError(
+            f"{name}: rope rotates pairs of features, so it needs an even head "
+            f"dim, got head_dim={head_dim}. Choose num_heads/head_dim so that "
+            f"head_dim is even."
+        )
     return head_dim
 
 
@@ -623,8 +679,7 @@ def _init_params(rng, dims, widths, out, use_bias, W_init, b_init, out_W_init, a
         packed = initializers.xavier_uniform()(keys[0], (E, 3 * inner), jnp.float32)
         w = jnp.split(packed, 3, axis=1)
     else:
-        w = [initializers.xavier_uniform()(keys[i], (d, c), jnp.float32)
-             for i, (d, c) in enumerate(zip(dims, cols))]
+        w = [initializers.xavier_uniform()(keys[i], (d, c), jnp.float32) for i, (d, c) in enumerate(zip(dims, cols))]
     params = {n: {"W": wi} for n, wi in zip(("query", "key", "value"), w)}
     params["out"] = {"W": out_W_init(keys[3], (inner, out), jnp.float32)}
     if use_bias:
@@ -643,13 +698,17 @@ def _init_params(rng, dims, widths, out, use_bias, W_init, b_init, out_W_init, a
 
 def _init_cache(name, cache_length, q_shape, num_heads, D):
     if q_shape[0] == -1:
-        raise ValueError(f"{name}: decoding (cache_length={cache_length}) needs the batch "
-                         f"size in input_shape to size the cache, got {q_shape}; e.g. "
-                         f"init(rng, (4, 1, {q_shape[-1]})).")
+        raise ValueError(
+            f"{name}: decoding (cache_length={cache_length}) needs the batch "
+            f"size in input_shape to size the cache, got {q_shape}; e.g. "
+            f"init(rng, (4, 1, {q_shape[-1]}))."
+        )
     B = q_shape[0]
-    return {"key": jnp.zeros((B, cache_length, num_heads, D), jnp.float32),
-            "value": jnp.zeros((B, cache_length, num_heads, D), jnp.float32),
-            "index": jnp.zeros((), jnp.int32)}
+    return {
+        "key": jnp.zeros((B, cache_length, num_heads, D), jnp.float32),
+        "value": jnp.zeros((B, cache_length, num_heads, D), jnp.float32),
+        "index": jnp.zeros((), jnp.int32),
+    }
 
 
 def _decode(name, q, k, v, params, state, mask, bias, drop, rng, train, rope, rope_base, how):
@@ -662,9 +721,11 @@ def _decode(name, q, k, v, params, state, mask, bias, drop, rng, train, rope, ro
     L = state["key"].shape[1]
     known = checks.concrete(index)
     if known is not None and int(known) + t > L:
-        raise ValueError(f"{name}: decoding past the cache: {int(known)} positions cached "
-                         f"and {t} more given, but cache_length is {L}. Start from a fresh "
-                         f"state (init) or build the layer with a larger cache_length.")
+        raise ValueError(
+            f"{name}: decoding past the cache: {int(known)} positions cached "
+            f"and {t} more given, but cache_length is {L}. Start from a fresh "
+            f"state (init) or build the layer with a larger cache_length."
+        )
     if rope:
         pos = index + jnp.arange(t)
         q = _rope(q, pos, base=rope_base)
@@ -676,8 +737,9 @@ def _decode(name, q, k, v, params, state, mask, bias, drop, rng, train, rope, ro
     allowed = (jnp.arange(L)[None, :] <= (index + jnp.arange(t))[:, None])[None, None]
     if mask is not None:
         allowed = allowed & _check_mask(name, mask, (q.shape[0], H, t, L))
-    y, weights = _attend(name, q, cache_k.astype(q.dtype), cache_v.astype(v.dtype), params,
-                         allowed, bias, False, drop, rng, train, how)
+    y, weights = _attend(
+        name, q, cache_k.astype(q.dtype), cache_v.astype(v.dtype), params, allowed, bias, False, drop, rng, train, how
+    )
     y = jnp.where(index + t > L, jnp.nan, y)  # past the cache under jit: visible, not wrong
     return (y, weights), {"key": cache_k, "value": cache_v, "index": index + t}
 
@@ -688,18 +750,24 @@ def _check_cache_fits(name, k_shape, state):
     B, _, H, D = k_shape
     cache = tuple(jnp.shape(state["key"]))
     if len(cache) != 4:
-        raise ValueError(f"{name}: the decoding cache's 'key' must be (batch, cache_length, "
-                         f"heads, head_dim), got shape {cache}. Pass the state this layer's "
-                         f"init returned.")
+        raise ValueError(
+            f"{name}: the decoding cache's 'key' must be (batch, cache_length, "
+            f"heads, head_dim), got shape {cache}. Pass the state this layer's "
+            f"init returned."
+        )
     if cache[0] != B:
-        raise ValueError(f"{name}: the decoding cache was made for a batch of {cache[0]} but "
-                         f"the input has a batch of {B}. A cache holds one row per sequence: "
-                         f"make a new one for this batch size, init(rng, ({B}, 1, features)), "
-                         f"or pass {cache[0]} sequences.")
+        raise ValueError(
+            f"{name}: the decoding cache was made for a batch of {cache[0]} but "
+            f"the input has a batch of {B}. A cache holds one row per sequence: "
+            f"make a new one for this batch size, init(rng, ({B}, 1, features)), "
+            f"or pass {cache[0]} sequences."
+        )
     if cache[2:] != (H, D):
-        raise ValueError(f"{name}: the decoding cache holds {cache[2]} heads of {cache[3]} "
-                         f"but this layer computes {H} heads of {D}: it is another layer's "
-                         f"cache. Pass the state this layer's init returned.")
+        raise ValueError(
+            f"{name}: the decoding cache holds {cache[2]} heads of {cache[3]} "
+            f"but this layer computes {H} heads of {D}: it is another layer's "
+            f"cache. Pass the state this layer's init returned."
+        )
 
 
 def _is_split(W) -> bool:
@@ -712,7 +780,7 @@ def _project_together(params, x, D):
     instead of three small ones."""
     names = ("query", "key", "value")
     W = jnp.concatenate([params[n]["W"] for n in names], axis=1)
-    b = (jnp.concatenate([params[n]["b"] for n in names]) if "b" in params["query"] else None)
+    b = jnp.concatenate([params[n]["b"] for n in names]) if "b" in params["query"] else None
     widths = [params[n]["W"].shape[1] for n in names]
     y = linear(x, W, b)
     if len(set(widths)) == 1:
@@ -754,30 +822,34 @@ def cache_lengths(state) -> set:
         elif isinstance(node, (tuple, list)):
             for v in node:
                 visit(v)
+
     visit(state)
     return found
 
 
 def _split_shapes(name, input_shape):
-    if isinstance(input_shape, (tuple, list)) and input_shape and isinstance(
-            input_shape[0], (tuple, list)):
+    if isinstance(input_shape, (tuple, list)) and input_shape and isinstance(input_shape[0], (tuple, list)):
         if len(input_shape) == 2:
             q, kv = input_shape
             shapes = (q, kv, kv)
         elif len(input_shape) == 3:
             shapes = tuple(input_shape)
         else:
-            raise ValueError(f"{name}: expected one shape (self-attention), (q, kv) or (q, k, v) "
-                             f"shapes, got {len(input_shape)} shapes {input_shape}.")
+            raise ValueError(
+                f"{name}: expected one shape (self-attention), (q, kv) or (q, k, v) "
+                f"shapes, got {len(input_shape)} shapes {input_shape}."
+            )
     else:
         shapes = (input_shape,) * 3
-    q_shape, k_shape, v_shape = (check_shape(name, s, rank=3, what=w)
-                                 for s, w in zip(shapes, ("query", "key", "value")))
+    q_shape, k_shape, v_shape = (
+        check_shape(name, s, rank=3, what=w) for s, w in zip(shapes, ("query", "key", "value"))
+    )
     for what, s in (("query", q_shape), ("key", k_shape), ("value", v_shape)):
         check_known(name, s, [-1], f"{what} feature dimension")
     if k_shape[:-1] != v_shape[:-1]:
-        raise ValueError(f"{name}: key and value must have the same batch and length, got "
-                         f"shapes {k_shape} and {v_shape}.")
+        raise ValueError(
+            f"{name}: key and value must have the same batch and length, got shapes {k_shape} and {v_shape}."
+        )
     return q_shape, k_shape, v_shape
 
 
@@ -787,8 +859,10 @@ def _split_inputs(name, inputs):
             return inputs[0], inputs[1], inputs[1]
         if len(inputs) == 3:
             return tuple(inputs)
-        raise ValueError(f"{name}: expected x (self-attention), (q, kv) or (q, k, v), got a "
-                         f"{type(inputs).__name__} of {len(inputs)} arrays.")
+        raise ValueError(
+            f"{name}: expected x (self-attention), (q, kv) or (q, k, v), got a "
+            f"{type(inputs).__name__} of {len(inputs)} arrays."
+        )
     return inputs, inputs, inputs
 
 
@@ -797,9 +871,10 @@ def _check_features(name, what, x, size):
     if shape is None:
         raise TypeError(f"{name}: expected an array {what}, got {type(x).__name__}.")
     if len(shape) != 3:
-        raise ValueError(f"{name}: expected a {what} of shape (batch, time, features), got "
-                         f"{tuple(shape)}.")
+        raise ValueError(f"{name}: expected a {what} of shape (batch, time, features), got {tuple(shape)}.")
     if shape[-1] != size:
-        raise ValueError(f"{name}: the {what} has {shape[-1]} features but the params were built "
-                         f"for {size}: expected shape {tuple(shape[:-1]) + (size,)}, got "
-                         f"{tuple(shape)}. Re-run init with the right input_shape.")
+        raise ValueError(
+            f"{name}: the {what} has {shape[-1]} features but the params were built "
+            f"for {size}: expected shape {tuple(shape[:-1]) + (size,)}, got "
+            f"{tuple(shape)}. Re-run init with the right input_shape."
+        )

@@ -36,8 +36,7 @@ from funcnet import _mesh
 from funcnet import initializers
 from funcnet import xla
 from funcnet.errors import ArgumentError
-from funcnet.core import (Layer, as_tuple, check_input, check_known, check_param_shapes, check_shape,
-                          named)
+from funcnet.core import Layer, as_tuple, check_input, check_known, check_param_shapes, check_shape, named
 from funcnet.initializers import Initializer
 from funcnet.layers._patches import patch_conv
 from funcnet.layers._windows import normalize_padding, output_size, window_tuple
@@ -56,17 +55,21 @@ def _specs(layer: str, dimension_numbers, n: int):
     if dimension_numbers is None:
         return _DEFAULT_SPECS[n]
     specs = tuple(dimension_numbers) if isinstance(dimension_numbers, (tuple, list)) else ()
-    example = "(\"NCHW\", \"OIHW\", \"NCHW\")"
+    example = '("NCHW", "OIHW", "NCHW")'
     if len(specs) != 3 or not all(isinstance(s, str) and len(s) == n + 2 for s in specs):
-        raise ValueError(f"{layer}: dimension_numbers must be three spec strings (lhs, rhs, out) "
-                         f"of length {n + 2} for a {n}-D filter, e.g. {example}; got "
-                         f"{dimension_numbers!r}.")
+        raise ValueError(
+            f"{layer}: dimension_numbers must be three spec strings (lhs, rhs, out) "
+            f"of length {n + 2} for a {n}-D filter, e.g. {example}; got "
+            f"{dimension_numbers!r}."
+        )
     try:
         lax.conv_general_permutations(specs)
     except TypeError as err:
-        raise ValueError(f"{layer}: invalid dimension_numbers {specs!r}: {err} The input and "
-                         f"output specs need 'N' and 'C', the kernel spec 'O' and 'I', and all "
-                         f"three the same spatial letters.") from None
+        raise ValueError(
+            f"{layer}: invalid dimension_numbers {specs!r}: {err} The input and "
+            f"output specs need 'N' and 'C', the kernel spec 'O' and 'I', and all "
+            f"three the same spatial letters."
+        ) from None
     return specs
 
 
@@ -87,8 +90,7 @@ def _kernel_shape(filter_shape, out_k: int, perm):
     return tuple(canonical[p] for p in perm)
 
 
-def _init_params(rng, W_init, b_init, canonical_shape, perm, fan_in: int, use_bias: bool,
-                 out_chan: int):
+def _init_params(rng, W_init, b_init, canonical_shape, perm, fan_in: int, use_bias: bool, out_chan: int):
     """``{"W", "b"}``: the kernel drawn in the canonical ``(*spatial, in, out)`` layout
     (whose fans every initializer reads correctly), then moved to the rhs layout; ``b`` has
     ``out_chan`` entries (a grouped transposed kernel holds ``out_chan / groups``)."""
@@ -119,14 +121,21 @@ def _add_bias(out, params, out_spec: str):
 # Conv
 # --------------------------------------------------------------------------- #
 
-def Conv(out_chan: int, filter_shape: Sequence[int],
-         strides: Optional[int | Sequence[int]] = None,
-         padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
-         dilation: Optional[int | Sequence[int]] = None, feature_group_count: int = 1,
-         dimension_numbers: Optional[Tuple[str, str, str]] = None,
-         W_init: Optional[Initializer] = None, b_init: Optional[Initializer] = None,
-         use_bias: bool = True, implementation: str = "auto",
-         padding_mode: str = "zeros") -> Layer:
+
+def Conv(
+    out_chan: int,
+    filter_shape: Sequence[int],
+    strides: Optional[int | Sequence[int]] = None,
+    padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
+    dilation: Optional[int | Sequence[int]] = None,
+    feature_group_count: int = 1,
+    dimension_numbers: Optional[Tuple[str, str, str]] = None,
+    W_init: Optional[Initializer] = None,
+    b_init: Optional[Initializer] = None,
+    use_bias: bool = True,
+    implementation: str = "auto",
+    padding_mode: str = "zeros",
+) -> Layer:
     """N-d convolution (cross-correlation), as ``torch.nn.Conv{1,2,3}d`` / ``lax.conv_general_dilated``.
 
     ``y[n, p, o] = b[o] + sum_{k, i} x[n, p * s + k * d - pad_lo, g(o) * I + i] * W[k, i, o]``
@@ -229,8 +238,7 @@ def Conv(out_chan: int, filter_shape: Sequence[int],
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
     W_init = checks.initializer(name, "W_init", W_init) or initializers.torch_default()
     b_init = checks.initializer(name, "b_init", b_init)
-    implementation, patches_ok = _implementation(name, implementation, groups,
-                                                 (lhs_spec, rhs_spec, out_spec))
+    implementation, patches_ok = _implementation(name, implementation, groups, (lhs_spec, rhs_spec, out_spec))
     padding_mode = checks.one_of(name, "padding_mode", padding_mode, tuple(_PADDING_MODES))
 
     def pads_at(i, size):
@@ -254,8 +262,10 @@ def Conv(out_chan: int, filter_shape: Sequence[int],
         check_known(name, shape, [c_axis], "channel dimension")
         in_chan = shape[c_axis]
         if in_chan % groups:
-            raise ValueError(f"{name}: feature_group_count={groups} must divide the input "
-                             f"channels, got {in_chan} channels (input shape {shape}).")
+            raise ValueError(
+                f"{name}: feature_group_count={groups} must divide the input "
+                f"channels, got {in_chan} channels (input shape {shape})."
+            )
         canonical = filter_shape + (in_chan // groups, out_chan)  # (*k, in / groups, out)
         fan_in = math.prod(canonical[:-1])
         params = _init_params(rng, W_init, b_init, canonical, perm, fan_in, use_bias, out_chan)
@@ -264,10 +274,8 @@ def Conv(out_chan: int, filter_shape: Sequence[int],
     def apply(params, state, inputs, *, rng=None, train=False):
         W = params["W"]
         # a kernel of other out channels or window would convolve without a word
-        check_param_shapes(name, params, {"W": _kernel_shape(filter_shape, out_chan, perm),
-                                          "b": (out_chan,)})
-        check_input(name, inputs, rank=n + 2, axis=c_axis,
-                    size=W.shape[rhs_spec.index("I")] * groups, what="channels")
+        check_param_shapes(name, params, {"W": _kernel_shape(filter_shape, out_chan, perm), "b": (out_chan,)})
+        check_input(name, inputs, rank=n + 2, axis=c_axis, size=W.shape[rhs_spec.index("I")] * groups, what="channels")
         out_shape(tuple(inputs.shape))  # a readable error for inputs smaller than the window
         dtype = jnp.result_type(inputs, W)
         x, W = inputs.astype(dtype), W.astype(dtype)
@@ -278,8 +286,7 @@ def Conv(out_chan: int, filter_shape: Sequence[int],
             x = _pad_in_mode(x, padding_mode, lhs_spec, spatial, pads_at)
             conv_padding = ((0, 0),) * n
         path = _conv_path(implementation, patches_ok, x, c_axis, n_axis, n)
-        out = _convolve(path, x, W, strides, conv_padding, dilation, window, groups,
-                        (lhs_spec, rhs_spec, out_spec))
+        out = _convolve(path, x, W, strides, conv_padding, dilation, window, groups, (lhs_spec, rhs_spec, out_spec))
         return _add_bias(out, params, out_spec), state
 
     return named(name, init, apply)
@@ -288,12 +295,13 @@ def Conv(out_chan: int, filter_shape: Sequence[int],
 def _implementation(name: str, implementation: str, groups: int, specs) -> tuple:
     """``Conv``'s ``implementation``, checked, and whether the patches path can run at all
     (the default channels-last layout and one group only)."""
-    implementation = checks.one_of(name, "implementation", implementation,
-                                   ("auto", "xla", "patches", "chunked"))
+    implementation = checks.one_of(name, "implementation", implementation, ("auto", "xla", "patches", "chunked"))
     patches_ok = groups == 1 and tuple(specs) == _DEFAULT_SPECS[len(specs[0]) - 2]
     if implementation == "patches" and not patches_ok:
-        raise ValueError(f"{name}: implementation='patches' needs the default channels-last "
-                         f"layout and feature_group_count=1; use 'xla' or 'auto'.")
+        raise ValueError(
+            f"{name}: implementation='patches' needs the default channels-last "
+            f"layout and feature_group_count=1; use 'xla' or 'auto'."
+        )
     return implementation, patches_ok
 
 
@@ -311,19 +319,18 @@ def _convolve(path: str, x, W, strides, padding, dilation, window, groups: int, 
     """``Conv``'s convolution on the path :func:`_conv_path` chose (same values on all)."""
     lhs_spec, _, out_spec = specs
     if path == "patches":
-        pads = (lax.padtype_to_pads(x.shape[1:-1], window, strides, padding)
-                if isinstance(padding, str) else padding)
+        pads = lax.padtype_to_pads(x.shape[1:-1], window, strides, padding) if isinstance(padding, str) else padding
         return patch_conv(x, W, strides, dilation, pads)
 
     def conv(x):
-        return lax.conv_general_dilated(x, W, strides, padding, rhs_dilation=dilation,
-                                        dimension_numbers=specs, feature_group_count=groups)
-    return (_batch_chunked(conv, x, lhs_spec.index("N"), out_spec.index("N"))
-            if path == "chunked" else conv(x))
+        return lax.conv_general_dilated(
+            x, W, strides, padding, rhs_dilation=dilation, dimension_numbers=specs, feature_group_count=groups
+        )
+
+    return _batch_chunked(conv, x, lhs_spec.index("N"), out_spec.index("N")) if path == "chunked" else conv(x)
 
 
-_PADDING_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge",
-                  "circular": "wrap"}
+_PADDING_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
 
 
 def _check_mode_padding(name: str, mode: str, pads, size: int, axis: int) -> None:
@@ -333,15 +340,17 @@ def _check_mode_padding(name: str, mode: str, pads, size: int, axis: int) -> Non
     if mode == "reflect" and max(lo, hi) >= size:
         raise ArgumentError(
             f"{name}: padding_mode='reflect' needs padding smaller than the input size on "
-            f"each axis (torch: \"Padding size should be less than the corresponding input "
-            f"dimension\"); got padding {(lo, hi)} on axis {axis} of size {size}. Pad at most "
-            f"{size - 1} there, use a larger input, or padding_mode='replicate'.")
+            f'each axis (torch: "Padding size should be less than the corresponding input '
+            f'dimension"); got padding {(lo, hi)} on axis {axis} of size {size}. Pad at most '
+            f"{size - 1} there, use a larger input, or padding_mode='replicate'."
+        )
     if mode == "circular" and max(lo, hi) > size:
         raise ArgumentError(
             f"{name}: padding_mode='circular' needs padding at most the input size on each "
-            f"axis (torch: \"Padding value causes wrapping around more than once\"); got "
+            f'axis (torch: "Padding value causes wrapping around more than once"); got '
             f"padding {(lo, hi)} on axis {axis} of size {size}. Pad at most {size} there, or "
-            f"use a larger input.")
+            f"use a larger input."
+        )
 
 
 # CPU policy of "auto" (docs/benchmarks.md, "Conv on CPU", has the measurements): examples
@@ -352,17 +361,19 @@ _MAX_CHUNKS = 16
 _CHUNK_MAX_POSITIONS = 16 * 16
 
 
-def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: int,
-               n_spatial: int) -> str:
+def _conv_path(implementation: str, patches_ok: bool, x, c_axis: int, n_axis: int, n_spatial: int) -> str:
     """What ``Conv`` computes ``x`` with: "patches", "chunked" or "xla" (see its docstring)."""
-    if implementation == "auto" and jax.default_backend() == "cpu" and (
-            not xla.traced_with_options()):
+    if implementation == "auto" and jax.default_backend() == "cpu" and (not xla.traced_with_options()):
         if patches_ok and x.shape[c_axis] == 1:
             return "patches"
         positions = math.prod(d for i, d in enumerate(x.shape) if i not in (c_axis, n_axis))
         # A symbolic batch (jax.export) has no size to compare: take XLA's convolution.
-        if (n_spatial == 2 and not jax.export.is_symbolic_dim(x.shape[n_axis])
-                and x.shape[n_axis] > _CHUNK and positions <= _CHUNK_MAX_POSITIONS):
+        if (
+            n_spatial == 2
+            and not jax.export.is_symbolic_dim(x.shape[n_axis])
+            and x.shape[n_axis] > _CHUNK
+            and positions <= _CHUNK_MAX_POSITIONS
+        ):
             implementation = "chunked"
     if implementation == "chunked":
         # Slices of a batch split over devices would cut across them.
@@ -377,32 +388,40 @@ def _batch_chunked(conv, x, n_in: int, n_out: int):
     chunk = max(_CHUNK, -(-size // _MAX_CHUNKS))
     if size <= chunk:
         return conv(x)
-    return jnp.concatenate([conv(lax.slice_in_dim(x, i, min(i + chunk, size), axis=n_in))
-                            for i in range(0, size, chunk)], axis=n_out)
+    return jnp.concatenate(
+        [conv(lax.slice_in_dim(x, i, min(i + chunk, size), axis=n_in)) for i in range(0, size, chunk)], axis=n_out
+    )
 
 
 # --------------------------------------------------------------------------- #
 # ConvTranspose
 # --------------------------------------------------------------------------- #
 
+
 def _output_padding(name: str, output_padding, padding, strides, dilation) -> tuple:
     """PyTorch's ``output_padding``: per axis, non-negative, below the stride or dilation."""
     n = len(strides)
     if checks.is_int(output_padding):
         output_padding = (output_padding,) * n
-    if (not isinstance(output_padding, (tuple, list)) or len(output_padding) != n
-            or not all(checks.is_int(p) and p >= 0 for p in output_padding)):
-        raise ValueError(f"{name}: output_padding must be a non-negative int or {n} of them, "
-                         f"got {output_padding!r}.")
+    if (
+        not isinstance(output_padding, (tuple, list))
+        or len(output_padding) != n
+        or not all(checks.is_int(p) and p >= 0 for p in output_padding)
+    ):
+        raise ValueError(f"{name}: output_padding must be a non-negative int or {n} of them, got {output_padding!r}.")
     output_padding = tuple(int(p) for p in output_padding)
     if any(output_padding):
         if isinstance(padding, str):
-            raise ValueError(f"{name}: output_padding={output_padding} needs explicit padding "
-                             f"(ints or (low, high) pairs), got padding={padding!r}.")
+            raise ValueError(
+                f"{name}: output_padding={output_padding} needs explicit padding "
+                f"(ints or (low, high) pairs), got padding={padding!r}."
+            )
         for op, s, d in zip(output_padding, strides, dilation):
             if op >= max(s, d):
-                raise ValueError(f"{name}: output_padding {output_padding} must be smaller than "
-                                 f"the stride {strides} or the dilation {dilation} on each axis.")
+                raise ValueError(
+                    f"{name}: output_padding {output_padding} must be smaller than "
+                    f"the stride {strides} or the dilation {dilation} on each axis."
+                )
     return output_padding
 
 
@@ -417,8 +436,10 @@ def _transposed_size(name: str, size: int, k: int, s: int, pad, op: int, axis: i
     else:
         out = (size - 1) * s + k - pad[0] - pad[1] + op
     if out < 1:
-        raise ValueError(f"{name}: padding {pad} on axis {axis} is larger than the output "
-                         f"({(size - 1) * s + k} before padding) for input size {size}.")
+        raise ValueError(
+            f"{name}: padding {pad} on axis {axis} is larger than the output "
+            f"({(size - 1) * s + k} before padding) for input size {size}."
+        )
     return out
 
 
@@ -441,22 +462,28 @@ def _check_transpose_options(name: str, out_chan: int, groups: int, padding_mode
     """``ConvTranspose``'s refusals of what torch's ``ConvTranspose*d`` refuses too: groups
     that do not divide the output channels, a ``padding_mode`` other than zeros."""
     if out_chan % groups:
-        raise ArgumentError(f"{name}: feature_group_count={groups} must divide out_chan="
-                            f"{out_chan}, as torch's groups must divide out_channels; use "
-                            f"a divisor of {out_chan} or change out_chan.")
+        raise ArgumentError(
+            f"{name}: feature_group_count={groups} must divide out_chan="
+            f"{out_chan}, as torch's groups must divide out_channels; use "
+            f"a divisor of {out_chan} or change out_chan."
+        )
     if padding_mode != "zeros":
-        raise ArgumentError(f"{name}: padding_mode must be 'zeros', got {padding_mode!r}: as "
-                            f"in torch (\"Only \"zeros\" padding mode is supported for "
-                            f"ConvTranspose{n}d\"), a transposed convolution pads with zeros "
-                            f"only. Drop padding_mode, or pad the input with jnp.pad first.")
+        raise ArgumentError(
+            f"{name}: padding_mode must be 'zeros', got {padding_mode!r}: as "
+            f'in torch ("Only "zeros" padding mode is supported for '
+            f'ConvTranspose{n}d"), a transposed convolution pads with zeros '
+            f"only. Drop padding_mode, or pad the input with jnp.pad first."
+        )
 
 
 def _transpose_lax_pads(window, strides, padding, output_padding) -> tuple:
     """Per axis, the ``(low, high)`` padding of the stride-dilated input: lax.conv_transpose's
     use_consistent_padding rule, with ``output_padding`` taken off the forward conv's high side."""
     pads = (padding,) * len(window) if isinstance(padding, str) else padding
-    return tuple(_transpose_pads(k, s, p if isinstance(p, str) else (p[0], p[1] - op))
-                 for k, s, p, op in zip(window, strides, pads, output_padding))
+    return tuple(
+        _transpose_pads(k, s, p if isinstance(p, str) else (p[0], p[1] - op))
+        for k, s, p, op in zip(window, strides, pads, output_padding)
+    )
 
 
 def _transpose_kernel(W, to_canonical, groups: int):
@@ -473,15 +500,20 @@ def _transpose_kernel(W, to_canonical, groups: int):
     return jnp.swapaxes(K, n, n + 1).reshape(K.shape[:n] + (k_in // groups, groups * k_out))
 
 
-def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
-                  strides: Optional[int | Sequence[int]] = None,
-                  padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
-                  dilation: Optional[int | Sequence[int]] = None,
-                  dimension_numbers: Optional[Tuple[str, str, str]] = None,
-                  W_init: Optional[Initializer] = None, b_init: Optional[Initializer] = None,
-                  use_bias: bool = True, output_padding: int | Sequence[int] = 0,
-                  feature_group_count: int = 1,
-                  padding_mode: str = "zeros") -> Layer:
+def ConvTranspose(
+    out_chan: int,
+    filter_shape: Sequence[int],
+    strides: Optional[int | Sequence[int]] = None,
+    padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
+    dilation: Optional[int | Sequence[int]] = None,
+    dimension_numbers: Optional[Tuple[str, str, str]] = None,
+    W_init: Optional[Initializer] = None,
+    b_init: Optional[Initializer] = None,
+    use_bias: bool = True,
+    output_padding: int | Sequence[int] = 0,
+    feature_group_count: int = 1,
+    padding_mode: str = "zeros",
+) -> Layer:
     """N-d transposed convolution, as ``torch.nn.ConvTranspose{1,2,3}d``.
 
     ``ConvTranspose`` with kernel ``W`` is the transpose (the input gradient) of
@@ -583,14 +615,12 @@ def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
     c_axis = lhs_spec.index("C")
     window = tuple((k - 1) * d + 1 for k, d in zip(filter_shape, dilation))
     lax_pads = _transpose_lax_pads(window, strides, padding, output_padding)
-    W_init = (checks.initializer(name, "W_init", W_init)
-              or initializers.torch_default(in_axis=-1, out_axis=-2))
+    W_init = checks.initializer(name, "W_init", W_init) or initializers.torch_default(in_axis=-1, out_axis=-2)
     b_init = checks.initializer(name, "b_init", b_init)
 
     def spatial_size(i, letter, size):
         pad = padding if isinstance(padding, str) else padding[i]
-        return _transposed_size(name, size, window[i], strides[i], pad, output_padding[i],
-                                lhs_spec.index(letter))
+        return _transposed_size(name, size, window[i], strides[i], pad, output_padding[i], lhs_spec.index(letter))
 
     def out_shape(shape):
         return _output_shape(shape, lhs_spec, out_spec, spatial, out_chan, spatial_size)
@@ -600,9 +630,11 @@ def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
         check_known(name, shape, [c_axis], "channel dimension")
         in_chan = shape[c_axis]
         if in_chan % groups:
-            raise ArgumentError(f"{name}: feature_group_count={groups} must divide the input "
-                                f"channels, got {in_chan} channels (input shape {shape}), as "
-                                f"torch's groups must divide in_channels.")
+            raise ArgumentError(
+                f"{name}: feature_group_count={groups} must divide the input "
+                f"channels, got {in_chan} channels (input shape {shape}), as "
+                f"torch's groups must divide in_channels."
+            )
         canonical = filter_shape + (in_chan, out_chan // groups)  # (*k, in, out / groups)
         fan_in = math.prod(filter_shape) * (out_chan // groups)  # torch reads it off the out axis
         params = _init_params(rng, W_init, b_init, canonical, perm, fan_in, use_bias, out_chan)
@@ -610,17 +642,21 @@ def ConvTranspose(out_chan: int, filter_shape: Sequence[int],
 
     def apply(params, state, inputs, *, rng=None, train=False):
         W = params["W"]
-        check_param_shapes(name, params, {
-            "W": _kernel_shape(filter_shape, out_chan // groups, perm), "b": (out_chan,)})
-        check_input(name, inputs, rank=n + 2, axis=c_axis, size=W.shape[rhs_spec.index("I")],
-                    what="channels")
+        check_param_shapes(name, params, {"W": _kernel_shape(filter_shape, out_chan // groups, perm), "b": (out_chan,)})
+        check_input(name, inputs, rank=n + 2, axis=c_axis, size=W.shape[rhs_spec.index("I")], what="channels")
         out_shape(tuple(inputs.shape))
         dtype = jnp.result_type(inputs, W)
         K = _transpose_kernel(W.astype(dtype), to_canonical, groups)
         out = lax.conv_general_dilated(
-            inputs.astype(dtype), K, (1,) * n, lax_pads, lhs_dilation=strides,
-            rhs_dilation=dilation, dimension_numbers=(lhs_spec, canonical_spec, out_spec),
-            feature_group_count=groups)
+            inputs.astype(dtype),
+            K,
+            (1,) * n,
+            lax_pads,
+            lhs_dilation=strides,
+            rhs_dilation=dilation,
+            dimension_numbers=(lhs_spec, canonical_spec, out_spec),
+            feature_group_count=groups,
+        )
         return _add_bias(out, params, out_spec), state
 
     return named(name, init, apply)

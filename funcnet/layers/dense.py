@@ -54,9 +54,14 @@ def linear(x, W, b=None):
     return out if b is None else out + b
 
 
-def Dense(out_dim: int, W_init: Optional[Initializer] = None,
-          b_init: Optional[Initializer] = None, use_bias: bool = True, *,
-          in_dim: Optional[int] = None) -> Layer:
+def Dense(
+    out_dim: int,
+    W_init: Optional[Initializer] = None,
+    b_init: Optional[Initializer] = None,
+    use_bias: bool = True,
+    *,
+    in_dim: Optional[int] = None,
+) -> Layer:
     """``y = x @ W + b`` over the last axis; ``W`` has shape ``(in_dim, out_dim)``.
 
     Defaults are PyTorch's ``nn.Linear`` init: ``W_init=initializers.torch_default()``
@@ -115,7 +120,8 @@ def Dense(out_dim: int, W_init: Optional[Initializer] = None,
                 f"{tuple(shape)}): the layers before this one make another shape than the model "
                 f"was written for. Check their padding and strides (funcnet's Conv pads VALID "
                 f"and pools stride by their window by default; Flax and Haiku pad SAME), or "
-                f"drop in_dim to take whatever arrives.")
+                f"drop in_dim to take whatever arrives."
+            )
         k1, k2 = jax.random.split(rng)
         params = {"W": W_init(k1, (in_dim, out_dim), jnp.float32)}
         if use_bias:
@@ -127,13 +133,17 @@ def Dense(out_dim: int, W_init: Optional[Initializer] = None,
         if use_bias != ("b" in params):
             # Another Dense's params (with or without a bias) would otherwise run silently
             # with a bias dropped or ignored.
-            raise MismatchError(name, "params", name, "{'W', 'b'}" if use_bias else "{'W'}",
-                                str(set(params)), hint="Pass the params this layer's init made "
-                                "(use_bias=False layers have no 'b').")
+            raise MismatchError(
+                name,
+                "params",
+                name,
+                "{'W', 'b'}" if use_bias else "{'W'}",
+                str(set(params)),
+                hint="Pass the params this layer's init made (use_bias=False layers have no 'b').",
+            )
         # the kernel's rows are the input's business (check_input names the input then)
         check_param_shapes(name, params, {"W": (None, out_dim), "b": (out_dim,)})
         check_input(name, inputs, min_rank=1, axis=-1, size=W.shape[0])
         return linear(inputs, W, params.get("b")), state
 
     return named(name, init, apply)
-

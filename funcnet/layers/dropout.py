@@ -48,8 +48,9 @@ def Dropout(rate: float) -> Layer:
       >>> sorted(set(y.ravel().tolist())) in ([0.0, 2.0], [2.0], [0.0])  # kept ones scaled by 2
       True
     """
-    rate = checks.real("Dropout", "rate (the probability of dropping an element)", rate,
-                       low=0.0, high=1.0, high_open=True)
+    rate = checks.real(
+        "Dropout", "rate (the probability of dropping an element)", rate, low=0.0, high=1.0, high_open=True
+    )
     keep = 1.0 - rate
     scale = 1.0 / keep
     name = f"Dropout({rate:g})"
@@ -111,19 +112,25 @@ def SpatialDropout(rate: float) -> Layer:
       >>> bool(jnp.all((y == 0).all(axis=(1, 2)) | (y == 2).all(axis=(1, 2))))  # whole channels
       True
     """
-    rate = checks.real("SpatialDropout", "rate (the probability of dropping a channel)", rate,
-                       low=0.0, high=1.0, high_open=True)
+    rate = checks.real(
+        "SpatialDropout", "rate (the probability of dropping a channel)", rate, low=0.0, high=1.0, high_open=True
+    )
     keep = 1.0 - rate
     scale = 1.0 / keep
     name = f"SpatialDropout({rate:g})"
 
     def check_rank(shape):
         if not 3 <= len(shape) <= 5:
-            hint = (" For (N, features) inputs use Dropout: without spatial axes a channel is "
-                    "one element." if len(shape) == 2 else "")
-            raise ValueError(f"{name}: expected a channels-last input (N, *spatial, C) with 1 "
-                             f"to 3 spatial axes (rank 3 to 5, e.g. (N, H, W, C)), got shape "
-                             f"{tuple(shape)}.{hint}")
+            hint = (
+                " For (N, features) inputs use Dropout: without spatial axes a channel is one element."
+                if len(shape) == 2
+                else ""
+            )
+            raise ValueError(
+                f"{name}: expected a channels-last input (N, *spatial, C) with 1 "
+                f"to 3 spatial axes (rank 3 to 5, e.g. (N, H, W, C)), got shape "
+                f"{tuple(shape)}.{hint}"
+            )
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=0)

@@ -31,21 +31,22 @@ def _renorm_scale(rows, max_norm, norm_type):
     elif norm_type == float("inf"):
         norm = jnp.max(a, axis=-1, keepdims=True)
     else:
-        norm = jnp.sum(a ** norm_type, axis=-1, keepdims=True) ** (1.0 / norm_type)
+        norm = jnp.sum(a**norm_type, axis=-1, keepdims=True) ** (1.0 / norm_type)
     return jnp.where(norm > max_norm, max_norm / (norm + 1e-7), 1.0).astype(rows.dtype)
 
 
 def _check_max_norm(where, max_norm, norm_type):
     max_norm = checks.real(where, "max_norm", max_norm, low=0.0, low_open=True)
     if not (checks.is_real(norm_type) and (float(norm_type) > 0)):
-        raise checks.ArgumentError(f"{where}: norm_type must be a positive real number (the p "
-                                   f"of the p-norm, 2.0 as torch's default; inf allowed), got "
-                                   f"{checks.got(norm_type)}.")
+        raise checks.ArgumentError(
+            f"{where}: norm_type must be a positive real number (the p "
+            f"of the p-norm, 2.0 as torch's default; inf allowed), got "
+            f"{checks.got(norm_type)}."
+        )
     return max_norm, float(norm_type)
 
 
-def embedding_renorm(params: PyTree, ids: ArrayLike, max_norm: float,
-                     norm_type: float = 2.0) -> PyTree:
+def embedding_renorm(params: PyTree, ids: ArrayLike, max_norm: float, norm_type: float = 2.0) -> PyTree:
     """The params of an :func:`Embedding` whose rows named in ``ids`` are renormalised as
     ``torch.nn.functional.embedding(..., max_norm=, norm_type=)`` renormalises them in
     place: each such row whose ``norm_type``-norm exceeds ``max_norm`` is multiplied by
@@ -87,8 +88,7 @@ def embedding_renorm(params: PyTree, ids: ArrayLike, max_norm: float,
     table = params["E"]
     ids = jnp.asarray(ids).reshape(-1)
     if not jnp.issubdtype(ids.dtype, jnp.integer):
-        raise TypeError(f"embedding_renorm: ids must be integer token ids, got dtype "
-                        f"{ids.dtype}.")
+        raise TypeError(f"embedding_renorm: ids must be integer token ids, got dtype {ids.dtype}.")
     n = table.shape[0]
     ids = jnp.where((ids >= 0) & (ids < n), ids, n)
     used = jnp.zeros((n,), bool).at[ids].set(True, mode="drop")
@@ -112,9 +112,16 @@ def _freq_bwd(counts, g):
 _grad_by_inverse_freq.defvjp(_freq_fwd, _freq_bwd)
 
 
-def Embedding(vocab_size: int, dim: int, E_init: Optional[Initializer] = None,
-              padding_idx: Optional[int] = None, *, max_norm: Optional[float] = None, norm_type: float = 2.0,
-              scale_grad_by_freq: bool = False) -> Layer:
+def Embedding(
+    vocab_size: int,
+    dim: int,
+    E_init: Optional[Initializer] = None,
+    padding_idx: Optional[int] = None,
+    *,
+    max_norm: Optional[float] = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+) -> Layer:
     """``y[..., :] = E[ids[...], :]``: integer ids of any shape ``S`` -> ``S + (dim,)``.
 
     As ``torch.nn.Embedding(vocab_size, dim)``: params ``{"E": (vocab_size, dim)}``
@@ -201,8 +208,10 @@ def Embedding(vocab_size: int, dim: int, E_init: Optional[Initializer] = None,
     if padding_idx is not None:
         padding_idx = checks.integer(name, "padding_idx", padding_idx)
         if not -vocab_size <= padding_idx < vocab_size:
-            raise ValueError(f"{name}: padding_idx={padding_idx} must be in [-{vocab_size}, "
-                             f"{vocab_size}) (a row of the table; negative counts from the end).")
+            raise ValueError(
+                f"{name}: padding_idx={padding_idx} must be in [-{vocab_size}, "
+                f"{vocab_size}) (a row of the table; negative counts from the end)."
+            )
         padding_idx %= vocab_size
     if max_norm is not None:
         max_norm, norm_type = _check_max_norm(name, max_norm, norm_type)
@@ -218,8 +227,9 @@ def Embedding(vocab_size: int, dim: int, E_init: Optional[Initializer] = None,
     def apply(params, state, inputs, *, rng=None, train=False):
         check_input(name, inputs)
         if not jnp.issubdtype(inputs.dtype, jnp.integer):
-            raise TypeError(f"{name}: expected integer token ids, got dtype {inputs.dtype}. "
-                            f"Cast them, e.g. ids.astype(jnp.int32).")
+            raise TypeError(
+                f"{name}: expected integer token ids, got dtype {inputs.dtype}. Cast them, e.g. ids.astype(jnp.int32)."
+            )
         table = params["E"]
         # a table of another vocabulary would take its own ids as the valid ones
         check_param_shapes(name, params, {"E": (vocab_size, dim)})
@@ -231,8 +241,7 @@ def Embedding(vocab_size: int, dim: int, E_init: Optional[Initializer] = None,
         ids = jnp.where((ids >= 0) & (ids < n), ids, n)
         out = _mesh.gather(table, ids, mode="fill", fill_value=jnp.nan)
         if max_norm is not None:  # torch's renorm is under no_grad: the lookup's gradient
-            out = out + jax.lax.stop_gradient(
-                out * _renorm_scale(out, max_norm, norm_type) - out)
+            out = out + jax.lax.stop_gradient(out * _renorm_scale(out, max_norm, norm_type) - out)
         if scale_grad_by_freq:
             counts = jnp.zeros((n + 1,), jnp.int32).at[ids].add(1)
             out = _grad_by_inverse_freq(out, counts[ids])
@@ -252,13 +261,16 @@ def _check_concrete_ids(layer: str, ids, n: int) -> None:
     bad = (values < 0) | (values >= n)
     if bad.any():
         found = np.unique(values[bad])[:8].tolist()
-        raise ValueError(f"{layer}: ids must be in [0, {n}), found {found}. Check vocab_size "
-                         f"(the largest id + 1) and the tokenizer. Under jit such ids are not "
-                         f"checked and give rows of NaN.")
+        raise ValueError(
+            f"{layer}: ids must be in [0, {n}), found {found}. Check vocab_size "
+            f"(the largest id + 1) and the tokenizer. Under jit such ids are not "
+            f"checked and give rows of NaN."
+        )
 
 
-def TiedEmbedding(vocab_size: int, dim: int, body: Optional[Layer] = None,
-                  E_init: Optional[Initializer] = None) -> Layer:
+def TiedEmbedding(
+    vocab_size: int, dim: int, body: Optional[Layer] = None, E_init: Optional[Initializer] = None
+) -> Layer:
     """Token embedding, ``body``, and an output head that reuses the embedding table.
 
     ```
@@ -321,8 +333,10 @@ def TiedEmbedding(vocab_size: int, dim: int, body: Optional[Layer] = None,
         if body is not None:
             out, params["body"], state = body.init(k2, shape)
             if tuple(out) != tuple(shape):
-                raise ValueError(f"{name}: the body must keep the shape {tuple(shape)} (its "
-                                 f"output feeds the tied head), but maps it to {tuple(out)}.")
+                raise ValueError(
+                    f"{name}: the body must keep the shape {tuple(shape)} (its "
+                    f"output feeds the tied head), but maps it to {tuple(out)}."
+                )
         return shape[:-1] + (vocab_size,), params, state
 
     def apply(params, state, inputs, *, rng=None, train=False):

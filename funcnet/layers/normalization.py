@@ -11,8 +11,7 @@ from jax import lax
 
 from funcnet import _checks as checks
 from funcnet import _mesh
-from funcnet.core import (Layer, check_input, check_known, check_shape, named, need_state,
-                          normalize_axis)
+from funcnet.core import Layer, check_input, check_known, check_shape, named, need_state, normalize_axis
 from funcnet.core import check_param_shapes
 
 __all__ = ["BatchNorm", "InstanceNorm", "LayerNorm", "RMSNorm", "GroupNorm"]
@@ -47,12 +46,14 @@ def _check_stats_dtype(layer: str, state) -> None:
     for key in ("mean", "var"):
         dtype = getattr(state.get(key) if isinstance(state, dict) else None, "dtype", None)
         if dtype is not None and (not jnp.issubdtype(dtype, jnp.floating) or dtype.itemsize < 4):
-            raise TypeError(f"{layer}: the running statistics must be float32 (or float64), got "
-                            f"state[{key!r}] of dtype {dtype}. Low-precision running averages "
-                            f"drift away from the data's statistics. Keep the float32 state "
-                            f"from init (cast only params and inputs for mixed precision, "
-                            f"e.g. with funcnet.precision.apply_policy), or upcast it once: "
-                            f"jax.tree.map(lambda a: a.astype(jnp.float32), state).")
+            raise TypeError(
+                f"{layer}: the running statistics must be float32 (or float64), got "
+                f"state[{key!r}] of dtype {dtype}. Low-precision running averages "
+                f"drift away from the data's statistics. Keep the float32 state "
+                f"from init (cast only params and inputs for mixed precision, "
+                f"e.g. with funcnet.precision.apply_policy), or upcast it once: "
+                f"jax.tree.map(lambda a: a.astype(jnp.float32), state)."
+            )
 
 
 def _check_batch_statistics(layer: str, shape, reduce_axes, axis_name) -> None:
@@ -69,7 +70,8 @@ def _check_batch_statistics(layer: str, shape, reduce_axes, axis_name) -> None:
         f"{tuple(shape)}: the batch statistics over axes {tuple(reduce_axes)} would be taken "
         f"over {count} value(s) per channel, and the output would be the bias alone (or NaN). "
         f"Drop the last partial batch (funcnet.data.batches(..., drop_remainder=True)), use "
-        f"batches of at least 2 examples, or apply it with train=False (running statistics).")
+        f"batches of at least 2 examples, or apply it with train=False (running statistics)."
+    )
 
 
 _RUNNING_VAR = ("unbiased", "biased")
@@ -77,13 +79,19 @@ _RUNNING_VAR = ("unbiased", "biased")
 
 def _batch_norm_options(layer: str, momentum, running_var, track_running_stats):
     if momentum is not None:
-        momentum = checks.real(layer, "momentum (weight of the old running value; None for "
-                               "torch's cumulative average)", momentum, low=0.0, high=1.0)
+        momentum = checks.real(
+            layer,
+            "momentum (weight of the old running value; None for torch's cumulative average)",
+            momentum,
+            low=0.0,
+            high=1.0,
+        )
     if running_var not in _RUNNING_VAR:
         raise checks.ArgumentError(
             f"{layer}: running_var must be 'unbiased' (torch's running_var, the batch variance "
             f"times n / (n - 1)) or 'biased' (the variance used to normalise, as Keras and "
-            f"Flax keep it), got {checks.got(running_var)}.")
+            f"Flax keep it), got {checks.got(running_var)}."
+        )
     track_running_stats = checks.flag(layer, "track_running_stats", track_running_stats)
     return momentum, track_running_stats
 
@@ -120,9 +128,17 @@ def _updated_running_stats(state, mean, var, n, momentum, running_var):
     return new_state
 
 
-def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 1e-5,
-              center: bool = True, scale: bool = True, axis_name: Optional[Hashable] = None,
-              *, running_var: str = "unbiased", track_running_stats: bool = True) -> Layer:
+def BatchNorm(
+    axis: int = -1,
+    momentum: Optional[float] = 0.9,
+    epsilon: float = 1e-5,
+    center: bool = True,
+    scale: bool = True,
+    axis_name: Optional[Hashable] = None,
+    *,
+    running_var: str = "unbiased",
+    track_running_stats: bool = True,
+) -> Layer:
     """Batch normalization over every axis except the feature ``axis``, as
     ``torch.nn.BatchNorm1d/2d/3d``.
 
@@ -227,8 +243,7 @@ def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 
     """
     if not checks.is_int(axis):
         raise ValueError(f"BatchNorm: axis must be an int (the feature axis), got {axis!r}.")
-    momentum, track_running_stats = _batch_norm_options("BatchNorm", momentum, running_var,
-                                                        track_running_stats)
+    momentum, track_running_stats = _batch_norm_options("BatchNorm", momentum, running_var, track_running_stats)
     epsilon = checks.real("BatchNorm", "epsilon", epsilon, low=0.0)
     name = f"BatchNorm(axis={axis})" if axis != -1 else "BatchNorm"
     state_keys = ("mean", "var") + (("num_batches_tracked",) if momentum is None else ())
@@ -259,8 +274,7 @@ def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 
             check_input(name, inputs, axis=ax, size=state["mean"].shape[0], what="features")
             _check_stats_dtype(name, state)
         # a (1,) scale would broadcast over every feature without a word
-        check_param_shapes(name, params, {"scale": (inputs.shape[ax],),
-                                          "bias": (inputs.shape[ax],)})
+        check_param_shapes(name, params, {"scale": (inputs.shape[ax],), "bias": (inputs.shape[ax],)})
         bshape = [1] * rank
         bshape[ax] = inputs.shape[ax]
         reduce_axes = tuple(i for i in range(rank) if i != ax)
@@ -272,8 +286,11 @@ def BatchNorm(axis: int = -1, momentum: Optional[float] = 0.9, epsilon: float = 
             sync = axis_name if train else None
             _check_batch_statistics(name, inputs.shape, reduce_axes, sync)
             mean, var, n = _batch_stats(x, reduce_axes, bshape, sync)
-            new_state = (_updated_running_stats(state, mean, var, n, momentum, running_var)
-                         if train and track_running_stats else state)
+            new_state = (
+                _updated_running_stats(state, mean, var, n, momentum, running_var)
+                if train and track_running_stats
+                else state
+            )
         else:
             mean, var, new_state = state["mean"], state["var"], state
 
@@ -292,8 +309,7 @@ def _instance_norm_options(axis, epsilon, momentum, affine, track_running_stats,
     """``InstanceNorm``'s arguments checked: ``(momentum, track_running_stats, epsilon,
     affine)`` as its layer uses them."""
     if not checks.is_int(axis):
-        raise checks.ArgumentError(f"InstanceNorm: axis must be an int (the channel axis), got "
-                                   f"{checks.got(axis)}.")
+        raise checks.ArgumentError(f"InstanceNorm: axis must be an int (the channel axis), got {checks.got(axis)}.")
     if momentum is None:
         # torch takes InstanceNorm's momentum=None as 0.0 (F.instance_norm has no cumulative
         # average): the running statistics would never move
@@ -301,17 +317,23 @@ def _instance_norm_options(axis, epsilon, momentum, affine, track_running_stats,
             "InstanceNorm: momentum=None is not supported: torch.nn.InstanceNorm*d accepts it "
             "but never updates its running statistics then (it passes momentum 0). Give "
             "momentum=1.0 for that behaviour, or a momentum in [0, 1) (torch's 1 - momentum) "
-            "to track them.")
-    momentum, track_running_stats = _batch_norm_options("InstanceNorm", momentum, running_var,
-                                                        track_running_stats)
+            "to track them."
+        )
+    momentum, track_running_stats = _batch_norm_options("InstanceNorm", momentum, running_var, track_running_stats)
     epsilon = checks.real("InstanceNorm", "epsilon", epsilon, low=0.0)
     affine = checks.flag("InstanceNorm", "affine", affine)
     return momentum, track_running_stats, epsilon, affine
 
 
-def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float] = 0.9,
-                 affine: bool = False, track_running_stats: bool = False, *,
-                 running_var: str = "unbiased") -> Layer:
+def InstanceNorm(
+    axis: int = -1,
+    epsilon: float = 1e-5,
+    momentum: Optional[float] = 0.9,
+    affine: bool = False,
+    track_running_stats: bool = False,
+    *,
+    running_var: str = "unbiased",
+) -> Layer:
     """Instance normalization, as ``torch.nn.InstanceNorm1d/2d/3d``: per example and
     channel, over the spatial axes.
 
@@ -372,15 +394,18 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
       [-1.342, -0.447, 0.447, 1.342]
     """
     momentum, track_running_stats, epsilon, affine = _instance_norm_options(
-        axis, epsilon, momentum, affine, track_running_stats, running_var)
+        axis, epsilon, momentum, affine, track_running_stats, running_var
+    )
     name = f"InstanceNorm(axis={axis})" if axis != -1 else "InstanceNorm"
     state_keys = ("mean", "var")
 
     def _channel_axis(shape):
         ax = normalize_axis(name, axis, len(shape))
         if ax == 0:
-            raise ValueError(f"{name}: axis 0 is the batch; the channel axis must be another "
-                             f"(-1 for channels-last, 1 for torch's (N, C, *spatial)).")
+            raise ValueError(
+                f"{name}: axis 0 is the batch; the channel axis must be another "
+                f"(-1 for channels-last, 1 for torch's (N, C, *spatial))."
+            )
         return ax
 
     def init(rng, input_shape):
@@ -388,8 +413,7 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
         ax = _channel_axis(shape)
         check_known(name, shape, [ax], "channel dimension")
         c = shape[ax]
-        params = ({"scale": jnp.ones((c,), jnp.float32), "bias": jnp.zeros((c,), jnp.float32)}
-                  if affine else {})
+        params = {"scale": jnp.ones((c,), jnp.float32), "bias": jnp.zeros((c,), jnp.float32)} if affine else {}
         state = ()
         if track_running_stats:
             state = {"mean": jnp.zeros((c,), jnp.float32), "var": jnp.ones((c,), jnp.float32)}
@@ -406,9 +430,11 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
             _check_stats_dtype(name, state)
         for key, p in params.items():
             if p.shape != (c,):
-                raise ValueError(f"{name}: the input has {c} channels on axis {ax} but "
-                                 f"params[{key!r}] was built for {p.shape[0]}. Re-run init "
-                                 f"with the right input_shape.")
+                raise ValueError(
+                    f"{name}: the input has {c} channels on axis {ax} but "
+                    f"params[{key!r}] was built for {p.shape[0]}. Re-run init "
+                    f"with the right input_shape."
+                )
         bshape = [1] * rank
         bshape[ax] = c
         spatial = tuple(i for i in range(1, rank) if i != ax)
@@ -421,19 +447,19 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
                     f"of shape {tuple(inputs.shape)}: the statistics over the spatial axes "
                     f"{spatial} would be taken over {n} value(s), and the output would be "
                     f"the bias alone (or NaN). Give it a spatial extent of at least 2, or "
-                    f"use BatchNorm.")
+                    f"use BatchNorm."
+                )
             mean = jnp.mean(x, axis=spatial, keepdims=True)
             var = jnp.mean(jnp.square(x - mean), axis=spatial, keepdims=True)
             y = (x - mean) * lax.rsqrt(var + epsilon)
             new_state = state
             if train and track_running_stats:
                 # torch averages the per-instance statistics over the batch
-                new_state = _updated_running_stats(state, jnp.mean(mean, axis=0).reshape(c),
-                                                   jnp.mean(var, axis=0).reshape(c), n,
-                                                   momentum, running_var)
+                new_state = _updated_running_stats(
+                    state, jnp.mean(mean, axis=0).reshape(c), jnp.mean(var, axis=0).reshape(c), n, momentum, running_var
+                )
         else:
-            y = (x - state["mean"].reshape(bshape)) * lax.rsqrt(state["var"] + epsilon
-                                                                ).reshape(bshape)
+            y = (x - state["mean"].reshape(bshape)) * lax.rsqrt(state["var"] + epsilon).reshape(bshape)
             new_state = state
         if "scale" in params:
             y = y * _mesh.at_use(params["scale"], x, (ax,)).reshape(bshape)
@@ -444,8 +470,13 @@ def InstanceNorm(axis: int = -1, epsilon: float = 1e-5, momentum: Optional[float
     return named(name, init, apply)
 
 
-def LayerNorm(axis: int | Sequence[int] = -1, epsilon: float = 1e-5, center: Optional[bool] = None, scale: bool = True,
-              use_bias: Optional[bool] = None) -> Layer:
+def LayerNorm(
+    axis: int | Sequence[int] = -1,
+    epsilon: float = 1e-5,
+    center: Optional[bool] = None,
+    scale: bool = True,
+    use_bias: Optional[bool] = None,
+) -> Layer:
     """Layer normalization, as ``torch.nn.LayerNorm``: per example, over ``axis``.
 
     ```
@@ -495,8 +526,10 @@ def LayerNorm(axis: int | Sequence[int] = -1, epsilon: float = 1e-5, center: Opt
       ['scale']
     """
     if center is not None and use_bias is not None and bool(center) != bool(use_bias):
-        raise ValueError(f"LayerNorm: center={center!r} and use_bias={use_bias!r} are the same "
-                         f"switch (a learned bias) and disagree; give only use_bias.")
+        raise ValueError(
+            f"LayerNorm: center={center!r} and use_bias={use_bias!r} are the same "
+            f"switch (a learned bias) and disagree; give only use_bias."
+        )
     given = use_bias if use_bias is not None else center
     center = True if given is None else checks.flag("LayerNorm", "use_bias", given)
     axes = _check_axes("LayerNorm", axis)
@@ -522,9 +555,11 @@ def LayerNorm(axis: int | Sequence[int] = -1, epsilon: float = 1e-5, center: Opt
         pshape = tuple(inputs.shape[a] for a in norm)
         for key, p in params.items():
             if p.shape != pshape:
-                raise ValueError(f"{name}: input shape {tuple(inputs.shape)} has {pshape} on the "
-                                 f"normalised axes {norm}, but params[{key!r}] was built for "
-                                 f"{tuple(p.shape)}. Re-run init with the right input_shape.")
+                raise ValueError(
+                    f"{name}: input shape {tuple(inputs.shape)} has {pshape} on the "
+                    f"normalised axes {norm}, but params[{key!r}] was built for "
+                    f"{tuple(p.shape)}. Re-run init with the right input_shape."
+                )
         bshape = [inputs.shape[i] if i in norm else 1 for i in range(rank)]
         x = inputs.astype(_compute_dtype(inputs.dtype))
         mean = jnp.mean(x, axis=norm, keepdims=True)
@@ -539,8 +574,7 @@ def LayerNorm(axis: int | Sequence[int] = -1, epsilon: float = 1e-5, center: Opt
     return named(name, init, apply)
 
 
-def RMSNorm(axis: int | Sequence[int] = -1, epsilon: Optional[float] = None,
-            scale: bool = True) -> Layer:
+def RMSNorm(axis: int | Sequence[int] = -1, epsilon: Optional[float] = None, scale: bool = True) -> Layer:
     """Root-mean-square normalization, as ``torch.nn.RMSNorm``: per example, over ``axis``.
 
     ```
@@ -604,10 +638,12 @@ def RMSNorm(axis: int | Sequence[int] = -1, epsilon: Optional[float] = None,
         norm = _normalized_axes(name, axes, inputs.ndim)
         pshape = tuple(inputs.shape[a] for a in norm)
         if "scale" in params and params["scale"].shape != pshape:
-            raise ValueError(f"{name}: input shape {tuple(inputs.shape)} has {pshape} on the "
-                             f"normalised axes {norm}, but params['scale'] was built for "
-                             f"{tuple(params['scale'].shape)}. Re-run init with the right "
-                             f"input_shape.")
+            raise ValueError(
+                f"{name}: input shape {tuple(inputs.shape)} has {pshape} on the "
+                f"normalised axes {norm}, but params['scale'] was built for "
+                f"{tuple(params['scale'].shape)}. Re-run init with the right "
+                f"input_shape."
+            )
         compute = _compute_dtype(inputs.dtype)
         eps = epsilon if epsilon is not None else float(jnp.finfo(compute).eps)
         x = inputs.astype(compute)
@@ -620,8 +656,7 @@ def RMSNorm(axis: int | Sequence[int] = -1, epsilon: Optional[float] = None,
     return named(name, init, apply)
 
 
-def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bool = True,
-              scale: bool = True) -> Layer:
+def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bool = True, scale: bool = True) -> Layer:
     """Group normalization, as ``torch.nn.GroupNorm(num_groups, C)``: per example and group.
 
     The ``C`` channels (on ``axis``; -1 is channels-last, funcnet's conv layout; use
@@ -679,13 +714,16 @@ def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bo
     def _channels(shape):
         ax = normalize_axis(name, axis, len(shape))
         if ax == 0:
-            raise ValueError(f"{name}: axis 0 is the batch; the channel axis must be another "
-                             f"(-1 for NHWC, 1 for NCHW).")
+            raise ValueError(
+                f"{name}: axis 0 is the batch; the channel axis must be another (-1 for NHWC, 1 for NCHW)."
+            )
         c = shape[ax]
         if c % num_groups:
-            raise ValueError(f"{name}: num_groups={num_groups} does not divide the {c} "
-                             f"channels on axis {ax} of shape {tuple(shape)}. Pick a divisor "
-                             f"of {c}.")
+            raise ValueError(
+                f"{name}: num_groups={num_groups} does not divide the {c} "
+                f"channels on axis {ax} of shape {tuple(shape)}. Pick a divisor "
+                f"of {c}."
+            )
         return ax, c
 
     def init(rng, input_shape):
@@ -705,12 +743,14 @@ def GroupNorm(num_groups: int, axis: int = -1, epsilon: float = 1e-5, center: bo
         ax, c = _channels(inputs.shape)
         for key, p in params.items():
             if p.shape != (c,):
-                raise ValueError(f"{name}: the input has {c} channels on axis {ax} but "
-                                 f"params[{key!r}] was built for {p.shape[0]}. Re-run init "
-                                 f"with the right input_shape.")
+                raise ValueError(
+                    f"{name}: the input has {c} channels on axis {ax} but "
+                    f"params[{key!r}] was built for {p.shape[0]}. Re-run init "
+                    f"with the right input_shape."
+                )
         x = inputs.astype(_compute_dtype(inputs.dtype))
         # channels -> (groups, channels per group), then reduce all but batch and group
-        grouped = x.reshape(x.shape[:ax] + (num_groups, c // num_groups) + x.shape[ax + 1:])
+        grouped = x.reshape(x.shape[:ax] + (num_groups, c // num_groups) + x.shape[ax + 1 :])
         reduce = tuple(i for i in range(1, grouped.ndim) if i != ax)
         mean = jnp.mean(grouped, axis=reduce, keepdims=True)
         var = jnp.mean(jnp.square(grouped - mean), axis=reduce, keepdims=True)

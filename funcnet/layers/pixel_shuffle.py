@@ -21,9 +21,11 @@ __all__ = ["PixelShuffle", "PixelUnshuffle"]
 
 def _rank(name: str, shape) -> None:
     if len(shape) < 3:
-        raise ValueError(f"{name}: expected a channels-last input (*, H, W, C) of rank >= 3 "
-                         f"(e.g. (N, H, W, C)), got shape {shape}. torch's (N, C, H, W) is "
-                         f"x.transpose(0, 2, 3, 1) here.")
+        raise ValueError(
+            f"{name}: expected a channels-last input (*, H, W, C) of rank >= 3 "
+            f"(e.g. (N, H, W, C)), got shape {shape}. torch's (N, C, H, W) is "
+            f"x.transpose(0, 2, 3, 1) here."
+        )
 
 
 def PixelShuffle(upscale_factor: int) -> Layer:
@@ -63,7 +65,8 @@ def PixelShuffle(upscale_factor: int) -> Layer:
                 f"{name}: the input's channels (last axis) must be a multiple of "
                 f"upscale_factor**2 = {r * r}, got {c} in shape {shape}. Give the layer "
                 f"before it {r * r} * C channels for C output channels, e.g. "
-                f"Conv({r * r} * C, ...).")
+                f"Conv({r * r} * C, ...)."
+            )
         grow = lambda d, k: -1 if d == -1 else d * k
         return (*lead, grow(h, r), grow(w, r), -1 if c == -1 else c // (r * r))
 
@@ -118,7 +121,8 @@ def PixelUnshuffle(downscale_factor: int) -> Layer:
             raise ValueError(
                 f"{name}: the input's height and width must be multiples of "
                 f"downscale_factor {r}, got {h} x {w} in shape {shape}. Crop them, or pad "
-                f"them with ZeroPad, to multiples of {r}.")
+                f"them with ZeroPad, to multiples of {r}."
+            )
         shrink = lambda d: -1 if d == -1 else d // r
         return (*lead, shrink(h), shrink(w), -1 if c == -1 else c * r * r)
 

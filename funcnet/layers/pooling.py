@@ -32,8 +32,7 @@ from funcnet.core import Layer, as_tuple, check_input, check_shape, named
 from funcnet.errors import ArgumentError
 from funcnet.layers._windows import normalize_padding, window_tuple
 
-__all__ = ["MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool", "MaxUnpool",
-           "AdaptiveAvgPool", "AdaptiveMaxPool"]
+__all__ = ["MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool", "MaxUnpool", "AdaptiveAvgPool", "AdaptiveMaxPool"]
 
 
 def _pool_args(name, window_shape, strides, padding, dilation=1):
@@ -48,7 +47,8 @@ def _pool_args(name, window_shape, strides, padding, dilation=1):
     # Ints are PyTorch's spelling, so PyTorch's limit applies to them; (low, high) pairs
     # have no PyTorch counterpart and keep the looser "every window overlaps the input".
     torch_spelling = checks.is_int(padding) or (
-        isinstance(padding, (tuple, list)) and all(checks.is_int(p) for p in padding))
+        isinstance(padding, (tuple, list)) and all(checks.is_int(p) for p in padding)
+    )
     padding = normalize_padding(name, padding, n)
     if not isinstance(padding, str):
         for ax, (pad, w, d, e) in enumerate(zip(padding, window, dilation, span)):
@@ -60,11 +60,13 @@ def _pool_args(name, window_shape, strides, padding, dilation=1):
                     f"{name}: padding {pad[0]} on spatial axis {ax} is more than half the "
                     f"window: window {w}{dilated}, so padding may be at most {w // 2} (PyTorch's "
                     f"rule: pad should be smaller than or equal to half of kernel size). "
-                    f"Use a smaller padding or a larger window.")
+                    f"Use a smaller padding or a larger window."
+                )
             if max(pad) >= e:
                 raise ArgumentError(
                     f"{name}: padding {padding} must be smaller than the window {span} "
-                    f"(after dilation) on each axis, or some windows would only cover padding.")
+                    f"(after dilation) on each axis, or some windows would only cover padding."
+                )
     return window, strides, dilation, span, padding, torch_spelling or padding == "VALID"
 
 
@@ -74,8 +76,7 @@ def _geometry(name, size, span, stride, padding, ceil_mode, axis):
     ``extra`` is how far past ``hi`` the last window reaches with ``ceil_mode``:
     PyTorch lets that window hang over the end, and pads it only for the reduction.
     """
-    lo, hi = (lax.padtype_to_pads([size], [span], [stride], padding)[0]
-              if isinstance(padding, str) else padding)
+    lo, hi = lax.padtype_to_pads([size], [span], [stride], padding)[0] if isinstance(padding, str) else padding
     lo, hi = int(lo), int(hi)
     # Python's // rounds towards -inf, as PyTorch's div_rtn: with ceil_mode an input
     # smaller than the window still gives one window.
@@ -83,10 +84,12 @@ def _geometry(name, size, span, stride, padding, ceil_mode, axis):
     if ceil_mode and (out - 1) * stride >= size + lo:
         out -= 1  # PyTorch drops a last window that would start in the right padding.
     if out < 1:
-        raise ValueError(f"{name}: input size {size} on axis {axis} is too small for a window "
-                         f"of {span} (after dilation) with padding {(lo, hi)}: the output would "
-                         f"be empty. Use a larger input, a smaller filter/window, or more "
-                         f"padding.")
+        raise ValueError(
+            f"{name}: input size {size} on axis {axis} is too small for a window "
+            f"of {span} (after dilation) with padding {(lo, hi)}: the output would "
+            f"be empty. Use a larger input, a smaller filter/window, or more "
+            f"padding."
+        )
     return lo, hi, out, max((out - 1) * stride + span - (size + lo + hi), 0)
 
 
@@ -99,7 +102,8 @@ def _check_min_input(name, size, window, axis):
             f"{window} (PyTorch's avg_pool3d rule: input image smaller than kernel size, "
             f"padding does not count). Use an input of at least {window} on that axis or "
             f"a smaller window, or spell the padding as (low, high) pairs or 'SAME', "
-            f"which only need one window.")
+            f"which only need one window."
+        )
 
 
 def _check_reaches_input(name, size, geometry, stride, window, dilation, axis):
@@ -116,11 +120,13 @@ def _check_reaches_input(name, size, geometry, stride, window, dilation, axis):
             f"window {window} with dilation {dilation} reads positions "
             f"{first[o].tolist()} (padding {lo} before). Its max would be -inf, and "
             f"PyTorch's index and gradient for such a window point at another element. "
-            f"Use a smaller dilation or less padding, or a larger input.")
+            f"Use a smaller dilation or less padding, or a larger input."
+        )
 
 
-def _make_pool(name, span, strides, padding, ceil_mode, reduce, two_outputs=False, *,
-               window=None, dilation=None, min_input=False):
+def _make_pool(
+    name, span, strides, padding, ceil_mode, reduce, two_outputs=False, *, window=None, dilation=None, min_input=False
+):
     """``window``/``dilation`` given: refuse windows of only padding (MaxPool);
     ``min_input``: refuse an input smaller than ``span`` (PyTorch's avg_pool3d)."""
     n = len(span)
@@ -134,10 +140,12 @@ def _make_pool(name, span, strides, padding, ceil_mode, reduce, two_outputs=Fals
         return g
 
     def geometry(shape):
-        return [None if d == -1 else axis_geometry(ax, d, w, s, p)
-                for ax, (d, w, s, p) in enumerate(
-                    zip(shape[1:-1], span, strides,
-                        [padding] * n if isinstance(padding, str) else padding))]
+        return [
+            None if d == -1 else axis_geometry(ax, d, w, s, p)
+            for ax, (d, w, s, p) in enumerate(
+                zip(shape[1:-1], span, strides, [padding] * n if isinstance(padding, str) else padding)
+            )
+        ]
 
     def out_shape(shape):
         spatial = tuple(-1 if g is None else g[2] for g in geometry(shape))
@@ -210,10 +218,15 @@ def _select_max(patches, mask, flat, return_indices):
     return out, jnp.sum(jnp.where(pick, flat, 0), axis=-2, dtype=jnp.int32)
 
 
-def MaxPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] = None,
-            padding: str | int | Sequence[int | Tuple[int, int]] = "VALID", *,
-            dilation: int | Sequence[int] = 1, ceil_mode: bool = False,
-            return_indices: bool = False) -> Layer:
+def MaxPool(
+    window_shape: Sequence[int],
+    strides: Optional[int | Sequence[int]] = None,
+    padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
+    *,
+    dilation: int | Sequence[int] = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Layer:
     """Max over each window, as ``torch.nn.MaxPool{1,2,3}d`` (on channels-last input).
 
     ``y[n, o, c] = max_k x[n, o * stride + k * dilation - pad_lo, c]`` over the
@@ -260,8 +273,7 @@ def MaxPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] 
       ([3.0, 3.0, 5.0], [1, 2, 4])
     """
     name = f"MaxPool({window_shape!r})"
-    window, strides, dilation, span, padding, _ = _pool_args(name, window_shape, strides,
-                                                             padding, dilation)
+    window, strides, dilation, span, padding, _ = _pool_args(name, window_shape, strides, padding, dilation)
     ceil_mode = checks.flag(name, "ceil_mode", ceil_mode)
     return_indices = checks.flag(name, "return_indices", return_indices)
     dims, steps = (1,) + window + (1,), (1,) + strides + (1,)
@@ -272,23 +284,26 @@ def MaxPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] 
     def reduce(x, geometry):
         if gather:
             positions, valid = [], []
-            for size, (lo, _, out, _), w, s, d in zip(x.shape[1:-1], geometry, window, strides,
-                                                      dilation):
+            for size, (lo, _, out, _), w, s, d in zip(x.shape[1:-1], geometry, window, strides, dilation):
                 p = np.arange(out)[:, None] * s - lo + np.arange(w)[None, :] * d
                 positions.append(p)
                 valid.append((p >= 0) & (p < size))
             return _select_max(*_windows(x, positions, valid), return_indices)
         pads = tuple((lo, hi + extra) for lo, hi, _, extra in geometry)
-        if (strides == window and all(p == (0, 0) for p in pads) and jax.default_backend() == "cpu"
-                and not _spatially_split(x)):
+        if (
+            strides == window
+            and all(p == (0, 0) for p in pads)
+            and jax.default_backend() == "cpu"
+            and not _spatially_split(x)
+        ):
             return _tiled_max(x, window)
         # -inf (the identity of max) lets lax use its reduce_window_max rule.
         init = -np.inf if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype).min
-        return lax.reduce_window(x, np.array(init, x.dtype), lax.max, dims, steps,
-                                 ((0, 0),) + pads + ((0, 0),))
+        return lax.reduce_window(x, np.array(init, x.dtype), lax.max, dims, steps, ((0, 0),) + pads + ((0, 0),))
 
-    return _make_pool(name, span, strides, padding, ceil_mode, reduce, two_outputs=return_indices,
-                      window=window, dilation=dilation)
+    return _make_pool(
+        name, span, strides, padding, ceil_mode, reduce, two_outputs=return_indices, window=window, dilation=dilation
+    )
 
 
 def _tiled_max(x, window):
@@ -309,14 +324,18 @@ def _tiled_max(x, window):
     spec = _mesh.explicit_spec(x) or (None,) * x.ndim
     batch, channel = spec[0], spec[-1]
     tiles = tuple(v for o, w in zip(out, window) for v in (o, w))
-    tiled = jnp.reshape(x, (x.shape[0],) + tiles + (x.shape[-1],),
-                        out_sharding=_mesh.explicit_sharding(x, batch, *(None,) * 2 * n,
-                                                                   channel))
+    tiled = jnp.reshape(
+        x,
+        (x.shape[0],) + tiles + (x.shape[-1],),
+        out_sharding=_mesh.explicit_sharding(x, batch, *(None,) * 2 * n, channel),
+    )
     # (N, o1, w1, ..., on, wn, C) -> (N, o1, ..., on, C, w1 * ... * wn)
     order = (0,) + tuple(1 + 2 * i for i in range(n)) + (2 * n + 1,) + tuple(2 + 2 * i for i in range(n))
-    windows = jnp.reshape(tiled.transpose(order), (tiled.shape[0], *out, x.shape[-1], -1),
-                          out_sharding=_mesh.explicit_sharding(x, batch, *(None,) * n,
-                                                                     channel, None))
+    windows = jnp.reshape(
+        tiled.transpose(order),
+        (tiled.shape[0], *out, x.shape[-1], -1),
+        out_sharding=_mesh.explicit_sharding(x, batch, *(None,) * n, channel, None),
+    )
     first = jnp.argmax(windows, axis=-1)[..., None] == jnp.arange(windows.shape[-1])
     # where, not a one-hot product: -inf * 0 would be NaN.
     return jnp.sum(jnp.where(lax.stop_gradient(first), windows, jnp.zeros((), x.dtype)), axis=-1)
@@ -329,10 +348,15 @@ def _spatially_split(x) -> bool:
     return spec is not None and any(p is not None for p in spec[1:-1])
 
 
-def AvgPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] = None,
-            padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
-            count_include_pad: bool = True, *, ceil_mode: bool = False,
-            divisor_override: Optional[int] = None) -> Layer:
+def AvgPool(
+    window_shape: Sequence[int],
+    strides: Optional[int | Sequence[int]] = None,
+    padding: str | int | Sequence[int | Tuple[int, int]] = "VALID",
+    count_include_pad: bool = True,
+    *,
+    ceil_mode: bool = False,
+    divisor_override: Optional[int] = None,
+) -> Layer:
     """Mean over each window, as ``torch.nn.AvgPool{1,2,3}d`` (on channels-last input).
 
     ``y[n, o, c] = sum_k x_pad[n, o * stride + k - pad_lo, c] / D`` with zero
@@ -374,16 +398,17 @@ def AvgPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] 
       [3.0, 7.0]
     """
     name = f"AvgPool({window_shape!r})"
-    window, strides, _, _, padding, torch_spelling = _pool_args(name, window_shape, strides,
-                                                                padding)
+    window, strides, _, _, padding, torch_spelling = _pool_args(name, window_shape, strides, padding)
     count_include_pad = checks.flag(name, "count_include_pad", count_include_pad)
     ceil_mode = checks.flag(name, "ceil_mode", ceil_mode)
     if divisor_override is not None:
         checks.integer(name, "divisor_override", divisor_override)
         if divisor_override == 0:
-            raise ArgumentError(f"{name}: divisor_override must be a non-zero int or None, got "
-                                f"0 (PyTorch: divisor must be not zero). Use None to divide by "
-                                f"the window's size.")
+            raise ArgumentError(
+                f"{name}: divisor_override must be a non-zero int or None, got "
+                f"0 (PyTorch: divisor must be not zero). Use None to divide by "
+                f"the window's size."
+            )
         divisor_override = int(divisor_override)
     dims, steps = (1,) + window + (1,), (1,) + strides + (1,)
 
@@ -403,8 +428,7 @@ def AvgPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] 
         if not jnp.issubdtype(x.dtype, jnp.inexact):
             x = x.astype(jnp.result_type(float))
         pads = tuple((lo, hi + extra) for lo, hi, _, extra in geometry)
-        summed = lax.reduce_window(x, np.array(0, x.dtype), lax.add, dims, steps,
-                                   ((0, 0),) + pads + ((0, 0),))
+        summed = lax.reduce_window(x, np.array(0, x.dtype), lax.add, dims, steps, ((0, 0),) + pads + ((0, 0),))
         if divisor_override is not None:
             return summed / jnp.asarray(divisor_override, x.dtype)
         if count_include_pad and all(g[3] == 0 for g in geometry):
@@ -413,8 +437,7 @@ def AvgPool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] 
 
     # PyTorch's avg_pool3d (not its 1-D/2-D pools, nor max pools) wants the unpadded input
     # at least the window on every axis; "SAME" and (low, high) pairs are not PyTorch's.
-    return _make_pool(name, window, strides, padding, ceil_mode, reduce,
-                      min_input=len(window) == 3 and torch_spelling)
+    return _make_pool(name, window, strides, padding, ceil_mode, reduce, min_input=len(window) == 3 and torch_spelling)
 
 
 def _global_avg_init(rng, input_shape):
@@ -453,8 +476,7 @@ def _global_max_apply(params, state, inputs, *, rng=None, train=False):
     first = jnp.min(jnp.where(hit, position, position.size), axis=axes, keepdims=True)
     # where, not a one-hot product: -inf * 0 would be NaN.
     pick = lax.stop_gradient(position == first)
-    return jnp.sum(jnp.where(pick, inputs, jnp.zeros((), inputs.dtype)), axis=axes,
-                   dtype=inputs.dtype), state
+    return jnp.sum(jnp.where(pick, inputs, jnp.zeros((), inputs.dtype)), axis=axes, dtype=inputs.dtype), state
 
 
 GlobalMaxPool: Layer = named("GlobalMaxPool", _global_max_init, _global_max_apply)
@@ -474,8 +496,7 @@ def _scatter_planes(size, v, idx, add):
     # A negative index would wrap around; moved out of range, it is dropped as the rest.
     idx = jnp.where(idx < 0, size, idx)
     # jnp.arange: n is symbolic under jax.export's symbolic batch
-    target = jnp.zeros((n, size, c), v.dtype).at[jnp.arange(n)[:, None, None], idx,
-                                                  jnp.arange(c)[None, None, :]]
+    target = jnp.zeros((n, size, c), v.dtype).at[jnp.arange(n)[:, None, None], idx, jnp.arange(c)[None, None, :]]
     return target.add(v, mode="drop") if add else target.set(v, mode="drop")
 
 
@@ -506,22 +527,28 @@ def _unpool_shape(name: str, shape, window, strides, padding, output_size):
         default = (size - 1) * s - lo - hi + w
         if want is None:
             if default < 1:
-                raise ValueError(f"{name}: input size {size} on axis {ax + 1} with padding "
-                                 f"{(lo, hi)} gives an empty output. Use less padding.")
+                raise ValueError(
+                    f"{name}: input size {size} on axis {ax + 1} with padding "
+                    f"{(lo, hi)} gives an empty output. Use less padding."
+                )
             want = default
         elif not default - s < want < default + s:
             raise ArgumentError(
                 f"{name}: output_size {output_size} is invalid: on spatial axis {ax} it "
                 f"must be between {default - s} and {default + s}, exclusive, for an input "
                 f"of size {size} (PyTorch's rule: (in - 1) * stride - 2 * padding + "
-                f"window = {default}, give or take less than a stride).")
+                f"window = {default}, give or take less than a stride)."
+            )
         spatial.append(want)
     return (shape[0],) + tuple(spatial) + (shape[-1],)
 
 
-def MaxUnpool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]] = None,
-              padding: int | Sequence[int | Tuple[int, int]] = 0,
-              output_size: Optional[Sequence[int]] = None) -> Layer:
+def MaxUnpool(
+    window_shape: Sequence[int],
+    strides: Optional[int | Sequence[int]] = None,
+    padding: int | Sequence[int | Tuple[int, int]] = 0,
+    output_size: Optional[Sequence[int]] = None,
+) -> Layer:
     """The inverse of :func:`MaxPool` with ``return_indices``, as ``torch.nn.MaxUnpool{1,2,3}d``.
 
     Takes ``(values, indices)``, both ``(N, *spatial, C)`` (channels-last), and
@@ -559,16 +586,23 @@ def MaxUnpool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]
     n = len(window)
     strides = as_tuple(name, window if strides is None else strides, n, "strides")
     if isinstance(padding, str):
-        raise ArgumentError(f"{name}: padding must be an int, {n} ints or {n} (low, high) "
-                            f"pairs, the pool's, got the string {padding!r}. A 'SAME' pool's "
-                            f"padding is its output_size: pass the pooled input's spatial "
-                            f"shape as output_size.")
+        raise ArgumentError(
+            f"{name}: padding must be an int, {n} ints or {n} (low, high) "
+            f"pairs, the pool's, got the string {padding!r}. A 'SAME' pool's "
+            f"padding is its output_size: pass the pooled input's spatial "
+            f"shape as output_size."
+        )
     padding = normalize_padding(name, padding, n)
     if output_size is not None:
-        if (not isinstance(output_size, (tuple, list)) or len(output_size) != n
-                or not all(checks.is_int(v) and v > 0 for v in output_size)):
-            raise ArgumentError(f"{name}: output_size must be None or {n} positive ints (the "
-                                f"spatial sizes, channels-last), got {output_size!r}.")
+        if (
+            not isinstance(output_size, (tuple, list))
+            or len(output_size) != n
+            or not all(checks.is_int(v) and v > 0 for v in output_size)
+        ):
+            raise ArgumentError(
+                f"{name}: output_size must be None or {n} positive ints (the "
+                f"spatial sizes, channels-last), got {output_size!r}."
+            )
         output_size = tuple(int(v) for v in output_size)
 
     def out_shape(shape):
@@ -576,22 +610,26 @@ def MaxUnpool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]
 
     def split(where, pair):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ArgumentError(f"{name}: {where} must be a pair (values, indices), as "
-                                f"MaxPool(..., return_indices=True) gives, got "
-                                f"{type(pair).__name__}.")
+            raise ArgumentError(
+                f"{name}: {where} must be a pair (values, indices), as "
+                f"MaxPool(..., return_indices=True) gives, got "
+                f"{type(pair).__name__}."
+            )
         return pair
 
     def init(rng, input_shape):
-        if (isinstance(input_shape, (tuple, list)) and len(input_shape) == 2
-                and all(isinstance(s, (tuple, list)) for s in input_shape)):
+        if (
+            isinstance(input_shape, (tuple, list))
+            and len(input_shape) == 2
+            and all(isinstance(s, (tuple, list)) for s in input_shape)
+        ):
             values, indices = input_shape
         else:
             values, indices = split("input_shape", None)
         values = check_shape(name, values, rank=n + 2, what="values")
         indices = check_shape(name, indices, rank=n + 2, what="indices")
         if values != indices:
-            raise ValueError(f"{name}: values {values} and indices {indices} must have one "
-                             f"shape.")
+            raise ValueError(f"{name}: values {values} and indices {indices} must have one shape.")
         return out_shape(values), (), ()
 
     def apply(params, state, inputs, *, rng=None, train=False):
@@ -599,18 +637,22 @@ def MaxUnpool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]
         check_input(name, values, rank=n + 2)
         check_input(name, indices, rank=n + 2)
         if values.shape != indices.shape or not jnp.issubdtype(indices.dtype, jnp.integer):
-            raise ArgumentError(f"{name}: indices must be integers of the values' shape "
-                                f"{tuple(values.shape)}, got {indices.dtype} of shape "
-                                f"{tuple(indices.shape)}.")
+            raise ArgumentError(
+                f"{name}: indices must be integers of the values' shape "
+                f"{tuple(values.shape)}, got {indices.dtype} of shape "
+                f"{tuple(indices.shape)}."
+            )
         shape = out_shape(tuple(values.shape))
         size = math.prod(shape[1:-1])
         known = checks.concrete(indices)
         if known is not None and known.size and (known.min() < 0 or known.max() >= size):
             bad = known.min() if known.min() < 0 else known.max()
-            raise ArgumentError(f"{name}: index {int(bad)} is outside the output's {size} "
-                                f"spatial positions {shape[1:-1]} (PyTorch: Found an invalid "
-                                f"max index). Check window_shape, strides, padding and "
-                                f"output_size against the pool's.")
+            raise ArgumentError(
+                f"{name}: index {int(bad)} is outside the output's {size} "
+                f"spatial positions {shape[1:-1]} (PyTorch: Found an invalid "
+                f"max index). Check window_shape, strides, padding and "
+                f"output_size against the pool's."
+            )
         nb, c = values.shape[0], values.shape[-1]
         out = _unpool_planes(size, values.reshape(nb, -1, c), indices.reshape(nb, -1, c))
         return out.reshape(shape), state
@@ -619,16 +661,23 @@ def MaxUnpool(window_shape: Sequence[int], strides: Optional[int | Sequence[int]
 
 
 def _adaptive_args(name, output_size):
-    if (not isinstance(output_size, (tuple, list)) or not 1 <= len(output_size) <= 3
-            or not all(v is None or checks.is_int(v) for v in output_size)):
-        raise ArgumentError(f"{name}: output_size must be a tuple of 1 to 3 entries, one per "
-                            f"spatial axis (e.g. (7, 7) for 2-D), each a positive int or None "
-                            f"(keep that axis's size), got {output_size!r}.")
+    if (
+        not isinstance(output_size, (tuple, list))
+        or not 1 <= len(output_size) <= 3
+        or not all(v is None or checks.is_int(v) for v in output_size)
+    ):
+        raise ArgumentError(
+            f"{name}: output_size must be a tuple of 1 to 3 entries, one per "
+            f"spatial axis (e.g. (7, 7) for 2-D), each a positive int or None "
+            f"(keep that axis's size), got {output_size!r}."
+        )
     for v in output_size:
         if v is not None and v <= 0:
-            raise ArgumentError(f"{name}: output_size entries must be positive, got {v} in "
-                                f"{tuple(output_size)} (PyTorch would return an empty output). "
-                                f"Use None to keep an axis's size.")
+            raise ArgumentError(
+                f"{name}: output_size entries must be positive, got {v} in "
+                f"{tuple(output_size)} (PyTorch would return an empty output). "
+                f"Use None to keep an axis's size."
+            )
     return tuple(None if v is None else int(v) for v in output_size)
 
 
@@ -703,8 +752,7 @@ def AdaptiveAvgPool(output_size: Sequence[Optional[int]]) -> Layer:
     return _make_adaptive(name, output_size, reduce)
 
 
-def AdaptiveMaxPool(output_size: Sequence[Optional[int]],
-                    return_indices: bool = False) -> Layer:
+def AdaptiveMaxPool(output_size: Sequence[Optional[int]], return_indices: bool = False) -> Layer:
     """Max over adaptive bins, as ``torch.nn.AdaptiveMaxPool{1,2,3}d`` (channels-last).
 
     The bins are :func:`AdaptiveAvgPool`'s (PyTorch's). Ties and NaNs as in

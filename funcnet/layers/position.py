@@ -20,8 +20,7 @@ from funcnet.initializers import Initializer
 __all__ = ["sinusoidal_table", "rope", "LearnedPositions", "SinusoidalPositions"]
 
 
-def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0,
-                     dtype: DTypeLike = jnp.float32) -> jax.Array:
+def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0, dtype: DTypeLike = jnp.float32) -> jax.Array:
     """``(length, dim)``: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(p / base^(2i/dim)).
 
     Args:
@@ -51,8 +50,7 @@ def sinusoidal_table(length: int, dim: int, *, base: float = 10000.0,
     return table.astype(dtype)
 
 
-def rope(x: ArrayLike, positions: Optional[ArrayLike] = None, *,
-         base: float = 10000.0) -> jax.Array:
+def rope(x: ArrayLike, positions: Optional[ArrayLike] = None, *, base: float = 10000.0) -> jax.Array:
     """Rotary position embedding (RoPE, Su et al. 2021) on ``x`` of shape ``(..., T, H, D)``.
 
     Feature ``i < D/2`` is paired with ``i + D/2`` (the "rotate-half" convention of
@@ -89,8 +87,9 @@ def rope(x: ArrayLike, positions: Optional[ArrayLike] = None, *,
     """
     D = x.shape[-1]
     if D % 2:
-        raise ValueError(f"rope: rotary embeddings rotate pairs of features, so the head dim "
-                         f"(the last axis) must be even, got {D}.")
+        raise ValueError(
+            f"rope: rotary embeddings rotate pairs of features, so the head dim (the last axis) must be even, got {D}."
+        )
     T = x.shape[-3]
     pos = jnp.arange(T) if positions is None else jnp.asarray(positions)
     half = D // 2
@@ -114,24 +113,26 @@ def _positions_layer(name, max_length, table_fn, params_fn, decode):
         # axis is gathered (FSDP), one that matches the features' is kept.
         table = _mesh.at_use(table_fn(params, inputs), inputs, (1, 2))
         if T > table.shape[0]:
-            raise ValueError(f"{name}: sequence of length {T} but the table has "
-                             f"{table.shape[0]} positions.")
+            raise ValueError(f"{name}: sequence of length {T} but the table has {table.shape[0]} positions.")
         if not decode:
             return inputs + table[:T].astype(inputs.dtype), state
         need_state(name, state, ("index",))
         index = state["index"]
         known = checks.concrete(index)
         if known is not None and int(known) + T > table.shape[0]:
-            raise ValueError(f"{name}: decoding past the table: position {int(known)} + {T} "
-                             f"tokens but max_length is {table.shape[0]}.")
+            raise ValueError(
+                f"{name}: decoding past the table: position {int(known)} + {T} "
+                f"tokens but max_length is {table.shape[0]}."
+            )
         rows = lax.dynamic_slice_in_dim(table, index, T, axis=0)
         return inputs + rows.astype(inputs.dtype), {"index": index + T}
 
     return named(name, init, apply)
 
 
-def LearnedPositions(max_length: int, dim: Optional[int] = None,
-                     E_init: Optional[Initializer] = None, *, decode: bool = False) -> Layer:
+def LearnedPositions(
+    max_length: int, dim: Optional[int] = None, E_init: Optional[Initializer] = None, *, decode: bool = False
+) -> Layer:
     """``x + E[0:T]`` on ``(B, T, dim)``: a learned position table, nanoGPT's ``wpe``.
 
     params ``{"E": (max_length, dim)}``, torch ``nn.Embedding``'s ``weight`` layout
@@ -208,6 +209,10 @@ def SinusoidalPositions(max_length: int, *, base: float = 10000.0, decode: bool 
       [[0.0, 1.0, 0.0, 1.0], [0.841, 0.54, 0.01, 1.0], [0.909, -0.416, 0.02, 1.0]]
     """
     max_length = checks.positive_int("SinusoidalPositions", "max_length", max_length)
-    return _positions_layer(f"SinusoidalPositions({max_length})", max_length,
-                            lambda p, x: sinusoidal_table(max_length, x.shape[-1], base=base),
-                            lambda rng, shape: (), decode)
+    return _positions_layer(
+        f"SinusoidalPositions({max_length})",
+        max_length,
+        lambda p, x: sinusoidal_table(max_length, x.shape[-1], base=base),
+        lambda rng, shape: (),
+        decode,
+    )

@@ -50,19 +50,27 @@ class _Cell(NamedTuple):
     step: Callable
 
 
-def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers: int = 1,
-               bidirectional: bool = False, dropout: float = 0.0,
-               return_state: bool = False, bias: bool = True, proj_size: int = 0) -> Layer:
+def _recurrent(
+    cell: _Cell,
+    hidden_size: int,
+    return_sequences: bool,
+    num_layers: int = 1,
+    bidirectional: bool = False,
+    dropout: float = 0.0,
+    return_state: bool = False,
+    bias: bool = True,
+    proj_size: int = 0,
+) -> Layer:
     """Builds the layer: shared init, input checks and the ``lax.scan`` over time."""
     hidden_size, num_layers, dropout, proj_size = _checked_options(
-        cell, hidden_size, return_sequences, num_layers, bidirectional, dropout, return_state,
-        bias, proj_size)
+        cell, hidden_size, return_sequences, num_layers, bidirectional, dropout, return_state, bias, proj_size
+    )
     name = f"{cell.kind}({hidden_size}" + (f", proj_size={proj_size})" if proj_size else ")")
     H = hidden_size
-    P = proj_size or H   # the size of h (each step's output), torch's proj_size when given
-    sizes = (P,) + (H,) * (cell.carry_size - 1)   # h's, then c's (LSTM) last axis
+    P = proj_size or H  # the size of h (each step's output), torch's proj_size when given
+    sizes = (P,) + (H,) * (cell.carry_size - 1)  # h's, then c's (LSTM) last axis
     dirs = 2 if bidirectional else 1
-    flat = num_layers == 1 and not bidirectional   # the layout of a one-layer, one-way RNN
+    flat = num_layers == 1 and not bidirectional  # the layout of a one-layer, one-way RNN
     keys = [f"l{k}" + ("_reverse" if d else "") for k in range(num_layers) for d in range(dirs)]
     init_one = _direction_init(cell.gates, H, proj_size, bias)
 
@@ -73,8 +81,7 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
             params = init_one(rng, shape[-1])
         else:
             rngs = jax.random.split(rng, len(keys))
-            params = {key: init_one(r, shape[-1] if key.startswith("l0") else dirs * P)
-                      for key, r in zip(keys, rngs)}
+            params = {key: init_one(r, shape[-1] if key.startswith("l0") else dirs * P) for key, r in zip(keys, rngs)}
         width = dirs * P
         out_shape = (shape[0], shape[1], width) if return_sequences else (shape[0], width)
         if return_state:
@@ -82,15 +89,13 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
             out_shape = (out_shape, final if cell.carry_size > 1 else final[0])
         return out_shape, params, ()
 
-    def apply(params, state, inputs, *, rng=None, train=False, initial_state=None,
-              lengths=None):
+    def apply(params, state, inputs, *, rng=None, train=False, initial_state=None, lengths=None):
         first = params if flat else params["l0"]
         check_input(name, inputs, rank=3, axis=-1, size=first["W_ih"].shape[0])
         N, T = _batch_and_steps(name, inputs)
         if lengths is not None:
             lengths = _checked_lengths(name, lengths, N, T)
-        carries = (None if initial_state is None else
-                   _initial_carries(name, initial_state, sizes, num_layers * dirs, N))
+        carries = None if initial_state is None else _initial_carries(name, initial_state, sizes, num_layers * dirs, N)
         drop = dropout if train and num_layers > 1 else 0.0
         if drop:
             need_rng(name, rng)
@@ -122,26 +127,34 @@ def _recurrent(cell: _Cell, hidden_size: int, return_sequences: bool, num_layers
     return named(name, init, apply)
 
 
-def _checked_options(cell, hidden_size, return_sequences, num_layers, bidirectional, dropout,
-                     return_state, bias, proj_size=0):
+def _checked_options(
+    cell, hidden_size, return_sequences, num_layers, bidirectional, dropout, return_state, bias, proj_size=0
+):
     """The layer's arguments checked: ``(hidden_size, num_layers, dropout, proj_size)``."""
     hidden_size = checks.positive_int(cell.kind, "hidden_size", hidden_size)
-    for flag, value in (("return_sequences", return_sequences), ("bidirectional", bidirectional),
-                        ("return_state", return_state), ("bias", bias)):
+    for flag, value in (
+        ("return_sequences", return_sequences),
+        ("bidirectional", bidirectional),
+        ("return_state", return_state),
+        ("bias", bias),
+    ):
         if not isinstance(value, bool):
             raise ValueError(f"{cell.kind}: {flag} must be True or False, got {value!r}.")
     num_layers = checks.positive_int(cell.kind, "num_layers", num_layers)
     dropout = checks.real(cell.kind, "dropout", dropout, low=0.0)
     if dropout >= 1.0:
-        raise checks.ArgumentError(f"{cell.kind}: dropout={dropout!r} must be in [0, 1): the "
-                                   f"probability of zeroing each output of a layer but the last.")
+        raise checks.ArgumentError(
+            f"{cell.kind}: dropout={dropout!r} must be in [0, 1): the "
+            f"probability of zeroing each output of a layer but the last."
+        )
     proj_size = checks.non_negative_int(cell.kind, "proj_size", proj_size)
     if proj_size >= hidden_size:
         raise checks.ArgumentError(
             f"{cell.kind}: proj_size={proj_size} has to be smaller than hidden_size="
             f"{hidden_size} (as torch requires): the projection W_hr maps each step's "
             f"{hidden_size} hidden units down to proj_size outputs. Give a proj_size below "
-            f"{hidden_size}, or 0 (the default) for no projection.")
+            f"{hidden_size}, or 0 (the default) for no projection."
+        )
     return hidden_size, num_layers, dropout, proj_size
 
 
@@ -152,8 +165,10 @@ def _direction_init(G: int, H: int, proj_size: int, bias: bool):
 
     def init_one(rng, features):
         k = jax.random.split(rng, 4)
-        p = {"W_ih": uniform(k[0], (features, G * H), jnp.float32),
-             "W_hh": uniform(k[1], (proj_size or H, G * H), jnp.float32)}
+        p = {
+            "W_ih": uniform(k[0], (features, G * H), jnp.float32),
+            "W_hh": uniform(k[1], (proj_size or H, G * H), jnp.float32),
+        }
         if bias:
             p["b_ih"] = uniform(k[2], (G * H,), jnp.float32)
             p["b_hh"] = uniform(k[3], (G * H,), jnp.float32)
@@ -172,7 +187,7 @@ def _run_direction(cell: _Cell, sizes, p, x, carry0, lengths, reverse):
     T = x.shape[1]
     if reverse:
         x = _reverse_within(x, lengths)
-    xp = linear(x, p["W_ih"], p.get("b_ih"))      # (N, T, G*H), all steps at once
+    xp = linear(x, p["W_ih"], p.get("b_ih"))  # (N, T, G*H), all steps at once
     if carry0 is None:
         # zeros_like, not zeros: the carry must have the type the step gives it, i.e. the
         # input's batch sharding (Explicit mesh axes) and its varying axes (shard_map).
@@ -192,7 +207,7 @@ def _run_direction(cell: _Cell, sizes, p, x, carry0, lengths, reverse):
         return new, out
 
     steps = (jnp.swapaxes(xp, 0, 1), None if valid is None else valid.T)
-    carry, hs = lax.scan(body, carry0, steps)      # scan runs over axis 0: time
+    carry, hs = lax.scan(body, carry0, steps)  # scan runs over axis 0: time
     hs = jnp.swapaxes(hs, 0, 1)
     return (_reverse_within(hs, lengths) if reverse else hs), carry
 
@@ -208,20 +223,25 @@ def _batch_and_steps(name, inputs):
     must have a time step (at trace time): torch raises on an empty sequence too."""
     N, T = inputs.shape[0], inputs.shape[1]
     if T == 0:
-        raise ValueError(f"{name}: the input has no time steps (shape {tuple(inputs.shape)}, "
-                         f"(batch, time, features) with time 0), so there is no last step "
-                         f"or state to return; torch raises on an empty sequence too. Give "
-                         f"at least one step, or skip the layer for empty sequences.")
+        raise ValueError(
+            f"{name}: the input has no time steps (shape {tuple(inputs.shape)}, "
+            f"(batch, time, features) with time 0), so there is no last step "
+            f"or state to return; torch raises on an empty sequence too. Give "
+            f"at least one step, or skip the layer for empty sequences."
+        )
     return N, T
 
 
 def _checked_lengths(name, lengths, N, T):
     lengths = jnp.asarray(lengths)
     if lengths.shape != (N,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise ValueError(f"{name}: lengths must be {N} integers (one per sequence of the "
-                         f"batch), got shape {tuple(lengths.shape)} and dtype {lengths.dtype}.")
-    checks.concrete_within(name, "lengths", lengths, 0, T, what=" (the sequence length)",
-                           fix="Pass each sequence's number of valid steps.")
+        raise ValueError(
+            f"{name}: lengths must be {N} integers (one per sequence of the "
+            f"batch), got shape {tuple(lengths.shape)} and dtype {lengths.dtype}."
+        )
+    checks.concrete_within(
+        name, "lengths", lengths, 0, T, what=" (the sequence length)", fix="Pass each sequence's number of valid steps."
+    )
     # Under jit the values are not known: clipped, a negative length acts as 0 and one
     # past T as T (unclipped, the reverse direction would read past the end: NaN).
     return jnp.clip(lengths, 0, T)
@@ -239,14 +259,18 @@ def _initial_carries(name, initial_state, sizes, n, N):
     if isinstance(given, list):  # [h_0, c_0], as torch's LSTM also takes it
         given = tuple(given)
     if not isinstance(given, tuple) or len(given) != carry_size:
-        raise ValueError(f"{name}: initial_state must be "
-                         f"{'(h_0, c_0)' if carry_size > 1 else 'h_0'}, arrays of {shapes} "
-                         f"(layers x directions, batch, hidden), as torch's.")
+        raise ValueError(
+            f"{name}: initial_state must be "
+            f"{'(h_0, c_0)' if carry_size > 1 else 'h_0'}, arrays of {shapes} "
+            f"(layers x directions, batch, hidden), as torch's."
+        )
     for g, w, what in zip(given, want, ("h_0", "c_0")):
         if tuple(jnp.shape(g)) != w:
-            raise ValueError(f"{name}: initial_state arrays must have {shapes} "
-                             f"(layers x directions, batch, hidden), as torch's; got "
-                             f"{tuple(jnp.shape(g))} for {what}.")
+            raise ValueError(
+                f"{name}: initial_state arrays must have {shapes} "
+                f"(layers x directions, batch, hidden), as torch's; got "
+                f"{tuple(jnp.shape(g))} for {what}."
+            )
     return tuple(jnp.asarray(g) for g in given)
 
 
@@ -261,9 +285,17 @@ def _reverse_within(x, lengths):
     return jnp.take_along_axis(x, idx[:, :, None], axis=1)
 
 
-def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = True, *,
-        num_layers: int = 1, bidirectional: bool = False, dropout: float = 0.0,
-        return_state: bool = False, bias: bool = True) -> Layer:
+def RNN(
+    hidden_size: int,
+    nonlinearity: str = "tanh",
+    return_sequences: bool = True,
+    *,
+    num_layers: int = 1,
+    bidirectional: bool = False,
+    dropout: float = 0.0,
+    return_state: bool = False,
+    bias: bool = True,
+) -> Layer:
     """Elman RNN, as ``torch.nn.RNN(F, hidden_size, nonlinearity, batch_first=True)``:
 
     ```
@@ -339,13 +371,22 @@ def RNN(hidden_size: int, nonlinearity: str = "tanh", return_sequences: bool = T
         (h,) = carry
         return (act(xp + _hidden(params, h)),)
 
-    return _recurrent(_Cell("RNN", 1, 1, step), hidden_size, return_sequences, num_layers,
-                      bidirectional, dropout, return_state, bias)
+    return _recurrent(
+        _Cell("RNN", 1, 1, step), hidden_size, return_sequences, num_layers, bidirectional, dropout, return_state, bias
+    )
 
 
-def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
-         bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False,
-         bias: bool = True, proj_size: int = 0) -> Layer:
+def LSTM(
+    hidden_size: int,
+    return_sequences: bool = True,
+    *,
+    num_layers: int = 1,
+    bidirectional: bool = False,
+    dropout: float = 0.0,
+    return_state: bool = False,
+    bias: bool = True,
+    proj_size: int = 0,
+) -> Layer:
     """LSTM, as ``torch.nn.LSTM(F, hidden_size, batch_first=True)``:
 
     ```
@@ -445,13 +486,29 @@ def LSTM(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
         return (h @ params["W_hr"] if "W_hr" in params else h), c
 
-    return _recurrent(_Cell("LSTM", 4, 2, step), hidden_size, return_sequences, num_layers,
-                      bidirectional, dropout, return_state, bias, proj_size)
+    return _recurrent(
+        _Cell("LSTM", 4, 2, step),
+        hidden_size,
+        return_sequences,
+        num_layers,
+        bidirectional,
+        dropout,
+        return_state,
+        bias,
+        proj_size,
+    )
 
 
-def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
-        bidirectional: bool = False, dropout: float = 0.0, return_state: bool = False,
-        bias: bool = True) -> Layer:
+def GRU(
+    hidden_size: int,
+    return_sequences: bool = True,
+    *,
+    num_layers: int = 1,
+    bidirectional: bool = False,
+    dropout: float = 0.0,
+    return_state: bool = False,
+    bias: bool = True,
+) -> Layer:
     """GRU, as ``torch.nn.GRU(F, hidden_size, batch_first=True)``:
 
     ```
@@ -531,5 +588,6 @@ def GRU(hidden_size: int, return_sequences: bool = True, *, num_layers: int = 1,
         n = jnp.tanh(xn + r * hn)
         return ((1.0 - z) * n + z * h,)
 
-    return _recurrent(_Cell("GRU", 3, 1, step), hidden_size, return_sequences, num_layers,
-                      bidirectional, dropout, return_state, bias)
+    return _recurrent(
+        _Cell("GRU", 3, 1, step), hidden_size, return_sequences, num_layers, bidirectional, dropout, return_state, bias
+    )

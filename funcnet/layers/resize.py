@@ -46,6 +46,7 @@ _CUBIC_A = -0.75  # torch's (and OpenCV's) bicubic kernel parameter
 # in NumPy on static sizes: trace-time constants.
 # --------------------------------------------------------------------------- #
 
+
 def _index_dtype(dtype) -> type:
     """torch's ``opmath_t`` for the interpolating modes: float64 for float64 inputs, else
     float32 (half-precision inputs too)."""
@@ -117,7 +118,7 @@ def _cubic_taps(in_size: int, out_size: int, scale_factor, align_corners: bool, 
     def near(x):  # the kernel for |x| <= 1
         return ((a + 2) * x - (a + 3)) * x * x + 1
 
-    def far(x):   # the kernel for 1 < |x| < 2
+    def far(x):  # the kernel for 1 < |x| < 2
         return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
 
     weights = (far(t + one), near(t), near(one - t), far((one - t) + one))
@@ -130,11 +131,11 @@ def _positive_reals(name: str, what: str, value, *, ints: bool):
     ok = checks.is_int if ints else checks.is_real
     kind = "int" if ints else "number"
     items = value if isinstance(value, (tuple, list)) else (value,)
-    if (not 1 <= len(items) <= 3 or not all(ok(v) for v in items)
-            or not all(math.isfinite(v) and v > 0 for v in items)):
+    if not 1 <= len(items) <= 3 or not all(ok(v) for v in items) or not all(math.isfinite(v) and v > 0 for v in items):
         raise checks.ArgumentError(
             f"{name}: {what} must be a positive {kind} or a tuple of 1 to 3 positive "
-            f"{kind}s (one per spatial axis), got {value!r}.")
+            f"{kind}s (one per spatial axis), got {value!r}."
+        )
     items = tuple(int(v) if ints else float(v) for v in items)
     return items if isinstance(value, (tuple, list)) else items[0]
 
@@ -143,19 +144,23 @@ def _positive_reals(name: str, what: str, value, *, ints: bool):
 # Upsample's pieces: its options, the input's rank, the output size, the resizing.
 # --------------------------------------------------------------------------- #
 
+
 def _upsample_options(name: str, scale_factor, size, mode: str, align_corners):
     """Checked ``(scale_factor, size, n_spatial)``; ``n_spatial`` None: 1 to 3 axes."""
     if (scale_factor is None) == (size is None):
         raise checks.ArgumentError(
             f"{name}: give exactly one of scale_factor (e.g. Upsample(scale_factor=2)) or "
             f"size (e.g. Upsample(size=(32, 32))), got "
-            f"{'both' if size is not None else 'neither'}.")
+            f"{'both' if size is not None else 'neither'}."
+        )
     checks.one_of(name, "mode", mode, _MODES)
     checks.flag(name, "align_corners", align_corners)
     if align_corners and mode not in _INTERPOLATING:
-        raise checks.ArgumentError(f"{name}: align_corners=True is only for the interpolating "
-                                   f"modes {', '.join(map(repr, _INTERPOLATING))}; {mode} "
-                                   f"has no corners to align. Drop align_corners.")
+        raise checks.ArgumentError(
+            f"{name}: align_corners=True is only for the interpolating "
+            f"modes {', '.join(map(repr, _INTERPOLATING))}; {mode} "
+            f"has no corners to align. Drop align_corners."
+        )
     if size is not None:
         size = _positive_reals(name, "size", size, ints=True)
     else:
@@ -166,7 +171,8 @@ def _upsample_options(name: str, scale_factor, size, mode: str, align_corners):
     if mode in _MODE_AXES and given_dims not in (None, n_spatial):
         raise checks.ArgumentError(
             f"{name}: mode {mode!r} interpolates {n_spatial} spatial axes, but "
-            f"{'size' if size is not None else 'scale_factor'} has {given_dims} entries.")
+            f"{'size' if size is not None else 'scale_factor'} has {given_dims} entries."
+        )
     return scale_factor, size, n_spatial
 
 
@@ -174,17 +180,21 @@ def _check_rank(name: str, mode: str, n_spatial, shape) -> None:
     rank = len(shape)
     if n_spatial is None:
         if not 3 <= rank <= 5:
-            raise ValueError(f"{name}: expected an input (N, *spatial, C) with 1 to 3 "
-                             f"spatial axes (rank 3 to 5, channels last), got shape "
-                             f"{shape}.")
+            raise ValueError(
+                f"{name}: expected an input (N, *spatial, C) with 1 to 3 "
+                f"spatial axes (rank 3 to 5, channels last), got shape "
+                f"{shape}."
+            )
     elif rank != n_spatial + 2:
         hint = ""
         if mode in _MODE_AXES and 3 <= rank <= 5:
             hint = f" For a rank-{rank} input use mode={_LINEAR_NAMES[rank - 2]!r}."
             if mode == "bicubic":
                 hint = " torch's bicubic is 2-D only too." + hint
-        raise ValueError(f"{name}: expected a rank-{n_spatial + 2} input "
-                         f"{_LAYOUTS[n_spatial]} (channels last), got shape {shape}.{hint}")
+        raise ValueError(
+            f"{name}: expected a rank-{n_spatial + 2} input "
+            f"{_LAYOUTS[n_spatial]} (channels last), got shape {shape}.{hint}"
+        )
 
 
 def _per_axis(value, n: int) -> tuple:
@@ -200,9 +210,11 @@ def _out_spatial(name: str, spatial, size, scale_factor) -> tuple:
     for ax, (d, s) in enumerate(zip(spatial, _per_axis(scale_factor, n))):
         o = -1 if d == -1 else math.floor(d * s)
         if o == 0:
-            raise ValueError(f"{name}: input size {d} on axis {ax + 1} times scale_factor "
-                             f"{s:g} is below 1: the output would be empty. Use a larger "
-                             f"input or scale_factor, or give size=.")
+            raise ValueError(
+                f"{name}: input size {d} on axis {ax + 1} times scale_factor "
+                f"{s:g} is below 1: the output would be empty. Use a larger "
+                f"input or scale_factor, or give size=."
+            )
         out.append(o)
     return tuple(out)
 
@@ -248,14 +260,16 @@ def _resize(name: str, x, mode: str, scale_factor, size, align_corners: bool):
     if mode == "area":
         return AdaptiveAvgPool(outs).apply((), (), x)[0]
     cubic = mode == "bicubic"
-    taps = functools.partial(_cubic_taps if cubic else _linear_taps,
-                             align_corners=align_corners)
+    taps = functools.partial(_cubic_taps if cubic else _linear_taps, align_corners=align_corners)
     return _interpolate(x, spatial, outs, factors, taps, copy_same=not cubic)
 
 
-def Upsample(scale_factor: Optional[float | Sequence[float]] = None,
-             size: Optional[int | Sequence[int]] = None, mode: str = "nearest",
-             align_corners: bool = False) -> Layer:
+def Upsample(
+    scale_factor: Optional[float | Sequence[float]] = None,
+    size: Optional[int | Sequence[int]] = None,
+    mode: str = "nearest",
+    align_corners: bool = False,
+) -> Layer:
     """Resizes the spatial axes of ``(N, *spatial, C)`` inputs, as ``torch.nn.Upsample``.
 
     Give exactly one of ``scale_factor`` (output size ``floor(in * scale_factor)``,
@@ -340,10 +354,11 @@ def Upsample(scale_factor: Optional[float | Sequence[float]] = None,
       >>> Upsample(size=2, mode="area").apply((), (), x)[0][0, :, 0].tolist()
       [1.5, 4.0]
     """
-    name = (f"Upsample({'size' if size is not None else 'scale_factor'}="
-            f"{size if size is not None else scale_factor!r}, mode={mode!r})")
-    scale_factor, size, n_spatial = _upsample_options(name, scale_factor, size, mode,
-                                                      align_corners)
+    name = (
+        f"Upsample({'size' if size is not None else 'scale_factor'}="
+        f"{size if size is not None else scale_factor!r}, mode={mode!r})"
+    )
+    scale_factor, size, n_spatial = _upsample_options(name, scale_factor, size, mode, align_corners)
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, min_rank=0)
@@ -363,30 +378,35 @@ def Upsample(scale_factor: Optional[float | Sequence[float]] = None,
 # ZeroPad
 # --------------------------------------------------------------------------- #
 
+
 def _pad_spec(name: str, padding):
     """``padding`` as ``(n_spatial or None, pairs or int)``; None: any number of axes."""
     bad = checks.ArgumentError(
         f"{name}: padding must be a non-negative int (every side of every spatial axis), a "
         f"tuple of one entry per spatial axis, each a non-negative int (both sides) or a "
         f"(before, after) pair, e.g. (1, 2) or ((0, 1), (2, 2)) for (N, H, W, C), or for "
-        f"(N, L, C) inputs a (left, right) pair; got {padding!r}.")
+        f"(N, L, C) inputs a (left, right) pair; got {padding!r}."
+    )
     if checks.is_int(padding):
         if padding < 0:
             raise bad
         return None, int(padding)
     if not isinstance(padding, (tuple, list)) or not 1 <= len(padding) <= 3:
-        if (isinstance(padding, (tuple, list)) and len(padding) == 4
-                and all(checks.is_int(p) for p in padding)):
+        if isinstance(padding, (tuple, list)) and len(padding) == 4 and all(checks.is_int(p) for p in padding):
             raise checks.ArgumentError(
                 f"{name}: a flat 4-tuple is ambiguous, got {padding!r}. torch.nn.ZeroPad2d's "
-                f"(left, right, top, bottom) is ((top, bottom), (left, right)) here.")
+                f"(left, right, top, bottom) is ((top, bottom), (left, right)) here."
+            )
         raise bad
     pairs = []
     for entry in padding:
         if checks.is_int(entry):
             entry = (entry, entry)
-        if (not isinstance(entry, (tuple, list)) or len(entry) != 2
-                or not all(checks.is_int(p) and p >= 0 for p in entry)):
+        if (
+            not isinstance(entry, (tuple, list))
+            or len(entry) != 2
+            or not all(checks.is_int(p) and p >= 0 for p in entry)
+        ):
             raise bad
         pairs.append((int(entry[0]), int(entry[1])))
     return len(pairs), tuple(pairs)
@@ -432,24 +452,29 @@ def ZeroPad(padding: int | Sequence[int | Tuple[int, int]]) -> Layer:
     name = f"ZeroPad({padding!r})"
     n_spatial, spec = _pad_spec(name, padding)
     # (left, right) for 1-D inputs: two ints, which also read as (pad_h, pad_w).
-    pair_1d = (((int(padding[0]), int(padding[1])),)
-               if n_spatial == 2 and all(checks.is_int(p) for p in padding) else None)
+    pair_1d = (
+        ((int(padding[0]), int(padding[1])),) if n_spatial == 2 and all(checks.is_int(p) for p in padding) else None
+    )
 
     def pads_for(rank, shape):
         n = rank - 2
         if n_spatial is None:
             if not 1 <= n <= 3:
-                raise ValueError(f"{name}: expected an input (N, *spatial, C) with 1 to 3 "
-                                 f"spatial axes (rank 3 to 5, channels last), got shape "
-                                 f"{shape}.")
+                raise ValueError(
+                    f"{name}: expected an input (N, *spatial, C) with 1 to 3 "
+                    f"spatial axes (rank 3 to 5, channels last), got shape "
+                    f"{shape}."
+                )
             return ((spec, spec),) * n
         if n == 1 and pair_1d is not None:
             return pair_1d
         if n != n_spatial:
             also = " (or a rank-3 input (N, L, C), as (left, right))" if pair_1d else ""
-            raise ValueError(f"{name}: padding has {n_spatial} entries, one per spatial axis, "
-                             f"so it expects a rank-{n_spatial + 2} input {_LAYOUTS[n_spatial]} "
-                             f"(channels last){also}, got shape {shape}.")
+            raise ValueError(
+                f"{name}: padding has {n_spatial} entries, one per spatial axis, "
+                f"so it expects a rank-{n_spatial + 2} input {_LAYOUTS[n_spatial]} "
+                f"(channels last){also}, got shape {shape}."
+            )
         return spec
 
     def init(rng, input_shape):

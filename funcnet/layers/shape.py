@@ -60,20 +60,20 @@ def Reshape(shape: int | Sequence[int]) -> Layer:
     name = f"Reshape({shape!r})"
     target = (shape,) if checks.is_int(shape) else shape
     if not isinstance(target, (tuple, list)) or not all(checks.is_int(d) for d in target):
-        raise TypeError(f"{name}: shape must be an int or a tuple of ints (excluding the batch "
-                        f"axis), got {shape!r}.")
+        raise TypeError(f"{name}: shape must be an int or a tuple of ints (excluding the batch axis), got {shape!r}.")
     target = tuple(int(d) for d in target)
     if any(d < 1 and d != -1 for d in target) or target.count(-1) > 1:
-        raise ValueError(f"{name}: shape entries must be positive, with at most one -1 to infer, "
-                         f"got {target}.")
+        raise ValueError(f"{name}: shape entries must be positive, with at most one -1 to infer, got {target}.")
 
     def resolve(in_shape):
         size = math.prod(in_shape[1:])
         known = math.prod(d for d in target if d != -1)
         if (-1 in target and size % known) or (-1 not in target and size != known):
-            raise ValueError(f"{name}: cannot reshape an input of shape {tuple(in_shape)} "
-                             f"({size} elements per example) to (batch, *{target}) "
-                             f"({'a multiple of ' if -1 in target else ''}{known} elements).")
+            raise ValueError(
+                f"{name}: cannot reshape an input of shape {tuple(in_shape)} "
+                f"({size} elements per example) to (batch, *{target}) "
+                f"({'a multiple of ' if -1 in target else ''}{known} elements)."
+            )
         return tuple(size // known if d == -1 else d for d in target)
 
     def init(rng, input_shape):

@@ -18,15 +18,23 @@ from funcnet.precision import Policy, apply_policy, as_policy
 __all__ = ["TransformerBlock"]
 
 
-def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float = 0.0,
-                     use_bias: bool = True, causal: bool = True,
-                     norm: Optional[Callable[[], Layer]] = None,
-                     activation: Optional[Layer] = None, W_init: Optional[Initializer] = None,
-                     out_W_init: Optional[Initializer] = None,
-                     b_init: Optional[Initializer] = None, rope: bool = False,
-                     cache_length: Optional[int] = None,
-                     implementation: Optional[str] = None,
-                     policy: Optional[Policy | str] = None) -> Layer:
+def TransformerBlock(
+    num_heads: int,
+    *,
+    mlp_ratio: float = 4.0,
+    dropout: float = 0.0,
+    use_bias: bool = True,
+    causal: bool = True,
+    norm: Optional[Callable[[], Layer]] = None,
+    activation: Optional[Layer] = None,
+    W_init: Optional[Initializer] = None,
+    out_W_init: Optional[Initializer] = None,
+    b_init: Optional[Initializer] = None,
+    rope: bool = False,
+    cache_length: Optional[int] = None,
+    implementation: Optional[str] = None,
+    policy: Optional[Policy | str] = None,
+) -> Layer:
     """A pre-norm transformer block (GPT-2, nanoGPT's ``Block``) on ``(B, T, E)``:
 
     ```
@@ -136,11 +144,14 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
     W_init = checks.initializer(name, "W_init", W_init)
     out_W_init = checks.initializer(name, "out_W_init", out_W_init)
     if norm is None:
+
         def norm():
             return LayerNorm(use_bias=use_bias)
     elif not callable(norm):
-        raise TypeError(f"{name}: norm must be a layer constructor called with no arguments "
-                        f"(e.g. funcnet.layers.RMSNorm), got {type(norm).__name__}.")
+        raise TypeError(
+            f"{name}: norm must be a layer constructor called with no arguments "
+            f"(e.g. funcnet.layers.RMSNorm), got {type(norm).__name__}."
+        )
     act = Gelu if activation is None else activation
     b_init = checks.initializer(name, "b_init", b_init)
     if policy is not None:
@@ -151,18 +162,33 @@ def TransformerBlock(num_heads: int, *, mlp_ratio: float = 4.0, dropout: float =
 
     def build(E: int, mask=None, bias=None) -> Layer:
         hidden = int(round(mlp_ratio * E))
-        attn = MultiHeadAttention(num_heads, use_bias=use_bias, dropout=dropout, causal=causal,
-                                  rope=rope, cache_length=cache_length, W_init=W_init,
-                                  b_init=b_init, out_W_init=out_W_init,
-                                  implementation=implementation)
+        attn = MultiHeadAttention(
+            num_heads,
+            use_bias=use_bias,
+            dropout=dropout,
+            causal=causal,
+            rope=rope,
+            cache_length=cache_length,
+            W_init=W_init,
+            b_init=b_init,
+            out_W_init=out_W_init,
+            implementation=implementation,
+        )
         if mask is not None or bias is not None:
             attn = _with_masks(attn, mask, bias)
         dense = dict(use_bias=use_bias, b_init=b_init)
         return serial(
             attn=Residual(serial(norm=norm(), attn=mixed(attn), drop=Dropout(dropout))),
-            mlp=Residual(serial(norm=norm(), fc=mixed(Dense(hidden, W_init=W_init, **dense)),
-                                act=mixed(act), proj=mixed(Dense(E, W_init=out_W_init, **dense)),
-                                drop=Dropout(dropout))))
+            mlp=Residual(
+                serial(
+                    norm=norm(),
+                    fc=mixed(Dense(hidden, W_init=W_init, **dense)),
+                    act=mixed(act),
+                    proj=mixed(Dense(E, W_init=out_W_init, **dense)),
+                    drop=Dropout(dropout),
+                )
+            ),
+        )
 
     def init(rng, input_shape):
         shape = check_shape(name, input_shape, rank=3)
@@ -181,6 +207,7 @@ def _with_masks(attn: Layer, mask, bias) -> Layer:
     """``attn`` with ``mask``/``bias`` bound: ``serial`` passes only ``rng`` and ``train``
     to its layers, and the block's params, state and rng splits stay those of the
     unmasked block."""
+
     def apply(params, state, inputs, *, rng=None, train=False):
         return attn.apply(params, state, inputs, rng=rng, train=train, mask=mask, bias=bias)
 

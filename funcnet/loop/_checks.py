@@ -24,8 +24,7 @@ from funcnet.errors import MetricStateError
 from funcnet.loop._sources import host_arrays, source_for
 from funcnet.train import EMA, make_train_step
 
-__all__ = ["LogKeys", "check_before_training", "check_fit_options", "first_batch",
-           "host_arrays", "optimizer_note"]
+__all__ = ["LogKeys", "check_before_training", "check_fit_options", "first_batch", "host_arrays", "optimizer_note"]
 
 
 class LogKeys:
@@ -64,8 +63,8 @@ class LogKeys:
         self.certain = frozenset(certain)
         self.evaluates = eval_keys is None or bool(eval_keys)
         self._eval_known = eval_keys is not None
-        self._step_keys = step_keys          # () -> frozenset or None, traced when needed
-        self._after = callbacks_after         # the callbacks that run later
+        self._step_keys = step_keys  # () -> frozenset or None, traced when needed
+        self._after = callbacks_after  # the callbacks that run later
         self._open = open_ended
 
     def has(self, key: str):
@@ -81,12 +80,12 @@ class LogKeys:
 
     def added_later(self, key: str):
         """The name of a later callback that adds ``key``, if one does."""
-        return next((type(cb).__name__ for cb in self._after
-                     if key in (getattr(cb, "log_keys", None) or ())), None)
+        return next((type(cb).__name__ for cb in self._after if key in (getattr(cb, "log_keys", None) or ())), None)
 
 
-def check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
-                           metric, callbacks, epochs, step_options=None) -> None:
+def check_before_training(
+    train_state, loss_fn, optimizer, train_data, eval_data, eval_fn, metric, callbacks, epochs, step_options=None
+) -> None:
     """An eval_fn whose state ``metric`` cannot compute, and keys callbacks monitor that
     fit will never log, fail here, before the first step (``jax.eval_shape``: traced,
     never run). What cannot be known ahead (data that can only be read once, a step
@@ -100,8 +99,7 @@ def check_before_training(train_state, loss_fn, optimizer, train_data, eval_data
 
     def step_keys():
         if not step_cache:
-            step_cache.append(_step_metric_keys(train_state, loss_fn, optimizer, train_data,
-                                                options))
+            step_cache.append(_step_metric_keys(train_state, loss_fn, optimizer, train_data, options))
         return step_cache[0]
 
     options = step_options or {}
@@ -112,7 +110,7 @@ def check_before_training(train_state, loss_fn, optimizer, train_data, eval_data
     for i, cb in enumerate(callbacks):
         cb_check = getattr(cb, "check_log_keys", None)
         if cb_check is not None:
-            cb_check(LogKeys(certain, eval_keys, step_keys, callbacks[i + 1:], open_ended))
+            cb_check(LogKeys(certain, eval_keys, step_keys, callbacks[i + 1 :], open_ended))
         added = getattr(cb, "log_keys", None)
         if added is not None:
             certain |= set(added)
@@ -141,13 +139,14 @@ def _eval_keys(train_state, eval_fn, metric, eval_data):
     try:
         computed = jax.eval_shape(metric.compute, out)
     except MetricStateError as e:
-        raise ValueError(f"fit: eval_fn returns a state that metric= cannot compute: {e} Pass as "
-                         f"metric= the metric whose state eval_fn returns (the one whose update "
-                         f"it calls).") from e
+        raise ValueError(
+            f"fit: eval_fn returns a state that metric= cannot compute: {e} Pass as "
+            f"metric= the metric whose state eval_fn returns (the one whose update "
+            f"it calls)."
+        ) from e
     except Exception:
         return None
-    return frozenset(f"eval_{k}" for k in (computed if isinstance(computed, dict)
-                                           else {"metric": None}))
+    return frozenset(f"eval_{k}" for k in (computed if isinstance(computed, dict) else {"metric": None}))
 
 
 def _reports_grad_norm(step_options) -> bool:
@@ -171,8 +170,7 @@ def _step_metric_keys(train_state, loss_fn, optimizer, train_data, step_options)
     return frozenset(metrics)
 
 
-def check_fit_options(train_state, step_options, eval_on_ema, eval_fn, callbacks,
-                      on_nonfinite) -> None:
+def check_fit_options(train_state, step_options, eval_on_ema, eval_fn, callbacks, on_nonfinite) -> None:
     """Option combinations that would train without doing what they ask, refused (or, for
     a run ``on_nonfinite`` lets go on, warned about) before the first step: an EMA
     evaluation without an EMA that moves, overlapping ``Profile`` windows, and a
@@ -191,21 +189,31 @@ def _check_eval_on_ema(train_state, step_options, eval_on_ema, eval_fn) -> None:
     if eval_fn is None:
         raise checks.ArgumentError(
             "fit: eval_on_ema=True but no evaluation is asked for (eval_data, eval_fn and "
-            "metric are None), so it would do nothing. Pass them, or drop eval_on_ema.")
+            "metric are None), so it would do nothing. Pass them, or drop eval_on_ema."
+        )
     has_ema = isinstance(train_state.ema, EMA)
     decay = step_options.get("ema_decay")
     if has_ema and decay is not None:
         return
     missing = " and ".join(
         ([] if has_ema else ["create the TrainState with TrainState.create(..., ema=True)"])
-        + ([] if decay is not None else ["pass step_options={'ema_decay': 0.999} (any decay "
-                                         "in (0, 1)) in fit's FitOptions"]))
-    what = ("the TrainState keeps no EMA (train_state.ema is ())" if not has_ema else
-            "step_options has no ema_decay, so no step updates the EMA and every epoch "
-            "would evaluate the initial params")
-    raise checks.ArgumentError(f"fit: eval_on_ema=True evaluates the params' moving average, "
-                               f"but {what}. To evaluate an EMA, {missing}; or drop "
-                               f"eval_on_ema to evaluate the params.")
+        + (
+            []
+            if decay is not None
+            else ["pass step_options={'ema_decay': 0.999} (any decay in (0, 1)) in fit's FitOptions"]
+        )
+    )
+    what = (
+        "the TrainState keeps no EMA (train_state.ema is ())"
+        if not has_ema
+        else "step_options has no ema_decay, so no step updates the EMA and every epoch "
+        "would evaluate the initial params"
+    )
+    raise checks.ArgumentError(
+        f"fit: eval_on_ema=True evaluates the params' moving average, "
+        f"but {what}. To evaluate an EMA, {missing}; or drop "
+        f"eval_on_ema to evaluate the params."
+    )
 
 
 def _check_profiles(profiles) -> None:
@@ -214,19 +222,21 @@ def _check_profiles(profiles) -> None:
     stops where the next starts) work when the earlier is listed first: callbacks run
     in order, so it stops its trace before the next one starts."""
     for i, a in enumerate(profiles):
-        for b in profiles[i + 1:]:
+        for b in profiles[i + 1 :]:
             if a.start < b.stop and b.start < a.stop:
                 raise ValueError(
                     f"fit: Profile(steps=({a.start}, {a.stop})) and Profile(steps=({b.start}, "
                     f"{b.stop})) overlap; jax.profiler runs one trace at a time. Use one "
                     f"Profile over both windows, steps=({min(a.start, b.start)}, "
-                    f"{max(a.stop, b.stop)}), or windows that do not overlap.")
+                    f"{max(a.stop, b.stop)}), or windows that do not overlap."
+                )
             if b.stop == a.start:
                 raise ValueError(
                     f"fit: Profile(steps=({b.start}, {b.stop})) ends where the earlier-listed "
                     f"Profile(steps=({a.start}, {a.stop})) starts; callbacks run in order, so "
                     f"the second would start its trace before the first stops. List "
-                    f"Profile(steps=({b.start}, {b.stop})) first.")
+                    f"Profile(steps=({b.start}, {b.stop})) first."
+                )
 
 
 def _check_first_learning_rate(train_state, callbacks, on_nonfinite) -> None:
@@ -236,8 +246,7 @@ def _check_first_learning_rate(train_state, callbacks, on_nonfinite) -> None:
     keeps in the optimizer state (the schedule's value at the state's count), and the
     schedule a ``LearningRateLogger`` was given."""
     step = int(jax.device_get(train_state.step))
-    bad = [f"{name} = {value}" for name, value in _hyperparams(train_state.opt_state)
-           if not math.isfinite(value)]
+    bad = [f"{name} = {value}" for name, value in _hyperparams(train_state.opt_state) if not math.isfinite(value)]
     for cb in callbacks:
         schedule = getattr(cb, "schedule", None) if isinstance(cb, LearningRateLogger) else None
         if schedule is not None:
@@ -246,9 +255,11 @@ def _check_first_learning_rate(train_state, callbacks, on_nonfinite) -> None:
                 bad.append(f"LearningRateLogger's schedule({step}) = {value}")
     if not bad or on_nonfinite == "ignore":
         return
-    msg = (f"fit: the learning rate is not finite at the run's first step (step {step}): "
-           f"{'; '.join(bad)}. The first update would turn every parameter to NaN. Check the "
-           f"schedule's value at step {step} (e.g. a warmup over 0 steps divides by zero).")
+    msg = (
+        f"fit: the learning rate is not finite at the run's first step (step {step}): "
+        f"{'; '.join(bad)}. The first update would turn every parameter to NaN. Check the "
+        f"schedule's value at step {step} (e.g. a warmup over 0 steps divides by zero)."
+    )
     if on_nonfinite == "raise":
         raise FloatingPointError(msg + " (options=FitOptions(on_nonfinite='warn') trains on anyway.)")
     warnings.warn(msg, RuntimeWarning, stacklevel=4)
@@ -286,20 +297,22 @@ def optimizer_note(optimizer, train_state, step: int) -> str:
     once, only after a non-finite loss; '' when finite, or when it cannot be computed."""
     try:
         params = train_state.params
-        grads = jax.tree.map(lambda p: jnp.ones_like(p) if jnp.issubdtype(
-            jnp.result_type(p), jnp.inexact) else jnp.zeros_like(p), params)
+        grads = jax.tree.map(
+            lambda p: jnp.ones_like(p) if jnp.issubdtype(jnp.result_type(p), jnp.inexact) else jnp.zeros_like(p), params
+        )
         update = jax.jit(lambda state: optimizer.update(grads, state, params)[0])
         first = int(jax.device_get(train_state.step))
         for count in sorted({first, max(first, step - 2)}):
             state = jax.tree.map(lambda x: _with_count(x, count), train_state.opt_state)
             leaves = jax.tree.leaves(jax.device_get(update(state)))
-            if not all(np.isfinite(np.asarray(x)).all() for x in leaves
-                       if np.asarray(x).dtype.kind in "fc"):
-                return (f" The optimizer itself makes a non-finite update for finite "
-                        f"gradients at step {count + 1} (optimizer count {count}): its "
-                        f"learning rate (schedule) or another hyperparameter is NaN/inf "
-                        f"there. Check the schedule's value at {count}, e.g. "
-                        f"schedule({count}) (a warmup over 0 steps divides by zero).")
+            if not all(np.isfinite(np.asarray(x)).all() for x in leaves if np.asarray(x).dtype.kind in "fc"):
+                return (
+                    f" The optimizer itself makes a non-finite update for finite "
+                    f"gradients at step {count + 1} (optimizer count {count}): its "
+                    f"learning rate (schedule) or another hyperparameter is NaN/inf "
+                    f"there. Check the schedule's value at {count}, e.g. "
+                    f"schedule({count}) (a warmup over 0 steps divides by zero)."
+                )
     except Exception:  # a diagnostic only: an optimizer it cannot probe adds nothing
         return ""
     return ""

@@ -123,7 +123,7 @@ class FitContext:
         if row is not None:
             host = {k: v[row] for k, v in host.items()}
         else:
-            host = self._run.loop.first(host)   # pmap: one replica's value
+            host = self._run.loop.first(host)  # pmap: one replica's value
         return {k: float(v) for k, v in host.items()}
 
     @property

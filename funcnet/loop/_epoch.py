@@ -30,8 +30,7 @@ def _iterate(data, epoch):
     return iter(data(epoch) if callable(data) else data)
 
 
-def _train_epoch(run, steps, callbacks, source, epoch, skip, *, bar, log_every,
-                 on_nonfinite):
+def _train_epoch(run, steps, callbacks, source, epoch, skip, *, bar, log_every, on_nonfinite):
     """Runs one epoch's steps over ``source`` (``_sources._Source``); returns
     ``(per-step metrics, examples seen)``.
 
@@ -47,17 +46,18 @@ def _train_epoch(run, steps, callbacks, source, epoch, skip, *, bar, log_every,
         return _dispatch_plan(first, k, start, stop, edges)
 
     with source.epoch(run, steps, epoch, skip, cut) as plan:
-        metrics, seen = _dispatch_epoch(run, callbacks, plan, epoch, skip, bar, log_every,
-                                        on_nonfinite, t0)
+        metrics, seen = _dispatch_epoch(run, callbacks, plan, epoch, skip, bar, log_every, on_nonfinite, t0)
     if not metrics and not skip:
         _no_batches(epoch)
     return metrics, seen
 
 
 def _no_batches(epoch: int):
-    raise ValueError(f"fit: train_data gave no batches in epoch {epoch}. A generator or "
-                     f"iterator is used up after one epoch: pass a callable "
-                     f"epoch -> iterable (e.g. lambda epoch: data.batches(...)).")
+    raise ValueError(
+        f"fit: train_data gave no batches in epoch {epoch}. A generator or "
+        f"iterator is used up after one epoch: pass a callable "
+        f"epoch -> iterable (e.g. lambda epoch: data.batches(...))."
+    )
 
 
 def _dispatch_plan(host_step: int, k: int, start: int, stop: int, edges=()) -> list:
@@ -94,15 +94,14 @@ def _dispatch_epoch(run, callbacks, plan, epoch, skip, bar, log_every, on_nonfin
     loop, ctx = run.loop, run.ctx
     seen = 0
     record = (_StepRecord if plan.per_step else _DispatchRecord)(run)
-    shown = None if bar is None else _Bar(bar, run, record, plan.lag, log_every, epoch, skip,
-                                          on_nonfinite, t0)
+    shown = None if bar is None else _Bar(bar, run, record, plan.lag, log_every, epoch, skip, on_nonfinite, t0)
     in_flight = distributed.InFlight(2 if loop.throttle else plan.max_in_flight, cpu_only=False)
     starters = _step_begin_callbacks(callbacks)  # usually none: no call per step then
     run.epoch_fetch = record.fetch
     dispatch, add = plan.run, record.add
     for i, n, examples, payload in plan.dispatches:
         for cb in starters:
-            cb.on_step_begin(ctx, ctx.host_step + 1)   # the dispatch's first step
+            cb.on_step_begin(ctx, ctx.host_step + 1)  # the dispatch's first step
         loop.state, rows = dispatch(loop.state, i, n, payload)
         in_flight.add(rows)
         seen += examples
@@ -153,8 +152,7 @@ class _StepRecord:
         global step; None when there is none."""
         if len(self.entries) <= lag:
             return None
-        return (jax.device_get(self.run.loop.first(self.entries[-1 - lag])),
-                self.run.ctx.host_step - lag)
+        return (jax.device_get(self.run.loop.first(self.entries[-1 - lag])), self.run.ctx.host_step - lag)
 
 
 class _DispatchRecord:
@@ -188,8 +186,7 @@ class _DispatchRecord:
 def _chunk_rows(chunks) -> list:
     """The per-step metric dicts on the host of ``(rows, steps in them, _)`` dispatches."""
     host = jax.device_get([rows for rows, _, _ in chunks])
-    return [{key: h[key][j] for key in h} for h, (_, n, _) in zip(host, chunks)
-            for j in range(n)]
+    return [{key: h[key][j] for key in h} for h, (_, n, _) in zip(host, chunks) for j in range(n)]
 
 
 class _Bar:
@@ -226,8 +223,9 @@ class _Bar:
             if latest is None:
                 return
             self._check(latest)
-        self.bar.set_postfix(loss=f"{float(latest[0]['loss']):.4f}",
-                             samples_s=f"{seen / (time.perf_counter() - self.t0):,.0f}")
+        self.bar.set_postfix(
+            loss=f"{float(latest[0]['loss']):.4f}", samples_s=f"{seen / (time.perf_counter() - self.t0):,.0f}"
+        )
 
     def _check(self, latest) -> None:
         metrics, step = latest
@@ -269,14 +267,20 @@ def _per_step_callbacks(callbacks) -> list:
     every step: not those with an ``every_steps`` attribute (``Checkpoint``,
     ``TensorBoardLogger``, ``Profile``), which only need dispatches to end on its
     multiples."""
-    return [cb for cb in callbacks if not hasattr(cb, "every_steps") and (
-        getattr(type(cb), "on_step_end", None) is not Callback.on_step_end
-        or _step_begin_callbacks([cb]))]
+    return [
+        cb
+        for cb in callbacks
+        if not hasattr(cb, "every_steps")
+        and (getattr(type(cb), "on_step_end", None) is not Callback.on_step_end or _step_begin_callbacks([cb]))
+    ]
 
 
 def _step_begin_callbacks(callbacks) -> list:
     """The callbacks with an ``on_step_begin`` of their own (``Profile``): the loop calls
     only these before each dispatch, so a run without one pays nothing per step. A
     duck-typed callback without the hook is left out."""
-    return [cb for cb in callbacks if getattr(type(cb), "on_step_begin", Callback.on_step_begin)
-            is not Callback.on_step_begin]
+    return [
+        cb
+        for cb in callbacks
+        if getattr(type(cb), "on_step_begin", Callback.on_step_begin) is not Callback.on_step_begin
+    ]

@@ -20,12 +20,10 @@ import optax
 from funcnet import _checks as checks
 from funcnet import xla
 from funcnet._jaxpr import any_eqn, loss_jaxpr
-from funcnet.loop._checks import (check_before_training, check_fit_options, first_batch,
-                                  optimizer_note)
+from funcnet.loop._checks import check_before_training, check_fit_options, first_batch, optimizer_note
 from funcnet.loop._context import _Run
 from funcnet.loop._epoch import _end_epoch, _evaluate, _per_step_callbacks, _train_epoch
-from funcnet.loop._metrics import (_check_losses, _computes_in_float16, _epoch_sums_now,
-                                   _mean_metrics)
+from funcnet.loop._metrics import _check_losses, _computes_in_float16, _epoch_sums_now, _mean_metrics
 from funcnet.loop._options import FitOptions, _from_keywords
 from funcnet.loop._placement import _compile, _placement
 from funcnet.loop._progress import _Shown
@@ -36,11 +34,23 @@ from funcnet.train import TrainState
 __all__ = ["fit"]
 
 
-def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTransformation,
-        train_data, *, epochs: int = 1, eval_data=None, eval_fn: Optional[Callable] = None,
-        metric=None, callbacks: Iterable = (), mesh: Optional[jax.sharding.Mesh] = None,
-        resume_from=None, progress: Optional[bool] = None,
-        options: Optional[FitOptions] = None, **deprecated) -> tuple[TrainState, list]:
+def fit(
+    train_state: TrainState,
+    loss_fn: Callable,
+    optimizer: optax.GradientTransformation,
+    train_data,
+    *,
+    epochs: int = 1,
+    eval_data=None,
+    eval_fn: Optional[Callable] = None,
+    metric=None,
+    callbacks: Iterable = (),
+    mesh: Optional[jax.sharding.Mesh] = None,
+    resume_from=None,
+    progress: Optional[bool] = None,
+    options: Optional[FitOptions] = None,
+    **deprecated,
+) -> tuple[TrainState, list]:
     """Trains for ``epochs`` epochs; returns ``(train_state, history)``.
 
     The common call is ``fit(train_state, loss_fn, optimizer, train_data, epochs=N)``,
@@ -171,13 +181,14 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     source = source_for(train_data)
     layout = source.layout()
     train_state, position, run_id, resumed = resume(
-        resume_from, options.missing_ok, train_state, checkpoint_extras(callbacks, layout, train_state))
+        resume_from, options.missing_ok, train_state, checkpoint_extras(callbacks, layout, train_state)
+    )
     check_layout(resumed, layout)
     step_options = options.step_options or {}
-    check_before_training(train_state, loss_fn, optimizer, train_data, eval_data, eval_fn,
-                           metric, callbacks, epochs, step_options)
-    check_fit_options(train_state, step_options, options.eval_on_ema, eval_fn, callbacks,
-                      on_nonfinite)
+    check_before_training(
+        train_state, loss_fn, optimizer, train_data, eval_data, eval_fn, metric, callbacks, epochs, step_options
+    )
+    check_fit_options(train_state, step_options, options.eval_on_ema, eval_fn, callbacks, on_nonfinite)
 
     placement = _placement(devices, mesh)
     source, eval_data = source.placed(placement), placed_data(eval_data, placement)
@@ -185,14 +196,28 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
     several_asked = options.steps_per_dispatch not in (None, 1)
     conv_on_cpu = functools.cache(lambda: _convolves_on_cpu(train_state, loss_fn, source))
     steps_per_dispatch = _check_dispatch(
-        options.steps_per_dispatch, source.several_per_dispatch(placement), callbacks,
-        log_every, lambda: not conv_on_cpu())
+        options.steps_per_dispatch,
+        source.several_per_dispatch(placement),
+        callbacks,
+        log_every,
+        lambda: not conv_on_cpu(),
+    )
     loop = placement.hold(train_state, _prefetch(options.prefetch))
-    steps = _compile(loss_fn, optimizer, eval_fn, loop, take, step_options, steps_per_dispatch,
-                     options.eval_on_ema, several_asked,
-                     _compiler_options(options.compiler_options, conv_on_cpu))
-    run, resumed_sums = _run_record(loop, train_state, loss_fn, source, callbacks, layout,
-                                    run_id, resumed, position, epochs)
+    steps = _compile(
+        loss_fn,
+        optimizer,
+        eval_fn,
+        loop,
+        take,
+        step_options,
+        steps_per_dispatch,
+        options.eval_on_ema,
+        several_asked,
+        _compiler_options(options.compiler_options, conv_on_cpu),
+    )
+    run, resumed_sums = _run_record(
+        loop, train_state, loss_fn, source, callbacks, layout, run_id, resumed, position, epochs
+    )
     run.optimizer_note = lambda step: optimizer_note(optimizer, train_state, step)
     ctx = run.ctx
     shown = _Shown(progress, options.print_fn, epochs)
@@ -201,24 +226,9 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         for cb in callbacks:
             cb.on_train_begin(ctx)
         for epoch in range(position.epoch, epochs):
-            ctx.epoch = epoch
-            t0 = time.perf_counter()
-            bar, first = shown.bar(epoch), ctx.host_step
             skip = position.batch_in_epoch if epoch == position.epoch else 0
             run.carried = resumed_sums if epoch == position.epoch and skip else None
-            run.epoch_folded = (0, 0, None)
-            step_metrics, seen = _train_epoch(run, steps, callbacks, source, epoch, skip, bar=bar,
-                                              log_every=log_every, on_nonfinite=on_nonfinite)
-            host_metrics = jax.device_get(step_metrics)
-            _check_losses(run, host_metrics, epoch, ctx.host_step, on_nonfinite)
-            logs = {"epoch": epoch, **_mean_metrics(run, host_metrics)}
-            seconds = time.perf_counter() - t0
-            logs["samples_per_s"] = seen / seconds if seconds > 0 else math.nan
-            if steps.eval is not None:
-                logs.update(_evaluate(loop, steps, metric, eval_data, epoch))
-            logs["seconds"] = time.perf_counter() - t0
-            shown.close(bar, ctx.host_step - first)
-            _end_epoch(ctx, callbacks, epoch, logs, shown, ctx.host_step - first)
+            _run_epoch(run, steps, callbacks, source, epoch, skip, shown, (metric, eval_data), options)
             if ctx.stop_training:
                 break
         for cb in callbacks:
@@ -229,6 +239,38 @@ def fit(train_state: TrainState, loss_fn: Callable, optimizer: optax.GradientTra
         _tell_error(callbacks, ctx, e)
         raise
     return loop.host_state(), ctx.history
+
+
+def _run_epoch(run, steps, callbacks, source, epoch, skip, shown, evaluation, options) -> None:
+    """One epoch of ``fit``: its steps (from batch ``skip`` in the epoch a run resumes
+    inside), the epoch's metrics, the evaluation (``(metric, eval_data)``), the
+    end-of-epoch callbacks and the summary line."""
+    ctx = run.ctx
+    ctx.epoch = epoch
+    t0 = time.perf_counter()
+    bar, first = shown.bar(epoch), ctx.host_step
+    run.epoch_folded = (0, 0, None)
+    step_metrics, seen = _train_epoch(
+        run,
+        steps,
+        callbacks,
+        source,
+        epoch,
+        skip,
+        bar=bar,
+        log_every=options.log_every,
+        on_nonfinite=options.on_nonfinite,
+    )
+    host_metrics = jax.device_get(step_metrics)
+    _check_losses(run, host_metrics, epoch, ctx.host_step, options.on_nonfinite)
+    logs = {"epoch": epoch, **_mean_metrics(run, host_metrics)}
+    seconds = time.perf_counter() - t0
+    logs["samples_per_s"] = seen / seconds if seconds > 0 else math.nan
+    if steps.eval is not None:
+        logs.update(_evaluate(run.loop, steps, *evaluation, epoch))
+    logs["seconds"] = time.perf_counter() - t0
+    shown.close(bar, ctx.host_step - first)
+    _end_epoch(ctx, callbacks, epoch, logs, shown, ctx.host_step - first)
 
 
 def _tell_error(callbacks, ctx, error: BaseException) -> None:
@@ -243,12 +285,10 @@ def _tell_error(callbacks, ctx, error: BaseException) -> None:
             hook(ctx, error)
         except Exception as inner:
             if hasattr(error, "add_note"):
-                error.add_note(f"fit: {type(cb).__name__}.on_train_error also failed: "
-                               f"{type(inner).__name__}: {inner}")
+                error.add_note(f"fit: {type(cb).__name__}.on_train_error also failed: {type(inner).__name__}: {inner}")
 
 
-def _run_record(loop, train_state, loss_fn, source, callbacks, layout, run_id, resumed,
-                position, epochs):
+def _run_record(loop, train_state, loss_fn, source, callbacks, layout, run_id, resumed, position, epochs):
     """The run's record (``_context._Run``) and its :class:`FitContext`, with what a
     resumed checkpoint holds restored (data layout, callback states); also the resumed
     epoch's metric sums, if any. ``source``: the data source (``_sources._Source``)."""
@@ -256,8 +296,7 @@ def _run_record(loop, train_state, loss_fn, source, callbacks, layout, run_id, r
     ctx = run.ctx
     ctx.run_id = run_id
     run.data_layout = layout
-    ctx.checkpoint_extras = lambda ts: checkpoint_extras(
-        callbacks, run.data_layout, ts, _epoch_sums_now(run))
+    ctx.checkpoint_extras = lambda ts: checkpoint_extras(callbacks, run.data_layout, ts, _epoch_sums_now(run))
     run.batch_spec = source.batch_spec()  # None for a host pipeline: its first batch's
     run.float16 = lambda: _computes_in_float16(train_state, loss_fn, run.batch_spec)
     run.resumed = resumed
@@ -265,15 +304,13 @@ def _run_record(loop, train_state, loss_fn, source, callbacks, layout, run_id, r
     if resumed is not None:
         if resumed.get("epoch_metrics") is not None:
             resumed_sums = EpochSums.from_tree(resumed["epoch_metrics"])
-        run.data_layout = {k: v if int(v) != -1 else resumed["data"][k]
-                           for k, v in layout.items()}
+        run.data_layout = {k: v if int(v) != -1 else resumed["data"][k] for k, v in layout.items()}
         for key, cb in stateful(callbacks, train_state):
             cb.restore_checkpoint_state(resumed["callbacks"][key])
     ctx.host_step = int(jax.device_get(train_state.step))
     per_epoch = source.steps_per_epoch
     if per_epoch is not None:
-        ctx.planned_steps = ctx.host_step + per_epoch * (epochs - position.epoch) \
-            - position.batch_in_epoch
+        ctx.planned_steps = ctx.host_step + per_epoch * (epochs - position.epoch) - position.batch_in_epoch
     return run, resumed_sums
 
 
@@ -299,8 +336,9 @@ def _prefetch(prefetch) -> int:
     return prefetch
 
 
-def _check_dispatch(k, several_ok: bool, callbacks, log_every: int,
-                    loop_pays: Callable[[], bool] = lambda: True) -> int:
+def _check_dispatch(
+    k, several_ok: bool, callbacks, log_every: int, loop_pays: Callable[[], bool] = lambda: True
+) -> int:
     """The steps per dispatch: ``k`` checked, or the default (see ``fit``).
     ``several_ok``: the placement can run several (a ``DeviceData`` on one device or a
     mesh, or a host pipeline on one device); ``loop_pays()``: whether a loop on the
@@ -314,16 +352,20 @@ def _check_dispatch(k, several_ok: bool, callbacks, log_every: int,
     if k == 1:
         return k
     if not several_ok:
-        raise ValueError(f"fit: steps_per_dispatch={k} needs train_data=funcnet.data.DeviceData"
-                         f"(...) on one device or a mesh, or a host pipeline of "
-                         f"funcnet.data.batches on one device; pmap (devices=N) and a host "
-                         f"pipeline on a mesh run one step per dispatch.")
+        raise ValueError(
+            f"fit: steps_per_dispatch={k} needs train_data=funcnet.data.DeviceData"
+            f"(...) on one device or a mesh, or a host pipeline of "
+            f"funcnet.data.batches on one device; pmap (devices=N) and a host "
+            f"pipeline on a mesh run one step per dispatch."
+        )
     for cb in callbacks:
         every = getattr(cb, "every_steps", None)
         if every and every % k:
-            raise ValueError(f"fit: {type(cb).__name__}(every_steps={every}) would fall inside a "
-                             f"dispatch of steps_per_dispatch={k} steps; use an every_steps "
-                             f"that is a multiple of {k}, or a smaller steps_per_dispatch.")
+            raise ValueError(
+                f"fit: {type(cb).__name__}(every_steps={every}) would fall inside a "
+                f"dispatch of steps_per_dispatch={k} steps; use an every_steps "
+                f"that is a multiple of {k}, or a smaller steps_per_dispatch."
+            )
     return k
 
 
@@ -344,8 +386,7 @@ def _convolves_on_cpu(train_state, loss_fn, train_data) -> bool:
     if jax.default_backend() != "cpu":
         return False
     jaxpr = loss_jaxpr(train_state, loss_fn, first_batch(train_data))
-    return jaxpr is not None and any_eqn(
-        jaxpr, lambda eqn: eqn.primitive.name == "conv_general_dilated")
+    return jaxpr is not None and any_eqn(jaxpr, lambda eqn: eqn.primitive.name == "conv_general_dilated")
 
 
 def _compiler_options(options, conv_on_cpu: Callable[[], bool]) -> dict:

@@ -38,19 +38,23 @@ def _check_losses(run, host_metrics, epoch: int, last_step: int, on_nonfinite: s
     if on_nonfinite == "ignore" or (on_nonfinite == "warn" and not first):
         return  # nothing to say: the message (and its float16 trace) is not built
     step = last_step - len(host_metrics) + bad + 1
-    msg = (f"fit: the loss became non-finite ({np.asarray(host_metrics[bad]['loss']).ravel()[0]})"
-           f" at epoch {epoch}, step {step} (the first such step fit has seen). Checkpoints "
-           f"taken from now on are marked non-finite and keep= never rotates away the last "
-           f"finite one; resume_from= restores that one. Lower the learning rate or check the "
-           f"data, or pass options=FitOptions(on_nonfinite='warn' or 'ignore') to train on.")
+    msg = (
+        f"fit: the loss became non-finite ({np.asarray(host_metrics[bad]['loss']).ravel()[0]})"
+        f" at epoch {epoch}, step {step} (the first such step fit has seen). Checkpoints "
+        f"taken from now on are marked non-finite and keep= never rotates away the last "
+        f"finite one; resume_from= restores that one. Lower the learning rate or check the "
+        f"data, or pass options=FitOptions(on_nonfinite='warn' or 'ignore') to train on."
+    )
     if run.float16():
         # The most likely cause then, and one a learning rate cannot fix: float16 overflow.
-        msg += (" The loss computes in float16, whose largest value is 65504: larger "
-                "activations or inputs become inf (then NaN). Compute in bfloat16 instead "
-                "(float32's range; e.g. policy 'params=float32,compute=bfloat16,"
-                "output=float32'), or keep float16 with the inputs scaled to a small range "
-                "and loss scaling (TrainState.create(..., loss_scale="
-                "precision.dynamic_loss_scale())).")
+        msg += (
+            " The loss computes in float16, whose largest value is 65504: larger "
+            "activations or inputs become inf (then NaN). Compute in bfloat16 instead "
+            "(float32's range; e.g. policy 'params=float32,compute=bfloat16,"
+            "output=float32'), or keep float16 with the inputs scaled to a small range "
+            "and loss scaling (TrainState.create(..., loss_scale="
+            "precision.dynamic_loss_scale()))."
+        )
     msg += run.optimizer_note(step)  # a NaN learning rate, named as such
     if on_nonfinite == "raise":
         raise FloatingPointError(msg)
@@ -64,10 +68,10 @@ def _computes_in_float16(train_state, loss_fn, batch_spec) -> bool:
     seen): float16 params or a loss scale, which is for float16 training."""
     jaxpr = loss_jaxpr(train_state, loss_fn, batch_spec)
     if jaxpr is None:
-        return (isinstance(train_state.loss_scale, precision.LossScale) or any(
-            getattr(x, "dtype", None) == jnp.float16 for x in jax.tree.leaves(train_state.params)))
-    return any_eqn(jaxpr, lambda eqn: any(getattr(v.aval, "dtype", None) == jnp.float16
-                                          for v in eqn.outvars))
+        return isinstance(train_state.loss_scale, precision.LossScale) or any(
+            getattr(x, "dtype", None) == jnp.float16 for x in jax.tree.leaves(train_state.params)
+        )
+    return any_eqn(jaxpr, lambda eqn: any(getattr(v.aval, "dtype", None) == jnp.float16 for v in eqn.outvars))
 
 
 def _mean_metrics(run, host) -> dict:
@@ -90,10 +94,13 @@ def _epoch_base(run, host) -> EpochSums:
     if carried is None:
         return fresh
     if host and set(carried.keys) != set(fresh.keys):
-        warnings.warn(f"fit: the checkpoint resumed from logged the metrics {list(carried.keys)}"
-                      f" in this epoch, this run's step gives {list(fresh.keys)}: the epoch's "
-                      f"logged means cover its resumed steps only.", RuntimeWarning,
-                      stacklevel=4)
+        warnings.warn(
+            f"fit: the checkpoint resumed from logged the metrics {list(carried.keys)}"
+            f" in this epoch, this run's step gives {list(fresh.keys)}: the epoch's "
+            f"logged means cover its resumed steps only.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
         return fresh
     return carried
 
@@ -118,5 +125,3 @@ def _per_step(host, key) -> np.ndarray:
     """``(steps, values per step)``: metric ``key`` of every fetched step, in one array
     (one NumPy call per epoch rather than one per step)."""
     return np.asarray([m[key] for m in host]).reshape(len(host), -1)
-
-

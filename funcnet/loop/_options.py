@@ -124,10 +124,10 @@ class FitOptions:
             "missing_ok": checks.flag(where, "missing_ok", self.missing_ok),
             "log_every": checks.positive_int(where, "log_every", self.log_every),
             "print_fn": _callable_or_none("print_fn", self.print_fn),
-            "steps_per_dispatch": None if self.steps_per_dispatch is None else checks.positive_int(
-                where, "steps_per_dispatch", self.steps_per_dispatch),
-            "prefetch": None if self.prefetch is None else checks.non_negative_int(
-                where, "prefetch", self.prefetch),
+            "steps_per_dispatch": None
+            if self.steps_per_dispatch is None
+            else checks.positive_int(where, "steps_per_dispatch", self.steps_per_dispatch),
+            "prefetch": None if self.prefetch is None else checks.non_negative_int(where, "prefetch", self.prefetch),
             "compiler_options": _compiler_options(self.compiler_options),
         }
         for name, value in checked.items():
@@ -142,17 +142,20 @@ def _step_options(options) -> Optional[dict]:
         unknown = sorted(set(options) - set(_STEP_OPTIONS)) if isinstance(options, dict) else None
         raise checks.ArgumentError(
             f"fit: step_options must be a dict of make_train_step's options "
-            f"{list(_STEP_OPTIONS)}" + (f"; unknown: {unknown}" if unknown else
-                                        f", got {type(options).__name__}") +
-            ". E.g. step_options={'clip_grad_norm': 1.0, 'microbatches': 4}.")
+            f"{list(_STEP_OPTIONS)}"
+            + (f"; unknown: {unknown}" if unknown else f", got {type(options).__name__}")
+            + ". E.g. step_options={'clip_grad_norm': 1.0, 'microbatches': 4}."
+        )
     return dict(options)
 
 
 def _callable_or_none(name: str, fn):
     if fn is not None and not callable(fn):
-        raise checks.ArgumentError(f"FitOptions: {name} must be a function taking the epoch's line "
-                                   f"(e.g. print or logging.info) or None, got "
-                                   f"{type(fn).__name__} {fn!r}.")
+        raise checks.ArgumentError(
+            f"FitOptions: {name} must be a function taking the epoch's line "
+            f"(e.g. print or logging.info) or None, got "
+            f"{type(fn).__name__} {fn!r}."
+        )
     return fn
 
 
@@ -163,9 +166,11 @@ def _compiler_options(options):
     if options is None:
         return None
     if not isinstance(options, dict):
-        raise TypeError(f"fit: compiler_options must be 'auto', a dict of XLA option names to "
-                        f"values (e.g. funcnet.xla.compiler_options()) or None (plain jax.jit), "
-                        f"got {type(options).__name__} {options!r}.")
+        raise TypeError(
+            f"fit: compiler_options must be 'auto', a dict of XLA option names to "
+            f"values (e.g. funcnet.xla.compiler_options()) or None (plain jax.jit), "
+            f"got {type(options).__name__} {options!r}."
+        )
     return dict(options)
 
 
@@ -187,33 +192,43 @@ def _from_keywords(options: Optional[FitOptions], keywords: dict):
     if options is None:
         options = FitOptions()
     elif not isinstance(options, FitOptions):
-        raise checks.ArgumentError(f"fit: options must be a funcnet.loop.FitOptions, got "
-                                   f"{type(options).__name__}; e.g. "
-                                   f"options=FitOptions(log_every=10).")
+        raise checks.ArgumentError(
+            f"fit: options must be a funcnet.loop.FitOptions, got "
+            f"{type(options).__name__}; e.g. "
+            f"options=FitOptions(log_every=10)."
+        )
     moved = {k: v for k, v in keywords.items() if k != "devices"}
     if moved:
         given = ", ".join(f"{k}={v!r}" for k, v in moved.items())
         both = [k for k in moved if getattr(options, k) != _DEFAULTS[k]]
         if both:
-            raise TypeError(f"fit: {', '.join(both)} given both as a keyword and in "
-                            f"options=; pass it in the FitOptions only: "
-                            f"FitOptions({given}, ...).")
-        warnings.warn(f"fit({', '.join(f'{k}=...' for k in moved)}) is deprecated since funcnet "
-                      f"0.2: pass options=funcnet.loop.FitOptions({given}). The keywords keep "
-                      f"working for now.", DeprecationWarning, stacklevel=3)
+            raise TypeError(
+                f"fit: {', '.join(both)} given both as a keyword and in "
+                f"options=; pass it in the FitOptions only: "
+                f"FitOptions({given}, ...)."
+            )
+        warnings.warn(
+            f"fit({', '.join(f'{k}=...' for k in moved)}) is deprecated since funcnet "
+            f"0.2: pass options=funcnet.loop.FitOptions({given}). The keywords keep "
+            f"working for now.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         options = dataclasses.replace(options, **moved)
     devices = keywords.get("devices")
     if devices is not None:
-        warnings.warn(f"fit(devices={devices!r}) (pmap) is deprecated since funcnet 0.2: pass "
-                      f"mesh=funcnet.distributed.data_mesh({devices!r}), which runs the same "
-                      f"data-parallel step with jit over a mesh (the porting note in "
-                      f"docs/guides/distributed.md says what changes: a loss_fn or layer "
-                      f"written with axis_name for pmap drops it). Hand-written pmap loops "
-                      f"(make_train_step(axis_name=...)) are not deprecated.",
-                      DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"fit(devices={devices!r}) (pmap) is deprecated since funcnet 0.2: pass "
+            f"mesh=funcnet.distributed.data_mesh({devices!r}), which runs the same "
+            f"data-parallel step with jit over a mesh (the porting note in "
+            f"docs/guides/distributed.md says what changes: a loss_fn or layer "
+            f"written with axis_name for pmap drops it). Hand-written pmap loops "
+            f"(make_train_step(axis_name=...)) are not deprecated.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
     return options, devices
 
 
 # fit's own parameters, for the closest-name hint of a mistyped keyword.
-_SIGNATURE = ("epochs", "eval_data", "eval_fn", "metric", "callbacks", "mesh", "resume_from",
-              "progress", "options")
+_SIGNATURE = ("epochs", "eval_data", "eval_fn", "metric", "callbacks", "mesh", "resume_from", "progress", "options")

@@ -50,7 +50,7 @@ class _OneDevice:
     axis_name: Optional[str] = None
     gathers_device_data = True
     stacks_host_batches = True
-    n: Optional[int] = None   # pmap replicas
+    n: Optional[int] = None  # pmap replicas
     mesh = None
 
     @property
@@ -193,8 +193,9 @@ class _OnMesh(_OneDevice):
         return distributed.replicate_on(self.mesh, train_state)
 
     def replace(self, train_state):
-        self.state = jax.jit(lambda t: jax.tree.map(jnp.copy, t),
-                             out_shardings=sharding.state_shardings(self.state))(train_state)
+        self.state = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=sharding.state_shardings(self.state))(
+            train_state
+        )
 
     def put_batch(self, batch):
         return distributed.shard_batch(self.mesh, batch)
@@ -221,8 +222,7 @@ class _OnMesh(_OneDevice):
 def _placement(devices, mesh) -> _OneDevice:
     """``fit(devices=, mesh=)``: the placement, still without a state (``hold``)."""
     if mesh is not None and devices is not None:
-        raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a "
-                         f"mesh), not both.")
+        raise ValueError(f"fit: give either devices={devices!r} (pmap) or mesh= (jit over a mesh), not both.")
     n = distributed.local_device_count(devices) if devices else None
     if n:
         return _Replicas(n)
@@ -240,32 +240,44 @@ def _lies_on(tree, mesh) -> bool:
     """Whether every array of ``tree`` is placed on ``mesh`` (a NamedSharding over it)."""
     leaves = jax.tree.leaves(tree)
     return bool(leaves) and all(
-        isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.NamedSharding)
+        isinstance(x, jax.Array)
+        and isinstance(x.sharding, jax.sharding.NamedSharding)
         and x.sharding.mesh.devices.shape == mesh.devices.shape
         and (x.sharding.mesh.devices == mesh.devices).all()
-        and x.sharding.mesh.axis_names == mesh.axis_names for x in leaves)
+        and x.sharding.mesh.axis_names == mesh.axis_names
+        for x in leaves
+    )
 
 
 def _copy_placed(tree):
     """A copy of ``tree`` with the same shardings (new buffers a donating step may
     consume); each process copies its own shards."""
-    return jax.jit(lambda t: jax.tree.map(jnp.copy, t),
-                   out_shardings=sharding.state_shardings(tree))(tree)
+    return jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=sharding.state_shardings(tree))(tree)
 
 
 class _Steps(NamedTuple):
     train: Callable
     eval: Optional[Callable]
     add: Callable
-    on_device: Optional[Callable] = None      # up to k steps over a DeviceData, one dispatch
+    on_device: Optional[Callable] = None  # up to k steps over a DeviceData, one dispatch
     on_device_one: Optional[Callable] = None  # one step over given rows (the last, smaller batch)
     steps_per_dispatch: int = 1
-    on_stacked: Optional[Callable] = None     # up to k steps over k stacked host batches
-    several_asked: bool = False               # steps_per_dispatch > 1 given explicitly
+    on_stacked: Optional[Callable] = None  # up to k steps over k stacked host batches
+    several_asked: bool = False  # steps_per_dispatch > 1 given explicitly
 
 
-def _compile(loss_fn, optimizer, eval_fn, placement, take, step_options, steps_per_dispatch,
-             eval_on_ema=False, several_asked=False, compiler_options=None) -> _Steps:
+def _compile(
+    loss_fn,
+    optimizer,
+    eval_fn,
+    placement,
+    take,
+    step_options,
+    steps_per_dispatch,
+    eval_on_ema=False,
+    several_asked=False,
+    compiler_options=None,
+) -> _Steps:
     """The train and eval steps, compiled by ``placement`` (``jax.jit`` on one device or a
     mesh, ``jax.pmap`` over replicas).
 
@@ -302,10 +314,9 @@ def _compile(loss_fn, optimizer, eval_fn, placement, take, step_options, steps_p
     elif placement.stacks_host_batches and steps_per_dispatch > 1:
         on_stacked = _device_steps(raw_step, _take_stacked, steps_per_dispatch, jit)[0]
     train, evaluate, add, on_device, on_device_one = (
-        None if f is None else placement.wrap(f)
-        for f in (train, evaluate, add, on_device, on_device_one))
-    return _Steps(train, evaluate, add, on_device, on_device_one, steps_per_dispatch,
-                  on_stacked, several_asked)
+        None if f is None else placement.wrap(f) for f in (train, evaluate, add, on_device, on_device_one)
+    )
+    return _Steps(train, evaluate, add, on_device, on_device_one, steps_per_dispatch, on_stacked, several_asked)
 
 
 def _take_stacked(arrays, j):
@@ -324,6 +335,7 @@ def _device_steps(raw_step, take, k: int, jit=jax.jit):
     ``k == 1`` it is ``several(state, arrays, order, pos)``: one step, no loop.
     ``one(state, arrays, idx)`` is one step on the rows ``idx`` (the last, smaller batch).
     """
+
     def one(state, arrays, idx):
         return raw_step(state, take(arrays, idx))
 
@@ -342,14 +354,14 @@ def _device_steps(raw_step, take, k: int, jit=jax.jit):
 
         return jax.lax.fori_loop(0, n, body, (state, rows))
 
-    return (jit(single if k == 1 else several, donate_argnums=0),
-            jit(one, donate_argnums=0))
+    return (jit(single if k == 1 else several, donate_argnums=0), jit(one, donate_argnums=0))
 
 
 def _on_mesh(mesh, fn):
     def run(*args):
         with jax.set_mesh(mesh):
             return fn(*args)
+
     return run
 
 
@@ -369,7 +381,7 @@ def _fetch_stacked(step_metrics: list) -> list:
     the last group is padded with its last entry, so one compiled stack serves all."""
     out = []
     for start in range(0, len(step_metrics), _FETCH_GROUP):
-        group = step_metrics[start:start + _FETCH_GROUP]
+        group = step_metrics[start : start + _FETCH_GROUP]
         rows = jax.device_get(_stack_metrics(group + group[-1:] * (_FETCH_GROUP - len(group))))
         out += [{k: v[j] for k, v in rows.items()} for j in range(len(group))]
     return out

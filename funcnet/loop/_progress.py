@@ -27,8 +27,7 @@ class _Shown:
 
     def bar(self, epoch: int):
         if self.tqdm is not None:
-            self.open = self.tqdm(desc=f"epoch {epoch + 1}/{self.epochs}", unit="step",
-                                  leave=True, dynamic_ncols=True)
+            self.open = self.tqdm(desc=f"epoch {epoch + 1}/{self.epochs}", unit="step", leave=True, dynamic_ncols=True)
         return self.open
 
     def close(self, bar, steps: int) -> None:
@@ -60,8 +59,9 @@ def _summary_line(epoch: int, epochs: int, steps: int, logs: dict) -> str:
     logs in their order (the step's metrics, ``eval_*``, then what callbacks added),
     as Keras's ``fit`` prints one line per epoch when its output is not a terminal."""
     values = " ".join(f"{k}={_fmt(v)}" for k, v in logs.items() if k not in _NOT_IN_LINE)
-    return (f"epoch {epoch + 1}/{epochs}: {steps} step{'s' * (steps != 1)}, "
-            f"{logs.get('seconds', math.nan):.2f} s, {values}")
+    return (
+        f"epoch {epoch + 1}/{epochs}: {steps} step{'s' * (steps != 1)}, {logs.get('seconds', math.nan):.2f} s, {values}"
+    )
 
 
 def _tqdm(progress):
@@ -73,8 +73,11 @@ def _tqdm(progress):
         from tqdm.auto import tqdm
     except ImportError:
         if progress:
-            print("fit: progress=True but tqdm is not installed (pip install tqdm); showing "
-                  "one summary line per epoch without a progress bar.", file=sys.stderr)
+            print(
+                "fit: progress=True but tqdm is not installed (pip install tqdm); showing "
+                "one summary line per epoch without a progress bar.",
+                file=sys.stderr,
+            )
         return None
     return tqdm if progress or _interactive() else None
 

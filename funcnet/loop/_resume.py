@@ -20,8 +20,7 @@ from funcnet import _checks as checks
 from funcnet import checkpoint as ckpt
 from funcnet._loop_position import LoopPosition
 
-__all__ = ["data_layout", "check_layout", "stateful", "checkpoint_extras", "resume",
-           "EpochSums"]
+__all__ = ["data_layout", "check_layout", "stateful", "checkpoint_extras", "resume", "EpochSums"]
 
 
 class EpochSums:
@@ -61,8 +60,7 @@ class EpochSums:
         sums = list(self.sums)
         if host:
             for i, key in enumerate(self.keys):
-                values = np.fromiter((_step_mean(step[key]) for step in host), np.float64,
-                                     len(host))
+                values = np.fromiter((_step_mean(step[key]) for step in host), np.float64, len(host))
                 # cumsum adds in order, one float64 addition at a time: the same sums as a
                 # Python loop (np.sum would add pairwise, and differ with where epochs split)
                 sums[i] = float(np.cumsum(np.concatenate(([sums[i]], values)))[-1])
@@ -81,7 +79,7 @@ class EpochSums:
         if len(names) > self.MAX_METRICS or any(len(n) > self.MAX_NAME for n in names):
             return {"count": np.int64(-1), "keys": keys, "sums": sums}
         for i, (name, value) in enumerate(zip(names, self.sums)):
-            keys[i, :len(name)] = np.frombuffer(name, np.uint8)
+            keys[i, : len(name)] = np.frombuffer(name, np.uint8)
             sums[i] = value
         return {"count": np.int64(self.count), "keys": keys, "sums": sums}
 
@@ -121,22 +119,33 @@ def data_layout(data=None) -> dict:
         if not data.shuffle:
             seed = -1
         elif checks.is_int(rng):
-            seed = int(rng) % 2 ** 62
+            seed = int(rng) % 2**62
         elif isinstance(rng, jax.Array):  # a key: its bits, folded into 62 bits
-            bits = np.asarray(jax.random.key_data(rng) if jax.dtypes.issubdtype(
-                rng.dtype, jax.dtypes.prng_key) else rng).astype(np.uint64).ravel()
-            seed = int(sum(int(b) << (32 * i) for i, b in enumerate(bits[:2]))) % 2 ** 62
+            bits = (
+                np.asarray(jax.random.key_data(rng) if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng)
+                .astype(np.uint64)
+                .ravel()
+            )
+            seed = int(sum(int(b) << (32 * i) for i, b in enumerate(bits[:2]))) % 2**62
         else:
             seed = -1  # a numpy Generator: its state moves on, nothing fixed to compare
-        layout.update(batch_size=np.int64(data.batch_size), n=np.int64(data.n),
-                      drop_remainder=np.int64(data.drop_remainder),
-                      shuffle=np.int64(data.shuffle), seed=np.int64(seed))
+        layout.update(
+            batch_size=np.int64(data.batch_size),
+            n=np.int64(data.n),
+            drop_remainder=np.int64(data.drop_remainder),
+            shuffle=np.int64(data.shuffle),
+            seed=np.int64(seed),
+        )
     return layout
 
 
 _LAYOUT_FIX = {
-    "batch_size": "batch size", "n": "number of examples",
-    "drop_remainder": "drop_remainder", "shuffle": "shuffle", "seed": "shuffle seed (rng=)"}
+    "batch_size": "batch size",
+    "n": "number of examples",
+    "drop_remainder": "drop_remainder",
+    "shuffle": "shuffle",
+    "seed": "shuffle seed (rng=)",
+}
 
 
 def check_layout(resumed, layout, where="train_data") -> None:
@@ -153,25 +162,28 @@ def check_layout(resumed, layout, where="train_data") -> None:
                 f"this fit's {where} has {key}={now}. The checkpoint's position counts "
                 f"batches of the saved data, so resuming with another {what} would train some "
                 f"examples of the epoch twice and others never. Resume with {key}={saved[key]}, "
-                f"or start a new run (another directory).")
+                f"or start a new run (another directory)."
+            )
 
 
 def stateful(callbacks, train_state):
     """``(key, callback)`` for each callback with a checkpoint state; keys keep order."""
-    return [(f"{i}_{type(cb).__name__}", cb) for i, cb in enumerate(callbacks)
-            if cb.checkpoint_state(train_state) is not None]
+    return [
+        (f"{i}_{type(cb).__name__}", cb)
+        for i, cb in enumerate(callbacks)
+        if cb.checkpoint_state(train_state) is not None
+    ]
 
 
-def checkpoint_extras(callbacks, layout, train_state,
-                      epoch_sums: Optional[EpochSums] = None) -> dict:
+def checkpoint_extras(callbacks, layout, train_state, epoch_sums: Optional[EpochSums] = None) -> dict:
     """The checkpoint's entries beside the train state and position: the data layout,
     the callbacks' states and the sums of the current epoch's metrics so far (none yet:
     ``epoch_sums`` None)."""
-    return {"data": dict(layout),
-            "callbacks": {key: cb.checkpoint_state(train_state)
-                          for key, cb in stateful(callbacks, train_state)},
-            "epoch_metrics": (EpochSums.empty_tree() if epoch_sums is None
-                              else epoch_sums.tree())}
+    return {
+        "data": dict(layout),
+        "callbacks": {key: cb.checkpoint_state(train_state) for key, cb in stateful(callbacks, train_state)},
+        "epoch_metrics": (EpochSums.empty_tree() if epoch_sums is None else epoch_sums.tree()),
+    }
 
 
 def resume(resume_from, missing_ok, train_state, extras):
@@ -189,14 +201,16 @@ def resume(resume_from, missing_ok, train_state, extras):
             raise FloatingPointError(
                 f"fit: resume_from={_shown(resume_from)} holds only non-finite checkpoints "
                 f"(steps {steps}); there is no good state to resume from. Start a new run "
-                f"(a new directory) or restore one explicitly with restore(..., step=).")
+                f"(a new directory) or restore one explicitly with restore(..., step=)."
+            )
         if missing_ok:
             return train_state, LoopPosition(), ckpt.new_run_id(), None
         raise FileNotFoundError(
             f"fit: resume_from={_shown(resume_from)} holds no checkpoint "
             f"({_listing(checkpointer.directory)}). Check the path (and the backend: an orbax "
             f"directory needs resume_from=OrbaxCheckpointer(path)), or pass "
-            f"options=FitOptions(missing_ok=True) to start from scratch when there is none yet.")
+            f"options=FitOptions(missing_ok=True) to start from scratch when there is none yet."
+        )
     base = LoopPosition().checkpoint_tree(train_state)
     try:
         restored = _restore_extras(checkpointer, step, base, extras)
@@ -208,13 +222,18 @@ def resume(resume_from, missing_ok, train_state, extras):
                 f"fit: resume_from={_shown(resume_from)} does not fit this fit's train state "
                 f"and callbacks (callbacks with state: "
                 f"{sorted(extras['callbacks']) or 'none'}). Resume with the same model, "
-                f"optimizer and callbacks as the saved run. The checkpoint says: {e}") from None
+                f"optimizer and callbacks as the saved run. The checkpoint says: {e}"
+            ) from None
     position = LoopPosition(int(restored["epoch"]), int(restored["batch_in_epoch"]))
     run_id = checkpointer.info(step).run_id or ckpt.new_run_id()
     if restored["data"] is None:
-        warnings.warn(f"fit: the checkpoint in resume_from={_shown(resume_from)} holds no data "
-                      f"layout or callback states (an older funcnet wrote it): the batch size "
-                      f"is not checked and callbacks start afresh.", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"fit: the checkpoint in resume_from={_shown(resume_from)} holds no data "
+            f"layout or callback states (an older funcnet wrote it): the batch size "
+            f"is not checked and callbacks start afresh.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return restored["train_state"], position, run_id, None
     return restored["train_state"], position, run_id, restored
 

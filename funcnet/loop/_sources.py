@@ -139,8 +139,7 @@ class _OnDevice(_Source):
 
     def batch_spec(self):
         data = self.data
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct((data.batch_size,) + a.shape[1:],
-                                                           a.dtype), data.arrays)
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct((data.batch_size,) + a.shape[1:], a.dtype), data.arrays)
 
     def placed(self, placement) -> _Source:
         """The data set on the placement's mesh (or whole on the default device); on a
@@ -165,8 +164,12 @@ class _OnDevice(_Source):
             return steps.on_device_one(state, data.arrays, loop.put_order(tail)), len(tail)
 
         size = data.batch_size
-        yield _Epoch([(i, n, n * size, None) for i, n in cut(skip, len(full))], dispatch,
-                     last=None if tail is None else last, full=len(full))
+        yield _Epoch(
+            [(i, n, n * size, None) for i, n in cut(skip, len(full))],
+            dispatch,
+            last=None if tail is None else last,
+            full=len(full),
+        )
 
 
 class _HostIterable(_Source):
@@ -197,11 +200,13 @@ class _HostIterable(_Source):
         if steps.on_stacked is not None and callable(self.data) and _stackable(batches):
             return _StackedBatches(batches).epoch(run, steps, epoch, skip, cut)
         if steps.several_asked:
-            raise ValueError(f"fit: steps_per_dispatch={steps.steps_per_dispatch} needs batches "
-                             f"it can read several at a time: train_data=funcnet.data."
-                             f"DeviceData(...), or a callable returning funcnet.data.batches(...) "
-                             f"(got {type(batches).__name__} from train_data). Other iterables "
-                             f"run one step per dispatch: leave steps_per_dispatch unset.")
+            raise ValueError(
+                f"fit: steps_per_dispatch={steps.steps_per_dispatch} needs batches "
+                f"it can read several at a time: train_data=funcnet.data."
+                f"DeviceData(...), or a callable returning funcnet.data.batches(...) "
+                f"(got {type(batches).__name__} from train_data). Other iterables "
+                f"run one step per dispatch: leave steps_per_dispatch unset."
+            )
         return _host_epoch(run, steps, batches, epoch, skip)
 
 
@@ -233,7 +238,7 @@ class _StackedBatches(_Source):
     def epoch(self, run, steps, epoch, skip, cut):
         loop, source = run.loop, self.data
         k, size = steps.steps_per_dispatch, source.batch_size
-        full = source.full_batches - source.skip   # counted as the iteration counts them
+        full = source.full_batches - source.skip  # counted as the iteration counts them
         _check_host_layout(run, source, size, skip > 0)
         if source.num_batches > source.skip:
             run.batch_spec = _spec(source.batch(source.skip))
@@ -245,8 +250,10 @@ class _StackedBatches(_Source):
                 try:
                     chunk = _checked_device_put(source.stacked(source.skip + i, n, size=k))
                 except Exception as e:
-                    e.add_note(f"fit: reading batches {i}..{i + n - 1} of epoch {epoch} "
-                               f"(Batches.stacked) for one dispatch of {n} steps")
+                    e.add_note(
+                        f"fit: reading batches {i}..{i + n - 1} of epoch {epoch} "
+                        f"(Batches.stacked) for one dispatch of {n} steps"
+                    )
                     raise
                 yield chunk
 
@@ -255,14 +262,20 @@ class _StackedBatches(_Source):
             return steps.train(state, loop.put_batch(batch)), _batch_size(batch)
 
         with loop.host_batches(stacked()) as chunks:
+
             def dispatch(state, i, n, _):
                 return steps.on_stacked(state, next(chunks), local, np.int32(0), np.int32(n))
 
             tail = source.num_batches > source.full_batches
             # At most 2 dispatches in flight: the host gathers the next one's batches while
             # the device runs, without queueing (and holding) a whole epoch's copies.
-            yield _Epoch([(i, n, n * size, None) for i, n in plan], dispatch,
-                         last=last if tail else None, full=full, max_in_flight=2)
+            yield _Epoch(
+                [(i, n, n * size, None) for i, n in plan],
+                dispatch,
+                last=last if tail else None,
+                full=full,
+                max_in_flight=2,
+            )
         source.close()  # used up, as iterating it would leave it
 
 
@@ -285,8 +298,7 @@ def _host_epoch(run, steps, batches, epoch: int, skip: int):
     # The with block stops the background thread however the epoch ends (early stop,
     # an exception, KeyboardInterrupt).
     with loop.host_batches(batches, _converter("train_data", epoch)) as it:
-        yield _Epoch(dispatches(it), lambda state, i, n, batch: train(state, put(batch)),
-                     per_step=True, lag=0)
+        yield _Epoch(dispatches(it), lambda state, i, n, batch: train(state, put(batch)), per_step=True, lag=0)
 
 
 def source_for(train_data, placement=None) -> _Source:
@@ -368,8 +380,7 @@ def host_arrays(batch, name: str, index: int, epoch: int):
     not become an array of numbers raises a ``TypeError`` naming its type, ``name``
     (``"train_data"``, ``"eval_data"``) and the batch's ``index`` in ``epoch``."""
     leaves, treedef = jax.tree.flatten(batch)
-    if all(isinstance(x, _NATIVE) and getattr(x, "dtype", _NUMBER).kind not in _NOT_NUMBERS
-           for x in leaves):
+    if all(isinstance(x, _NATIVE) and getattr(x, "dtype", _NUMBER).kind not in _NOT_NUMBERS for x in leaves):
         return batch  # the common case: nothing converted, nothing rebuilt
     out = []
     for i, x in enumerate(leaves):
@@ -379,8 +390,9 @@ def host_arrays(batch, name: str, index: int, epoch: int):
             except Exception as e:  # noqa: BLE001 -- reported with the leaf, below
                 _unconvertible(batch, i, x, name, index, epoch, f"{type(e).__name__}: {e}")
         if getattr(x, "dtype", _NUMBER).kind in _NOT_NUMBERS:
-            _unconvertible(batch, i, leaves[i], name, index, epoch,
-                           f"an array of dtype {x.dtype}, which JAX cannot hold")
+            _unconvertible(
+                batch, i, leaves[i], name, index, epoch, f"an array of dtype {x.dtype}, which JAX cannot hold"
+            )
         out.append(x)
     return jax.tree.unflatten(treedef, out)
 
@@ -390,14 +402,19 @@ def _unconvertible(batch, i: int, leaf, name: str, index: int, epoch: int, got: 
     kind = type(leaf)
     where = f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")
     if kind.__module__.split(".")[0] == "torch":
-        fix = ("Yield tensors on the CPU without grad (tensor.detach().cpu(), in the "
-               "DataLoader's collate_fn or a generator around it), and bfloat16 ones as "
-               ".float(): NumPy has no bfloat16.")
+        fix = (
+            "Yield tensors on the CPU without grad (tensor.detach().cpu(), in the "
+            "DataLoader's collate_fn or a generator around it), and bfloat16 ones as "
+            ".float(): NumPy has no bfloat16."
+        )
     else:
-        fix = ("Turn it into numbers in the pipeline (e.g. strings into token or class ids) "
-               "or give its type an __array__ method returning a NumPy array.")
+        fix = (
+            "Turn it into numbers in the pipeline (e.g. strings into token or class ids) "
+            "or give its type an __array__ method returning a NumPy array."
+        )
     raise TypeError(
         f"fit: batch {index} of epoch {epoch} of {name} has a leaf {path or '(the batch)'} of "
         f"type {where} that is not an array of numbers (np.asarray gave {got}). fit reads "
         f"each leaf of a host batch with np.asarray: NumPy and JAX arrays, PyTorch CPU "
-        f"tensors, tf.data and grain elements work. {fix}")
+        f"tensors, tf.data and grain elements work. {fix}"
+    )

@@ -37,22 +37,52 @@ from __future__ import annotations
 
 # One module per family, all private: this package is the one import path of every loss.
 from funcnet.losses._center import center_loss, center_loss_init
-from funcnet.losses._classification import (binary_cross_entropy, cross_entropy, kl_div,
-                                            nll_loss, sigmoid_binary_cross_entropy)
-from funcnet.losses._embedding import (cosine_embedding_loss, hinge_embedding_loss,
-                                       margin_ranking_loss, triplet_margin_loss)
-from funcnet.losses._margin import (hinge, multiclass_hinge, multilabel_margin_loss,
-                                    multilabel_soft_margin_loss, soft_margin_loss)
-from funcnet.losses._regression import (gaussian_nll_loss, huber, mae, mse, poisson_nll_loss,
-                                        smooth_l1)
+from funcnet.losses._classification import (
+    binary_cross_entropy,
+    cross_entropy,
+    kl_div,
+    nll_loss,
+    sigmoid_binary_cross_entropy,
+)
+from funcnet.losses._embedding import (
+    cosine_embedding_loss,
+    hinge_embedding_loss,
+    margin_ranking_loss,
+    triplet_margin_loss,
+)
+from funcnet.losses._margin import (
+    hinge,
+    multiclass_hinge,
+    multilabel_margin_loss,
+    multilabel_soft_margin_loss,
+    soft_margin_loss,
+)
+from funcnet.losses._regression import gaussian_nll_loss, huber, mae, mse, poisson_nll_loss, smooth_l1
 from funcnet.losses._sequence import ctc_loss
 
 __all__ = [
-    "cross_entropy", "nll_loss", "sigmoid_binary_cross_entropy", "mse", "mae", "huber",
-    "hinge", "multiclass_hinge", "smooth_l1", "center_loss_init", "center_loss",
-    "binary_cross_entropy", "kl_div", "cosine_embedding_loss", "margin_ranking_loss",
-    "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "ctc_loss",
-    "soft_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
+    "cross_entropy",
+    "nll_loss",
+    "sigmoid_binary_cross_entropy",
+    "mse",
+    "mae",
+    "huber",
+    "hinge",
+    "multiclass_hinge",
+    "smooth_l1",
+    "center_loss_init",
+    "center_loss",
+    "binary_cross_entropy",
+    "kl_div",
+    "cosine_embedding_loss",
+    "margin_ranking_loss",
+    "triplet_margin_loss",
+    "poisson_nll_loss",
+    "gaussian_nll_loss",
+    "ctc_loss",
+    "soft_margin_loss",
+    "multilabel_margin_loss",
+    "multilabel_soft_margin_loss",
     "hinge_embedding_loss",
 ]
 

@@ -30,8 +30,9 @@ def _array(fn: str, x, what: str):
 def _float_array(fn: str, x, what: str, upcast: bool = True):
     x = _array(fn, x, what)
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{fn}: {what} must have a floating dtype, got {x.dtype}. "
-                        f"Cast it, e.g. {what}.astype(jnp.float32).")
+        raise TypeError(
+            f"{fn}: {what} must have a floating dtype, got {x.dtype}. Cast it, e.g. {what}.astype(jnp.float32)."
+        )
     return _at_least_f32(x) if upcast else x
 
 
@@ -47,19 +48,25 @@ def _int_labels(fn: str, labels, what: str = "labels", like=None, like_what: str
     labels = _array(fn, labels, what)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         if like is not None and labels.ndim >= 1 and labels.shape == jnp.shape(like):
-            raise TypeError(f"{fn}: {what} must be integer class ids, got dtype {labels.dtype} "
-                            f"of the {like_what}' shape {labels.shape}: one-hot or probability "
-                            f"targets? Pass the class ids, {what}.argmax(-1) (the class axis), "
-                            f"or use cross_entropy, which takes float targets.")
-        raise TypeError(f"{fn}: {what} must be integer class ids, got dtype {labels.dtype}. "
-                        f"Cast them, e.g. {what}.astype(jnp.int32).")
+            raise TypeError(
+                f"{fn}: {what} must be integer class ids, got dtype {labels.dtype} "
+                f"of the {like_what}' shape {labels.shape}: one-hot or probability "
+                f"targets? Pass the class ids, {what}.argmax(-1) (the class axis), "
+                f"or use cross_entropy, which takes float targets."
+            )
+        raise TypeError(
+            f"{fn}: {what} must be integer class ids, got dtype {labels.dtype}. "
+            f"Cast them, e.g. {what}.astype(jnp.int32)."
+        )
     return labels
 
 
 def _same_shape(fn: str, a, b, what_a: str, what_b: str) -> None:
     if a.shape != b.shape:
-        raise ValueError(f"{fn}: {what_b} must have the shape of {what_a} {a.shape}, got "
-                         f"{b.shape}. funcnet does not broadcast losses implicitly.")
+        raise ValueError(
+            f"{fn}: {what_b} must have the shape of {what_a} {a.shape}, got "
+            f"{b.shape}. funcnet does not broadcast losses implicitly."
+        )
 
 
 _concrete = checks.concrete  # the value when known now, None while traced
@@ -76,8 +83,10 @@ def _check_label_range(fn: str, labels, num_classes: int, ignore_index=None) -> 
     if bad.any():
         found = np.unique(values[bad])[:8].tolist()
         skip = "" if ignore_index is None else f" (or ignore_index={ignore_index})"
-        raise ValueError(f"{fn}: labels must be class ids in [0, {num_classes}){skip}, found "
-                         f"{found}. Check num_classes or the class axis.")
+        raise ValueError(
+            f"{fn}: labels must be class ids in [0, {num_classes}){skip}, found "
+            f"{found}. Check num_classes or the class axis."
+        )
 
 
 def _check_number(fn: str, what: str, value, **bounds):
@@ -100,42 +109,37 @@ def _class_weight(fn: str, weight, num_classes: int, dtype):
         return None
     weight = _float_array(fn, weight, "weight")
     if weight.shape != (num_classes,):
-        raise ValueError(f"{fn}: weight must hold one value per class, shape ({num_classes},), "
-                         f"got {weight.shape}.")
+        raise ValueError(f"{fn}: weight must hold one value per class, shape ({num_classes},), got {weight.shape}.")
     return weight.astype(dtype)
 
 
 def _class_axis(fn: str, logits, axis) -> int:
     if logits.ndim == 0:
         raise ValueError(f"{fn}: logits must have a class axis, got a scalar.")
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) \
-            or not -logits.ndim <= axis < logits.ndim:
-        raise ValueError(f"{fn}: axis {axis!r} is out of range for logits of shape "
-                         f"{logits.shape}.")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -logits.ndim <= axis < logits.ndim:
+        raise ValueError(f"{fn}: axis {axis!r} is out of range for logits of shape {logits.shape}.")
     return int(axis) % logits.ndim
 
 
 def _check_index_labels(fn: str, logits, labels, axis: int, *, has_axis: bool = True) -> None:
-    expected = logits.shape[:axis] + logits.shape[axis + 1:]
+    expected = logits.shape[:axis] + logits.shape[axis + 1 :]
     if labels.shape != expected:
         hint = ""
         if labels.shape == logits.shape:
             hint = " If these are one-hot or probability targets, pass them as floats."
-        elif (axis == logits.ndim - 1 and logits.ndim >= 3
-              and labels.shape == logits.shape[:1] + logits.shape[2:]):
-            fix = ("pass axis=1" if has_axis else
-                   "move the classes last, jnp.moveaxis(scores, 1, -1)")
-            hint = (f" The shapes fit classes on axis 1 (PyTorch's (N, C, d1, ...) layout): "
-                    f"{fix}.")
-        raise ValueError(f"{fn}: integer labels must have the logits' shape {logits.shape} "
-                         f"without the class axis {axis}, i.e. {expected}, got {labels.shape}."
-                         f"{hint}")
+        elif axis == logits.ndim - 1 and logits.ndim >= 3 and labels.shape == logits.shape[:1] + logits.shape[2:]:
+            fix = "pass axis=1" if has_axis else "move the classes last, jnp.moveaxis(scores, 1, -1)"
+            hint = f" The shapes fit classes on axis 1 (PyTorch's (N, C, d1, ...) layout): {fix}."
+        raise ValueError(
+            f"{fn}: integer labels must have the logits' shape {logits.shape} "
+            f"without the class axis {axis}, i.e. {expected}, got {labels.shape}."
+            f"{hint}"
+        )
 
 
 def _real_array(fn: str, x, what: str, dtype):
     x = _array(fn, x, what)
-    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
-            or x.dtype == jnp.bool_):
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_):
         raise TypeError(f"{fn}: {what} must be real numbers, got dtype {x.dtype}.")
     return x.astype(dtype)
 
@@ -146,8 +150,9 @@ def _broadcasts_to(fn: str, x, shape, what: str, like_what: str):
     except ValueError:
         fits = False
     if not fits:
-        raise ValueError(f"{fn}: {what} of shape {x.shape} does not broadcast to the "
-                         f"{like_what}' shape {tuple(shape)}.")
+        raise ValueError(
+            f"{fn}: {what} of shape {x.shape} does not broadcast to the {like_what}' shape {tuple(shape)}."
+        )
     return x
 
 
@@ -158,6 +163,5 @@ def _sign_labels(fn: str, labels, shape, what: str = "labels"):
     values = _concrete(labels)
     if values is not None and values.size and not np.isin(values, (-1, 1)).all():
         found = np.unique(values[~np.isin(values, (-1, 1))])[:8].tolist()
-        raise ValueError(f"{fn}: {what} must be 1 or -1, found {found}. Map {{0, 1}} labels "
-                         f"with 2 * y - 1.")
+        raise ValueError(f"{fn}: {what} must be 1 or -1, found {found}. Map {{0, 1}} labels with 2 * y - 1.")
     return labels

@@ -16,8 +16,7 @@ from funcnet.losses._args import _check_label_range, _check_number, _float_array
 __all__ = ["center_loss_init", "center_loss"]
 
 
-def center_loss_init(num_classes: int, feature_dim: int,
-                     dtype: DTypeLike = jnp.float32) -> jax.Array:
+def center_loss_init(num_classes: int, feature_dim: int, dtype: DTypeLike = jnp.float32) -> jax.Array:
     """Initial class centers: zeros of shape ``(num_classes, feature_dim)``.
 
     Args:
@@ -46,11 +45,16 @@ def _center_sums(diff, segments, features, num_classes, dtype):
     # Per-class sums of a batch split over Explicit mesh axes are whole on every device.
     # (A scatter-add, as segment_sum computes it; segment_sum takes out_sharding only
     # from jax 0.10.1.) Segment num_classes, the invalid ids, is dropped.
-    delta = jnp.zeros((num_classes, diff.shape[-1]), diff.dtype).at[segments].add(
-        lax.stop_gradient(diff), mode="drop",
-        out_sharding=_mesh.explicit_sharding(features, None, None))
-    counts = jnp.zeros((num_classes,), dtype).at[segments].add(
-        1, mode="drop", out_sharding=_mesh.explicit_sharding(features, None))
+    delta = (
+        jnp.zeros((num_classes, diff.shape[-1]), diff.dtype)
+        .at[segments]
+        .add(lax.stop_gradient(diff), mode="drop", out_sharding=_mesh.explicit_sharding(features, None, None))
+    )
+    counts = (
+        jnp.zeros((num_classes,), dtype)
+        .at[segments]
+        .add(1, mode="drop", out_sharding=_mesh.explicit_sharding(features, None))
+    )
     return delta, counts
 
 
@@ -60,22 +64,32 @@ def _center_args(fn, centers, features, labels, alpha):
     features = _float_array(fn, features, "features")
     labels = _int_labels(fn, labels)
     if centers.ndim != 2:
-        raise ValueError(f"{fn}: centers must be (num_classes, feature_dim), got shape "
-                         f"{centers.shape}. Make them with center_loss_init.")
+        raise ValueError(
+            f"{fn}: centers must be (num_classes, feature_dim), got shape "
+            f"{centers.shape}. Make them with center_loss_init."
+        )
     num_classes, dim = centers.shape
     if features.ndim != 2 or features.shape[1] != dim:
-        raise ValueError(f"{fn}: features must be (batch, {dim}) to match centers "
-                         f"{centers.shape}, got {features.shape}.")
+        raise ValueError(
+            f"{fn}: features must be (batch, {dim}) to match centers {centers.shape}, got {features.shape}."
+        )
     if labels.shape != features.shape[:1]:
-        raise ValueError(f"{fn}: labels must be ({features.shape[0]},), one class id per "
-                         f"feature row, got {labels.shape}.")
+        raise ValueError(
+            f"{fn}: labels must be ({features.shape[0]},), one class id per feature row, got {labels.shape}."
+        )
     alpha = _check_number(fn, "alpha", alpha, low=0.0)
     _check_label_range(fn, labels, num_classes)
     return centers, features, labels, alpha
 
 
-def center_loss(centers: ArrayLike, features: ArrayLike, labels: ArrayLike, *, alpha: float = 0.5,
-                axis_name: Optional[Hashable] = None) -> Tuple[jax.Array, jax.Array]:
+def center_loss(
+    centers: ArrayLike,
+    features: ArrayLike,
+    labels: ArrayLike,
+    *,
+    alpha: float = 0.5,
+    axis_name: Optional[Hashable] = None,
+) -> Tuple[jax.Array, jax.Array]:
     r"""Center loss and the updated centers: ``(loss, new_centers)``.
 
     With :math:`B` samples :math:`x_i` of classes :math:`y_i` and centers :math:`c`

@@ -13,14 +13,24 @@ from jax.typing import ArrayLike
 
 from funcnet import _mesh
 from funcnet import _checks as checks
-from funcnet.losses._args import (_array, _broadcasts_to, _check_index_labels,
-                                  _check_label_range, _check_number, _class_axis,
-                                  _class_weight, _concrete, _float_array, _int_labels,
-                                  _is_zero, _real_array, _same_shape)
+from funcnet.losses._args import (
+    _array,
+    _broadcasts_to,
+    _check_index_labels,
+    _check_label_range,
+    _check_number,
+    _class_axis,
+    _class_weight,
+    _concrete,
+    _float_array,
+    _int_labels,
+    _is_zero,
+    _real_array,
+    _same_shape,
+)
 from funcnet.losses._reduction import _check_reduction, _reduce
 
-__all__ = ["nll_loss", "cross_entropy", "sigmoid_binary_cross_entropy", "binary_cross_entropy",
-           "kl_div"]
+__all__ = ["nll_loss", "cross_entropy", "sigmoid_binary_cross_entropy", "binary_cross_entropy", "kl_div"]
 
 
 def _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, label_smoothing):
@@ -54,8 +64,15 @@ def _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, 
     return _reduce(fn, loss, reduction)
 
 
-def nll_loss(inputs: ArrayLike, labels: ArrayLike, *, weight: Optional[ArrayLike] = None,
-             ignore_index: int = -100, reduction: str = "mean", axis: int = -1) -> jax.Array:
+def nll_loss(
+    inputs: ArrayLike,
+    labels: ArrayLike,
+    *,
+    weight: Optional[ArrayLike] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    axis: int = -1,
+) -> jax.Array:
     r"""Negative log-likelihood of integer labels under log-probabilities.
 
     Matches ``torch.nn.functional.nll_loss`` except that classes are on ``axis=-1`` by
@@ -112,18 +129,21 @@ def nll_loss(inputs: ArrayLike, labels: ArrayLike, *, weight: Optional[ArrayLike
     return _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, 0.0)
 
 
-def _soft_cross_entropy(fn, logits, labels, weight, ignore_index, reduction,
-                        label_smoothing, axis):
+def _soft_cross_entropy(fn, logits, labels, weight, ignore_index, reduction, label_smoothing, axis):
     """:func:`cross_entropy` of float (probability) targets of ``logits``' shape."""
     num_classes = logits.shape[axis]
     if labels.shape != logits.shape:
-        raise ValueError(f"{fn}: float labels are probability targets and must have the "
-                         f"logits' shape {logits.shape}, got {labels.shape}. For class ids "
-                         f"use an integer dtype.")
+        raise ValueError(
+            f"{fn}: float labels are probability targets and must have the "
+            f"logits' shape {logits.shape}, got {labels.shape}. For class ids "
+            f"use an integer dtype."
+        )
     if ignore_index >= 0:
-        raise ValueError(f"{fn}: ignore_index is not supported for probability (float) "
-                         f"labels, as in torch; got ignore_index={ignore_index}. Leave it "
-                         f"at the default or give the ignored rows zero targets.")
+        raise ValueError(
+            f"{fn}: ignore_index is not supported for probability (float) "
+            f"labels, as in torch; got ignore_index={ignore_index}. Leave it "
+            f"at the default or give the ignored rows zero targets."
+        )
     targets = labels.astype(logits.dtype)
     if not _is_zero(label_smoothing):
         targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
@@ -135,9 +155,16 @@ def _soft_cross_entropy(fn, logits, labels, weight, ignore_index, reduction,
     return _reduce(fn, loss, reduction)
 
 
-def cross_entropy(logits: ArrayLike, labels: ArrayLike, *, weight: Optional[ArrayLike] = None,
-                  ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
-                  axis: int = -1) -> jax.Array:
+def cross_entropy(
+    logits: ArrayLike,
+    labels: ArrayLike,
+    *,
+    weight: Optional[ArrayLike] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    axis: int = -1,
+) -> jax.Array:
     r"""Softmax cross-entropy, matching ``torch.nn.functional.cross_entropy``.
 
     The one difference from torch is the class axis: ``axis=-1`` by default
@@ -205,23 +232,24 @@ def cross_entropy(logits: ArrayLike, labels: ArrayLike, *, weight: Optional[Arra
     weight = _class_weight(fn, weight, num_classes, logits.dtype)
 
     if jnp.issubdtype(labels.dtype, jnp.floating):
-        return _soft_cross_entropy(fn, logits, labels, weight, ignore_index, reduction,
-                                   label_smoothing, axis)
+        return _soft_cross_entropy(fn, logits, labels, weight, ignore_index, reduction, label_smoothing, axis)
 
     if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise TypeError(f"{fn}: labels must be integer class ids or float probabilities, got "
-                        f"dtype {labels.dtype}.")
+        raise TypeError(f"{fn}: labels must be integer class ids or float probabilities, got dtype {labels.dtype}.")
     _check_index_labels(fn, logits, labels, axis)
     _check_label_range(fn, labels, num_classes, ignore_index)
     log_probs = jax.nn.log_softmax(jnp.moveaxis(logits, axis, -1), axis=-1)
-    return _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction,
-                               label_smoothing)
+    return _nll_from_log_probs(fn, log_probs, labels, weight, ignore_index, reduction, label_smoothing)
 
 
-def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike, *,
-                                 pos_weight: Optional[ArrayLike] = None,
-                                 weight: Optional[ArrayLike] = None,
-                                 reduction: str = "mean") -> jax.Array:
+def sigmoid_binary_cross_entropy(
+    logits: ArrayLike,
+    labels: ArrayLike,
+    *,
+    pos_weight: Optional[ArrayLike] = None,
+    weight: Optional[ArrayLike] = None,
+    reduction: str = "mean",
+) -> jax.Array:
     r"""Binary cross-entropy on logits, matching ``torch.nn.functional.binary_cross_entropy_with_logits``.
 
     .. math:
@@ -267,8 +295,11 @@ def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike, *,
     logits = _float_array(fn, logits, "logits")
     labels = _array(fn, labels, "labels")
     _check_reduction(fn, reduction)
-    if not (jnp.issubdtype(labels.dtype, jnp.floating) or jnp.issubdtype(labels.dtype, jnp.integer)
-            or labels.dtype == jnp.bool_):
+    if not (
+        jnp.issubdtype(labels.dtype, jnp.floating)
+        or jnp.issubdtype(labels.dtype, jnp.integer)
+        or labels.dtype == jnp.bool_
+    ):
         raise TypeError(f"{fn}: labels must be real or bool, got dtype {labels.dtype}.")
     _same_shape(fn, logits, labels, "logits", "labels")
     labels = labels.astype(logits.dtype)
@@ -283,16 +314,14 @@ def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike, *,
         except ValueError:
             fits = False
         if not fits:
-            raise ValueError(f"{fn}: {what} of shape {x.shape} does not broadcast to logits "
-                             f"of shape {logits.shape}.")
+            raise ValueError(f"{fn}: {what} of shape {x.shape} does not broadcast to logits of shape {logits.shape}.")
         return x
 
     if pos_weight is None:
         loss = optax.losses.sigmoid_binary_cross_entropy(logits, labels)
     else:
         pos_weight = broadcastable(pos_weight, "pos_weight")
-        loss = -(pos_weight * labels * jax.nn.log_sigmoid(logits)
-                 + (1.0 - labels) * jax.nn.log_sigmoid(-logits))
+        loss = -(pos_weight * labels * jax.nn.log_sigmoid(logits) + (1.0 - labels) * jax.nn.log_sigmoid(-logits))
     if weight is not None:
         loss = loss * broadcastable(weight, "weight")
     return _reduce(fn, loss, reduction)
@@ -332,8 +361,9 @@ def _bce_bwd(res, g):
 _bce.defvjp(_bce_fwd, _bce_bwd)
 
 
-def binary_cross_entropy(probs: ArrayLike, labels: ArrayLike, *, weight: Optional[ArrayLike] = None,
-                         reduction: str = "mean") -> jax.Array:
+def binary_cross_entropy(
+    probs: ArrayLike, labels: ArrayLike, *, weight: Optional[ArrayLike] = None, reduction: str = "mean"
+) -> jax.Array:
     r"""Binary cross-entropy of probabilities, as ``torch.nn.functional.binary_cross_entropy``.
 
     .. math:
@@ -383,19 +413,19 @@ def binary_cross_entropy(probs: ArrayLike, labels: ArrayLike, *, weight: Optiona
     _same_shape(fn, probs, labels, "probs", "labels")
     values = _concrete(probs)
     if values is not None and values.size and not ((values >= 0) & (values <= 1)).all():
-        raise ValueError(f"{fn}: probs must lie in [0, 1] (all elements of input should be "
-                         f"between 0 and 1), found values from {values.min()} to "
-                         f"{values.max()}. For scores (logits) use "
-                         f"sigmoid_binary_cross_entropy, or apply jax.nn.sigmoid first.")
+        raise ValueError(
+            f"{fn}: probs must lie in [0, 1] (all elements of input should be "
+            f"between 0 and 1), found values from {values.min()} to "
+            f"{values.max()}. For scores (logits) use "
+            f"sigmoid_binary_cross_entropy, or apply jax.nn.sigmoid first."
+        )
     loss = _bce(probs, labels)
     if weight is not None:
-        loss = loss * _broadcasts_to(fn, _real_array(fn, weight, "weight", probs.dtype),
-                                     probs.shape, "weight", "probs")
+        loss = loss * _broadcasts_to(fn, _real_array(fn, weight, "weight", probs.dtype), probs.shape, "weight", "probs")
     return _reduce(fn, loss, reduction)
 
 
-def kl_div(inputs: ArrayLike, targets: ArrayLike, *, reduction: str = "mean",
-           log_target: bool = False) -> jax.Array:
+def kl_div(inputs: ArrayLike, targets: ArrayLike, *, reduction: str = "mean", log_target: bool = False) -> jax.Array:
     r"""Kullback-Leibler divergence, as ``torch.nn.functional.kl_div``: ``inputs`` are
     log-probabilities, ``targets`` probabilities (log-probabilities with ``log_target=True``).
 

@@ -9,20 +9,19 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
-from funcnet.losses._args import (_check_number, _float_array, _real_array, _same_shape,
-                                  _sign_labels)
+from funcnet.losses._args import _check_number, _float_array, _real_array, _same_shape, _sign_labels
 from funcnet.losses._reduction import _check_reduction, _reduce
 
-__all__ = ["cosine_embedding_loss", "margin_ranking_loss", "triplet_margin_loss",
-           "hinge_embedding_loss"]
+__all__ = ["cosine_embedding_loss", "margin_ranking_loss", "triplet_margin_loss", "hinge_embedding_loss"]
 
 
 # torch's EPSILON, a C float: float64 inputs get float32(1e-12) = 9.9999998e-13, not 1e-12.
 _COSINE_EPSILON = float(np.float32(1e-12))
 
 
-def cosine_embedding_loss(x1: ArrayLike, x2: ArrayLike, labels: ArrayLike, *, margin: float = 0.0,
-                          reduction: str = "mean") -> jax.Array:
+def cosine_embedding_loss(
+    x1: ArrayLike, x2: ArrayLike, labels: ArrayLike, *, margin: float = 0.0, reduction: str = "mean"
+) -> jax.Array:
     r"""Cosine embedding loss, as ``torch.nn.functional.cosine_embedding_loss``.
 
     For rows ``x1``, ``x2`` of shape ``(N, D)`` (or ``(D,)``) and labels ``y`` of
@@ -78,8 +77,9 @@ def cosine_embedding_loss(x1: ArrayLike, x2: ArrayLike, labels: ArrayLike, *, ma
     return _reduce(fn, loss, reduction)
 
 
-def margin_ranking_loss(x1: ArrayLike, x2: ArrayLike, labels: ArrayLike, *, margin: float = 0.0,
-                        reduction: str = "mean") -> jax.Array:
+def margin_ranking_loss(
+    x1: ArrayLike, x2: ArrayLike, labels: ArrayLike, *, margin: float = 0.0, reduction: str = "mean"
+) -> jax.Array:
     r"""Margin ranking loss, as ``torch.nn.functional.margin_ranking_loss``:
     :math:`l = \max(0, -y (x_1 - x_2) + \text{margin})`, ``y = 1`` when ``x1`` should
     rank higher and ``-1`` when ``x2`` should. The three arrays have one shape.
@@ -124,12 +124,20 @@ def _pairwise_distance(a, b, p, eps):
         return jnp.sqrt(jnp.sum(d * d, -1))
     if p == 1:
         return jnp.sum(d, -1)
-    return jnp.sum(d ** p, -1) ** (1.0 / p)
+    return jnp.sum(d**p, -1) ** (1.0 / p)
 
 
-def triplet_margin_loss(anchor: ArrayLike, positive: ArrayLike, negative: ArrayLike, *,
-                        margin: float = 1.0, p: float = 2.0, eps: float = 1e-6, swap: bool = False,
-                        reduction: str = "mean") -> jax.Array:
+def triplet_margin_loss(
+    anchor: ArrayLike,
+    positive: ArrayLike,
+    negative: ArrayLike,
+    *,
+    margin: float = 1.0,
+    p: float = 2.0,
+    eps: float = 1e-6,
+    swap: bool = False,
+    reduction: str = "mean",
+) -> jax.Array:
     r"""Triplet margin loss, as ``torch.nn.functional.triplet_margin_loss``.
 
     Rows of shape ``(N, D)`` (or ``(D,)``), with :math:`d(a, b) = \lVert a - b +
@@ -176,11 +184,9 @@ def triplet_margin_loss(anchor: ArrayLike, positive: ArrayLike, negative: ArrayL
     _same_shape(fn, anchor, positive, "anchor", "positive")
     _same_shape(fn, anchor, negative, "anchor", "negative")
     if anchor.ndim not in (1, 2):
-        raise ValueError(f"{fn}: anchor, positive and negative must be (N, D) or (D,), got "
-                         f"shape {anchor.shape}.")
+        raise ValueError(f"{fn}: anchor, positive and negative must be (N, D) or (D,), got shape {anchor.shape}.")
     _check_reduction(fn, reduction)
-    margin = checks.real(fn, "margin (torch: margin must be greater than 0)", margin, low=0.0,
-                         low_open=True)
+    margin = checks.real(fn, "margin (torch: margin must be greater than 0)", margin, low=0.0, low_open=True)
     p = checks.real(fn, "p (the norm degree)", p, low=0.0, low_open=True)
     eps = checks.real(fn, "eps", eps, low=0.0)
     swap = checks.flag(fn, "swap", swap)
@@ -191,8 +197,9 @@ def triplet_margin_loss(anchor: ArrayLike, positive: ArrayLike, negative: ArrayL
     return _reduce(fn, jnp.maximum(d_pos - d_neg + margin, 0.0), reduction)
 
 
-def hinge_embedding_loss(inputs: ArrayLike, labels: ArrayLike, *, margin: float = 1.0,
-                         reduction: str = "mean") -> jax.Array:
+def hinge_embedding_loss(
+    inputs: ArrayLike, labels: ArrayLike, *, margin: float = 1.0, reduction: str = "mean"
+) -> jax.Array:
     r"""Hinge embedding loss, as ``torch.nn.functional.hinge_embedding_loss``.
 
     ``inputs`` are usually distances between pairs (e.g. an L1 distance), ``labels`` 1
@@ -237,6 +244,5 @@ def hinge_embedding_loss(inputs: ArrayLike, labels: ArrayLike, *, margin: float 
     gap = margin - inputs
     # torch adds both terms, each masked by its own test: a label that is neither 1 nor
     # -1 (possible only under jit) pays both.
-    loss = (jnp.where(labels != 1, jnp.where(gap >= 0, gap, 0.0), 0.0)
-            + jnp.where(labels != -1, inputs, 0.0))
+    loss = jnp.where(labels != 1, jnp.where(gap >= 0, gap, 0.0), 0.0) + jnp.where(labels != -1, inputs, 0.0)
     return _reduce(fn, loss, reduction)

@@ -13,14 +13,23 @@ from jax.typing import ArrayLike
 
 from funcnet import _mesh
 from funcnet import _checks as checks
-from funcnet.losses._args import (_array, _broadcasts_to, _check_index_labels,
-                                  _check_label_range, _check_number, _class_axis,
-                                  _class_weight, _concrete, _float_array, _int_labels,
-                                  _real_array, _same_shape)
+from funcnet.losses._args import (
+    _array,
+    _broadcasts_to,
+    _check_index_labels,
+    _check_label_range,
+    _check_number,
+    _class_axis,
+    _class_weight,
+    _concrete,
+    _float_array,
+    _int_labels,
+    _real_array,
+    _same_shape,
+)
 from funcnet.losses._reduction import _check_reduction, _reduce
 
-__all__ = ["hinge", "multiclass_hinge", "soft_margin_loss", "multilabel_margin_loss",
-           "multilabel_soft_margin_loss"]
+__all__ = ["hinge", "multiclass_hinge", "soft_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss"]
 
 
 def hinge(scores: ArrayLike, labels: ArrayLike, *, reduction: str = "mean") -> jax.Array:
@@ -61,15 +70,20 @@ def hinge(scores: ArrayLike, labels: ArrayLike, *, reduction: str = "mean") -> j
     if values is not None and values.size:
         found = set(np.unique(values).tolist())
         if not found <= {-1, 0, 1} or {-1, 0} <= found:
-            raise ValueError(f"{fn}: labels must be in {{-1, 1}} or in {{0, 1}}, found "
-                             f"{sorted(found)[:8]}.")
+            raise ValueError(f"{fn}: labels must be in {{-1, 1}} or in {{0, 1}}, found {sorted(found)[:8]}.")
     signs = jnp.where(labels > 0, 1.0, -1.0).astype(scores.dtype)
     return _reduce(fn, optax.losses.hinge_loss(scores, signs), reduction)
 
 
-def multiclass_hinge(scores: ArrayLike, labels: ArrayLike, *, margin: float = 1.0,
-                     weight: Optional[ArrayLike] = None, reduction: str = "mean",
-                     p: int = 1) -> jax.Array:
+def multiclass_hinge(
+    scores: ArrayLike,
+    labels: ArrayLike,
+    *,
+    margin: float = 1.0,
+    weight: Optional[ArrayLike] = None,
+    reduction: str = "mean",
+    p: int = 1,
+) -> jax.Array:
     r"""Multi-class hinge loss, as ``torch.nn.functional.multi_margin_loss`` (``p``,
     ``margin``, ``weight``).
 
@@ -112,9 +126,11 @@ def multiclass_hinge(scores: ArrayLike, labels: ArrayLike, *, margin: float = 1.
     """
     fn = "funcnet.losses.multiclass_hinge"
     if p not in (1, 2) or isinstance(p, bool):
-        raise checks.ArgumentError(f"{fn}: p must be 1 or 2 (the power of each hinge term; "
-                                   f"torch's multi_margin_loss supports only these), got "
-                                   f"{checks.got(p)}.")
+        raise checks.ArgumentError(
+            f"{fn}: p must be 1 or 2 (the power of each hinge term; "
+            f"torch's multi_margin_loss supports only these), got "
+            f"{checks.got(p)}."
+        )
     margin = _check_number(fn, "margin", margin)  # any real, as torch's
     scores = _float_array(fn, scores, "scores")
     labels = _int_labels(fn, labels, like=scores, like_what="scores")
@@ -138,8 +154,7 @@ def multiclass_hinge(scores: ArrayLike, labels: ArrayLike, *, margin: float = 1.
     return _reduce(fn, loss, reduction)
 
 
-def soft_margin_loss(inputs: ArrayLike, targets: ArrayLike, *,
-                     reduction: str = "mean") -> jax.Array:
+def soft_margin_loss(inputs: ArrayLike, targets: ArrayLike, *, reduction: str = "mean") -> jax.Array:
     r"""Two-class logistic loss, as ``torch.nn.functional.soft_margin_loss``.
 
     .. math:
@@ -185,8 +200,7 @@ def _multilabel_targets(fn: str, inputs, targets):
     (the 0/1 mask of the listed classes) and ``valid`` (no listed id ``>= C``)."""
     targets = _int_labels(fn, targets, "targets")
     if inputs.ndim not in (1, 2):
-        raise ValueError(f"{fn}: inputs must be (C,) or (N, C), classes last, got shape "
-                         f"{inputs.shape}.")
+        raise ValueError(f"{fn}: inputs must be (C,) or (N, C), classes last, got shape {inputs.shape}.")
     _same_shape(fn, inputs, targets, "inputs", "targets")
     num_classes = inputs.shape[-1]
     # torch reads each list up to its first negative entry; the rest is padding.
@@ -195,10 +209,12 @@ def _multilabel_targets(fn: str, inputs, targets):
     if values is not None and values.size:
         bad = (values < -1) | (values >= num_classes)
         if bad.any():
-            raise ValueError(f"{fn}: targets must be class ids in [0, {num_classes}) or -1, "
-                             f"which ends a row's list, found "
-                             f"{np.unique(values[bad])[:8].tolist()}. Pad each row with -1, "
-                             f"e.g. [3, 0, -1, -1] for classes 3 and 0.")
+            raise ValueError(
+                f"{fn}: targets must be class ids in [0, {num_classes}) or -1, "
+                f"which ends a row's list, found "
+                f"{np.unique(values[bad])[:8].tolist()}. Pad each row with -1, "
+                f"e.g. [3, 0, -1, -1] for classes 3 and 0."
+            )
     in_range = targets < num_classes
     safe = jnp.where(in_list & in_range, targets, 0)
     hits = jax.nn.one_hot(safe, num_classes, dtype=inputs.dtype) * in_list[..., None]
@@ -208,8 +224,7 @@ def _multilabel_targets(fn: str, inputs, targets):
     return in_list, safe, is_target, valid
 
 
-def multilabel_margin_loss(inputs: ArrayLike, targets: ArrayLike, *,
-                           reduction: str = "mean") -> jax.Array:
+def multilabel_margin_loss(inputs: ArrayLike, targets: ArrayLike, *, reduction: str = "mean") -> jax.Array:
     r"""Multi-label hinge loss, as ``torch.nn.functional.multilabel_margin_loss``.
 
     ``targets`` are torch's index lists: each row of ``inputs``' shape ``(N, C)`` (or
@@ -251,17 +266,17 @@ def multilabel_margin_loss(inputs: ArrayLike, targets: ArrayLike, *,
     inputs = _float_array(fn, inputs, "inputs")
     _check_reduction(fn, reduction)
     in_list, safe, is_target, valid = _multilabel_targets(fn, inputs, targets)
-    listed = jnp.take_along_axis(inputs, safe, axis=-1)                 # x_j, (..., C)
-    z = 1.0 - listed[..., :, None] + inputs[..., None, :]              # (..., j, i)
+    listed = jnp.take_along_axis(inputs, safe, axis=-1)  # x_j, (..., C)
+    z = 1.0 - listed[..., :, None] + inputs[..., None, :]  # (..., j, i)
     keep = in_list[..., :, None] & (is_target[..., None, :] == 0)
     terms = jnp.where(keep & (z > 0), z, 0.0)  # strict, as torch's: a tie has no gradient
     loss = jnp.sum(terms, axis=(-2, -1)) / inputs.shape[-1]
     return _reduce(fn, jnp.where(valid, loss, jnp.nan), reduction)
 
 
-def multilabel_soft_margin_loss(inputs: ArrayLike, targets: ArrayLike, *,
-                                weight: Optional[ArrayLike] = None,
-                                reduction: str = "mean") -> jax.Array:
+def multilabel_soft_margin_loss(
+    inputs: ArrayLike, targets: ArrayLike, *, weight: Optional[ArrayLike] = None, reduction: str = "mean"
+) -> jax.Array:
     r"""Multi-label one-versus-all logistic loss, as
     ``torch.nn.functional.multilabel_soft_margin_loss``.
 
@@ -307,6 +322,7 @@ def multilabel_soft_margin_loss(inputs: ArrayLike, targets: ArrayLike, *,
     _check_reduction(fn, reduction)
     loss = -(targets * jax.nn.log_sigmoid(inputs) + (1.0 - targets) * jax.nn.log_sigmoid(-inputs))
     if weight is not None:
-        loss = loss * _broadcasts_to(fn, _real_array(fn, weight, "weight", inputs.dtype),
-                                     inputs.shape, "weight", "inputs")
+        loss = loss * _broadcasts_to(
+            fn, _real_array(fn, weight, "weight", inputs.dtype), inputs.shape, "weight", "inputs"
+        )
     return _reduce(fn, jnp.sum(loss, axis=-1) / inputs.shape[-1], reduction)

@@ -28,9 +28,11 @@ def _reduce(fn: str, loss, reduction):
         return jnp.sum(loss)
     if reduction == "sum_mean":
         if loss.ndim == 0:
-            raise ValueError(f"{fn}: reduction='sum_mean' averages over the batch axis (axis 0) "
-                             f"but the per-element loss is a scalar. Give the inputs a leading "
-                             f"batch axis, or use reduction='sum'.")
+            raise ValueError(
+                f"{fn}: reduction='sum_mean' averages over the batch axis (axis 0) "
+                f"but the per-element loss is a scalar. Give the inputs a leading "
+                f"batch axis, or use reduction='sum'."
+            )
         return jnp.mean(jnp.sum(loss, axis=tuple(range(1, loss.ndim))), axis=0)
     return loss
 
@@ -41,5 +43,4 @@ _TORCH_REDUCTIONS = ("mean", "sum", "none")
 def _check_torch_reduction(fn: str, reduction, extra=()) -> None:
     valid = _TORCH_REDUCTIONS + tuple(extra)
     if reduction not in valid:
-        raise ValueError(f"{fn}: reduction must be one of {', '.join(map(repr, valid))}, got "
-                         f"{reduction!r}.")
+        raise ValueError(f"{fn}: reduction must be one of {', '.join(map(repr, valid))}, got {reduction!r}.")

@@ -13,8 +13,7 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from funcnet import _checks as checks
-from funcnet.losses._args import (_array, _check_number, _concrete, _float_array,
-                                  _real_array, _same_shape)
+from funcnet.losses._args import _array, _check_number, _concrete, _float_array, _real_array, _same_shape
 from funcnet.losses._reduction import _check_reduction, _reduce
 
 __all__ = ["mse", "mae", "huber", "smooth_l1", "poisson_nll_loss", "gaussian_nll_loss"]
@@ -88,8 +87,7 @@ def mae(predictions: ArrayLike, targets: ArrayLike, *, reduction: str = "mean") 
     return _reduce(fn, jnp.abs(predictions - targets), reduction)
 
 
-def huber(predictions: ArrayLike, targets: ArrayLike, *, delta: float = 1.0,
-          reduction: str = "mean") -> jax.Array:
+def huber(predictions: ArrayLike, targets: ArrayLike, *, delta: float = 1.0, reduction: str = "mean") -> jax.Array:
     r"""Huber loss, matching ``torch.nn.functional.huber_loss``.
 
     .. math:
@@ -162,8 +160,15 @@ def smooth_l1(data: ArrayLike, *, scalar: float = 1.0, reduction: str = "none") 
     return _reduce(fn, loss, reduction)
 
 
-def poisson_nll_loss(inputs: ArrayLike, targets: ArrayLike, *, log_input: bool = True,
-                     full: bool = False, eps: float = 1e-8, reduction: str = "mean") -> jax.Array:
+def poisson_nll_loss(
+    inputs: ArrayLike,
+    targets: ArrayLike,
+    *,
+    log_input: bool = True,
+    full: bool = False,
+    eps: float = 1e-8,
+    reduction: str = "mean",
+) -> jax.Array:
     r"""Poisson negative log-likelihood, as ``torch.nn.functional.poisson_nll_loss``.
 
     .. math:
@@ -219,8 +224,15 @@ def poisson_nll_loss(inputs: ArrayLike, targets: ArrayLike, *, log_input: bool =
     return _reduce(fn, loss, reduction)
 
 
-def gaussian_nll_loss(inputs: ArrayLike, targets: ArrayLike, var: ArrayLike, *, full: bool = False,
-                      eps: float = 1e-6, reduction: str = "mean") -> jax.Array:
+def gaussian_nll_loss(
+    inputs: ArrayLike,
+    targets: ArrayLike,
+    var: ArrayLike,
+    *,
+    full: bool = False,
+    eps: float = 1e-6,
+    reduction: str = "mean",
+) -> jax.Array:
     r"""Gaussian negative log-likelihood, as ``torch.nn.functional.gaussian_nll_loss``.
 
     .. math:
@@ -273,18 +285,20 @@ def gaussian_nll_loss(inputs: ArrayLike, targets: ArrayLike, var: ArrayLike, *, 
     var = _float_array(fn, var, "var")
     values = _concrete(var)
     if values is not None and (values < 0).any():
-        raise ValueError(f"{fn}: var has negative entry/entries (found {values.min()}); it "
-                         f"is a variance. Pass e.g. jax.nn.softplus(raw) or exp(log_var).")
+        raise ValueError(
+            f"{fn}: var has negative entry/entries (found {values.min()}); it "
+            f"is a variance. Pass e.g. jax.nn.softplus(raw) or exp(log_var)."
+        )
     if var.shape != inputs.shape:
         if var.shape == inputs.shape[:-1]:
             var = var[..., None]
-        elif not (var.ndim == inputs.ndim and sum(
-                v for i, v in zip(inputs.shape, var.shape) if i != v) == 1):
+        elif not (var.ndim == inputs.ndim and sum(v for i, v in zip(inputs.shape, var.shape) if i != v) == 1):
             raise ValueError(
                 f"{fn}: var is of incorrect size: shape {var.shape} for inputs of shape "
                 f"{inputs.shape}. Give inputs' shape (one variance per element), inputs' "
                 f"shape without the last axis {inputs.shape[:-1]}, or inputs' shape with one "
-                f"axis set to 1 (one variance shared along it).")
+                f"axis set to 1 (one variance shared along it)."
+            )
     var = var.astype(inputs.dtype)
     var = var + lax.stop_gradient(jnp.maximum(var, eps) - var)
     loss = 0.5 * (jnp.log(var) + jnp.square(inputs - targets) / var)

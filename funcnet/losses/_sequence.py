@@ -15,37 +15,36 @@ from funcnet.losses._reduction import _check_torch_reduction
 __all__ = ["ctc_loss"]
 
 
-def _ctc_args(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
-              zero_infinity):
+def _ctc_args(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
     """The checked arguments of :func:`ctc_loss`, and ``in_target`` (the labels within
     ``target_lengths``)."""
     log_probs = _float_array(fn, log_probs, "log_probs")
     if log_probs.ndim != 3:
-        raise ValueError(f"{fn}: log_probs must be (N, T, C), batch first, got shape "
-                         f"{log_probs.shape}. From torch's (T, N, C) layout: "
-                         f"jnp.swapaxes(log_probs, 0, 1).")
+        raise ValueError(
+            f"{fn}: log_probs must be (N, T, C), batch first, got shape "
+            f"{log_probs.shape}. From torch's (T, N, C) layout: "
+            f"jnp.swapaxes(log_probs, 0, 1)."
+        )
     N, T, C = log_probs.shape
     targets = _int_labels(fn, targets, "targets")
     if targets.ndim != 2 or targets.shape[0] != N:
-        raise ValueError(f"{fn}: targets must be padded labels of shape ({N}, S), got "
-                         f"{targets.shape}.")
+        raise ValueError(f"{fn}: targets must be padded labels of shape ({N}, S), got {targets.shape}.")
     lengths = []
-    for what, x, most in (("input_lengths", input_lengths, T),
-                          ("target_lengths", target_lengths, targets.shape[1])):
+    for what, x, most in (("input_lengths", input_lengths, T), ("target_lengths", target_lengths, targets.shape[1])):
         x = _int_labels(fn, x, what)
         if x.shape != (N,):
-            raise ValueError(f"{fn}: {what} must have shape ({N},), one per sequence, got "
-                             f"{x.shape}.")
+            raise ValueError(f"{fn}: {what} must have shape ({N},), one per sequence, got {x.shape}.")
         v = _concrete(x)
         if v is not None and v.size and (v.min() < 0 or v.max() > most):
-            raise ValueError(f"{fn}: {what} must lie in [0, {most}], found values from "
-                             f"{v.min()} to {v.max()}.")
+            raise ValueError(f"{fn}: {what} must lie in [0, {most}], found values from {v.min()} to {v.max()}.")
         lengths.append(x)
     input_lengths, target_lengths = lengths
     blank = checks.integer(fn, "blank", blank)
     if not 0 <= blank < C:
-        raise ValueError(f"{fn}: blank must be in label range: blank={blank} but log_probs "
-                         f"has {C} classes. Give the index of the blank class, in [0, {C}).")
+        raise ValueError(
+            f"{fn}: blank must be in label range: blank={blank} but log_probs "
+            f"has {C} classes. Give the index of the blank class, in [0, {C})."
+        )
     _check_torch_reduction(fn, reduction)
     zero_infinity = checks.flag(fn, "zero_infinity", zero_infinity)
     in_target = jnp.arange(targets.shape[1])[None, :] < target_lengths[:, None]
@@ -54,11 +53,12 @@ def _ctc_args(fn, log_probs, targets, input_lengths, target_lengths, blank, redu
     if v is not None and mask is not None and v.size:
         bad = mask & ((v < 0) | (v >= C) | (v == blank))
         if bad.any():
-            raise ValueError(f"{fn}: targets must be class ids in [0, {C}) other than "
-                             f"blank={blank}, found {np.unique(v[bad])[:8].tolist()} within "
-                             f"target_lengths.")
-    return (log_probs, targets, input_lengths, target_lengths, blank, zero_infinity,
-            in_target)
+            raise ValueError(
+                f"{fn}: targets must be class ids in [0, {C}) other than "
+                f"blank={blank}, found {np.unique(v[bad])[:8].tolist()} within "
+                f"target_lengths."
+            )
+    return (log_probs, targets, input_lengths, target_lengths, blank, zero_infinity, in_target)
 
 
 @jax.custom_jvp
@@ -77,9 +77,16 @@ def _nan_gradient_jvp(primals, tangents):
     return _nan_gradient(log_probs, where), jnp.sum(nan_at * tangents[0], axis=(1, 2))
 
 
-def ctc_loss(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike,
-             target_lengths: ArrayLike, *, blank: int = 0, reduction: str = "mean",
-             zero_infinity: bool = False) -> jax.Array:
+def ctc_loss(
+    log_probs: ArrayLike,
+    targets: ArrayLike,
+    input_lengths: ArrayLike,
+    target_lengths: ArrayLike,
+    *,
+    blank: int = 0,
+    reduction: str = "mean",
+    zero_infinity: bool = False,
+) -> jax.Array:
     r"""Connectionist temporal classification loss, as ``torch.nn.CTCLoss``, computed by
     ``optax.ctc_loss``.
 
@@ -133,9 +140,9 @@ def ctc_loss(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike,
       [inf]
     """
     fn = "funcnet.losses.ctc_loss"
-    (log_probs, targets, input_lengths, target_lengths, blank, zero_infinity,
-     in_target) = _ctc_args(fn, log_probs, targets, input_lengths, target_lengths, blank,
-                            reduction, zero_infinity)
+    (log_probs, targets, input_lengths, target_lengths, blank, zero_infinity, in_target) = _ctc_args(
+        fn, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity
+    )
     T = log_probs.shape[1]
     in_input = jnp.arange(T)[None, :] < input_lengths[:, None]
     frame_pad = (~in_input).astype(log_probs.dtype)
@@ -147,8 +154,7 @@ def ctc_loss(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike,
     feasible = input_lengths >= target_lengths + repeats
     nll = jnp.where(feasible, nll, 0.0 if zero_infinity else jnp.inf)
     if not zero_infinity:
-        nan_where = jnp.broadcast_to((~feasible[:, None] & in_input)[..., None],
-                                     log_probs.shape)
+        nan_where = jnp.broadcast_to((~feasible[:, None] & in_input)[..., None], log_probs.shape)
         nll = nll + _nan_gradient(log_probs, nan_where)
     if reduction == "mean":
         return jnp.mean(nll / jnp.maximum(target_lengths, 1).astype(nll.dtype))

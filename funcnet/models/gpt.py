@@ -19,10 +19,21 @@ from funcnet.precision import Policy, apply_policy, as_policy
 __all__ = ["GPT"]
 
 
-def GPT(vocab_size: int, block_size: int, *, n_layer: int = 12, n_head: int = 12,
-        n_embd: int = 768, dropout: float = 0.0, bias: bool = True, decode: bool = False,
-        scan: bool = False, remat: bool = False, implementation: Optional[str] = None,
-        policy: Optional[Policy | str] = None) -> Layer:
+def GPT(
+    vocab_size: int,
+    block_size: int,
+    *,
+    n_layer: int = 12,
+    n_head: int = 12,
+    n_embd: int = 768,
+    dropout: float = 0.0,
+    bias: bool = True,
+    decode: bool = False,
+    scan: bool = False,
+    remat: bool = False,
+    implementation: Optional[str] = None,
+    policy: Optional[Policy | str] = None,
+) -> Layer:
     """nanoGPT's ``GPT``: token ids ``(B, T)`` -> logits ``(B, T, vocab_size)``.
 
     ```
@@ -109,13 +120,24 @@ def GPT(vocab_size: int, block_size: int, *, n_layer: int = 12, n_head: int = 12
         ln_f = apply_policy(ln_f, Policy.make("float32", "float32", policy.compute_dtype))
     w = initializers.normal(0.02)
     proj = initializers.normal(0.02 / math.sqrt(2 * n_layer))
-    block = TransformerBlock(n_head, dropout=dropout, use_bias=bias, W_init=w, out_W_init=proj,
-                             b_init=initializers.zeros if bias else None,
-                             cache_length=block_size if decode else None,
-                             implementation=implementation, policy=policy)
+    block = TransformerBlock(
+        n_head,
+        dropout=dropout,
+        use_bias=bias,
+        W_init=w,
+        out_W_init=proj,
+        b_init=initializers.zeros if bias else None,
+        cache_length=block_size if decode else None,
+        implementation=implementation,
+        policy=policy,
+    )
     if remat:
         block = Remat(block)
     blocks = Scan(block, n_layer) if scan else serial(*[block] * n_layer)
-    body = serial(pos=LearnedPositions(block_size, n_embd, E_init=w, decode=decode),
-                  drop=Dropout(dropout), blocks=blocks, ln_f=ln_f)
+    body = serial(
+        pos=LearnedPositions(block_size, n_embd, E_init=w, decode=decode),
+        drop=Dropout(dropout),
+        blocks=blocks,
+        ln_f=ln_f,
+    )
     return TiedEmbedding(vocab_size, n_embd, body, E_init=w)

@@ -1,4 +1,5 @@
 """The model, data and step shared by the 2-process test and its single-process reference."""
+
 import jax
 import numpy as np
 import optax

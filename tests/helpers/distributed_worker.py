@@ -11,11 +11,11 @@ train state and a table split over all four devices with ``OrbaxCheckpointer`` a
 restore them from a fresh checkpointer; each process only ever holds its own half
 of the table.
 """
+
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=2").strip()
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import numpy as np  # noqa: E402
@@ -28,9 +28,11 @@ from helpers.distributed_setup import GLOBAL_BATCH, N_STEPS, batch, build  # noq
 
 def main():
     pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid,
-                        initialization_timeout=60)
+    distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid, initialization_timeout=60
+    )
     import jax
+
     assert jax.process_count() == nproc and jax.device_count() == 2 * nproc, jax.devices()
     train = train_on_mesh if (sys.argv[5:] or ["pmap"])[0] == "mesh" else train_pmap
     losses, host = train(jax)
@@ -81,17 +83,21 @@ def orbax_round_trip(jax, ts, directory):
 
     mesh = distributed.data_mesh()
     rows = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-    table = jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P("data")),
-                                         lambda index: rows[index])
+    table = jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P("data")), lambda index: rows[index])
     mine = {tuple(s.index[0].indices(8)) for s in table.addressable_shards}
     assert len(mine) == 2 and len(table.addressable_shards) == 2  # half the rows live here
     tree = {"ts": ts, "table": table}
     ck = OrbaxCheckpointer(directory, run_id="two-processes")
     ck.save(N_STEPS, tree)
     ck.close()
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-                          if isinstance(x, jax.Array)
-                          and not jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key) else x, tree)
+    target = jax.tree.map(
+        lambda x: (
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+            if isinstance(x, jax.Array) and not jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
+            else x
+        ),
+        tree,
+    )
     back = OrbaxCheckpointer(directory).restore(target)
     assert back["table"].sharding == table.sharding
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(tree)):

@@ -12,19 +12,19 @@ same processes, and writes both final train states (gathered: params, Adam's cou
 moments, the step and the rng's key data, named ``resumed/PATH`` and ``fresh/PATH`` by
 ``funcnet.paths``) to its own OUT.npz for the test to compare bit for bit.
 """
+
 import os
 import signal
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=2").strip()
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import numpy as np  # noqa: E402
 
 from funcnet import distributed, sharding  # noqa: E402
 
-EPOCHS, N, BATCH = 2, 64, 16   # 8 steps
+EPOCHS, N, BATCH = 2, 64, 16  # 8 steps
 CKPT_EVERY, KILL_AT = 3, 5
 
 
@@ -50,10 +50,10 @@ def build(jax):
 
 
 def main():
-    pid, port, ckpt_dir, out, phase = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                       sys.argv[4], sys.argv[5])
-    distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                           process_id=pid, initialization_timeout=60)
+    pid, port, ckpt_dir, out, phase = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
+    distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid, initialization_timeout=60
+    )
     import jax
     from jax.experimental import multihost_utils
 
@@ -70,11 +70,17 @@ def main():
         halves = [x for x in jax.tree.leaves(sharded.params) if not x.sharding.is_fully_replicated]
         assert halves and all(len(x.addressable_shards) == 2 for x in halves)
         data = DeviceData(arrays, BATCH, shuffle=True, rng=0)
-        ck = callbacks.Checkpoint(directory, every_steps=CKPT_EVERY, every_epochs=None,
-                                  keep=None, backend="orbax")
-        out_ts, _ = funcnet.fit(sharded, loss_fn, opt, data, epochs=EPOCHS, mesh=mesh,
-                                callbacks=[ck, *(cb(ck) for cb in extra)],
-                                resume_from=ck.checkpointer if resume else None)
+        ck = callbacks.Checkpoint(directory, every_steps=CKPT_EVERY, every_epochs=None, keep=None, backend="orbax")
+        out_ts, _ = funcnet.fit(
+            sharded,
+            loss_fn,
+            opt,
+            data,
+            epochs=EPOCHS,
+            mesh=mesh,
+            callbacks=[ck, *(cb(ck) for cb in extra)],
+            resume_from=ck.checkpointer if resume else None,
+        )
         for a, b in zip(jax.tree.leaves(out_ts), jax.tree.leaves(sharded)):
             assert a.sharding.is_equivalent_to(b.sharding, a.ndim), (a.sharding, b.sharding)
         return gather(out_ts)
@@ -82,12 +88,15 @@ def main():
     def gather(tree):
         """Every leaf of ``tree`` whole on this process, by path (keys as key data)."""
         import jax.numpy as jnp
-        flat = {path: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
-                for path, x in funcnet.paths(tree).items()}
-        return {path: np.asarray(x)
-                for path, x in multihost_utils.process_allgather(flat, tiled=True).items()}
+
+        flat = {
+            path: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+            for path, x in funcnet.paths(tree).items()
+        }
+        return {path: np.asarray(x) for path, x in multihost_utils.process_allgather(flat, tiled=True).items()}
 
     if phase == "crash":
+
         class Die(callbacks.Callback):
             def __init__(self, ck):
                 self.ck = ck
@@ -101,8 +110,7 @@ def main():
         raise SystemExit("not killed")
     resumed = train(ckpt_dir, resume=True)
     fresh = train(ckpt_dir + "-uninterrupted")
-    np.savez(out, **{f"resumed/{k}": v for k, v in resumed.items()},
-             **{f"fresh/{k}": v for k, v in fresh.items()})
+    np.savez(out, **{f"resumed/{k}": v for k, v in resumed.items()}, **{f"fresh/{k}": v for k, v in fresh.items()})
     jax.distributed.shutdown()
 
 

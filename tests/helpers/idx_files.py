@@ -1,4 +1,5 @@
 """An independent idx writer and tiny MNIST directories for the data-set tests."""
+
 import gzip
 import hashlib
 from pathlib import Path
@@ -14,8 +15,14 @@ N = 5  # examples in the synthetic MNIST files
 # helpers: an independent idx writer
 # --------------------------------------------------------------------------- #
 
-_CODES = {np.dtype(np.uint8): 0x08, np.dtype(np.int8): 0x09, np.dtype(">i2"): 0x0B,
-          np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D, np.dtype(">f8"): 0x0E}
+_CODES = {
+    np.dtype(np.uint8): 0x08,
+    np.dtype(np.int8): 0x09,
+    np.dtype(">i2"): 0x0B,
+    np.dtype(">i4"): 0x0C,
+    np.dtype(">f4"): 0x0D,
+    np.dtype(">f8"): 0x0E,
+}
 
 
 def idx_bytes(arr):

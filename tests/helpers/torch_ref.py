@@ -9,6 +9,7 @@ same file still runs. ``tests/conftest.py`` counts these skips in the run's summ
 Skipping is raised as pytest's ``Skipped``, a ``BaseException``: a test's
 ``except Exception`` cannot swallow it and pass without its reference.
 """
+
 import importlib.util
 
 import pytest
@@ -48,12 +49,14 @@ def require_torch():
     if not HAVE_TORCH:
         pytest.skip(SKIP_REASON, allow_module_level=True)
     import torch
+
     return torch
 
 
 if HAVE_TORCH:
     import torch
     import torch.nn.functional as F
+
     Module = torch.nn.Module
 else:
     torch = _Missing("torch")

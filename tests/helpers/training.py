@@ -1,4 +1,5 @@
 """Shared small training setup for the train, loop and callbacks tests."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,8 +25,8 @@ def make_loss(net):
     def loss_fn(params, state, batch, rng):
         x, y = batch
         logits, state = net.apply(params, state, x, rng=rng, train=True)
-        return losses.cross_entropy(logits, y), Aux(state=state, metrics={"acc": jnp.mean(
-            jnp.argmax(logits, -1) == y)})
+        return losses.cross_entropy(logits, y), Aux(state=state, metrics={"acc": jnp.mean(jnp.argmax(logits, -1) == y)})
+
     return loss_fn
 
 
@@ -37,8 +38,9 @@ def fit_setup(dropout=0.2):
 
     def eval_fn(params, state, batch):
         logits, _ = net.apply(params, state, batch[0])
-        return acc.update(acc.init(), acc=(logits, batch[1]),
-                          loss=losses.cross_entropy(logits, batch[1], reduction="none"))
+        return acc.update(
+            acc.init(), acc=(logits, batch[1]), loss=losses.cross_entropy(logits, batch[1], reduction="none")
+        )
 
     train_data = lambda epoch: data.batches((X, Y), 32, shuffle=True, rng=7, epoch=epoch)
     eval_data = lambda epoch: data.batches((X, Y), 64)
