@@ -44,42 +44,31 @@ def _eval_kw():
 # -- eval_on_ema ---------------------------------------------------------------
 
 
+def _fit_on_ema(ts):
+    """fit asked to evaluate the moving average (nothing in the step updates one)."""
+    funcnet.fit(
+        ts,
+        _loss,
+        optax.sgd(0.05),
+        data.DeviceData((X, Y), 16),
+        progress=False,
+        options=FitOptions(eval_on_ema=True),
+        **_eval_kw(),
+    )
+
+
 def test_eval_on_ema_without_an_ema_in_the_state_is_refused_before_training():
     with pytest.raises(ArgumentError, match=r"TrainState keeps no EMA.*ema=True") as e:
-        funcnet.fit(
-            _ts(),
-            _loss,
-            optax.sgd(0.05),
-            data.DeviceData((X, Y), 16),
-            progress=False,
-            options=FitOptions(eval_on_ema=True),
-            **_eval_kw(),
-        )
+        _fit_on_ema(_ts())
     assert not hasattr(e.value, "train_state")  # before the first step
 
 
 def test_eval_on_ema_without_ema_decay_would_evaluate_the_initial_params():
     # The old loop logged the initial params' metrics every epoch here, without a word.
     with pytest.raises(ArgumentError, match=r"no ema_decay.*initial params.*'ema_decay'"):
-        funcnet.fit(
-            _ts(ema=True),
-            _loss,
-            optax.sgd(0.05),
-            data.DeviceData((X, Y), 16),
-            progress=False,
-            options=FitOptions(eval_on_ema=True),
-            **_eval_kw(),
-        )
+        _fit_on_ema(_ts(ema=True))
     with pytest.raises(ArgumentError, match=r"ema=True.*and pass step_options"):
-        funcnet.fit(
-            _ts(),
-            _loss,
-            optax.sgd(0.05),
-            data.DeviceData((X, Y), 16),
-            progress=False,
-            options=FitOptions(eval_on_ema=True),
-            **_eval_kw(),
-        )
+        _fit_on_ema(_ts())
 
 
 def test_eval_on_ema_without_an_evaluation_is_refused():

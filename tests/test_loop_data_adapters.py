@@ -1,5 +1,5 @@
 """fit's host batches from any framework: every leaf goes through np.asarray once, at the
-host boundary (funcnet.loop._checks.host_arrays), or fails naming its type and batch."""
+host boundary (funcnet.loop._sources.host_arrays), or fails naming its type and batch."""
 
 import re
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from funcnet import losses
-from funcnet.loop._checks import host_arrays
+from funcnet.loop._sources import host_arrays
 from funcnet.loop import FitOptions, fit
 from funcnet.train import Aux
 from helpers.torch_ref import torch

@@ -4,9 +4,6 @@ Mistakes that would otherwise surface only after an epoch of training (at the fi
 evaluation or the first epoch's end) are found by tracing, never running, the step
 and the evaluation: an ``eval_fn`` whose state ``metric`` cannot compute, and keys
 callbacks monitor that ``fit`` will never log (public as ``funcnet.loop.LogKeys``).
-Also, from ``_sources``, the adapter every host batch passes through
-(:func:`host_arrays`): leaves of any array-like type (PyTorch tensors, tf.data and grain
-elements) become NumPy arrays.
 """
 
 from __future__ import annotations
@@ -21,10 +18,10 @@ import numpy as np
 from funcnet import _checks as checks
 from funcnet.callbacks import Callback, LearningRateLogger, Profile
 from funcnet.errors import MetricStateError
-from funcnet.loop._sources import host_arrays, source_for
+from funcnet.loop._sources import source_for
 from funcnet.train import EMA, make_train_step
 
-__all__ = ["LogKeys", "check_before_training", "check_fit_options", "first_batch", "host_arrays", "optimizer_note"]
+__all__ = ["LogKeys", "check_before_training", "check_fit_options", "first_batch", "optimizer_note"]
 
 
 class LogKeys:
@@ -122,7 +119,7 @@ def first_batch(data, name: str = "train_data"):
     """A batch with the shapes of the data's batches, or None when taking one would use
     up data that can be read only once (an iterator): its data source's
     (``_sources._Source.first_batch``). A host batch's leaves are NumPy or JAX arrays
-    (:func:`host_arrays`), so a leaf NumPy cannot read fails here, before training."""
+    (``_sources.host_arrays``), so a leaf NumPy cannot read fails here, before training."""
     return source_for(data).first_batch(name)
 
 

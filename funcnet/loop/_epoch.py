@@ -20,7 +20,7 @@ import numpy as np
 
 from funcnet import distributed
 from funcnet.callbacks import Callback
-from funcnet.loop._checks import host_arrays
+from funcnet.loop._sources import host_arrays
 from funcnet.loop._metrics import _check_losses
 
 __all__: list = []
