@@ -147,6 +147,28 @@ def cpu_info() -> Dict[str, object]:
     }
 
 
+def cpu_ticks(stat: str = "/proc/stat") -> Optional[tuple]:
+    """``(steal, total)``: the machine's CPU time so far, in clock ticks, from the first
+    line of ``/proc/stat`` (None where there is none: not Linux)."""
+    try:
+        with open(stat) as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is
+    # already counted in user and nice, so the total stops at steal.
+    return (fields[7], sum(fields[:8])) if len(fields) >= 8 else None
+
+
+def steal_percent(before: Optional[tuple], after: Optional[tuple]) -> Optional[float]:
+    """The share of CPU time the hypervisor gave other guests between two
+    :func:`cpu_ticks` readings, in percent: on a shared VM, time the peer waited
+    without running, which slows whatever ran then (None without both readings)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
 # Listed only where installed: the CUDA builds of jax and the libraries the GPU peers load.
 GPU_PACKAGES = (
     "jax-cuda13-plugin",

@@ -169,16 +169,19 @@ def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int])
     else:
         env.pop("XLA_FLAGS", None)
     cmd = [sys.executable, "-m", "benchmarks.run", "--child", json.dumps(spec)]
-    t0 = time.perf_counter()
+    t0, ticks = time.perf_counter(), common.cpu_ticks()
     try:
         stdout, stderr = _communicate(cmd, env, args.child_timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {args.child_timeout:.0f} s"}
     wall = time.perf_counter() - t0
+    steal = common.steal_percent(ticks, common.cpu_ticks())
     for line in stdout.splitlines():
         if line.startswith(RESULT_TAG):
             result = json.loads(line[len(RESULT_TAG) :])
             result["process_wall_s"] = wall
+            if steal is not None:
+                result["cpu_steal_pct"] = steal
             if flags:
                 result["xla_flags"] = flags
             return result
@@ -212,12 +215,22 @@ def _communicate(cmd: List[str], env: Dict[str, str], timeout: float):
 
 
 def _merge(previous: Optional[Dict], new: Dict) -> Dict:
-    """One peer's results over rounds: repetitions pooled, extras from the first good round."""
+    """One peer's results over rounds: repetitions pooled, extras from the first good round,
+    and ``rounds``: each round's median (None where it failed) and CPU steal, in order."""
+    rounds = (previous or {}).get("rounds", []) + [_round(new)]
     if previous is None or "values" not in previous:
-        return dict(new) if "values" in new or previous is None else previous
-    if "values" not in new:
-        return previous
-    return {**previous, "values": previous["values"] + new["values"]}
+        merged = dict(new) if "values" in new or previous is None else dict(previous)
+    elif "values" not in new:
+        merged = dict(previous)
+    else:
+        merged = {**previous, "values": previous["values"] + new["values"]}
+    merged["rounds"] = rounds
+    return merged
+
+
+def _round(result: Dict) -> Dict:
+    median = common.summary(result["values"])["median"] if "values" in result else None
+    return {"median": median, "cpu_steal_pct": result.get("cpu_steal_pct")}
 
 
 def _print_result(case, peer, r, workload) -> None:
@@ -225,7 +238,8 @@ def _print_result(case, peer, r, workload) -> None:
         s = common.summary(r["values"])
         print(
             f"  [{case['name']}] {peer.name:22s} median {_fmt_time(s['median'])} "
-            f"(min {_fmt_time(s['min'])}, max {_fmt_time(s['max'])}, n={s['n']}) {workload.unit}",
+            f"(min {_fmt_time(s['min'])}, max {_fmt_time(s['max'])}, n={s['n']}) {workload.unit}"
+            + (f", CPU steal {r['cpu_steal_pct']:.0f}%" if "cpu_steal_pct" in r else ""),
             flush=True,
         )
     else:
@@ -240,6 +254,15 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} µs"
 
 
+def _steal_cell(value: Optional[float]) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
+# A table gets a column of the CPU steal in each round when some peer lost this much (in
+# percent) of the machine's CPU time to other guests of a shared VM while it ran.
+STEAL_SHOWN = 5.0
+
+
 def _table(workload: Workload, case: Dict, results: Dict[str, Dict], matmul: bool = False) -> List[str]:
     """The case's markdown table; ``matmul`` adds each peer's float32 matmul setting (GPU)."""
     ref = results.get(workload.reference, {})
@@ -251,6 +274,15 @@ def _table(workload: Workload, case: Dict, results: Dict[str, Dict], matmul: boo
     head += [c[1] for c in workload.columns]
     if matmul:
         head.append("float32 matmuls")
+    # Several rounds: the ratio within each round as well, where the two ran minutes apart
+    # (the pooled medians mix rounds, and this machine drifts between them).
+    per_round = len(ref.get("rounds", [])) > 1
+    if per_round:
+        head.append(f"{workload.reference} ÷ peer per round")
+    steals = [rd["cpu_steal_pct"] or 0 for r in results.values() for rd in r.get("rounds", [])]
+    steal = max(steals, default=0) >= STEAL_SHOWN
+    if steal:
+        head.append("CPU steal per round (%)")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for peer in workload.peers:
         r = results.get(peer.name)
@@ -270,6 +302,11 @@ def _table(workload: Workload, case: Dict, results: Dict[str, Dict], matmul: boo
             cells.append(fmt.format(v) if isinstance(v, (int, float)) else ("" if v is None else str(v)))
         if matmul:
             cells.append(r.get("f32_matmul", ""))
+        if per_round:
+            pairs = zip(ref["rounds"], r.get("rounds", []))
+            cells.append(", ".join(f"{a['median'] / b['median']:.2f}" for a, b in pairs if a["median"] and b["median"]))
+        if steal:
+            cells.append(", ".join(_steal_cell(rd["cpu_steal_pct"]) for rd in r.get("rounds", [])))
         rows.append("| " + " | ".join(cells) + " |")
     check = _check(workload, results)
     if check:

@@ -211,6 +211,43 @@ def test_run_child_settings_for_the_gpu_tier():
     assert bench_run._child_case(by_name()["gpt"], spec)["reps"] == 2
 
 
+def test_cpu_steal_is_read_from_proc_stat_and_shown_per_round(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 50 800 10 0 0 40 7 0\ncpu0 1 2 3\n")
+    before = bench_run.common.cpu_ticks(str(stat))
+    assert before == (40, 1000)  # guest time is inside user's, not added again
+    stat.write_text("cpu  300 0 50 900 10 0 0 240 7 0\n")
+    assert bench_run.common.steal_percent(before, bench_run.common.cpu_ticks(str(stat))) == pytest.approx(40.0)
+    assert bench_run.common.cpu_ticks(str(tmp_path / "missing")) is None
+    assert bench_run.common.steal_percent(None, before) is None
+
+    workload = by_name()["fit"]
+    case = workload.cases[0]
+
+    def merged(*rounds):
+        out = None
+        for values, steal in rounds:
+            r = {"values": values, "extra": {}} if values else {"error": "crashed"}
+            out = bench_run._merge(out, {**r, "cpu_steal_pct": steal})
+        return out
+
+    fit_device = merged(([1.0, 3.0], 0.4), ([4.0], 31.0))
+    assert fit_device["values"] == [1.0, 3.0, 4.0]
+    assert fit_device["rounds"] == [{"median": 2.0, "cpu_steal_pct": 0.4}, {"median": 4.0, "cpu_steal_pct": 31.0}]
+    jax_ = merged(([1.0], 1.0), (None, None))  # its second round failed
+    table = bench_run._table(workload, case, {"fit-device": fit_device, "jax": jax_})
+    assert table[0].endswith(
+        "| fit-device ÷ peer (time) | 1st epoch incl. compile (s) "
+        "| fit-device ÷ peer per round | CPU steal per round (%) |"
+    )
+    assert table[2].startswith("| fit-device | 3.000 s |") and table[2].endswith("| 1.00, 1.00 | 0, 31 |")
+    assert table[3].startswith("| jax | 1.000 s |") and table[3].endswith("| 2.00 | 1, ? |")
+    # one round, no steal worth showing: neither column
+    table = bench_run._table(workload, case, {"fit-device": merged(([1.0], 0.4)), "jax": merged(([2.0], 4.9))})
+    assert "per round" not in table[0]
+
+
 def test_gpu_bf16_peers_start_from_the_float32_loss():
     """The GPU tier's bfloat16 funcnet peers (run here on CPU) load the shared weights: their
     first loss is the float32 one to bfloat16 rounding."""
