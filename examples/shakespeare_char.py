@@ -70,10 +70,11 @@ says so when it starts.
 
 Where this differs from nanoGPT, and why: clipping is optax's ``clip_by_global_norm``
 (torch's ``clip_grad_norm_`` adds 1e-6 to the norm); the step is jitted (nanoGPT's
-``compile=False`` on CPU is eager torch); each batch is split over the CPU cores as
-devices (``--devices``; the same updates on any number of devices, up to float rounding:
-the dropout masks are drawn for the whole batch), and one dispatch runs up to
-``--steps-per-dispatch`` (50) steps (a ``lax.scan``; see ``steps_per_dispatch``).
+``compile=False`` on CPU is eager torch); one dispatch runs up to
+``--steps-per-dispatch`` (50) steps (a ``lax.scan``; see ``steps_per_dispatch``), on one
+device, or with ``--devices=N`` each batch split over N (the CPU cores as devices; the
+same updates on any number of devices, up to float rounding: the dropout masks are drawn
+for the whole batch; see ``make_mesh``).
 
 The text: tinyshakespeare's ``input.txt`` (karpathy/char-rnn, 1,115,394 bytes), read from
 ``--data``, else ``data/shakespeare_char/input.txt``, else
@@ -91,10 +92,9 @@ import time
 from typing import NamedTuple
 
 if __name__ == "__main__" and "jax" not in sys.modules:
-    # One CPU device per core, set before jax starts: with --devices (default: all of them)
-    # each step splits its batch over them, data-parallel, with the same updates. With one
-    # step per dispatch this kept the second core busy; with several steps per dispatch one
-    # device trains about as fast (BENCHMARKS.md, workload 9).
+    # One CPU device per core, set before jax starts: with --devices=N each step splits
+    # its batch over N of them, data-parallel, with the same updates (the default when a
+    # dispatch runs one step, where it keeps the second core busy; see make_mesh).
     _flag = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
@@ -225,8 +225,8 @@ def _parser():
         "--devices",
         type=int,
         default=0,
-        help="split each batch over this many "
-        "devices (data parallel, the same updates); 0: as many as divide the batch",
+        help="split each batch over this many devices (data parallel, the same updates); "
+        "0: one when a dispatch runs several steps, else as many as divide the batch",
     )
     p.add_argument("--data", default=None, help="tinyshakespeare input.txt")
     p.add_argument(
@@ -490,8 +490,13 @@ def steps_per_dispatch(args, most=None):
 
 
 def make_mesh(args):
-    """A data mesh over as many devices as divide the batch (``--devices``), or None for one."""
-    n = args.devices or jax.device_count()
+    """A data mesh over ``--devices`` devices (at most as many as divide the batch), or
+    None for one. ``--devices=0`` (the default): one device when a dispatch runs several
+    steps, every device when it runs one. Several steps per dispatch train as fast on one
+    CPU device as split over two (2000 steps of nanoGPT's CPU run, 2026-11-28: 134.0 and
+    155.5 s against 138.8 and 149.4 s, back to back), and compile in 4.5-5.7 s against
+    7.2-8.4 s; one step per dispatch leaves the second core idle between steps."""
+    n = args.devices or (jax.device_count() if steps_per_dispatch(args) == 1 else 1)
     n = max(d for d in range(1, min(n, jax.device_count()) + 1) if args.batch_size % d == 0)
     return distributed.data_mesh(n) if n > 1 else None
 
@@ -501,17 +506,16 @@ def start(args, net, optimizer, vocab_size, n_train, n_val):
     ``--seed`` and ``--rng``."""
     init_key, data_key, eval_key, sample_key = jax.random.split(jax.random.key(args.seed), 4)
     _, loss_scale = mixed_precision(args.dtype or default_dtype(*device_platform()))
-    ts = TrainState.create(net, optimizer, init_key, (-1, args.block_size), loss_scale=loss_scale)
+
+    def create(params=None):
+        return TrainState.create(net, optimizer, init_key, (-1, args.block_size), loss_scale=loss_scale, params=params)
+
     if args.rng == "jax":
-        return ts, jax_draws(data_key, eval_key, args, n_train, n_val), sample_key
+        return create(), jax_draws(data_key, eval_key, args, n_train, n_val), sample_key
     gen = TorchCPUGenerator(args.seed)  # nanoGPT's init, then its batches, in its order
-    params = nanogpt_params(gen, args, vocab_size)
-    if jax.tree.structure(params) != jax.tree.structure(ts.params):
-        raise RuntimeError(
-            "nanogpt_params no longer matches funcnet.models.GPT's params: "
-            f"{jax.tree.structure(params)} vs {jax.tree.structure(ts.params)}"
-        )
-    ts = ts._replace(params=params, opt_state=optimizer.init(params))
+    # nanoGPT's init in place of funcnet's, which is then only traced (checked against
+    # these params, and ~3 s of eager random draws on a CPU saved)
+    ts = create(nanogpt_params(gen, args, vocab_size))
     return ts, nanogpt_draws(gen, args, n_train, n_val), sample_key
 
 

@@ -56,13 +56,16 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from funcnet import _checks as checks
 from funcnet import _mesh
 from funcnet import metrics as metrics_lib
+from funcnet import params as fparams
 from funcnet import precision
-from funcnet.core import Layer, PyTree, Shape, as_layer
+from funcnet.core import Layer, PyTree, Shape, as_layer, describe_tree
+from funcnet.errors import MismatchError
 
 __all__ = [
     "TrainState",
@@ -168,8 +171,18 @@ class TrainState(NamedTuple):
         loss_state: PyTree = (),
         ema: bool = False,
         loss_scale: Optional[precision.LossScale] = None,
+        params: Optional[PyTree] = None,
+        state: Optional[PyTree] = None,
     ) -> TrainState:
         """Initialises ``layer`` for ``input_shape`` and the optimizer on its params.
+
+        ``params=`` starts from params you have instead (weights loaded from a file,
+        another framework's init), as Flax's ``TrainState.create(params=...)``: ``layer``'s
+        init is traced for ``input_shape`` (``jax.eval_shape``: nothing is drawn or
+        computed) and the given params must have its tree, shapes and dtypes; they are
+        used as given, not copied. A layer with state (BatchNorm's statistics) takes it
+        the same way, as ``state=``. That skips the init's random draws, which on CPU
+        cost seconds for a large model (each new shape compiles its own small program).
 
         ``ema=True`` also keeps an exponential moving average of the params
         (:class:`EMA`, a copy of the initial params until the first step), for a step
@@ -197,6 +210,10 @@ class TrainState(NamedTuple):
           ema: keep an :class:`EMA` of the params; default False.
           loss_scale: a :class:`funcnet.precision.LossScale`; default None, no loss
             scaling.
+          params: the params to start from (a single layer only); default None,
+            ``layer``'s init.
+          state: the layer state to start from, with ``params`` (required then when the
+            layer has state); default None.
 
         Returns:
           The train state, a :class:`TrainState` at step 0.
@@ -205,13 +222,21 @@ class TrainState(NamedTuple):
           TypeError: ``input_shape`` missing for a single layer, given with a dict of
             models, or a dict entry that is not ``(layer, input_shape)``.
           ValueError: a dict of optimizers naming models the dict of models lacks.
-          funcnet.errors.ArgumentError: a ``loss_scale`` that is not a ``LossScale``.
+          funcnet.errors.ArgumentError: a ``loss_scale`` that is not a ``LossScale``;
+            ``params``/``state`` with a dict of models, or ``state`` without ``params``.
+          funcnet.errors.MismatchError: ``params``/``state`` whose tree, shapes or
+            dtypes are not what ``layer``'s init gives (or no ``state`` for a layer
+            that has state).
 
         Examples:
           >>> from funcnet.layers import Dense
           >>> ts = TrainState.create(Dense(2), optax.sgd(0.1), jax.random.key(0), (-1, 3))
           >>> ts.params["W"].shape, int(ts.step), ts.ema, ts.loss_scale
           ((3, 2), 0, (), ())
+          >>> loaded = {"W": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+          >>> ts = TrainState.create(Dense(2), optax.sgd(0.1), jax.random.key(0), (-1, 3), params=loaded)
+          >>> ts.params["W"] is loaded["W"]
+          True
         """
         init_key, rng = jax.random.split(checks.prng_key("TrainState.create", rng))
         if isinstance(layer, dict):
@@ -221,6 +246,13 @@ class TrainState(NamedTuple):
                     "shape goes in the dict, {name: (layer, input_shape)}; leave "
                     f"input_shape out (got {input_shape!r})."
                 )
+            if params is not None or state is not None:
+                raise checks.ArgumentError(
+                    "TrainState.create: params=/state= take a single layer's; with a "
+                    "dict of models, create the TrainState, then ts.replace(params="
+                    "{**ts.params, name: loaded}, opt_state=...) with the optimizer's "
+                    "init of the new params."
+                )
             params, state = _init_models(layer, init_key)
             opt_state = _init_optimizers(optimizer, params)
         else:
@@ -229,7 +261,16 @@ class TrainState(NamedTuple):
                     "TrainState.create: input_shape is required for a single layer, "
                     "e.g. TrainState.create(net, optimizer, rng, (-1, 784))."
                 )
-            _, params, state = as_layer(layer, "TrainState.create").init(init_key, input_shape)
+            layer = as_layer(layer, "TrainState.create")
+            if params is None:
+                if state is not None:
+                    raise checks.ArgumentError(
+                        "TrainState.create: state= goes with params= (both loaded); "
+                        "without params the layer's init gives both."
+                    )
+                _, params, state = layer.init(init_key, input_shape)
+            else:
+                state = _given_start(layer, input_shape, params, state)
             opt_state = optimizer.init(params)
         average = (
             EMA(jax.tree.map(jnp.copy, params), jnp.zeros((), jnp.int32))
@@ -330,6 +371,57 @@ class EMA(NamedTuple):
 
     params: Any
     count: jax.Array
+
+
+def _given_start(layer: Layer, input_shape: Shape, params, state):
+    """The layer state to start from given ``params`` (and ``state``, None for none):
+    both checked against ``layer``'s init for ``input_shape``, traced and never run."""
+    _, want_params, want_state = jax.eval_shape(lambda k: layer.init(k, input_shape), jax.random.key(0))
+    _check_like(layer, input_shape, "params", params, want_params)
+    if state is None:
+        if jax.tree.leaves(want_state):
+            raise MismatchError(
+                "TrainState.create",
+                "state",
+                layer.name,
+                describe_tree(want_state),
+                "nothing",
+                message=f"TrainState.create: {layer.name} has state ({describe_tree(want_state)}); "
+                "with params= pass state= too, e.g. the statistics saved with the params.",
+            )
+        return jax.tree.map(lambda x: x, want_state)  # its containers: no leaves
+    _check_like(layer, input_shape, "state", state, want_state)
+    return state
+
+
+def _check_like(layer: Layer, input_shape: Shape, what: str, given, want) -> None:
+    """Raises MismatchError unless ``given`` has ``want``'s tree, shapes and dtypes."""
+    got, expected = fparams.paths(given), fparams.paths(want)
+    wrong = [
+        f"{p}: {_kind(got[p])} where the init gives {_kind(x)}"
+        for p, x in expected.items()
+        if p in got and (tuple(np.shape(got[p])) != x.shape or jnp.result_type(got[p]) != x.dtype)
+    ]
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    if not (wrong or missing or extra or jax.tree.structure(given) != jax.tree.structure(want)):
+        return
+    parts = wrong[:3] + [f"missing {', '.join(missing[:5])}"] * bool(missing)
+    parts += [f"not in {layer.name}: {', '.join(extra[:5])}"] * bool(extra)
+    detail = "; ".join(parts) or "another tree of containers"
+    raise MismatchError(
+        "TrainState.create",
+        what,
+        layer.name,
+        describe_tree(want),
+        describe_tree(given),
+        message=f"TrainState.create: the {what} given {'are' if what == 'params' else 'is'} not "
+        f"{layer.name}'s for input shape {tuple(input_shape)} ({detail}). Pass {what} of this "
+        "architecture, converted to its tree (funcnet.params.paths lists its leaves).",
+    )
+
+
+def _kind(x) -> str:
+    return f"{jnp.result_type(x)}{list(np.shape(x))}"
 
 
 def _init_models(models: dict, rng):

@@ -53,7 +53,7 @@ def test_trains_evaluates_and_samples(shakespeare, tmp_path, capsys):
         "--learning-rate=1e-2",
         "--rng=jax",
     ]
-    history, sample, ts = shakespeare.main(flags + ["--sample-tokens=40"])
+    history, sample, ts = shakespeare.main(flags + ["--sample-tokens=40", "--devices=2"])
     out = capsys.readouterr().out
     vocab = len(set(text))
     assert [h[0] for h in history] == [0, 40, 80]
@@ -61,7 +61,7 @@ def test_trains_evaluates_and_samples(shakespeare, tmp_path, capsys):
     assert history[-1][2] < 0.7 * history[0][2]  # it learned
     assert "step 80: train loss" in out and "val loss" in out
     assert len(sample) == 41 and set(sample) <= set(text)
-    # the batch was split over the suite's CPU devices; the state stayed replicated
+    # the batch was split over two CPU devices; the state stayed replicated
     assert ts.params["E"].sharding.is_fully_replicated and len(ts.params["E"].devices()) > 1
     # the same updates on one device, dropout included (its masks are drawn for the batch)
     one, _, _ = shakespeare.main(flags + ["--devices=1", "--sample-tokens=0"])
@@ -330,6 +330,19 @@ def test_steps_per_dispatch_stop_at_every_log_line_and_evaluation(shakespeare):
     assert k(["--log-interval=100", "--max-iters=2001"]) == 1
 
 
+@pytest.mark.devices(4)
+def test_devices_default_to_one_when_a_dispatch_runs_several_steps(shakespeare):
+    import jax
+
+    mesh = lambda flags: shakespeare.make_mesh(shakespeare.parse_args(["--batch-size=12"] + flags))
+    assert mesh([]) is None  # 10 steps per dispatch: one device
+    assert mesh(["--log-interval=100", "--max-iters=2000"]) is None  # nanoGPT's CPU run, 50
+    one_step = ["--log-interval=100", "--max-iters=2001"]  # one step per dispatch: split
+    assert mesh(one_step).devices.size == max(d for d in range(1, jax.device_count() + 1) if 12 % d == 0)
+    assert mesh(["--devices=2"]).devices.size == 2  # asked for: split, whatever the dispatch
+    assert mesh(one_step + ["--devices=1"]) is None
+
+
 def _torch_logits(gpt, idx, n_head):
     """nanoGPT's GPT.forward on the module tree of _nanogpt_torch."""
     from helpers.torch_ref import F, torch
@@ -346,9 +359,9 @@ def _torch_logits(gpt, idx, n_head):
     return gpt.lm_head(tr.ln_f(x))
 
 
-@pytest.mark.parametrize("devices", [1, 0])
+@pytest.mark.parametrize("devices", [1, pytest.param(4, marks=pytest.mark.devices(4))])
 def test_torch_rng_run_prints_nanogpts_losses(shakespeare, tmp_path, devices):
-    """The whole example with --rng=torch, on one device and split over the suite's four,
+    """The whole example with --rng=torch, on one device and split over four,
     against nanoGPT's train.py loop restated in torch (seeded the same: its init, get_batch's
     draws in its order, estimate_loss, AdamW with its two groups, clip_grad_norm_, the
     learning rate of the example's schedule, which test_data_split_and_lr_schedule_follow_

@@ -99,3 +99,30 @@ def test_a_fit_that_fails_mid_epoch_closes_its_bar(capsys):
     # Closed where it stood (left open, it would stay half drawn, holding tqdm's line 0).
     assert re.search(r"epoch 1/2: \d+step \[[^\r\n]*\] *\n$", capsys.readouterr().err)
     assert failed.value.train_state is not None
+
+
+def test_the_bar_redraws_at_tqdms_pace_not_once_per_dispatch(capsys):
+    """The loss and samples/s ride on the bar's next draw, which tqdm rate-limits (0.1 s),
+    so a dispatch-bound epoch is not slowed by a redraw per dispatch; the last draw has them."""
+    pytest.importorskip("tqdm.auto")
+    ts, loss_fn, opt, _, _ = fit_setup(dropout=0.0)
+    from helpers.training import X, Y
+    from funcnet import data
+
+    steps = len(X)  # one example per batch: one step per dispatch, a bar update each
+    capsys.readouterr()
+    fit(
+        ts,
+        loss_fn,
+        opt,
+        lambda epoch: data.batches((X, Y), 1, shuffle=True, rng=3, epoch=epoch),
+        epochs=1,
+        progress=True,
+        options=FitOptions(log_every=1, steps_per_dispatch=1),
+    )
+    err = capsys.readouterr().err
+    draws = err.count("\r")
+    assert steps >= 200 and draws < steps // 4, (steps, draws)
+    last = err.split("\r")[-1]
+    assert f"{steps}/{steps}" in last or f"{steps}step" in last, last
+    assert "loss=" in last and "samples_s=" in last, last

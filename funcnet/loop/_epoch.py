@@ -20,8 +20,9 @@ import numpy as np
 
 from funcnet import distributed
 from funcnet.callbacks import Callback
-from funcnet.loop._sources import host_arrays
 from funcnet.loop._metrics import _check_losses
+from funcnet.loop._rows import StepRows
+from funcnet.loop._sources import host_arrays
 
 __all__: list = []
 
@@ -141,10 +142,11 @@ class _StepRecord:
         self.add(metrics, 1, step)
 
     def fetch(self, start):
-        """``run.epoch_fetch``: the host metrics of the entries from ``start`` on, and the end."""
-        return jax.device_get(self.entries[start:]), len(self.entries)
+        """``run.epoch_fetch``: the host metrics (:class:`StepRows`) of the entries from
+        ``start`` on, and the end."""
+        return StepRows.of(jax.device_get(self.entries[start:])), len(self.entries)
 
-    def all(self) -> list:
+    def all(self) -> StepRows:
         return self.run.loop.fetched(self.entries)
 
     def latest(self, lag):
@@ -173,7 +175,7 @@ class _DispatchRecord:
     def fetch(self, start):
         return _chunk_rows(self.entries[start:]), len(self.entries)
 
-    def all(self) -> list:
+    def all(self) -> StepRows:
         return _chunk_rows(self.entries)
 
     def latest(self, lag):
@@ -183,10 +185,10 @@ class _DispatchRecord:
         return {key: r[n - 1] for key, r in jax.device_get(rows).items()}, step
 
 
-def _chunk_rows(chunks) -> list:
-    """The per-step metric dicts on the host of ``(rows, steps in them, _)`` dispatches."""
+def _chunk_rows(chunks) -> StepRows:
+    """The host metrics of ``(rows, steps in them, _)`` dispatches, in one transfer."""
     host = jax.device_get([rows for rows, _, _ in chunks])
-    return [{key: h[key][j] for key in h} for h, (_, n, _) in zip(host, chunks) for j in range(n)]
+    return StepRows.stacked((h, n) for h, (_, n, _) in zip(host, chunks))
 
 
 class _Bar:
@@ -210,26 +212,29 @@ class _Bar:
         if self.lag == 0:
             if done % self.log_every:
                 return
-            latest = self.record.latest(0)
-            self._check(latest)
-            self.bar.update(self.log_every)
+            moved, latest = self.log_every, self.record.latest(0)
         else:
             step = self.run.ctx.host_step
             if step < self.next_log:
                 return
             self.next_log = (step // self.log_every + 1) * self.log_every
-            self.bar.update(done - self.skip - self.bar.n)
-            latest = self.record.latest(self.lag)
+            moved, latest = done - self.skip - self.bar.n, self.record.latest(self.lag)
             if latest is None:
+                self.bar.update(moved)
                 return
-            self._check(latest)
+        self._check(latest)
+        # set before the update, which draws it: tqdm redraws at most every mininterval
+        # (0.1 s), where set_postfix's own refresh would redraw after every dispatch
         self.bar.set_postfix(
-            loss=f"{float(latest[0]['loss']):.4f}", samples_s=f"{seen / (time.perf_counter() - self.t0):,.0f}"
+            loss=f"{float(latest[0]['loss']):.4f}",
+            samples_s=f"{seen / (time.perf_counter() - self.t0):,.0f}",
+            refresh=False,
         )
+        self.bar.update(moved)
 
     def _check(self, latest) -> None:
         metrics, step = latest
-        _check_losses(self.run, [metrics], self.epoch, step, self.on_nonfinite)
+        _check_losses(self.run, StepRows.of([metrics]), self.epoch, step, self.on_nonfinite)
 
 
 def _evaluate(loop, steps, metric, eval_data, epoch) -> dict:

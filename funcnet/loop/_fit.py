@@ -261,9 +261,8 @@ def _run_epoch(run, steps, callbacks, source, epoch, skip, shown, evaluation, op
         log_every=options.log_every,
         on_nonfinite=options.on_nonfinite,
     )
-    host_metrics = jax.device_get(step_metrics)
-    _check_losses(run, host_metrics, epoch, ctx.host_step, options.on_nonfinite)
-    logs = {"epoch": epoch, **_mean_metrics(run, host_metrics)}
+    _check_losses(run, step_metrics, epoch, ctx.host_step, options.on_nonfinite)
+    logs = {"epoch": epoch, **_mean_metrics(run, step_metrics)}
     seconds = time.perf_counter() - t0
     logs["samples_per_s"] = seen / seconds if seconds > 0 else math.nan
     if steps.eval is not None:

@@ -19,17 +19,18 @@ import numpy as np
 from funcnet import precision
 from funcnet._jaxpr import any_eqn, loss_jaxpr
 from funcnet.loop._resume import EpochSums
+from funcnet.loop._rows import StepRows
 
 __all__: list = []
 
 
-def _check_losses(run, host_metrics, epoch: int, last_step: int, on_nonfinite: str) -> None:
+def _check_losses(run, host_metrics: StepRows, epoch: int, last_step: int, on_nonfinite: str) -> None:
     """Acts on the first non-finite loss among fetched step metrics (no extra device
     sync: fit fetches them anyway). ``last_step`` is the step of the last entry."""
     ctx = run.ctx
     if not host_metrics:  # an epoch resumed from a checkpoint taken at its last step
         return
-    finite = np.isfinite(_per_step(host_metrics, "loss")).all(axis=1)
+    finite = np.isfinite(host_metrics.column("loss")).all(axis=1)
     if finite.all():
         return
     bad = int(np.argmin(finite))
@@ -119,9 +120,3 @@ def _epoch_sums_now(run) -> Optional[EpochSums]:
     sums = sums.plus(host)
     run.epoch_folded = (end, steps + len(host), sums)
     return sums
-
-
-def _per_step(host, key) -> np.ndarray:
-    """``(steps, values per step)``: metric ``key`` of every fetched step, in one array
-    (one NumPy call per epoch rather than one per step)."""
-    return np.asarray([m[key] for m in host]).reshape(len(host), -1)

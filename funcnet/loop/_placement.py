@@ -24,6 +24,7 @@ from funcnet import data as data_lib
 from funcnet import distributed
 from funcnet import sharding
 from funcnet import xla
+from funcnet.loop._rows import StepRows
 from funcnet.train import make_eval_step, make_train_step
 
 __all__: list = []
@@ -112,9 +113,8 @@ class _OneDevice:
         """One replica's value of a per-device result (the value itself on one device)."""
         return tree
 
-    def fetched(self, step_metrics: list) -> list:
-        """An epoch's per-step metrics, read back (:func:`_fetch_stacked`) or left for
-        ``jax.device_get``."""
+    def fetched(self, step_metrics: list) -> StepRows:
+        """An epoch's per-step metrics (a list of per-step dicts), read back."""
         return _fetch_stacked(step_metrics)
 
     def state_shardings(self):
@@ -163,8 +163,8 @@ class _Replicas(_OneDevice):
     def first(self, tree):
         return jax.tree.map(lambda x: x[0], tree)
 
-    def fetched(self, step_metrics: list) -> list:
-        return step_metrics
+    def fetched(self, step_metrics: list) -> StepRows:
+        return StepRows.of(jax.device_get(step_metrics))
 
     def compile(self, fn, jit, donate: bool):
         if donate:
@@ -209,8 +209,8 @@ class _OnMesh(_OneDevice):
         whole = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         return jax.make_array_from_callback(order.shape, whole, lambda index: order[index])
 
-    def fetched(self, step_metrics: list) -> list:
-        return step_metrics
+    def fetched(self, step_metrics: list) -> StepRows:
+        return StepRows.of(jax.device_get(step_metrics))
 
     def state_shardings(self):
         return sharding.state_shardings(self.state)
@@ -373,15 +373,14 @@ def _stack_metrics(group):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *group)
 
 
-def _fetch_stacked(step_metrics: list) -> list:
+def _fetch_stacked(step_metrics: list) -> StepRows:
     """``jax.device_get(step_metrics)`` (a list of per-step metric dicts on one device)
     in one transfer per group of ``_FETCH_GROUP`` steps, stacked on the device: on CPU
     a transfer costs ~70 us of host time, once per scalar, which was the larger part
     of the host pipeline's per-step cost. The values are the same (a stack is exact);
     the last group is padded with its last entry, so one compiled stack serves all."""
-    out = []
+    chunks = []
     for start in range(0, len(step_metrics), _FETCH_GROUP):
         group = step_metrics[start : start + _FETCH_GROUP]
-        rows = jax.device_get(_stack_metrics(group + group[-1:] * (_FETCH_GROUP - len(group))))
-        out += [{k: v[j] for k, v in rows.items()} for j in range(len(group))]
-    return out
+        chunks.append((_stack_metrics(group + group[-1:] * (_FETCH_GROUP - len(group))), len(group)))
+    return StepRows.stacked(zip(jax.device_get([rows for rows, _ in chunks]), [n for _, n in chunks]))

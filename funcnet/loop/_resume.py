@@ -49,18 +49,20 @@ class EpochSums:
         return cls(keys, [0.0] * len(keys), 0)
 
     @classmethod
-    def of(cls, host: list) -> "EpochSums":
-        """Zero sums over the metrics of fetched steps ``host``, ``loss`` first."""
-        keys = () if not host else ("loss",) + tuple(k for k in host[0] if k != "loss")
+    def of(cls, host) -> "EpochSums":
+        """Zero sums over the metrics of fetched steps ``host`` (``_rows.StepRows``),
+        ``loss`` first."""
+        keys = () if not host else ("loss",) + tuple(k for k in host.keys() if k != "loss")
         return cls.zeros(keys)
 
-    def plus(self, host: list) -> "EpochSums":
-        """These sums with the fetched step metrics ``host`` (dicts, in step order) added;
-        a step's value is its mean over devices (pmap) and elements."""
+    def plus(self, host) -> "EpochSums":
+        """These sums with the fetched step metrics ``host`` (``_rows.StepRows``, in step
+        order) added; a step's value is its mean over devices (pmap) and elements, in
+        the metric's dtype, as NumPy's ``mean`` of that step's array."""
         sums = list(self.sums)
         if host:
             for i, key in enumerate(self.keys):
-                values = np.fromiter((_step_mean(step[key]) for step in host), np.float64, len(host))
+                values = host.column(key).mean(axis=1).astype(np.float64)
                 # cumsum adds in order, one float64 addition at a time: the same sums as a
                 # Python loop (np.sum would add pairwise, and differ with where epochs split)
                 sums[i] = float(np.cumsum(np.concatenate(([sums[i]], values)))[-1])
@@ -98,12 +100,6 @@ class EpochSums:
         keys = [bytes(row).rstrip(b"\0").decode() for row in rows]
         n = sum(1 for k in keys if k)
         return cls(keys[:n], [float(v) for v in np.asarray(tree["sums"])[:n]], count)
-
-
-def _step_mean(value) -> float:
-    """One step's value of a metric: itself for a scalar, else its mean (pmap devices,
-    elements)."""
-    return float(value) if np.ndim(value) == 0 else float(np.asarray(value).mean())
 
 
 def data_layout(data=None) -> dict:
