@@ -398,7 +398,7 @@ def _check_like(layer: Layer, input_shape: Shape, what: str, given, want) -> Non
     """Raises MismatchError unless ``given`` has ``want``'s tree, shapes and dtypes."""
     got, expected = fparams.paths(given), fparams.paths(want)
     wrong = [
-        f"{p}: {_kind(got[p])} where the init gives {_kind(x)}"
+        f"{p}: {describe_tree(got[p])} where the init gives {describe_tree(x)}"
         for p, x in expected.items()
         if p in got and (tuple(np.shape(got[p])) != x.shape or jnp.result_type(got[p]) != x.dtype)
     ]
@@ -418,10 +418,6 @@ def _check_like(layer: Layer, input_shape: Shape, what: str, given, want) -> Non
         f"{layer.name}'s for input shape {tuple(input_shape)} ({detail}). Pass {what} of this "
         "architecture, converted to its tree (funcnet.params.paths lists its leaves).",
     )
-
-
-def _kind(x) -> str:
-    return f"{jnp.result_type(x)}{list(np.shape(x))}"
 
 
 def _init_models(models: dict, rng):
