@@ -27,6 +27,12 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
   one dispatch per epoch, the per-step losses returned. ``fit-device / jax-scan`` is fit's
   price against the fastest loop one can write by hand. It reuses one order every epoch,
   so it does less work than ``fit``, which visits a new order each epoch.
+* ``fit-device-fixed``: ``fit-device`` over the data in ``jax-scan``'s order, without
+  reshuffling: the rows put on the device already in epoch 0's order and
+  ``DeviceData(shuffle=False)``, so every epoch reads the same contiguous batches as
+  ``jax-scan`` does. ``fit-device-fixed / jax-scan`` is fit's loop against one
+  ``lax.scan`` on the same work; ``fit-device / fit-device-fixed`` is the price of a new
+  order each epoch (random rows gathered from the whole data set, not one block).
 * ``jax-scan-shuffle``: ``jax-scan`` that shuffles as ``fit`` does: each epoch's order
   (``data.epoch_order(n, 0, epoch)``, computed on the host as ``DeviceData``'s) is sent to
   the device, and one jitted function gathers the epoch's batches from the device-resident
@@ -85,11 +91,24 @@ def _timed(one_epoch, reps):
     return {"values": common.measure(one_epoch, reps), "extra": {"first_epoch_s": first}}
 
 
+def _fit_data(peer, x, y, batch):
+    """What the ``fit*`` peer ``peer`` trains on: the host pipeline (``data.batches``, as a
+    function of the epoch), or a ``DeviceData``, reshuffled each epoch or (``fit-device-fixed``)
+    already in epoch 0's order and never reshuffled, as ``jax-scan``'s batches."""
+    from funcnet import data
+
+    if not peer.startswith("fit-device"):
+        return lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)
+    if peer == "fit-device-fixed":
+        first = data.epoch_order(len(x), 0, 0)
+        return data.DeviceData((x[first], y[first]), batch, shuffle=False)
+    return data.DeviceData((x, y), batch, shuffle=True, rng=0)
+
+
 def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     """The ``fit*`` peers: one ``funcnet.fit`` call of 1 + reps epochs, timed by a callback."""
     import importlib.util
 
-    from funcnet import data
     from funcnet import fit
     from funcnet.loop import FitOptions
 
@@ -103,10 +122,8 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     prefetch = None  # fit's default: no background thread on CPU
     per_dispatch = int(peer.rpartition("-k")[2]) if "-k" in peer else None
     if not peer.startswith("fit-device"):
-        train_data = lambda e: data.batches((x, y), batch, shuffle=True, rng=0, epoch=e)
         prefetch = 2 if peer == "fit-thread" else None
-    else:
-        train_data = data.DeviceData((x, y), batch, shuffle=True, rng=0)
+    train_data = _fit_data(peer, x, y, batch)
     with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
         options = FitOptions(log_every=10 if cfg["quick"] else 50, steps_per_dispatch=per_dispatch, prefetch=prefetch)
         fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=bar, callbacks=[clock], options=options)

@@ -290,6 +290,12 @@ WORKLOADS: List[Workload] = [
                 "pre-shuffled batches, stacked on the device: one dispatch per epoch",
             ),
             Peer(
+                "fit-device-fixed",
+                "benchmarks.fit:run",
+                note="fit-device over the rows in jax-scan's order, DeviceData(shuffle=False): "
+                "the same contiguous batches every epoch, as jax-scan",
+            ),
+            Peer(
                 "jax-scan-shuffle",
                 "benchmarks.fit:run",
                 note="jax-scan that reshuffles as fit does: each epoch's order sent to the "

@@ -1,5 +1,6 @@
 """benchmarks/fit.py (workload 6): every peer runs on a tiny MLP, and the hand-written scan
-peers train as one another (the same epoch-0 order, the same losses)."""
+peers train as one another (the same epoch-0 order, the same losses), with fit-device-fixed
+on jax-scan's batches."""
 
 import numpy as np
 import pytest
@@ -49,6 +50,16 @@ def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
         return carry, loss
 
     last = fit._loop_epoch(step, start(), batches, lambda c: c[0], spread=True)()
+    # fit-device-fixed reads jax-scan's batches, the same in every epoch
+    fixed = fit._fit_data("fit-device-fixed", x, y, batch)
+    for epoch in (0, 1):
+        for (xb, yb), (want_x, want_y) in zip(fixed(epoch), batches, strict=True):
+            np.testing.assert_array_equal(xb, want_x)
+            np.testing.assert_array_equal(yb, want_y)
+    # fit-device reads them in epoch 0 only: it reshuffles
+    shuffled_data = fit._fit_data("fit-device", x, y, batch)
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(shuffled_data(0), batches))
+    assert not all(np.array_equal(a[0], b[0]) for a, b in zip(shuffled_data(1), batches))
     assert scan.shape == (steps,) and len(set(np.round(scan, 6))) > 1  # it trains
     np.testing.assert_allclose(shuffled, scan, rtol=1e-6)
     np.testing.assert_allclose(losses, scan, rtol=1e-5)

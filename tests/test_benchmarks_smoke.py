@@ -85,8 +85,10 @@ def test_cnn_funcnet_one_step():
     "net,peers",
     [
         ("flax-cnn", ("fit-device", "flax")),
-        ("lenet", ("fit-device-loop", "jit-loop")),
-        ("gpt", ("fit", "fit-device-options")),
+        # The device loop runs on the GPT: around a convolution, at the suite's LLVM
+        # optimisation level 0 (conftest.py), LeNet's 20 looped steps took ~30 s.
+        ("lenet", ("fit-device-options", "jit-loop")),
+        ("gpt", ("fit", "fit-device-loop")),
     ],
 )
 def test_fit_nets_peers_train_each_network(net, peers):
