@@ -119,10 +119,9 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     clock, sink = common.epoch_clock(), io.StringIO()
     # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
     # user's run does; the first epoch (with the compilation) is reported apart.
-    prefetch = None  # fit's default: no background thread on CPU
+    # fit's default on CPU is no background thread; fit-thread (host pipeline) takes one
+    prefetch = 2 if peer == "fit-thread" else None
     per_dispatch = int(peer.rpartition("-k")[2]) if "-k" in peer else None
-    if not peer.startswith("fit-device"):
-        prefetch = 2 if peer == "fit-thread" else None
     train_data = _fit_data(peer, x, y, batch)
     with contextlib.redirect_stderr(sink):  # fit's tqdm writes to stderr
         options = FitOptions(log_every=10 if cfg["quick"] else 50, steps_per_dispatch=per_dispatch, prefetch=prefetch)
