@@ -22,7 +22,8 @@ top_k 200). ``mfu`` is nanoGPT's ``estimate_mfu`` (:func:`estimate_mfu`) against
 (-100.00% until 5 iterations have run); on a CPU it is near 0 by construction. The train
 dispatch is compiled ahead of time (``compile: X s``, printed once, so the first ``time``
 is a step's; it still includes the evaluation at step 0, as train.py's) and donates its
-TrainState, so that XLA can write the new state over the old one.
+TrainState, so that XLA can write the new state over the old one; the evaluation and the
+sampler compile meanwhile on a second thread (:func:`compile_programs`).
 
 Precision, ``--dtype`` (train.py's): ``float32``, ``bfloat16`` or ``float16``; by default
 bfloat16 on an NVIDIA GPU of compute capability 8.0 or more, float16 on an older one and
@@ -89,6 +90,7 @@ import math
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 if __name__ == "__main__" and "jax" not in sys.modules:
@@ -575,11 +577,11 @@ def compile_train_steps(args, net, optimizer, ts, train_ids, draws, split):
     return train_steps, k
 
 
-def make_estimate_loss(args, net, train_ids, val_ids, draws, split):
+def compile_estimate_loss(args, net, params, train_ids, val_ids, draws, split):
     """``estimate_loss(params, e)``: the mean loss over eval_iters batches of each split (the
-    e-th evaluation's draws), without dropout."""
+    e-th evaluation's draws), without dropout; compiled ahead of time for ``params``'
+    shapes."""
 
-    @jax.jit
     def estimate_loss(params, e):
         def split_loss(data, starts):
             def one(starts):
@@ -591,7 +593,24 @@ def make_estimate_loss(args, net, train_ids, val_ids, draws, split):
 
         return split_loss(train_ids, draws.evals[e, 0]), split_loss(val_ids, draws.evals[e, 1])
 
-    return estimate_loss
+    return jax.jit(estimate_loss).lower(params, 0).compile()
+
+
+def compile_programs(args, net, optimizer, ts, train_ids, val_ids, draws, split, sample_key):
+    """``(train_steps, k, estimate_loss, sample)``, compiled ahead of time: the evaluation
+    and the sampler on a second thread while this one compiles the train dispatch (XLA
+    releases the GIL while it compiles; on nanoGPT's CPU run the train dispatch takes ~4 s,
+    the other two ~4 s more, which would otherwise run one after the other)."""
+    with ThreadPoolExecutor(1) as pool:
+        side = pool.submit(
+            lambda: (
+                compile_estimate_loss(args, net, ts.params, train_ids, val_ids, draws, split),
+                compile_sampler(args, net, ts.params, sample_key),
+            )
+        )
+        train_steps, k = compile_train_steps(args, net, optimizer, ts, train_ids, draws, split)
+        estimate_loss, sample = side.result()
+    return train_steps, k, estimate_loss, sample
 
 
 def train_loop(args, ts, train_steps, k, estimate_loss, n_params):
@@ -626,26 +645,39 @@ def train_loop(args, ts, train_steps, k, estimate_loss, n_params):
     return ts, history
 
 
-def sample_text(args, net, params, chars, sample_key) -> str:
-    """sample.py's sample: ``args.sample_tokens`` characters after "\\n" (id 0), temperature
-    0.8, top-k 200; printed and returned ("" for none)."""
+def compile_sampler(args, net, params, key):
+    """sample.py's sampling, compiled ahead of time for ``params``' shapes on one device:
+    ``sample(params, key)`` gives ``args.sample_tokens`` ids after "\\n" (id 0), temperature
+    0.8, top-k 200, each from the last ``block_size`` tokens (None for no sample)."""
     if not args.sample_tokens:
+        return None
+
+    def sample(params, key):
+        prompt = jnp.zeros((1, 1), jnp.int32)  # sample.py starts from "\n", id 0
+        return generate(
+            net,
+            params,
+            (),
+            prompt,
+            args.sample_tokens,
+            rng=key,
+            temperature=0.8,
+            top_k=200,
+            window=args.block_size,
+        )[0]
+
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    return jax.jit(sample).lower(shapes, key).compile()
+
+
+def sample_text(sample, params, key, chars) -> str:
+    """The sample (:func:`compile_sampler`) from ``params``, printed and returned ("" for
+    none)."""
+    if sample is None:
         return ""
-    prompt = jnp.zeros((1, 1), jnp.int32)  # sample.py starts from "\n", id 0
-    tokens = jax.jit(generate, static_argnames=("net", "max_new_tokens", "temperature", "top_k", "window"))(
-        net,
-        jax.device_get(params),
-        (),
-        prompt,
-        args.sample_tokens,
-        rng=sample_key,
-        temperature=0.8,
-        top_k=200,
-        window=args.block_size,
-    )
-    sample = "".join(chars[i] for i in np.asarray(tokens[0]))
-    print(sample)
-    return sample
+    text = "".join(chars[i] for i in np.asarray(sample(jax.device_get(params), key)))
+    print(text)
+    return text
 
 
 def main(argv=None):
@@ -672,10 +704,10 @@ def main(argv=None):
         else (lambda b: jax.sharding.reshard(b, NamedSharding(mesh, PartitionSpec("data"))))
     )
     n_params = print_setup(args, ts, platform)
-    train_steps, k = compile_train_steps(args, net, optimizer, ts, train_ids, draws, split)
-    estimate_loss = make_estimate_loss(args, net, train_ids, val_ids, draws, split)
+    programs = compile_programs(args, net, optimizer, ts, train_ids, val_ids, draws, split, sample_key)
+    train_steps, k, estimate_loss, sample = programs
     ts, history = train_loop(args, ts, train_steps, k, estimate_loss, n_params)
-    return history, sample_text(args, net, ts.params, chars, sample_key), ts
+    return history, sample_text(sample, ts.params, sample_key, chars), ts
 
 
 if __name__ == "__main__":
