@@ -28,6 +28,10 @@ run, lets every process of it (the xdist workers and the subprocesses tests star
 inherit the environment) load a program another one compiled: about a quarter off the
 suite's time on 2 cores. The executables are XLA's own. A cache directory you set
 yourself (``JAX_COMPILATION_CACHE_DIR``) is used as it is and never deleted.
+
+MLIR contexts. On a jax that builds a new MLIR context for every program it lowers
+(0.10.2, the Python 3.11 lane), each thread's context is reused, as jax 0.12 does itself:
+about a fifth off that lane's time (``_reuse_mlir_contexts``).
 """
 
 import os
@@ -104,6 +108,44 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # Cache every program: the suite's are small and quick to compile, but there are thousands.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+# One MLIR context per thread, reused up to this many lowerings (jax 0.12's own count).
+_CONTEXT_REUSES = 10
+
+
+def _reuse_mlir_contexts():
+    """On a jax that makes a new MLIR context for every program it lowers, reuse each
+    thread's context as later jax does; returns whether it did.
+
+    jax 0.10.2 (the Python 3.11 lane) builds a fresh context, every dialect loaded, for
+    each lowering: about half of its lowering time, and its lowering is as long as XLA's
+    compiling in that lane (``python -m pytest -p benchmarks.suite_profile``). jax 0.12
+    keeps one context per thread and reuses it ten times (``mlir._thread_local_context``);
+    where jax does that itself, nothing changes here. The context only holds interned
+    types and attributes: the modules lowered, and so the executables, are the same
+    (tests/test_conftest.py compares them)."""
+    import threading
+
+    from jax._src.interpreters import mlir
+
+    if hasattr(mlir, "_thread_local_context"):
+        return False
+    fresh, local = mlir.make_ir_context, threading.local()
+
+    def make_ir_context():
+        context, uses = getattr(local, "context", (None, _CONTEXT_REUSES))
+        if uses >= _CONTEXT_REUSES:
+            context, uses = fresh(), 0
+        local.context = (context, uses + 1)
+        return context
+
+    make_ir_context.fresh = fresh
+    mlir.make_ir_context = make_ir_context
+    return True
+
+
+# after XLA_FLAGS is set: importing jax reads no flag, starting its backend does
+REUSES_MLIR_CONTEXTS = _reuse_mlir_contexts()
 
 
 def pytest_configure(config):

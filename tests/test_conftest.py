@@ -54,3 +54,48 @@ def test_the_torch_stand_in_resolves_names_and_skips_at_the_first_use():
             missing.tensor([1.0])
         except Exception:
             pass
+
+
+def _programs():
+    """New functions each call (so no lowering is cached): a gradient, a scan, a
+    custom_vjp, a convolution, an integer gather, and a float64 one."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def clip(x):
+        return jnp.clip(x, -1, 1)
+
+    clip.defvjp(lambda x: (clip(x), x), lambda x, g: (g * (jnp.abs(x) < 1),))
+    conv = lambda x: jax.lax.conv_general_dilated(x[None, None], x[None, None, :3, :3], (1, 1), "SAME")
+    return [
+        (jax.grad(lambda x: jnp.sum(jnp.tanh(x) ** 2)), jnp.ones((3, 4))),
+        (lambda x: jax.lax.scan(lambda c, r: (c + r, c * r), jnp.zeros(4), x), jnp.ones((3, 4))),
+        (jax.grad(lambda x: clip(x).sum()), jnp.ones(5)),
+        (conv, jnp.ones((6, 6))),
+        (lambda i: jnp.arange(10)[i], jnp.array([1, 3])),
+    ]
+
+
+def test_reused_mlir_contexts_lower_the_same_modules(monkeypatch):
+    """conftest reuses MLIR contexts only on a jax that does not itself, and the modules it
+    lowers with a reused context are the ones a fresh context gives, character for character."""
+    import jax
+    from jax._src.interpreters import mlir
+
+    assert conftest.REUSES_MLIR_CONTEXTS == (not hasattr(mlir, "_thread_local_context"))
+    if not conftest.REUSES_MLIR_CONTEXTS:
+        assert not hasattr(mlir.make_ir_context, "fresh")  # jax's own reuse, untouched
+        return
+    made = [mlir.make_ir_context() for _ in range(conftest._CONTEXT_REUSES + 1)]
+    assert len(set(map(id, made))) == 2  # one context per ten lowerings, then a new one
+    lower = lambda: [jax.jit(f).lower(x).as_text() for f, x in _programs()]
+    reused = lower() + lower()  # twice: past one context's ten uses
+    monkeypatch.setattr(mlir, "make_ir_context", mlir.make_ir_context.fresh)
+    fresh = lower()
+    assert reused == fresh + fresh
+    with jax.enable_x64(True):
+        monkeypatch.undo()
+        reused = lower()
+        monkeypatch.setattr(mlir, "make_ir_context", mlir.make_ir_context.fresh)
+        assert reused == lower()
