@@ -58,7 +58,7 @@ def test_the_torch_stand_in_resolves_names_and_skips_at_the_first_use():
 
 def _programs():
     """New functions each call (so no lowering is cached): a gradient, a scan, a
-    custom_vjp, a convolution, an integer gather, and a float64 one."""
+    custom_vjp, a convolution and an integer gather (float64: the caller's enable_x64)."""
     import jax
     import jax.numpy as jnp
 
