@@ -10,24 +10,33 @@ tolerances are written for float32 products; NVIDIA GPUs default to TF32), and t
 marked ``devices(N)`` skip with a reason naming N where the run has fewer devices (the
 CPU run has them). ``FUNCNET_TEST_DEVICES=1`` rehearses that on CPU.
 
-Flags. LLVM's optimisation of the generated CPU code is most of what compiling the
+Flags. LLVM's optimisation of the generated CPU code is much of what compiling the
 suite's thousands of tiny programs costs, and nothing a test checks depends on it: XLA's
-own (HLO) optimisations, buffer assignment and float semantics are the same at level 0
-(no fast-math at any level); about a third off the suite's time on 2 cores. The older
-(non-MLIR) fusion emitters compile the same fusions in about half the time again on
-jaxlib <= 0.10 (XLA:CPU's other code generator for the same HLO, not other numerics);
-jaxlib 0.11 removed that flag, and XLA *aborts* on a flag it does not know. So the first
-process of the run tries the flags in a subprocess and keeps those this jaxlib knows; a
-flag of yours in ``XLA_FLAGS`` that it refuses stops the run with XLA's message (never a
-silent exit). Processes the tests start get the kept flags from
-``FUNCNET_TEST_XLA_FLAGS`` and add their own device count.
+own (HLO) optimisations and buffer assignment are the same at level 0 (the optimised HLO
+is the same text), and there is no fast-math at any level; about a third off the suite's
+time on 2 cores. Only the last bits of some results move: above level 0 LLVM fuses a
+product and a sum into one FMA instruction (one rounding instead of two) where the CPU
+has them, so a float32 tanh layer's gradient differs from a default build's by up to
+~5e-6 (with FMA off, ``--xla_cpu_max_isa=AVX``, both levels agree bit for bit). Every
+tolerance here is wider, and the tests that compare two runs bit for bit run both under
+these flags (subprocesses included). The older (non-MLIR) fusion emitters compile the
+same fusions in about half the time again on jaxlib <= 0.10: XLA:CPU's other code
+generator for the same HLO, which also differs only in where it forms FMAs (with FMA off
+it agrees with a default build bit for bit, jaxlib 0.10.2). jaxlib 0.11 removed that
+flag, and XLA *aborts* on a flag it does not know. So the first process of the run tries
+the flags in a subprocess and keeps those this jaxlib knows; a flag of yours in
+``XLA_FLAGS`` that it refuses stops the run with XLA's message (never a silent exit).
+Processes the tests start get the kept flags from ``FUNCNET_TEST_XLA_FLAGS`` and add
+their own device count. (``--xla_cpu_opt_preset=FAST_COMPILE``, which XLA's own CPU tests
+also run under, took as long as level 0 alone here: three files paired on jaxlib 0.12.)
 
 Compilation cache. The suite is bound by XLA compilation, and many tests compile the same
 small programs. JAX's persistent compilation cache, pointed at a directory made for this
 run, lets every process of it (the xdist workers and the subprocesses tests start, which
 inherit the environment) load a program another one compiled: about a quarter off the
 suite's time on 2 cores. The executables are XLA's own. A cache directory you set
-yourself (``JAX_COMPILATION_CACHE_DIR``) is used as it is and never deleted.
+yourself (``JAX_COMPILATION_CACHE_DIR``) is used as it is and never deleted, so a run
+after it loads what it compiled (docs/contributing.md: about a third of the time).
 
 MLIR contexts. On a jax that builds a new MLIR context for every program it lowers
 (0.10.2, the Python 3.11 lane), each thread's context is reused, as jax 0.12 does itself:

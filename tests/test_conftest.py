@@ -1,7 +1,11 @@
 """The suite's own set-up: XLA flags a jaxlib does not know are dropped, not fatal; a backend
 that cannot start is reported with XLA's words; the torch stand-in skips, never passes."""
 
+import json
 import os
+import platform
+import subprocess
+import sys
 
 import pytest
 
@@ -99,3 +103,45 @@ def test_reused_mlir_contexts_lower_the_same_modules(monkeypatch):
         reused = lower()
         monkeypatch.setattr(mlir, "make_ir_context", mlir.make_ir_context.fresh)
         assert reused == lower()
+
+
+# What a default build has for each of conftest's speed flags.
+_DEFAULT_BUILD = {
+    "--xla_backend_optimization_level=0": ("xla_backend_optimization_level", 3),
+    "--xla_cpu_use_fusion_emitters=false": ("xla_cpu_use_fusion_emitters", True),
+}
+
+
+def _cpu_has_fma():
+    try:
+        with open("/proc/cpuinfo") as info:
+            return " fma " in f" {info.read()} ".replace("\n", " ")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not conftest.ON_CPU, reason="the speed flags are XLA:CPU's")
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64"), reason="FMA is turned off with --xla_cpu_max_isa=AVX, an x86 ISA"
+)
+def test_the_speed_flags_change_no_bit_but_where_fmas_form():
+    """conftest's docstring, checked: under the suite's flags XLA's optimised HLO is a
+    default build's, and with FMA instructions off the results are its bits; with them,
+    only the last bits move (a product and a sum fused into one rounding, or not)."""
+    assert set(_DEFAULT_BUILD) == set(conftest._SPEED_FLAGS)  # a new flag needs its default here
+    defaults = dict(_DEFAULT_BUILD[f] for f in os.environ["FUNCNET_TEST_XLA_FLAGS"].split())
+    script = os.path.join(os.path.dirname(__file__), "helpers", "xla_builds.py")
+    env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_cpu_max_isa=AVX")
+    run = subprocess.run(
+        [sys.executable, script, json.dumps(defaults)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    no_fma = json.loads(run.stdout.splitlines()[-1])
+    assert all(no_fma["same_hlo"]) and all(no_fma["same_bits"]), no_fma
+
+    from helpers import xla_builds
+
+    fma = xla_builds.compare(defaults)  # this process: FMA where the CPU has it
+    assert all(fma["same_hlo"]) and fma["largest"] < 1e-5, fma
+    if _cpu_has_fma():  # the builds do differ, so the bits above were compared, not cached
+        assert not all(fma["same_bits"]), f"no FMA difference any more: revisit conftest's docstring ({fma})"

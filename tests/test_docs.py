@@ -18,6 +18,7 @@ import glob
 import importlib
 import os
 import re
+import tempfile
 import types
 
 import jax
@@ -104,6 +105,7 @@ def test_page_python_blocks_run(page, tmp_path, monkeypatch):
         f"{page}: {skipped} block(s) marked no-run, NO_RUN says {NO_RUN.get(page, 0)}"
     )
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a page's mkdtemp() lands here too
     scope = {"__name__": "__docs__"}
     for code in run:
         exec(compile(code, os.path.join(ROOT, page), "exec"), scope)

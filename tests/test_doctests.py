@@ -14,7 +14,9 @@ in every public function and class of every public module (less the ``EXEMPT`` n
 import doctest
 import importlib
 import inspect
+import os
 import pkgutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -82,13 +84,20 @@ FOUR_DEVICES = {"funcnet.distributed", "funcnet.sharding"}
 @pytest.mark.parametrize(
     "name", [pytest.param(m, marks=pytest.mark.devices(4)) if m in FOUR_DEVICES else m for m in _MODULES]
 )
-def test_docstring_examples(name):
+def test_docstring_examples(name, tmp_path, monkeypatch):
     _, tests = _find(name)
+    # The examples write their files under tempfile.mkdtemp(), as a reader would; here
+    # that is the test's own directory, which pytest removes, not the system's.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made, mkdtemp = [], tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1])
     runner = doctest.DocTestRunner(optionflags=OPTIONFLAGS)
     report = []
     for test in sorted(tests, key=lambda t: t.name):
         runner.run(test, out=report.append)
     assert runner.failures == 0, "".join(report)
+    if any("tempfile.mkdtemp()" in example.source for test in tests for example in test.examples):
+        assert made and all(os.path.dirname(d) == str(tmp_path) for d in made), (name, made, tmp_path)
 
 
 def test_examples_exist():
