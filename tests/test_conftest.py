@@ -125,8 +125,8 @@ def _cpu_has_fma():
     platform.machine() not in ("x86_64", "AMD64"), reason="FMA is turned off with --xla_cpu_max_isa=AVX, an x86 ISA"
 )
 def test_the_speed_flags_change_no_bit_but_where_fmas_form():
-    """conftest's docstring, checked: under the suite's flags XLA's optimised HLO is a
-    default build's, and with FMA instructions off the results are its bits; with them,
+    """conftest's docstring, checked: XLA's optimised HLO is the same at either LLVM level,
+    and with FMA instructions off the suite's flags give a default build's bits; with them,
     only the last bits move (a product and a sum fused into one rounding, or not)."""
     assert set(_DEFAULT_BUILD) == set(conftest._SPEED_FLAGS)  # a new flag needs its default here
     defaults = dict(_DEFAULT_BUILD[f] for f in os.environ["FUNCNET_TEST_XLA_FLAGS"].split())
