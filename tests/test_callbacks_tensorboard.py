@@ -16,6 +16,7 @@ from funcnet import callbacks, data, metrics
 from funcnet.layers import Dense, Relu
 from funcnet.train import Aux, TrainState
 from funcnet.loop import FitOptions
+from helpers.profile_marks import step_marks
 
 pytest.importorskip("tensorboardX")
 
@@ -122,20 +123,6 @@ def test_profile_traces_its_window_and_keeps_the_dispatches(tmp_path):
         callbacks.Profile(tmp_path, steps=(5, 5))
 
 
-def _step_marks(logdir):
-    """The ``step_num`` of every ``train`` StepTraceAnnotation in the trace under ``logdir``."""
-    from jax.profiler import ProfileData
-
-    (path,) = glob.glob(str(logdir / "**" / "*.xplane.pb"), recursive=True)
-    return sorted(
-        int(dict(ev.stats)["step_num"])
-        for plane in ProfileData.from_file(path).planes
-        for line in plane.lines
-        for ev in line.events
-        if ev.name == "train"
-    )
-
-
 def test_profile_marks_each_dispatch_of_its_window_with_a_step_annotation(tmp_path):
     ts, loss_fn, opt, arrays, _, _ = _setup()
     started = []
@@ -157,7 +144,7 @@ def test_profile_marks_each_dispatch_of_its_window_with_a_step_annotation(tmp_pa
         options=FitOptions(steps_per_dispatch=1),
     )
     assert started == list(range(1, 13))
-    assert _step_marks(tmp_path / "host") == [5, 6, 7, 8]
+    assert step_marks(tmp_path / "host") == [5, 6, 7, 8]
     # the host pipeline in dispatches of 4 stacked batches: marked by its first step
     started.clear()
     funcnet.fit(
@@ -170,7 +157,7 @@ def test_profile_marks_each_dispatch_of_its_window_with_a_step_annotation(tmp_pa
         options=FitOptions(log_every=4),
     )
     assert started == [1, 5, 9]
-    assert _step_marks(tmp_path / "stacked") == [5]
+    assert step_marks(tmp_path / "stacked") == [5]
     # a DeviceData in dispatches of 4 steps: the dispatch inside the window, by its first step
     started.clear()
     funcnet.fit(
@@ -183,4 +170,4 @@ def test_profile_marks_each_dispatch_of_its_window_with_a_step_annotation(tmp_pa
         options=FitOptions(steps_per_dispatch=4, log_every=4),
     )
     assert started == [1, 5, 9, 13]
-    assert _step_marks(tmp_path / "dev") == [5]
+    assert step_marks(tmp_path / "dev") == [5]

@@ -17,6 +17,7 @@ from funcnet.layers import Dense
 from funcnet.loop._epoch import _dispatch_plan
 from funcnet.train import Aux, TrainState
 from funcnet.loop import FitOptions
+from helpers.profile_marks import step_marks
 
 X = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
 Y = X.sum(1, keepdims=True)
@@ -92,19 +93,6 @@ def test_dispatch_plan_ends_dispatches_at_the_edges():
     assert _dispatch_plan(10, 4, 2, 8, (11, 40)) == [(2, 1), (3, 1), (4, 4)]  # resumed
 
 
-def _marks(logdir):
-    from jax.profiler import ProfileData
-
-    (path,) = glob.glob(str(logdir / "**" / "*.xplane.pb"), recursive=True)
-    return sorted(
-        int(dict(ev.stats)["step_num"])
-        for plane in ProfileData.from_file(path).planes
-        for line in plane.lines
-        for ev in line.events
-        if ev.name == "train"
-    )
-
-
 def test_profile_window_inside_one_dispatch_is_traced(tmp_path):
     ends = []
 
@@ -128,7 +116,7 @@ def test_profile_window_inside_one_dispatch_is_traced(tmp_path):
         options=FitOptions(log_every=8),
     )
     assert ends == [2, 3, 8, 16]  # only the window's edges split a dispatch
-    assert _marks(tmp_path / "p") == [3]
+    assert step_marks(tmp_path / "p") == [3]
 
 
 def test_profile_stops_its_trace_when_fit_fails_inside_the_window(tmp_path):
@@ -192,7 +180,7 @@ def test_overlapping_profile_windows_are_refused_before_training(tmp_path):
     with pytest.raises(ValueError, match=r"List Profile\(steps=\(1, 2\)\) first"):
         run((2, 3), (1, 2))
     run((1, 2), (2, 3))  # touching, in order: the first stops before the second starts
-    assert _marks(tmp_path / "(1, 2)") == [2] and _marks(tmp_path / "(2, 3)") == [3]
+    assert step_marks(tmp_path / "(1, 2)") == [2] and step_marks(tmp_path / "(2, 3)") == [3]
 
 
 def test_profile_says_so_when_another_trace_runs(tmp_path):
