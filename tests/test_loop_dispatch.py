@@ -167,3 +167,40 @@ def test_compiler_options_must_be_auto_a_dict_or_none():
         funcnet.fit(
             ts, loss_fn, opt, [(x, x[:, :2, 0, 0])], progress=False, options=FitOptions(compiler_options="fast")
         )
+
+
+@pytest.mark.parametrize(
+    "source,steps_per_dispatch",
+    [("device", 4), ("device", 1), ("host", 4)],
+    ids=["device-loop", "device-one-per-dispatch", "host-loop"],
+)
+def test_fit_traces_the_train_step_once(source, steps_per_dispatch):
+    """The step is traced once for its program: the loop over several steps takes the
+    shapes of its metrics from the same trace as its body (tracing a big model's step
+    again was a second or more of fit's start). Counted on the optimizer's update, which
+    only the train step calls; 32 examples in batches of 8, so there is no last, smaller
+    batch with a program of its own."""
+    ts, loss_fn, opt, x = _setup(*MLP)
+    traced = []
+
+    def update(grads, opt_state, params=None):
+        traced.append(1)
+        return opt.update(grads, opt_state, params)
+
+    counted = optax.GradientTransformation(opt.init, update)
+    y = np.zeros((len(x), 2), np.float32)
+    train_data = (
+        data.DeviceData((x, y), 8, shuffle=True, rng=0)
+        if source == "device"
+        else (lambda e: data.batches((x, y), 8, shuffle=True, rng=0, epoch=e))
+    )
+    funcnet.fit(
+        ts,
+        loss_fn,
+        counted,
+        train_data,
+        epochs=2,
+        progress=False,
+        options=FitOptions(log_every=4, steps_per_dispatch=steps_per_dispatch),
+    )
+    assert len(traced) == 1, f"the train step was traced {len(traced)} times"
