@@ -86,6 +86,7 @@ def _same_pads(size, k_eff, s, lower):
 
 @pytest.mark.parametrize("padding", ["SAME", "same", "SAME_LOWER"])
 @pytest.mark.parametrize("stride,dilation", [(1, 1), (2, 1), (3, 2)])
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch's note on its own copy for even kernels
 def test_conv_same_padding(padding, stride, dilation):
     x, w, b = _randn(2, 3, 10, 7), _randn(5, 3, 4, 3), _randn(5)
     layer = Conv(5, (4, 3), strides=stride, padding=padding, dilation=dilation, **ZEROS)
