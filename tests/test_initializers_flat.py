@@ -1,0 +1,119 @@
+"""funcnet's uniform initializers draw a kernel flat and reshape it (XLA:CPU compiles a
+flat draw several times faster): the same bits as jax's own initializers, every case."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.nn.initializers import variance_scaling
+
+from funcnet import initializers as fi
+from funcnet.layers import Conv, Dense
+
+SHAPES = [(100, 10), (7, 1), (1, 7), (65, 512), (3, 3, 1, 32), (5, 5, 3, 7), (2, 3, 4, 5, 6)]
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+KEYS = {"typed": jax.random.key(3), "raw uint32": jax.random.PRNGKey(3)}
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def _same(ours, theirs):
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    np.testing.assert_array_equal(_bits(ours), _bits(theirs))
+
+
+# funcnet's initializer and the jax.nn.initializers one it must equal bit for bit
+CASES = {
+    "xavier_uniform": (fi.xavier_uniform(), variance_scaling(1.0, "fan_avg", "uniform")),
+    "xavier_uniform gain 2": (fi.xavier_uniform(2.0), variance_scaling(4.0, "fan_avg", "uniform")),
+    "kaiming_uniform relu fan_out": (
+        fi.kaiming_uniform(0.0, "fan_out", "relu"),
+        variance_scaling(2.0, "fan_out", "uniform"),
+    ),
+    "torch_default": (fi.torch_default(), variance_scaling(1 / 3, "fan_in", "uniform")),
+    "torch_default transposed": (
+        fi.torch_default(in_axis=-1, out_axis=-2),
+        variance_scaling(1 / 3, "fan_in", "uniform", in_axis=-1, out_axis=-2),
+    ),
+    "uniform_symmetric": (fi.uniform_symmetric(0.125), lambda k, s, d: jax.random.uniform(k, s, d, -0.125, 0.125)),
+}
+
+
+def theirs_torch(key, shape):
+    """jax's initializer that ``torch_default()`` must equal."""
+    return variance_scaling(1 / 3, "fan_in", "uniform")(key, shape, jnp.float32)
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("key", KEYS, ids=str)
+def test_the_same_bits_as_jax(name, dtype, key):
+    ours, theirs = CASES[name]
+    for shape in SHAPES:
+        _same(ours(KEYS[key], shape, dtype), theirs(KEYS[key], shape, dtype))
+
+
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_the_same_bits_with_threefry_partitionable_either_way(partitionable):
+    ours, theirs = CASES["torch_default"]
+    with jax.threefry_partitionable(partitionable):
+        for shape in SHAPES:
+            _same(ours(KEYS["typed"], shape, jnp.float32), theirs(KEYS["typed"], shape, jnp.float32))
+
+
+def test_the_same_bits_inside_jit_and_for_layers():
+    ours, theirs = CASES["xavier_uniform"]
+    key = KEYS["typed"]
+    _same(jax.jit(lambda k: ours(k, (100, 10)))(key), theirs(key, (100, 10), jnp.float32))
+    # Dense and Conv with their defaults (torch_default weights, torch_default_bias)
+    k1, k2 = jax.random.split(jax.random.key(0))
+    _, params, _ = Dense(10).init(jax.random.key(0), (-1, 100))
+    _same(params["W"], theirs_torch(k1, (100, 10)))
+    _same(params["b"], jax.random.uniform(k2, (10,), jnp.float32, -0.1, 0.1))
+    _, conv, _ = Conv(7, (5, 5)).init(jax.random.key(1), (-1, 12, 12, 3))
+    want = Conv(7, (5, 5), W_init=variance_scaling(1 / 3, "fan_in", "uniform"))
+    _same(conv["W"], want.init(jax.random.key(1), (-1, 12, 12, 3))[1]["W"])
+
+
+def test_the_program_draws_flat():
+    """What makes it faster: the compiled program draws the values in one axis (jax's
+    own initializer draws them in the kernel's shape)."""
+    key = KEYS["typed"]
+    ours = jax.jit(lambda k: fi.torch_default()(k, (100, 10))).lower(key).as_text()
+    theirs = jax.jit(lambda k: theirs_torch(k, (100, 10))).lower(key).as_text()
+    assert "100x10xui32" in theirs  # the draw's bits in the kernel's shape
+    assert "100x10xui32" not in ours and "1000xui32" in ours
+
+
+def test_jax_draws_where_flat_would_not_be_the_same():
+    # another generator shapes its bits by the shape: jax's draw, the same values as jax's
+    rbg = jax.random.key(0, impl="rbg")
+    ours, theirs = CASES["torch_default"]
+    _same(ours(rbg, (100, 10), jnp.float32), theirs(rbg, (100, 10), jnp.float32))
+    # no values, one axis, no dtype, a bad mode, a batch of keys: jax's answer or jax's error
+    key, keys = KEYS["typed"], jax.random.split(KEYS["typed"], 2)
+    _as_jax(ours, theirs, key, (0, 10), jnp.float32)  # jax 0.10 divides by zero, 0.12 gives zeros
+    _as_jax(*CASES["uniform_symmetric"], key, (9,), jnp.float32)
+    _as_jax(ours, theirs, key, (4, 3), None)
+    sideways = (fi.kaiming_uniform(mode="fan_sideways"), variance_scaling(2.0, "fan_sideways", "uniform"))
+    _as_jax(*sideways, key, (4, 3), None)
+    _as_jax(ours, theirs, keys, (4, 3), jnp.float32)
+
+
+def _as_jax(ours, theirs, *args):
+    """``ours(*args)`` gives what ``theirs(*args)`` gives: the same bits, or the same error."""
+    try:
+        want = theirs(*args)
+    except Exception as error:
+        with pytest.raises(type(error)):
+            ours(*args)
+    else:
+        _same(ours(*args), want)
+
+
+def test_eval_shape_traces_it():
+    out = jax.eval_shape(lambda k: fi.xavier_uniform()(k, (64, 10)), KEYS["typed"])
+    assert out.shape == (64, 10) and out.dtype == jnp.float32
