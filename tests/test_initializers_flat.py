@@ -62,6 +62,11 @@ def test_the_same_bits_with_threefry_partitionable_either_way(partitionable):
     with jax.threefry_partitionable(partitionable):
         for shape in SHAPES:
             _same(ours(KEYS["typed"], shape, jnp.float32), theirs(KEYS["typed"], shape, jnp.float32))
+        with jax.enable_x64(True):  # float64 draws take 64 bits per value
+            for name in ("torch_default", "uniform_symmetric"):
+                ours, theirs = CASES[name]
+                for shape in SHAPES:
+                    _same(ours(KEYS["raw uint32"], shape, jnp.float64), theirs(KEYS["raw uint32"], shape, jnp.float64))
 
 
 def test_the_same_bits_inside_jit_and_for_layers():
