@@ -20,11 +20,12 @@ Defaults in funcnet's layers, and why:
 
 The uniform ones (:func:`xavier_uniform`, :func:`kaiming_uniform`, :func:`torch_default`,
 :func:`uniform_symmetric`, :func:`torch_default_bias`) give ``jax.nn.initializers``'
-values bit for bit (``variance_scaling(..., "uniform")``, ``jax.random.uniform``) but draw
-a kernel's values in one axis and reshape them: XLA:CPU compiles a draw in a kernel's
-shape several times slower (a (100, 10) Dense kernel 1.1 s against 0.2 s), and an eager
-init compiles one draw per shape, so a LeNet's init took 5.6-5.9 s before and 2.8-3.1 s
-after (jax 0.12.0.1, 2-core CPU).
+values bit for bit (``variance_scaling(..., "uniform")``, ``jax.random.uniform``) but,
+called eagerly, draw a kernel's values in one axis and reshape them: XLA:CPU compiles a
+draw in a kernel's shape several times slower (a (100, 10) Dense kernel 1.1 s against
+0.2 s), and an eager init compiles one draw per shape, so a LeNet's init took 5.6-5.9 s
+before and 2.8-3.1 s after (jax 0.12.0.1, 2-core CPU). Under a trace (an init inside
+``jax.jit``) they draw as jax does.
 """
 
 from __future__ import annotations
@@ -295,12 +296,14 @@ def torch_default_bias(fan_in: int) -> Initializer:
 
 
 def _draws_flat(key, shape, dtype) -> bool:
-    """Whether ``key``'s draws of ``shape`` may be made flat: a single threefry key (the
-    default; other generators, e.g. ``rbg``, shape their bits by the shape), a floating
-    dtype, two or more axes (one is flat already) and at least one value."""
+    """Whether ``key``'s draws of ``shape`` may be made flat: an eager draw, a single
+    threefry key (the default; other generators, e.g. ``rbg``, shape their bits by the
+    shape), a floating dtype, two or more axes (one is flat already) and a value."""
     if dtype is None or len(shape) < 2 or 0 in tuple(shape) or not jnp.issubdtype(dtype, jnp.floating):
         return False
-    if not isinstance(key, jax.Array):
+    if not isinstance(key, jax.Array) or isinstance(key, jax.core.Tracer):
+        # Traced (an init under jit): the program is the caller's, perhaps with sharded
+        # outputs, which jax's draw in the parameter's shape is made to split by.
         return False
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
         single = key.shape == ()
