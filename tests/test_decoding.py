@@ -13,6 +13,12 @@ V, BLOCK = 13, 12
 KW = dict(n_layer=2, n_head=2, n_embd=8)
 
 
+def _full(net, params, ids):
+    """The logits of the whole prefix, the reference each decoding is checked against
+    (jitted: eager, each op of the forward pass would be a program of its own)."""
+    return jax.jit(net.apply)(params, (), ids)[0]
+
+
 @pytest.fixture(scope="module")
 def model():
     net = GPT(V, BLOCK, **KW)
@@ -26,7 +32,7 @@ def test_cached_logits_equal_the_full_prefix(model):
     _, dparams, cache = dec.init(KEY, (2, 1))
     jax.tree.map(np.testing.assert_array_equal, dparams, params)  # one set of params
     ids = jnp.asarray(np.random.default_rng(0).integers(0, V, (2, 9)))
-    want, _ = net.apply(params, (), ids)
+    want = _full(net, params, ids)
     step = jax.jit(dec.apply)
     logits, cache = step(params, cache, ids[:, :4])
     got = [logits]
@@ -49,7 +55,7 @@ def test_generate_cached_and_windowed_agree_and_jit(model):
     np.testing.assert_array_equal(a, b)
     # greedy: each new token is the argmax of the full-prefix logits
     g = run(dec, params, cache, prompt, 5, rng=KEY, temperature=0)
-    logits, _ = net.apply(params, (), g[:, :-1])
+    logits = _full(net, params, g[:, :-1])
     np.testing.assert_array_equal(g[:, 3:], jnp.argmax(logits[:, 2:], -1))
 
 
@@ -58,7 +64,7 @@ def test_windowed_generation_goes_past_the_block(model):
     out = generate(net, params, (), jnp.zeros((1, 2), jnp.int32), 20, rng=KEY, window=BLOCK, temperature=0)
     assert out.shape == (1, 22)
     # the last token is the argmax over the last BLOCK tokens before it
-    logits, _ = net.apply(params, (), out[:, -1 - BLOCK : -1])
+    logits = _full(net, params, out[:, -1 - BLOCK : -1])
     assert int(out[0, -1]) == int(jnp.argmax(logits[0, -1]))
 
 

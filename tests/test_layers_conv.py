@@ -346,6 +346,20 @@ def test_apply_errors():
         Conv(4, (3, 3)).apply(params, (), jnp.ones((2, 2, 8, 6)))
 
 
+def _sum_sin(layer):
+    return lambda p, x: jnp.sum(jnp.sin(layer.apply(p, (), x)[0]))
+
+
+def _assert_same_values_and_grads(layer, reference, params, x):
+    """``layer`` and ``reference`` give the same outputs and gradients (params and input).
+    Jitted: run eagerly, every op of a backward pass is a program XLA compiles alone."""
+    fwd = lambda lay: jax.jit(lambda p, x: lay.apply(p, (), x)[0])(params, x)  # noqa: E731
+    np.testing.assert_allclose(fwd(layer), fwd(reference), rtol=1e-5, atol=1e-5)
+    grads = lambda lay: jax.jit(jax.grad(_sum_sin(lay), (0, 1)))(params, x)  # noqa: E731
+    for got, want in zip(grads(layer), grads(reference)):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), got, want)
+
+
 @pytest.mark.parametrize(
     "filt,strides,padding,dilation,shape",
     [
@@ -366,16 +380,10 @@ def test_one_channel_conv_takes_the_patches_path_with_the_same_values_and_grads(
     auto, xla = make("auto"), make("xla")
     _, params, _ = auto.init(jax.random.PRNGKey(0), shape)
     x = jnp.asarray(np.random.default_rng(1).normal(size=shape), jnp.float32)
-
-    def loss(layer):
-        return lambda p, x: jnp.sum(jnp.sin(layer.apply(p, (), x)[0]))
-
-    np.testing.assert_allclose(auto.apply(params, (), x)[0], xla.apply(params, (), x)[0], rtol=1e-5, atol=1e-5)
-    for got, want in zip(jax.grad(loss(auto), (0, 1))(params, x), jax.grad(loss(xla), (0, 1))(params, x)):
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), got, want)
+    _assert_same_values_and_grads(auto, xla, params, x)
     # the patches path really ran: its forward is the one convolution, both gradients
     # are matrix products / slices (XLA's path: forward, input and filter gradient)
-    jaxpr = str(jax.make_jaxpr(jax.grad(loss(auto), (0, 1)))(params, x))
+    jaxpr = str(jax.make_jaxpr(jax.grad(_sum_sin(auto), (0, 1)))(params, x))
     assert jaxpr.count("conv_general_dilated") == 1
     assert _conv_count(xla, params, x) == 3
 
@@ -419,10 +427,7 @@ def test_batch_chunked_conv_equals_one_convolution(kwargs, shape, pieces):
     whole = Conv(4, filt, **{**kwargs, "implementation": "xla"})
     _, params, _ = chunked.init(jax.random.key(0), shape)
     x = jnp.asarray(_randn(*shape))
-    np.testing.assert_allclose(chunked.apply(params, (), x)[0], whole.apply(params, (), x)[0], rtol=1e-5, atol=1e-5)
-    loss = lambda layer: lambda p, x: jnp.sum(jnp.sin(layer.apply(p, (), x)[0]))  # noqa: E731
-    for got, want in zip(jax.grad(loss(chunked), (0, 1))(params, x), jax.grad(loss(whole), (0, 1))(params, x)):
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), got, want)
+    _assert_same_values_and_grads(chunked, whole, params, x)
     # forward, input gradient and filter gradient: one convolution each per piece
     assert _conv_count(chunked, params, x) == 3 * pieces
     assert _conv_count(whole, params, x) == 3

@@ -40,20 +40,25 @@ def _ids(seed, shape, high):
 
 def _layer(layer, x, *, train=False, dropout_key=False):
     """Output, new state and parameter gradients of ``sum(sin(output))`` (not of a sum of
-    squares: through BatchNorm that gradient is zero up to rounding)."""
-    _, params, state = layer.init(jax.random.key(0), x.shape)
-    key = jax.random.key(1) if dropout_key else None
+    squares: through BatchNorm that gradient is zero up to rounding). Built when a test
+    first asks (:func:`_case`): eager inits at import would cost every xdist worker."""
 
-    def fn(params, x):
-        def objective(p):
-            out, new_state = layer.apply(p, state, x, rng=key, train=train)
-            heads = out if isinstance(out, tuple) else (out,)
-            return sum(jnp.sum(jnp.sin(h)) for h in heads), (out, new_state)
+    def build():
+        _, params, state = layer.init(jax.random.key(0), x.shape)
+        key = jax.random.key(1) if dropout_key else None
 
-        (_, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
-        return aux, grads
+        def fn(params, x):
+            def objective(p):
+                out, new_state = layer.apply(p, state, x, rng=key, train=train)
+                heads = out if isinstance(out, tuple) else (out,)
+                return sum(jnp.sum(jnp.sin(h)) for h in heads), (out, new_state)
 
-    return (params,), (x,), fn
+            (_, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
+            return aux, grads
+
+        return (params,), (x,), fn
+
+    return build
 
 
 def _grad_of(loss_fn, *batch, **kwargs):
@@ -183,6 +188,14 @@ CASES = {
     for name, case in cases.items()
 }
 
+
+@functools.cache
+def _case(name):
+    """``CASES[name]`` as (replicated args, batch args, fn), a layer's built once."""
+    case = CASES[name]
+    return case() if callable(case) else case
+
+
 MESHES = {"explicit": (AxisType.Explicit,), "auto": (AxisType.Auto,)}
 
 
@@ -197,7 +210,7 @@ def _run(fn, *args):
 
 @functools.cache
 def _one_device(case):
-    replicated, batch, fn = CASES[case]
+    replicated, batch, fn = _case(case)
     return _run(fn, *replicated, *batch)
 
 
@@ -205,7 +218,7 @@ def _one_device(case):
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.devices(4)
 def test_batch_sharded_jit_equals_one_device(case, mesh_kind):
-    replicated, batch, fn = CASES[case]
+    replicated, batch, fn = _case(case)
     mesh = jax.make_mesh((4,), ("data",), axis_types=MESHES[mesh_kind])
     put = lambda tree, spec: jax.device_put(tree, NamedSharding(mesh, spec))
     with jax.set_mesh(mesh):
