@@ -97,14 +97,15 @@ def test_same_loss_and_gradients_as_torch_tied_gpt(bias):
 
     net = GPT(V, BLOCK, n_layer=L, n_head=H, n_embd=E, bias=bias)
     params = _params_from_torch(tm, bias)
-    _, init_params, _ = net.init(KEY, (-1, BLOCK))
+    _, init_params, _ = jax.eval_shape(lambda k: net.init(k, (-1, BLOCK)), KEY)  # the tree only
     assert jax.tree.structure(init_params) == jax.tree.structure(params)
 
     def loss_fn(p):
         logits, _ = net.apply(p, (), jnp.asarray(idx))
         return losses.cross_entropy(logits.reshape(-1, V), jnp.asarray(tgt).reshape(-1))
 
-    loss, grads = jax.value_and_grad(loss_fn)(params)
+    # jitted: eagerly, each op of the backward pass would be a program of its own
+    loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
     np.testing.assert_allclose(loss, loss_t.item(), rtol=1e-5)
     # the tied table: the embedding's gradient plus the head's, as torch accumulates them
     np.testing.assert_allclose(grads["E"], tm.wte.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
@@ -175,7 +176,7 @@ def test_scan_and_remat_forms_equal_the_unrolled_gpt():
     idx = jnp.asarray(np.random.default_rng(0).integers(0, V, (2, 6)))
     plain = GPT(V, 6, **kw)
     _, params, _ = plain.init(KEY, (-1, 6))
-    want, _ = plain.apply(params, (), idx)
+    want, _ = jax.jit(plain.apply)(params, (), idx)
     scanned = GPT(V, 6, scan=True, remat=True, **kw)
     _, sparams, _ = scanned.init(KEY, (-1, 6))
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *params["body"]["blocks"])
