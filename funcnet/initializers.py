@@ -331,11 +331,12 @@ def _scaled_uniform(scale: float, mode: str, in_axis: int, out_axis: int) -> Ini
     """``variance_scaling(scale, mode, "uniform", in_axis=, out_axis=)``, the same values
     bit for bit, its draw made flat where :func:`_draws_flat` allows (else jax's own)."""
     exact = variance_scaling(scale, mode, "uniform", in_axis=in_axis, out_axis=out_axis)
+    # tuple axes and other modes: jax's own initializer (its answer, or its error)
+    mirrored = isinstance(in_axis, int) and isinstance(out_axis, int) and mode in _DENOMINATORS
 
     def init(key, shape, dtype=jnp.float32):
-        axes = isinstance(in_axis, int) and isinstance(out_axis, int)
-        if not (axes and mode in _DENOMINATORS and _draws_flat(key, shape, dtype)):
-            return exact(key, shape, dtype)  # jax's draw, and jax's errors
+        if not (mirrored and _draws_flat(key, shape, dtype)):
+            return exact(key, shape, dtype)
         shape = tuple(int(d) for d in shape)
         # jax.nn.initializers' fans and variance, in its order of operations
         in_size, out_size = shape[in_axis], shape[out_axis]
