@@ -24,7 +24,10 @@ values bit for bit (``variance_scaling(..., "uniform")``, ``jax.random.uniform``
 called eagerly, draw a kernel's values in one axis and reshape them: XLA:CPU compiles a
 draw in a kernel's shape several times slower (a (100, 10) Dense kernel 1.1 s against
 0.2 s), and an eager init compiles one draw per shape, so a LeNet's init took 5.6-5.9 s
-before and 2.8-3.1 s after (jax 0.12.0.1, 2-core CPU). Under a trace (an init inside
+before and 2.8-3.1 s after (jax 0.12.0.1, 2-core CPU). With partitionable threefry (jax's
+default) sizes also share a draw: a parameter takes the first values of a draw of a few
+fixed counts (4096 for every small one), the same bits, so an init compiles a draw per
+count, not per size (LeNet 1.4-1.6 -> 1.1-1.2 s more). Under a trace (an init inside
 ``jax.jit``) they draw as jax does.
 """
 
@@ -259,7 +262,7 @@ def uniform_symmetric(bound: float) -> Initializer:
     """
 
     def init(key, shape, dtype=jnp.float32):
-        if not _draws_flat(key, shape, dtype):
+        if not _draws_flat(key, shape, dtype, one_axis=True):
             return jax.random.uniform(key, shape, dtype, -bound, bound)
         return _flat_uniform(key, tuple(shape), jnp.dtype(dtype), -bound, bound, None)
 
@@ -293,13 +296,38 @@ def torch_default_bias(fan_in: int) -> Initializer:
 # parameter shape. jax's threefry draws depend only on each value's position in row-major
 # order, so the flat draw reshaped is the same array bit for bit (partitionable or not;
 # tests/test_initializers_flat.py checks it against jax's own initializers).
+#
+# Sharing the draw. Even flat, each count of values is a program of its own (~0.1 s to
+# compile on a 2-core CPU, jax 0.12), once per parameter size: a Dense layer's kernel and
+# bias are two, a GPT's blocks several. With ``jax_threefry_partitionable`` (jax's default)
+# the value at position i depends on i alone, not on how many are drawn, so the first n
+# values of a longer draw are the draw of n, bit for bit: sizes round up to a few draw
+# counts (:func:`_draw_count`), and what is left per shape is a slice and a reshape, a
+# program that compiles in a fraction of the draw's time. Without it (the older threefry)
+# the bits depend on the count, and each size draws exactly its own.
+
+_SHARED_DRAW = 4096  # values: every smaller parameter takes the first values of this draw
+_FINE_ABOVE = 1 << 20  # values: above this, round to eighths of an octave (at most 1/8 more)
 
 
-def _draws_flat(key, shape, dtype) -> bool:
+def _draw_count(n: int) -> int:
+    """How many values to draw for ``n``: ``_SHARED_DRAW`` for the small ones, the next
+    power of two up to ``_FINE_ABOVE`` (a few MB at most drawn in vain), then the next
+    multiple of an eighth of the octave, so a large kernel draws at most 1/8 more."""
+    if n <= _SHARED_DRAW:
+        return _SHARED_DRAW
+    octave = 1 << (n - 1).bit_length()
+    step = octave if octave <= _FINE_ABOVE else octave // 16
+    return -(-n // step) * step
+
+
+def _draws_flat(key, shape, dtype, one_axis: bool = False) -> bool:
     """Whether ``key``'s draws of ``shape`` may be made flat: an eager draw, a single
     threefry key (the default; other generators, e.g. ``rbg``, shape their bits by the
-    shape), a floating dtype, two or more axes (one is flat already) and a value."""
-    if dtype is None or len(shape) < 2 or 0 in tuple(shape) or not jnp.issubdtype(dtype, jnp.floating):
+    shape), a floating dtype, two or more axes (``one_axis``: or one, where the draw can
+    be shared, :func:`_draw_count`) and a value."""
+    fewest = 1 if one_axis and jax.threefry_partitionable.value else 2
+    if dtype is None or len(shape) < fewest or 0 in tuple(shape) or not jnp.issubdtype(dtype, jnp.floating):
         return False
     if not isinstance(key, jax.Array) or isinstance(key, jax.core.Tracer):
         # Traced (an init under jit): the program is the caller's, perhaps with sharded
@@ -312,10 +340,28 @@ def _draws_flat(key, shape, dtype) -> bool:
     return single and str(jax.random.key_impl(key)) == "threefry2x32"
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def _flat_uniform(key, shape, dtype, minval, maxval, scale):
     """``jax.random.uniform(key, shape, dtype, minval, maxval)`` (times ``scale`` unless
-    None) drawn flat and reshaped: one program per shape, with the flat draw's compile."""
+    None), drawn flat: with partitionable threefry the first values of a shared draw
+    (:func:`_draw_count`; the bounds traced, as in jax's own ``uniform``), else one flat
+    draw of exactly this shape's count."""
+    n = math.prod(shape)
+    if not jax.threefry_partitionable.value:
+        return _exact_flat_uniform(key, shape, dtype, minval, maxval, scale)
+    values = jax.random.uniform(key, (_draw_count(n),), dtype, float(minval), float(maxval))
+    return _first(values, n, shape, scale)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _first(values, n, shape, scale):
+    """The first ``n`` of a shared draw, times ``scale`` unless None, in ``shape``."""
+    values = values[:n]
+    return (values if scale is None else values * scale).reshape(shape)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _exact_flat_uniform(key, shape, dtype, minval, maxval, scale):
+    """The flat draw of exactly ``shape``'s count (the older threefry): one program per shape."""
     values = jax.random.uniform(key, (math.prod(shape),), dtype, minval, maxval)
     return (values if scale is None else values * scale).reshape(shape)
 

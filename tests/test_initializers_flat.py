@@ -98,18 +98,66 @@ def test_the_same_bits_inside_jit_and_for_layers():
     _same(conv["W"], want.init(jax.random.key(1), (-1, 12, 12, 3))[1]["W"])
 
 
-def test_an_eager_init_compiles_a_flat_draw(caplog):
-    """What makes it faster: an eager init compiles a draw in one axis (jax's own
-    initializer, and the old code, compile ``jit(_uniform)`` in the kernel's shape). Under
-    a trace the program is the caller's: jax's draw, which sharded outputs split by."""
-    shape = (23, 7, 3)  # drawn nowhere else in the suite: compiled here, not found in memory
+def _compiled(caplog, draw):
+    """The names of the programs JAX compiles while ``draw()`` runs."""
+    caplog.clear()
     with caplog.at_level(logging.WARNING), jax.log_compiles():
-        fi.torch_default()(KEYS["typed"], shape, jnp.float32).block_until_ready()
-    compiled = [r.getMessage().split(" with ")[0] for r in caplog.records if r.getMessage().startswith("Compiling ")]
-    assert any("_flat_uniform" in c for c in compiled), compiled
-    assert not any("jit(_uniform)" in c for c in compiled), compiled
-    traced = jax.jit(lambda k: fi.torch_default()(k, (100, 10))).lower(KEYS["typed"]).as_text()
+        jax.block_until_ready(draw())
+    return [r.getMessage().split(" with ")[0] for r in caplog.records if r.getMessage().startswith("Compiling ")]
+
+
+def test_an_eager_init_shares_one_flat_draw_between_sizes(caplog, monkeypatch):
+    """What makes it faster: an eager init draws in one axis (jax's own initializer, and
+    older code, compile ``jit(_uniform)`` in the kernel's shape), and with partitionable
+    threefry (jax's default) sizes share a draw: a new size compiles only the slice and
+    reshape (``_first``), not a draw. Under a trace the program is the caller's: jax's
+    draw, which sharded outputs split by."""
+    assert jax.config.jax_threefry_partitionable  # jax's default, which the suite runs
+    drawn = []
+    uniform = jax.random.uniform
+
+    def spy(key, shape, *args, **kwargs):
+        drawn.append(tuple(shape))
+        return uniform(key, shape, *args, **kwargs)
+
+    monkeypatch.setattr(jax.random, "uniform", spy)
+    key = KEYS["typed"]
+    # sizes drawn nowhere else in the suite, so compiled here and not found in memory
+    fi.torch_default()(key, (23, 7, 3), jnp.float32)  # 483 values: the shared 4096 draw
+    compiled = _compiled(caplog, lambda: fi.torch_default()(key, (29, 3, 5), jnp.float32))
+    assert any("_first" in c for c in compiled), compiled
+    assert not any("_uniform" in c for c in compiled), compiled  # the 4096 draw, again
+    compiled = _compiled(caplog, lambda: fi.uniform_symmetric(0.3)(key, (437,), jnp.float32))
+    assert not any("_uniform" in c for c in compiled), compiled  # a bias shares it too
+    big = (61, 173, 3)  # 31659 values: the next power of two
+    _same(fi.torch_default()(key, big, jnp.float32), theirs_torch(key, big))
+    assert drawn == [(4096,), (4096,), (4096,), (32768,)], drawn
+    traced = jax.jit(lambda k: fi.torch_default()(k, (100, 10))).lower(key).as_text()
     assert "100x10xui32" in traced  # jax's draw, in the kernel's shape
+
+
+def test_the_older_threefry_draws_each_size_flat_and_exactly():
+    """Without partitionable threefry a draw's bits depend on how many values it draws, so
+    each size draws exactly its own count (flat), and a one-axis bias is jax's own draw."""
+    key = KEYS["typed"]
+    with jax.threefry_partitionable(False):
+        short = jax.random.uniform(key, (483,), jnp.float32)
+        assert not np.array_equal(_bits(short), _bits(jax.random.uniform(key, (4096,), jnp.float32)[:483]))
+        _same(fi.torch_default()(key, (23, 7, 3), jnp.float32), theirs_torch(key, (23, 7, 3)))
+        bias = fi.uniform_symmetric(0.3)(key, (437,), jnp.float32)
+        _same(bias, jax.random.uniform(key, (437,), jnp.float32, -0.3, 0.3))
+
+
+@pytest.mark.parametrize("n", [1, 4096, 4097, 1 << 20, (1 << 20) + 1, 3_000_001])
+def test_draw_counts_are_few_and_waste_little(n):
+    count = fi._draw_count(n)
+    assert count >= n
+    if n <= 4096:
+        assert count == 4096
+    elif n <= 1 << 20:
+        assert count == 1 << (n - 1).bit_length()  # a power of two: a few MB at most in vain
+    else:
+        assert count - n < n / 8  # a large kernel draws at most an eighth more
 
 
 def test_jax_draws_where_flat_would_not_be_the_same():
