@@ -307,18 +307,16 @@ def torch_default_bias(fan_in: int) -> Initializer:
 # the bits depend on the count, and each size draws exactly its own.
 
 _SHARED_DRAW = 4096  # values: every smaller parameter takes the first values of this draw
-_FINE_ABOVE = 1 << 20  # values: above this, round to eighths of an octave (at most 1/8 more)
+_SHARED_UP_TO = 1 << 20  # values: larger parameters draw exactly their own (no copy of a slice)
 
 
 def _draw_count(n: int) -> int:
-    """How many values to draw for ``n``: ``_SHARED_DRAW`` for the small ones, the next
-    power of two up to ``_FINE_ABOVE`` (a few MB at most drawn in vain), then the next
-    multiple of an eighth of the octave, so a large kernel draws at most 1/8 more."""
+    """How many values to draw for ``n``: ``_SHARED_DRAW`` for the small ones, then the
+    next power of two up to ``_SHARED_UP_TO`` (4 MB of float32 at most drawn in vain), and
+    ``n`` itself above, where the draw's run time and memory outweigh its compile."""
     if n <= _SHARED_DRAW:
         return _SHARED_DRAW
-    octave = 1 << (n - 1).bit_length()
-    step = octave if octave <= _FINE_ABOVE else octave // 16
-    return -(-n // step) * step
+    return 1 << (n - 1).bit_length() if n <= _SHARED_UP_TO else n
 
 
 def _draws_flat(key, shape, dtype, one_axis: bool = False) -> bool:
@@ -343,10 +341,10 @@ def _draws_flat(key, shape, dtype, one_axis: bool = False) -> bool:
 def _flat_uniform(key, shape, dtype, minval, maxval, scale):
     """``jax.random.uniform(key, shape, dtype, minval, maxval)`` (times ``scale`` unless
     None), drawn flat: with partitionable threefry the first values of a shared draw
-    (:func:`_draw_count`; the bounds traced, as in jax's own ``uniform``), else one flat
-    draw of exactly this shape's count."""
+    (:func:`_draw_count`; the bounds traced, as in jax's own ``uniform``), else (or for
+    a large parameter) one flat draw of exactly this shape's count."""
     n = math.prod(shape)
-    if not jax.threefry_partitionable.value:
+    if n > _SHARED_UP_TO or not jax.threefry_partitionable.value:
         return _exact_flat_uniform(key, shape, dtype, minval, maxval, scale)
     values = jax.random.uniform(key, (_draw_count(n),), dtype, float(minval), float(maxval))
     return _first(values, n, shape, scale)
@@ -361,7 +359,8 @@ def _first(values, n, shape, scale):
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def _exact_flat_uniform(key, shape, dtype, minval, maxval, scale):
-    """The flat draw of exactly ``shape``'s count (the older threefry): one program per shape."""
+    """The flat draw of exactly ``shape``'s count (the older threefry, or a large
+    parameter): one program per shape."""
     values = jax.random.uniform(key, (math.prod(shape),), dtype, minval, maxval)
     return (values if scale is None else values * scale).reshape(shape)
 
