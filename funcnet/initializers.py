@@ -27,7 +27,7 @@ draw in a kernel's shape several times slower (a (100, 10) Dense kernel 1.1 s ag
 before and 2.8-3.1 s after (jax 0.12.0.1, 2-core CPU). With partitionable threefry (jax's
 default) sizes also share a draw: a parameter takes the first values of a draw of a few
 fixed counts (4096 for every small one), the same bits, so an init compiles a draw per
-count, not per size (LeNet 1.4-1.6 -> 1.1-1.2 s more). Under a trace (an init inside
+count, not per size (LeNet's init 1.4-1.6 -> 1.1-1.2 s on jax 0.12). Under a trace (an init inside
 ``jax.jit``) they draw as jax does.
 """
 
@@ -311,12 +311,11 @@ _SHARED_UP_TO = 1 << 20  # values: larger parameters draw exactly their own (no 
 
 
 def _draw_count(n: int) -> int:
-    """How many values to draw for ``n``: ``_SHARED_DRAW`` for the small ones, then the
-    next power of two up to ``_SHARED_UP_TO`` (4 MB of float32 at most drawn in vain), and
-    ``n`` itself above, where the draw's run time and memory outweigh its compile."""
-    if n <= _SHARED_DRAW:
-        return _SHARED_DRAW
-    return 1 << (n - 1).bit_length() if n <= _SHARED_UP_TO else n
+    """How many values to draw for ``n <= _SHARED_UP_TO``: ``_SHARED_DRAW`` for the small
+    ones, else the next power of two (4 MB of float32 at most drawn in vain). Larger
+    parameters draw exactly their own: there the draw's run time and memory outweigh its
+    compile."""
+    return max(_SHARED_DRAW, 1 << (n - 1).bit_length())
 
 
 def _draws_flat(key, shape, dtype, one_axis: bool = False) -> bool:

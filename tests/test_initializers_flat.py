@@ -154,15 +154,11 @@ def test_the_older_threefry_draws_each_size_flat_and_exactly():
         _same(bias, jax.random.uniform(key, (437,), jnp.float32, -0.3, 0.3))
 
 
-@pytest.mark.parametrize("n", [1, 4096, 4097, 1 << 20, (1 << 20) + 1])
-def test_draw_counts_are_few_and_waste_little(n):
-    count = fi._draw_count(n)
-    if n <= 4096:
-        assert count == 4096
-    elif n <= 1 << 20:
-        assert count == 1 << (n - 1).bit_length()  # a power of two: 4 MB of float32 at most in vain
-    else:
-        assert count == n  # a large kernel draws exactly its own
+@pytest.mark.parametrize("n, count", [(1, 4096), (4096, 4096), (4097, 8192), (31659, 32768), (1 << 20, 1 << 20)])
+def test_draw_counts_are_few_and_waste_little(n, count):
+    # 4096 for the small ones, then a power of two: 4 MB of float32 at most in vain (a
+    # larger kernel draws exactly its own, test_a_large_kernel_draws_exactly_its_own)
+    assert fi._draw_count(n) == count
 
 
 def test_a_large_kernel_draws_exactly_its_own(drawn):
