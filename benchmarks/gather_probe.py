@@ -1,0 +1,130 @@
+"""What a shuffled epoch costs on the dispatch-bound MLP: rows read in a new order against
+rows read in place.
+
+    python -m benchmarks.gather_probe [--rounds 8]
+
+Workload 6's dispatch-bound MLP (784-64-10, batch 32, SGD 0.1) on MNIST-shaped data on
+the device (60000 x 784 float32, 188 MB): ``fit`` over a shuffled ``DeviceData`` gathers
+each step's 32 rows by index (``x[idx]`` inside the device loop), where the fixed-order
+``jax-scan`` peer slices 32 consecutive rows. Both run 50 steps per dispatch, in
+``lax.scan``, over the epoch's 1850 full-dispatch steps. Two measurements, each program
+compiled once, the two alternated for ``--rounds`` rounds (the order flipped every round):
+
+- ``reads``: the epoch's batches only, each summed (so that XLA keeps the read), in one
+  program per epoch: what the new order costs in memory traffic alone;
+- ``epoch``: whole epochs of the SGD step over the same batches, as the two peers run them.
+
+Prints the median ms per epoch of each and the per-round ratio (gather / slices). The rows
+of one batch are 3 KB apart in place and anywhere in 188 MB shuffled, so the shuffled
+reads miss the caches at every row; BENCHMARKS.md (workload 6b's run R) has the peers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+N, FEATURES, BATCH, K = 60000, 784, 32, 50
+STEPS = N // BATCH // K * K  # the epoch's steps in full dispatches
+
+
+def _loss(p, x, y):
+    h = jax.nn.relu(x @ p["w1"] + p["b1"])
+    logits = h @ p["w2"] + p["b2"]
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+
+
+def _sgd(p, x, y):
+    loss, g = jax.value_and_grad(_loss)(p, x, y)
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), loss
+
+
+@jax.jit
+def reads_gathered(x, idx):
+    return jax.lax.scan(lambda c, i: (c + x[i].sum(), None), 0.0, idx)[0]
+
+
+@jax.jit
+def reads_sliced(x, starts):
+    return jax.lax.scan(lambda c, s: (c + jax.lax.dynamic_slice_in_dim(x, s, BATCH).sum(), None), 0.0, starts)[0]
+
+
+@jax.jit
+def dispatch_gathered(p, x, y, idx):  # idx: (K, BATCH), as fit's loop reads a DeviceData
+    return jax.lax.scan(lambda p, i: _sgd(p, x[i], y[i]), p, idx)
+
+
+@jax.jit
+def dispatch_sliced(p, x, y, starts):  # starts: (K,), as the fixed-order scan reads its batches
+    def body(p, s):
+        return _sgd(p, jax.lax.dynamic_slice_in_dim(x, s, BATCH), jax.lax.dynamic_slice_in_dim(y, s, BATCH))
+
+    return jax.lax.scan(body, p, starts)
+
+
+def _params():
+    k1, k2 = jax.random.split(jax.random.key(0))
+    return {
+        "w1": jax.random.normal(k1, (FEATURES, 64)) * 0.03,
+        "b1": jnp.zeros(64),
+        "w2": jax.random.normal(k2, (64, 10)) * 0.1,
+        "b2": jnp.zeros(10),
+    }
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - t
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    x = jax.device_put(rng.standard_normal((N, FEATURES), dtype=np.float32))
+    y = jax.device_put(rng.integers(0, 10, N).astype(np.int32))
+    order = jax.device_put(rng.permutation(N)[: STEPS * BATCH].reshape(STEPS // K, K, BATCH).astype(np.int32))
+    starts = jax.device_put((np.arange(STEPS) * BATCH).reshape(STEPS // K, K).astype(np.int32))
+    p0 = _params()
+
+    def epoch(dispatch, plan):
+        def run():
+            p = p0
+            for d in range(STEPS // K):
+                p, _ = dispatch(p, x, y, plan[d])
+            return p
+
+        return run
+
+    cases = {
+        "reads": {
+            "gather": lambda: reads_gathered(x, order.reshape(STEPS, BATCH)),
+            "slices": lambda: reads_sliced(x, starts.reshape(STEPS)),
+        },
+        "epoch": {"gather": epoch(dispatch_gathered, order), "slices": epoch(dispatch_sliced, starts)},
+    }
+    print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; {STEPS} steps of {BATCH} rows per epoch")
+    for name, peers in cases.items():
+        for fn in peers.values():
+            _timed(fn)  # compile and warm up
+        times = {peer: [] for peer in peers}
+        for r in range(args.rounds):
+            for peer in list(peers) if r % 2 == 0 else list(peers)[::-1]:
+                times[peer].append(_timed(peers[peer]))
+        ratios = [g / s for g, s in zip(times["gather"], times["slices"])]
+        medians = ", ".join(f"{peer} {statistics.median(t) * 1e3:.1f} ms" for peer, t in times.items())
+        print(
+            f"{name}: {medians}; gather / slices per round {min(ratios):.2f}-{max(ratios):.2f}, "
+            f"median {statistics.median(ratios):.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
