@@ -12,9 +12,15 @@ compiled once, the two alternated for ``--rounds`` rounds (the order flipped eve
 
 - ``reads``: the epoch's batches only, each summed (so that XLA keeps the read), in one
   program per epoch: what the new order costs in memory traffic alone;
-- ``epoch``: whole epochs of the SGD step over the same batches, as the two peers run them.
+- ``epoch``: whole epochs of the SGD step over the same batches, as the two peers run them;
+- ``fit``: ``funcnet.fit``'s own epoch (its defaults, no progress bar) over a shuffled
+  ``DeviceData`` against one with ``shuffle=False`` over the same rows in place (the
+  benchmark's ``fit-device-fixed``): the same cost inside fit, measured in one process,
+  where the harness's peers each run in their own. Each value is the second epoch of a
+  two-epoch ``fit`` call (the first compiles).
 
-Prints the median ms per epoch of each and the per-round ratio (gather / slices). The rows
+Prints the median ms per epoch of each and the per-round ratio (gather / slices, shuffled /
+fixed). The rows
 of one batch are 3 KB apart in place and anywhere in 188 MB shuffled, so the shuffled
 reads miss the caches at every row; BENCHMARKS.md (workload 6b's run R) has the peers.
 """
@@ -83,6 +89,43 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def _fit_epochs(x, y):
+    """``{"gather": run, "slices": run}``: each ``run()`` returns the time of the second
+    epoch of a two-epoch ``funcnet.fit`` on this MLP (funcnet's layers, loss and step) over
+    the rows shuffled, or in place."""
+    import optax
+
+    from benchmarks import common
+    from funcnet import data, fit, losses
+    from funcnet.combinators import serial
+    from funcnet.layers.activations import Relu
+    from funcnet.layers.dense import Dense
+    from funcnet.train import Aux, TrainState
+
+    net = serial(Dense(64), Relu, Dense(10))
+    tx = optax.sgd(0.1)
+
+    def loss_fn(params, state, batch, rng):
+        logits, state = net.apply(params, state, batch[0], rng=rng, train=True)
+        return losses.cross_entropy(logits, batch[1]), Aux(state=state)
+
+    start = TrainState.create(net, tx, jax.random.key(0), (-1, FEATURES))
+    sources = {
+        "gather": data.DeviceData((x, y), BATCH, shuffle=True, rng=0),
+        "slices": data.DeviceData((x, y), BATCH, shuffle=False),
+    }
+
+    def epoch(source):
+        def run():
+            clock = common.epoch_clock()
+            fit(start, loss_fn, tx, source, epochs=2, progress=False, callbacks=[clock])
+            return clock.stamps[2] - clock.stamps[1]
+
+        return run
+
+    return {peer: epoch(source) for peer, source in sources.items()}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
@@ -109,15 +152,18 @@ def main(argv=None) -> None:
             "slices": lambda: reads_sliced(x, starts.reshape(STEPS)),
         },
         "epoch": {"gather": epoch(dispatch_gathered, order), "slices": epoch(dispatch_sliced, starts)},
+        "fit": _fit_epochs(x, y),
     }
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; {STEPS} steps of {BATCH} rows per epoch")
     for name, peers in cases.items():
+        # a fit call times its own epoch (it compiles in the first); the others are timed here
+        timed = (lambda fn: fn()) if name == "fit" else _timed
         for fn in peers.values():
-            _timed(fn)  # compile and warm up
+            timed(fn)  # compile and warm up
         times = {peer: [] for peer in peers}
         for r in range(args.rounds):
             for peer in list(peers) if r % 2 == 0 else list(peers)[::-1]:
-                times[peer].append(_timed(peers[peer]))
+                times[peer].append(timed(peers[peer]))
         ratios = [g / s for g, s in zip(times["gather"], times["slices"])]
         medians = ", ".join(f"{peer} {statistics.median(t) * 1e3:.1f} ms" for peer, t in times.items())
         print(
