@@ -6,9 +6,9 @@ rows read in place.
 Workload 6's dispatch-bound MLP (784-64-10, batch 32, SGD 0.1) on MNIST-shaped data on
 the device (60000 x 784 float32, 188 MB): ``fit`` over a shuffled ``DeviceData`` gathers
 each step's 32 rows by index (``x[idx]`` inside the device loop), where the fixed-order
-``jax-scan`` peer slices 32 consecutive rows. Both run 50 steps per dispatch, in
-``lax.scan``, over the epoch's 1850 full-dispatch steps. Two measurements, each program
-compiled once, the two alternated for ``--rounds`` rounds (the order flipped every round):
+``jax-scan`` peer slices 32 consecutive rows. The bare loops run 50 steps per dispatch in
+``lax.scan``, over the epoch's 1850 full-dispatch steps. Three measurements, each of two
+peers, alternated for ``--rounds`` rounds in one process (the order flipped every round):
 
 - ``reads``: the epoch's batches only, each summed (so that XLA keeps the read), in one
   program per epoch: what the new order costs in memory traffic alone;
@@ -17,12 +17,12 @@ compiled once, the two alternated for ``--rounds`` rounds (the order flipped eve
   ``DeviceData`` against one with ``shuffle=False`` over the same rows in place (the
   benchmark's ``fit-device-fixed``): the same cost inside fit, measured in one process,
   where the harness's peers each run in their own. Each value is the second epoch of a
-  two-epoch ``fit`` call (the first compiles).
+  two-epoch ``fit`` call (the first compiles); fit's epochs run all 1875 steps.
 
-Prints the median ms per epoch of each and the per-round ratio (gather / slices, shuffled /
-fixed). The rows
-of one batch are 3 KB apart in place and anywhere in 188 MB shuffled, so the shuffled
-reads miss the caches at every row; BENCHMARKS.md (workload 6b's run R) has the peers.
+Prints the median ms per epoch of each and the per-round ratio (gather / slices; for
+``fit``, shuffled / in place). The rows of one batch are 3 KB apart in place and anywhere
+in 188 MB shuffled, so the shuffled reads miss the caches at every row; BENCHMARKS.md
+(workload 6's run R notes) has the figures.
 """
 
 from __future__ import annotations
