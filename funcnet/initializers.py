@@ -346,13 +346,14 @@ def _flat_uniform(key, shape, dtype, minval, maxval, scale):
     if n > _SHARED_UP_TO or not jax.threefry_partitionable.value:
         return _exact_flat_uniform(key, shape, dtype, minval, maxval, scale)
     values = jax.random.uniform(key, (_draw_count(n),), dtype, float(minval), float(maxval))
-    return _first(values, n, shape, scale)
+    return _first(values, shape, scale)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _first(values, n, shape, scale):
-    """The first ``n`` of a shared draw, times ``scale`` unless None, in ``shape``."""
-    values = values[:n]
+@functools.partial(jax.jit, static_argnums=1)
+def _first(values, shape, scale):
+    """The first values of a shared draw, as many as ``shape`` holds, times ``scale``
+    unless None, in ``shape``."""
+    values = values[: math.prod(shape)]
     return (values if scale is None else values * scale).reshape(shape)
 
 
