@@ -89,19 +89,45 @@ def _child_case(workload: Workload, spec: Dict) -> Dict:
 
 
 def _child(spec: Dict) -> None:
+    """Runs the spec's peer, or (``--same-process``) its ``peers`` one after another, and
+    prints one tagged result line per peer."""
     cpus = spec["cpus"]
     device = spec.get("platform", "cpu")
     if device == "cpu" and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)  # before jax/torch create their thread pools
     workload = by_name()[spec["workload"]]
     case = _child_case(workload, spec)
-    peer = next(p for p in workload.peers if p.name == spec["peer"])
     cfg = {"quick": spec["quick"], "threads": len(cpus), "device": device}
+    names = spec.get("peers") or [spec["peer"]]
+    for i, name in enumerate(names):
+        if i:
+            # Each peer compiles its own programs, as in a process of its own: its first
+            # epoch keeps its compilation.
+            import gc
+
+            import jax
+
+            jax.clear_caches()
+            gc.collect()
+        peer = next(p for p in workload.peers if p.name == name)
+        t0, ticks = time.perf_counter(), common.cpu_ticks()
+        result = _child_peer(peer, cfg, case, spec)
+        if len(names) > 1:
+            result["peer_wall_s"] = time.perf_counter() - t0
+            steal = common.steal_percent(ticks, common.cpu_ticks())
+            if steal is not None:
+                result["cpu_steal_pct"] = steal
+        print(RESULT_TAG + json.dumps({"peer": name, **result}), flush=True)
+
+
+def _child_peer(peer, cfg: Dict, case: Dict, spec: Dict) -> Dict:
+    """One peer's result, in this process."""
+    device = cfg["device"]
     is_torch = peer.name.startswith("torch")
     if is_torch:
         import torch
 
-        torch.set_num_threads(len(cpus))
+        torch.set_num_threads(cfg["threads"])
         if device == "gpu":
             torch.set_float32_matmul_precision(TORCH_F32[spec.get("f32_matmul", "tf32")])
     module, fn = peer.target.split(":")
@@ -110,7 +136,7 @@ def _child(spec: Dict) -> None:
         result.setdefault("extra", {})["warning"] = "torch was imported by a JAX peer"
     if device == "gpu":  # TF32 or not: the GPU tables show it per row
         result["f32_matmul"] = _f32_matmul_setting(is_torch)
-    print(RESULT_TAG + json.dumps(result), flush=True)
+    return result
 
 
 def _f32_matmul_setting(is_torch: bool) -> str:
@@ -151,11 +177,34 @@ def _child_env(args, cpus: List[int]) -> Dict[str, str]:
     return env
 
 
-def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int]) -> Dict:
+def _shares_a_process(peer) -> bool:
+    """Whether ``--same-process`` may run ``peer`` beside others: JAX peers with the run's
+    XLA flags. A torch peer, or one with flags of its own, keeps a process to itself."""
+    return not peer.name.startswith("torch") and not peer.xla_flags
+
+
+def _process_groups(peers, same_process: bool) -> List[List]:
+    """The peers of one round, as the processes that run them, in order: one each, or
+    (``same_process``) the sharing peers together where the first of them stands."""
+    if not same_process:
+        return [[p] for p in peers]
+    shared = [p for p in peers if _shares_a_process(p)]
+    groups: List[List] = []
+    for p in peers:
+        if not _shares_a_process(p):
+            groups.append([p])
+        elif p is shared[0]:
+            groups.append(shared)
+    return groups
+
+
+def _run_child(workload: Workload, case_index: int, peers, args, cpus: List[int]) -> List[Dict]:
+    """One child process running ``peers`` (a list, in order; one peer unless
+    ``--same-process``): each peer's result, an error in place of any it did not report."""
     spec = {
         "workload": workload.name,
         "case": case_index,
-        "peer": peer.name,
+        "peers": [p.name for p in peers],
         "quick": args.quick,
         "cpus": cpus,
         "platform": args.platform,
@@ -163,7 +212,8 @@ def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int])
         "f32_matmul": args.f32_matmul,
     }
     env = _child_env(args, cpus)
-    flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), args.xla_flags, peer.xla_flags) if f)
+    # Peers that share a process have no flags of their own (_shares_a_process).
+    flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), args.xla_flags, peers[0].xla_flags) if f)
     if flags:
         env["XLA_FLAGS"] = flags
     else:
@@ -173,21 +223,32 @@ def _run_child(workload: Workload, case_index: int, peer, args, cpus: List[int])
     try:
         stdout, stderr = _communicate(cmd, env, args.child_timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.child_timeout:.0f} s"}
+        return [{"error": f"timed out after {args.child_timeout:.0f} s"} for _ in peers]
     wall = time.perf_counter() - t0
     steal = common.steal_percent(ticks, common.cpu_ticks())
+    reported = {}
     for line in stdout.splitlines():
         if line.startswith(RESULT_TAG):
             result = json.loads(line[len(RESULT_TAG) :])
-            result["process_wall_s"] = wall
-            if steal is not None:
-                result["cpu_steal_pct"] = steal
-            if flags:
-                result["xla_flags"] = flags
-            return result
+            reported[result.pop("peer")] = result
     tail = (stderr or stdout).strip().splitlines()
     last = next((l for l in reversed(tail) if l.strip()), "no output")
-    return {"error": last[-300:], "stderr_tail": "\n".join(tail[-25:])}
+    failed = {"error": last[-300:], "stderr_tail": "\n".join(tail[-25:])}
+    out = []
+    for peer in peers:
+        result = reported.get(peer.name)
+        if result is None:
+            out.append(dict(failed))
+            continue
+        result["process_wall_s"] = wall
+        if steal is not None:
+            result.setdefault("cpu_steal_pct", steal)  # a shared process measured each peer's own
+        if flags:
+            result["xla_flags"] = flags
+        if len(peers) > 1:
+            result["process_peers"] = spec["peers"]
+        out.append(result)
+    return out
 
 
 def _communicate(cmd: List[str], env: Dict[str, str], timeout: float):
@@ -375,6 +436,7 @@ def _header_info(args, cpus, command: str) -> Dict:
         "tier": args.tier,
         "quick": args.quick,
         "rounds": args.rounds,
+        "same_process": args.same_process,
         "reps_cap": args.reps,
         "machine": common.cpu_info(),
         "versions": common.package_versions(),
@@ -437,8 +499,14 @@ def _header(info: Dict) -> List[str]:
         + (", ".join(f"`{k}={v}`" for k, v in info["environment"].items()) or "no allocator/XLA variables set")
         + "  ",
         "",
-        f"Each (workload, case, peer) runs in a fresh process, one at a time, {info['rounds']} "
-        f"time(s), in alternating peer order"
+        (
+            f"Each round, a case's JAX peers run one after another in one fresh process "
+            f"(torch peers and peers with XLA flags of their own in processes of their own), "
+            f"{info['rounds']} round(s), in alternating peer order"
+            if info.get("same_process")
+            else f"Each (workload, case, peer) runs in a fresh process, one at a time, {info['rounds']} "
+            f"time(s), in alternating peer order"
+        )
         + (f", at most {info['reps_cap']} repetitions each" if info["reps_cap"] else "")
         + ". Times are medians over all repetitions after a "
         "warm-up that includes compilation; min and max are shown. "
@@ -533,6 +601,13 @@ def main(argv=None) -> int:
         default=CHILD_TIMEOUT_S,
         help=f"seconds before a peer's process is stopped (default {CHILD_TIMEOUT_S})",
     )
+    parser.add_argument(
+        "--same-process",
+        action="store_true",
+        help="each round, run a case's JAX peers one after another in one process (torch "
+        "peers and peers with XLA flags of their own still alone): the per-round ratios "
+        "then compare peers that ran in the same process",
+    )
     parser.add_argument("--list", action="store_true", help="list workloads and peers, then exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--probe-from", default=None, help=argparse.SUPPRESS)
@@ -598,12 +673,15 @@ def _run_workload(
             for rnd in range(args.rounds):
                 # Odd rounds run the peers in reverse order, so no peer always goes first
                 # (between processes, this machine's timings drift by 10-20 %).
-                for peer in case_peers if rnd % 2 == 0 else case_peers[::-1]:
-                    r = _run_child(workload, ci, peer, args, cpus)
-                    raw.append({"workload": workload.name, "case": case["name"], "peer": peer.name, "round": rnd, **r})
-                    results[peer.name] = _merge(results.get(peer.name), r)
-                    _print_result(case, peer, r, workload)
-                    if args.json:  # after every peer: a run stopped midway keeps what it measured
+                order = case_peers if rnd % 2 == 0 else case_peers[::-1]
+                for group in _process_groups(order, args.same_process):
+                    for peer, r in zip(group, _run_child(workload, ci, group, args, cpus)):
+                        raw.append(
+                            {"workload": workload.name, "case": case["name"], "peer": peer.name, "round": rnd, **r}
+                        )
+                        results[peer.name] = _merge(results.get(peer.name), r)
+                        _print_result(case, peer, r, workload)
+                    if args.json:  # after every process: a run stopped midway keeps what it measured
                         _write_json(args.json, info, raw)
         except KeyboardInterrupt:
             interrupted = True

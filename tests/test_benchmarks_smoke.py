@@ -16,7 +16,7 @@ import pytest
 from benchmarks import center_loss, cnn, fit_nets, gpt, mlp, pmap, sharding_memory, softmax_output
 from benchmarks import gpu as gpu_tier
 from benchmarks import run as bench_run
-from benchmarks.workloads import WORKLOADS, by_name, cases_on, peers_on
+from benchmarks.workloads import WORKLOADS, Peer, by_name, cases_on, peers_on
 from helpers.torch_ref import HAVE_TORCH, SKIP_REASON
 
 CFG = {"quick": False, "threads": 1}
@@ -248,6 +248,35 @@ def test_cpu_steal_is_read_from_proc_stat_and_shown_per_round(tmp_path):
     # one round, no steal worth showing: neither column
     table = bench_run._table(workload, case, {"fit-device": merged(([1.0], 0.4)), "jax": merged(([2.0], 4.9))})
     assert "per round" not in table[0]
+
+
+def test_same_process_groups_the_jax_peers_and_keeps_the_rest_alone():
+    peers = {p.name: p for w in WORKLOADS for p in w.peers}
+    jax_a, jax_b, torch_ = peers["fit-device"], peers["jax-scan"], Peer("torch", "m:f")
+    flagged = Peer("funcnet-flags", "m:f", xla_flags="--xla_cpu_enable_fast_math=false")
+    order = [jax_a, torch_, jax_b, flagged]
+    assert bench_run._process_groups(order, False) == [[p] for p in order]
+    assert bench_run._process_groups(order, True) == [[jax_a, jax_b], [torch_], [flagged]]
+    assert bench_run._process_groups(order[::-1], True) == [[flagged], [jax_b, jax_a], [torch_]]
+
+
+def test_one_child_process_reports_each_of_its_peers(tmp_path):
+    """``--same-process``: one child runs both peers and reports each, with its own steal
+    reading, in the order asked; a peer it never reached gets the child's error."""
+    workload = by_name()["center_loss"]
+    args = bench_run.argparse.Namespace(
+        quick=True, platform="cpu", reps=1, f32_matmul="tf32", xla_flags="", child_timeout=300
+    )
+    cpus = sorted(os.sched_getaffinity(0))[:1]
+    results = bench_run._run_child(workload, 0, workload.peers[::-1], args, cpus)
+    assert len(results) == 2
+    for result in results:
+        _finite(result)
+        assert result["process_peers"] == ["python-loop", "funcnet"] and "peer_wall_s" in result
+    assert results[0]["extra"]["loss"] == pytest.approx(results[1]["extra"]["loss"], rel=1e-4)
+    missing = Peer("no-such-peer", "benchmarks.center_loss:run")
+    results = bench_run._run_child(workload, 0, [missing], args, cpus)
+    assert "error" in results[0]
 
 
 def test_gpu_bf16_peers_start_from_the_float32_loss():
