@@ -565,6 +565,16 @@ class DeviceData:
             return jax.tree.map(lambda a: a[idx], arrays)
         return _take_split(self.mesh, arrays, idx)
 
+    def take_ordered(self, arrays, idx):
+        """:meth:`take` for ``idx`` a batch of this data set's own order (a row of
+        :meth:`order`'s ``full``, or its ``tail``), as ``fit`` reads it: the same rows,
+        and without ``shuffle`` (consecutive rows) read as one slice from ``idx[0]``
+        instead of a gather. On CPU a gather of a dispatch-bound MLP's batch (32 rows of
+        784) costs ~11 us of a ~70 us step; a slice is a contiguous copy."""
+        if self.shuffle or self.mesh is not None:
+            return self.take(arrays, idx)
+        return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, idx[0], idx.shape[0]), arrays)
+
     def __call__(self, epoch: int = 0, skip: int = 0) -> Iterator:
         if self._take_jit is None:
             take = jax.jit(self.take)

@@ -244,6 +244,23 @@ def test_device_data_yields_the_batches_of_batches():
     assert sorted(np.concatenate([full.ravel(), tail])) == list(range(70))
 
 
+def test_take_ordered_reads_the_rows_take_gathers():
+    """fit's read of a batch of the data set's own order: a slice where the order is
+    consecutive, the same rows as ``take`` either way (the tail too)."""
+    x = np.arange(70 * 3, dtype=np.float32).reshape(70, 3)
+    for kw in (dict(drop_remainder=False), dict(shuffle=True, rng=5, drop_remainder=False)):
+        dd = data.DeviceData({"x": x, "y": np.arange(70, dtype=np.int32)}, 16, **kw)
+        full, tail = dd.order(2)
+        ordered, take = jax.jit(dd.take_ordered), jax.jit(dd.take)
+        for idx in list(full) + [tail]:
+            got, want = ordered(dd.arrays, idx), take(dd.arrays, idx)
+            np.testing.assert_array_equal(got["x"], want["x"])
+            np.testing.assert_array_equal(got["y"], want["y"])
+            np.testing.assert_array_equal(got["y"], idx)
+        text = jax.jit(dd.take_ordered).lower(dd.arrays, full[1]).as_text()
+        assert ("gather" in text) == dd.shuffle  # consecutive rows: a dynamic slice
+
+
 @pytest.mark.devices(4)
 def test_device_data_errors():
     x = np.zeros((10, 2), np.float32)

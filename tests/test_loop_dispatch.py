@@ -204,3 +204,89 @@ def test_fit_traces_the_train_step_once(source, steps_per_dispatch):
         options=FitOptions(log_every=4, steps_per_dispatch=steps_per_dispatch),
     )
     assert len(traced) == 1, f"the train step was traced {len(traced)} times"
+
+
+def test_dispatch_length_doubles_within_its_bound_time_and_every_steps():
+    from funcnet.loop._epoch import DISPATCH_S, _grown
+
+    assert _grown(4, 64, [], None) == 4  # nothing measured yet
+    assert _grown(4, 64, [], 1e-9) == 64  # never past the bound
+    step = DISPATCH_S / 20  # 16 steps fit in DISPATCH_S, 32 do not
+    assert _grown(4, 64, [], step) == 16
+    assert _grown(4, 64, [24], step) == 8  # 16 does not divide 24: a checkpoint would fall inside
+    assert _grown(4, 64, [], DISPATCH_S) == 4  # long steps: never below k
+    assert _grown(4, 4, [], 1e-9) == 4  # an explicit steps_per_dispatch has bound k
+
+
+class _Ends(funcnet.callbacks.Callback):
+    """The global step after each dispatch (fit calls on_step_end once per dispatch)."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, ctx, step):
+        self.steps.append(step)
+
+    every_steps = None  # not a per-step callback: fit still runs several steps per dispatch
+
+
+def _dispatch_lengths(ends, per_epoch):
+    lengths, prev = [], 0
+    for step in ends:
+        lengths.append((prev // per_epoch, step - prev))
+        prev = step
+    return lengths
+
+
+@pytest.mark.parametrize("seconds,grown", [(1e9, 64), (0.0, 4)], ids=["short-steps", "long-steps"])
+def test_short_steps_run_longer_dispatches_from_the_second_epoch_with_the_same_bits(monkeypatch, seconds, grown):
+    """fit's default over a DeviceData: log_every steps per dispatch in the first epoch,
+    then as long as DISPATCH_S allows (set here to always or never), up to 16x; the
+    params are those of one step per dispatch, bit for bit."""
+    from funcnet.loop import _epoch
+
+    monkeypatch.setattr(_epoch, "DISPATCH_S", seconds)
+    ts, loss_fn, opt, _ = _setup(*MLP)
+    rng = np.random.default_rng(2)
+    x = (0.3 * rng.standard_normal((512, 6, 6, 1))).astype(np.float32)
+    y = (0.3 * rng.standard_normal((512, 2))).astype(np.float32)
+    source = data.DeviceData((x, y), 4, shuffle=True, rng=0)  # 128 steps an epoch
+    ends = _Ends()
+    fitted, _ = funcnet.fit(
+        ts, loss_fn, opt, source, epochs=3, progress=False, callbacks=[ends], options=FitOptions(log_every=4)
+    )
+    lengths = _dispatch_lengths(ends.steps, 128)
+    assert {n for e, n in lengths if e == 0} == {4}
+    assert {n for e, n in lengths if e > 0} == {grown}
+    one, _ = funcnet.fit(ts, loss_fn, opt, source, epochs=3, progress=False, options=FitOptions(steps_per_dispatch=1))
+    for a, b in zip(jax.tree.leaves(fitted.params), jax.tree.leaves(one.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_grown_dispatches_still_end_at_every_checkpoint_and_not_when_k_is_given(monkeypatch, tmp_path):
+    from funcnet.loop import _epoch
+
+    monkeypatch.setattr(_epoch, "DISPATCH_S", 1e9)
+    ts, loss_fn, opt, _ = _setup(*MLP)
+    x = (0.3 * np.random.default_rng(3).standard_normal((256, 6, 6, 1))).astype(np.float32)
+    source = data.DeviceData((x, np.zeros((256, 2), np.float32)), 4)  # 64 steps an epoch
+    ends = _Ends()
+    saves = funcnet.callbacks.Checkpoint(str(tmp_path / "ckpt"), every_steps=24, every_epochs=None, keep=10)
+    funcnet.fit(
+        ts, loss_fn, opt, source, epochs=3, progress=False, callbacks=[ends, saves], options=FitOptions(log_every=4)
+    )
+    lengths = _dispatch_lengths(ends.steps, 64)
+    assert {n for e, n in lengths if e == 0} == {4} and max(n for _, n in lengths) == 8  # 8 divides 24
+    assert set(range(24, 3 * 64, 24)) <= set(ends.steps)
+    ends = _Ends()
+    funcnet.fit(
+        ts,
+        loss_fn,
+        opt,
+        source,
+        epochs=3,
+        progress=False,
+        callbacks=[ends],
+        options=FitOptions(log_every=4, steps_per_dispatch=4),
+    )
+    assert {n for _, n in _dispatch_lengths(ends.steps, 64)} == {4}

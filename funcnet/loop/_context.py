@@ -39,6 +39,9 @@ class _Run:
         dispatch) on, ``fetch(start) -> (host dicts, end)`` (``_epoch._StepRecord.fetch``).
       epoch_folded: how far checkpoints have folded the epoch's metrics in,
         ``(entries, steps, sums)``, so each save fetches only the steps since the last one.
+      step_s: seconds per step over the last epoch's dispatches after its first (None
+        before one ended), from which the next epoch's dispatch length is chosen
+        (``_epoch._grown``).
     """
 
     def __init__(self, loop):
@@ -53,6 +56,7 @@ class _Run:
         self.carried: Optional[EpochSums] = None
         self.epoch_fetch: Callable = lambda start: ([], 0)
         self.epoch_folded: tuple = (0, 0, None)
+        self.step_s: Optional[float] = None
 
 
 class FitContext:

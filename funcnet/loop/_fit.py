@@ -22,7 +22,7 @@ from funcnet import xla
 from funcnet._jaxpr import any_eqn, loss_jaxpr
 from funcnet.loop._checks import check_before_training, check_fit_options, first_batch, optimizer_note
 from funcnet.loop._context import _Run
-from funcnet.loop._epoch import _end_epoch, _evaluate, _per_step_callbacks, _train_epoch
+from funcnet.loop._epoch import DISPATCH_GROWTH, _end_epoch, _evaluate, _every_steps, _per_step_callbacks, _train_epoch
 from funcnet.loop._metrics import _check_losses, _computes_in_float16, _epoch_sums_now, _mean_metrics
 from funcnet.loop._options import FitOptions, _from_keywords
 from funcnet.loop._placement import _compile, _placement
@@ -214,6 +214,8 @@ def fit(
         options.eval_on_ema,
         several_asked,
         _compiler_options(options.compiler_options, conv_on_cpu),
+        # the default's device loop may run longer dispatches where steps are short
+        steps_per_dispatch * (DISPATCH_GROWTH if options.steps_per_dispatch is None and steps_per_dispatch > 1 else 1),
     )
     run, resumed_sums = _run_record(
         loop, train_state, loss_fn, source, callbacks, layout, run_id, resumed, position, epochs
@@ -342,7 +344,7 @@ def _check_dispatch(
     ``several_ok``: the placement can run several (a ``DeviceData`` on one device or a
     mesh, or a host pipeline on one device); ``loop_pays()``: whether a loop on the
     device is worth it for this step here (asked only for the default)."""
-    everies = [e for e in (getattr(cb, "every_steps", None) for cb in callbacks) if e]
+    everies = _every_steps(callbacks)
     if k is None:
         if not several_ok or _per_step_callbacks(callbacks) or not loop_pays():
             return 1

@@ -76,7 +76,12 @@ class FitOptions:
         callback has its own ``on_step_end`` (it then sees every step), when the data
         cannot be read several batches at a time, or on CPU for a step with a
         convolution (XLA:CPU runs a convolution inside a loop 40-100x slower than
-        dispatched alone, jax issue #12868; on a GPU the loop is the faster). An
+        dispatched alone, jax issue #12868; on a GPU the loop is the faster). Over a
+        ``DeviceData``, from the second epoch on, the default's dispatches grow to 2, 4,
+        ... up to 16 times that while one lasts at most 0.1 s at the epoch before's step
+        time (tqdm's redraw interval, so the bar moves as often) and still divides every
+        ``every_steps``: a short step pays the dispatch's fixed cost less often, with the
+        same results bit for bit (the loop's program is the same for any count). An
         explicit ``k > 1`` needs such data and ``Checkpoint(every_steps=N)`` with ``N``
         a multiple of ``k``. BENCHMARKS.md (workload 6) has the measured effect.
       prefetch: for a host pipeline, how many batches (with several steps per

@@ -264,6 +264,7 @@ class _Steps(NamedTuple):
     steps_per_dispatch: int = 1
     on_stacked: Optional[Callable] = None  # up to k steps over k stacked host batches
     several_asked: bool = False  # steps_per_dispatch > 1 given explicitly
+    dispatch_bound: int = 1  # the most steps on_device runs in one dispatch (>= k)
 
 
 def _compile(
@@ -277,6 +278,7 @@ def _compile(
     eval_on_ema=False,
     several_asked=False,
     compiler_options=None,
+    dispatch_bound=None,
 ) -> _Steps:
     """The train and eval steps, compiled by ``placement`` (``jax.jit`` on one device or a
     mesh, ``jax.pmap`` over replicas).
@@ -284,12 +286,16 @@ def _compile(
     On a mesh the steps are the one-device steps: their inputs' shardings make XLA
     partition them and insert the all-reduces, and they run with the mesh set
     (``jax.set_mesh``) so that arrays they create land on it too. ``take`` (a
-    :meth:`funcnet.data.DeviceData.take`) adds the steps that gather their batches
+    :meth:`funcnet.data.DeviceData.take_ordered`) adds the steps that gather their batches
     from a data set on the device. The placement's ``state_shardings`` (on a mesh)
     keeps the train state's layout from step to step: on Auto mesh axes the compiler
     would otherwise choose the outputs' layout, e.g. gather a sharded parameter whole.
     ``compiler_options``: XLA's options for the jitted steps (None: none, plain ``jax.jit``).
+    ``dispatch_bound``: the most steps the device loop over a ``DeviceData`` may run in
+    one dispatch (default ``steps_per_dispatch``); its program is the same for any count
+    up to it.
     """
+    bound = dispatch_bound or steps_per_dispatch
     axis = placement.axis_name
     jit = functools.partial(xla.jit, options=dict(compiler_options or {}))
     step = make_train_step(loss_fn, optimizer, axis_name=axis, **(step_options or {}))
@@ -310,13 +316,13 @@ def _compile(
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
     on_device = on_device_one = on_stacked = None
     if take is not None and placement.gathers_device_data:
-        on_device, on_device_one = _device_steps(raw_step, take, steps_per_dispatch, jit)
+        on_device, on_device_one = _device_steps(raw_step, take, bound, jit)
     elif placement.stacks_host_batches and steps_per_dispatch > 1:
         on_stacked = _device_steps(raw_step, _take_stacked, steps_per_dispatch, jit)[0]
     train, evaluate, add, on_device, on_device_one = (
         None if f is None else placement.wrap(f) for f in (train, evaluate, add, on_device, on_device_one)
     )
-    return _Steps(train, evaluate, add, on_device, on_device_one, steps_per_dispatch, on_stacked, several_asked)
+    return _Steps(train, evaluate, add, on_device, on_device_one, steps_per_dispatch, on_stacked, several_asked, bound)
 
 
 def _take_stacked(arrays, j):

@@ -77,12 +77,17 @@ class _Source:
       data: what the source reads (a ``DeviceData`` as placed, an iterable, a callable).
       steps_per_epoch: the steps of every epoch, when known before the first one (for
         ``FitContext.planned_steps``), else None.
-      take: a :meth:`funcnet.data.DeviceData.take` for steps that gather their batches
+      take: a :meth:`funcnet.data.DeviceData.take_ordered` for steps that gather their batches
         on the device (``_placement._compile``), else None.
+      grows_dispatches: whether a dispatch may run more than ``steps_per_dispatch``
+        steps, up to the steps' ``dispatch_bound`` (the device loop over a ``DeviceData``,
+        whose program is the same for any count; a host pipeline's stacked batches
+        have the count in their shape).
     """
 
     steps_per_epoch: Optional[int] = None
     take: Optional[Callable] = None
+    grows_dispatches: bool = False
 
     def __init__(self, data=None):
         self.data = data
@@ -122,12 +127,14 @@ class _Source:
 
 class _OnDevice(_Source):
     """A :class:`funcnet.data.DeviceData` gathered inside the step, on one device or a
-    mesh: up to ``steps_per_dispatch`` steps per dispatch, and no host work per
-    dispatch but the dispatch."""
+    mesh: up to ``steps_per_dispatch`` steps per dispatch (by default more for short
+    steps: ``_epoch._grown``), and no host work per dispatch but the dispatch."""
+
+    grows_dispatches = True
 
     @property
     def take(self):
-        return self.data.take
+        return self.data.take_ordered
 
     @property
     def steps_per_epoch(self) -> int:
