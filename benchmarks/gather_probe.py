@@ -16,11 +16,16 @@ peers, alternated for ``--rounds`` rounds in one process (the order flipped ever
 - ``fit``: ``funcnet.fit``'s own epoch (its defaults, no progress bar) over a shuffled
   ``DeviceData`` against one with ``shuffle=False`` over the same rows in place (the
   benchmark's ``fit-device-fixed``): the same cost inside fit, measured in one process,
-  where the harness's peers each run in their own. Each value is the second epoch of a
-  two-epoch ``fit`` call (the first compiles); fit's epochs run all 1875 steps.
+  where the harness's peers each run in their own; and a third peer, ``scan``: the
+  fixed-order epoch as the harness's ``jax-scan`` runs it, the hand-written SGD step in
+  one jitted ``lax.scan`` over all 1875 batches stacked once (one dispatch an epoch),
+  so ``slices / scan`` is fit's loop against the fastest loop by hand on the same rows.
+  Each fit value is the last epoch of a three-epoch ``fit`` call (the first compiles;
+  from the second, fit's dispatches may grow past 50 steps); fit's epochs run all 1875
+  steps.
 
 Prints the median ms per epoch of each and the per-round ratio (gather / slices; for
-``fit``, shuffled / in place). The rows of one batch are 3 KB apart in place and anywhere
+``fit``, shuffled / in place, and in place / scan). The rows of one batch are 3 KB apart in place and anywhere
 in 188 MB shuffled, so the shuffled reads miss the caches at every row; BENCHMARKS.md
 (workload 6's run R notes) has the figures.
 """
@@ -90,9 +95,10 @@ def _timed(fn) -> float:
 
 
 def _fit_epochs(x, y):
-    """``{"gather": run, "slices": run}``: each ``run()`` returns the time of the second
-    epoch of a two-epoch ``funcnet.fit`` on this MLP (funcnet's layers, loss and step) over
-    the rows shuffled, or in place."""
+    """``{"gather": run, "slices": run, "scan": run}``: for the first two, ``run()``
+    returns the time of the last epoch of a three-epoch ``funcnet.fit`` on this MLP
+    (funcnet's layers, loss and step) over the rows shuffled, or in place; for ``scan``,
+    of one epoch of the hand-written step in one ``lax.scan`` over the rows in place."""
     import optax
 
     from benchmarks import common
@@ -118,12 +124,23 @@ def _fit_epochs(x, y):
     def epoch(source):
         def run():
             clock = common.epoch_clock()
-            fit(start, loss_fn, tx, source, epochs=2, progress=False, callbacks=[clock])
-            return clock.stamps[2] - clock.stamps[1]
+            fit(start, loss_fn, tx, source, epochs=3, progress=False, callbacks=[clock])
+            return clock.stamps[3] - clock.stamps[2]
 
         return run
 
-    return {peer: epoch(source) for peer, source in sources.items()}
+    steps = N // BATCH
+    xs, ys = x[: steps * BATCH].reshape(steps, BATCH, FEATURES), y[: steps * BATCH].reshape(steps, BATCH)
+    scan = jax.jit(lambda p, xs, ys: jax.lax.scan(lambda p, b: _sgd(p, *b), p, (xs, ys)), donate_argnums=0)
+    carry = {"p": _params()}
+
+    def scan_epoch():
+        t = time.perf_counter()
+        carry["p"], _ = scan(carry["p"], xs, ys)
+        jax.block_until_ready(carry["p"])
+        return time.perf_counter() - t
+
+    return {**{peer: epoch(source) for peer, source in sources.items()}, "scan": scan_epoch}
 
 
 def main(argv=None) -> None:
@@ -164,12 +181,15 @@ def main(argv=None) -> None:
         for r in range(args.rounds):
             for peer in list(peers) if r % 2 == 0 else list(peers)[::-1]:
                 times[peer].append(timed(peers[peer]))
-        ratios = [g / s for g, s in zip(times["gather"], times["slices"])]
         medians = ", ".join(f"{peer} {statistics.median(t) * 1e3:.1f} ms" for peer, t in times.items())
-        print(
-            f"{name}: {medians}; gather / slices per round {min(ratios):.2f}-{max(ratios):.2f}, "
-            f"median {statistics.median(ratios):.2f}"
-        )
+        pairs = [("gather", "slices")] + ([("slices", "scan")] if "scan" in times else [])
+        words = []
+        for a, b in pairs:
+            ratios = [x / y for x, y in zip(times[a], times[b])]
+            words.append(
+                f"{a} / {b} per round {' '.join(f'{r:.2f}' for r in ratios)}, median {statistics.median(ratios):.2f}"
+            )
+        print(f"{name}: {medians}; " + "; ".join(words))
 
 
 if __name__ == "__main__":
