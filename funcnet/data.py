@@ -569,8 +569,8 @@ class DeviceData:
         """:meth:`take` for ``idx`` a batch of this data set's own order (a row of
         :meth:`order`'s ``full``, or its ``tail``), as ``fit`` reads it: the same rows,
         and without ``shuffle`` (consecutive rows) read as one slice from ``idx[0]``
-        instead of a gather. On CPU a gather of a dispatch-bound MLP's batch (32 rows of
-        784) costs ~11 us of a ~70 us step; a slice is a contiguous copy."""
+        instead of a gather: one contiguous block, which XLA reads without an index per
+        row (BENCHMARKS.md, workload 6's runs T and U, has the effect in ``fit``)."""
         if self.shuffle or self.mesh is not None:
             return self.take(arrays, idx)
         return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, idx[0], idx.shape[0]), arrays)

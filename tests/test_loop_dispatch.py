@@ -218,6 +218,16 @@ def test_dispatch_length_doubles_within_its_bound_time_and_every_steps():
     assert _grown(4, 4, [], 1e-9) == 4  # an explicit steps_per_dispatch has bound k
 
 
+def test_only_the_default_in_one_process_may_grow(monkeypatch):
+    assert loop._dispatch_bound(None, 50) == 800
+    assert loop._dispatch_bound(50, 50) == 50  # asked for: kept
+    assert loop._dispatch_bound(None, 1) == 1  # one step per dispatch has no loop to grow
+    # processes that each timed their own steps would cut epochs apart, and their
+    # collectives would no longer pair up
+    monkeypatch.setattr(loop.jax, "process_count", lambda: 2)
+    assert loop._dispatch_bound(None, 50) == 50
+
+
 class _Ends(funcnet.callbacks.Callback):
     """The global step after each dispatch (fit calls on_step_end once per dispatch)."""
 

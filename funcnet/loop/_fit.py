@@ -214,8 +214,7 @@ def fit(
         options.eval_on_ema,
         several_asked,
         _compiler_options(options.compiler_options, conv_on_cpu),
-        # the default's device loop may run longer dispatches where steps are short
-        steps_per_dispatch * (DISPATCH_GROWTH if options.steps_per_dispatch is None and steps_per_dispatch > 1 else 1),
+        _dispatch_bound(options.steps_per_dispatch, steps_per_dispatch),
     )
     run, resumed_sums = _run_record(
         loop, train_state, loss_fn, source, callbacks, layout, run_id, resumed, position, epochs
@@ -368,6 +367,17 @@ def _check_dispatch(
                 f"that is a multiple of {k}, or a smaller steps_per_dispatch."
             )
     return k
+
+
+def _dispatch_bound(asked: Optional[int], k: int) -> int:
+    """The most steps one dispatch of the device loop may run: ``k``, or for the default
+    (``asked`` None, ``k > 1``) in a single process ``DISPATCH_GROWTH * k``, which the
+    epoch loop uses where steps are short (``_epoch._grown``). Never with several
+    processes: each times its own steps, and processes that cut their epochs into
+    different dispatches would stop matching each other's collectives."""
+    if asked is not None or k == 1 or jax.process_count() > 1:
+        return k
+    return DISPATCH_GROWTH * k
 
 
 def _convolves_on_cpu(train_state, loss_fn, train_data) -> bool:
