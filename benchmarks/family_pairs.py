@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from benchmarks import common, fit_nets
 from benchmarks.workloads import by_name
@@ -48,12 +47,7 @@ def main(argv=None) -> None:
     loop_epoch()  # compile
 
     def loop():
-        out = []
-        for _ in range(EPOCHS):
-            t = time.perf_counter()
-            loop_epoch()
-            out.append((time.perf_counter() - t) / steps)
-        return out
+        return [s / steps for s in common.measure(loop_epoch, EPOCHS)]
 
     def fit():
         seconds, _ = fit_nets._fit("fit-device", jax.tree.map(jnp.copy, ts), loss_fn, opt, x, y, batch, EPOCHS)
