@@ -15,6 +15,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -34,13 +35,82 @@ BATCH_POOL = 32
 
 
 def measure(run_once: Callable[[], object], reps: int) -> List[float]:
-    """Wall-clock seconds of ``reps`` calls of ``run_once``; it must block until its work is done."""
+    """Wall-clock seconds of ``reps`` calls of ``run_once``; it must block until its work is
+    done. Under :class:`Turns` each call is one turn: the peer waits for it, then passes it on."""
     out = []
     for _ in range(reps):
+        _turn_wait()
         t0 = time.perf_counter()
         run_once()
         out.append(time.perf_counter() - t0)
+        _turn_pass()
     return out
+
+
+class Turns:
+    """Peers of one process taking turns (``benchmarks.run --interleave``): each runs in a
+    thread named after it, and at most one runs at a time. A peer holds the turn from its
+    start (its compilation and warm-up) to the end of its first timed repetition
+    (:func:`measure`'s call, :func:`epoch_clock`'s epoch), then passes it to the next peer
+    still running, in ``names``' order; a peer that finishes leaves the rotation.
+
+    So the peers' timed repetitions alternate one by one, as close in time as one process
+    can put them: a drift of the machine that would fall between two peers' whole
+    measurements (between processes here, 10-20 %) falls on all of them alike."""
+
+    def __init__(self, names: Sequence[str]):
+        self._cond = threading.Condition()
+        self._live = list(names)
+        self._current = self._live[0] if self._live else None
+
+    def holds(self, name: str) -> bool:
+        return name in self._live
+
+    def wait(self, name: str) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._current == name)
+
+    def passed(self, name: str) -> None:
+        """``name``'s turn ends: the next live peer's begins (``name``'s again if alone)."""
+        with self._cond:
+            if self._current == name:
+                self._current = self._live[(self._live.index(name) + 1) % len(self._live)]
+                self._cond.notify_all()
+
+    def leave(self, name: str) -> None:
+        """``name`` is done: it leaves the rotation, and the turn goes on if it had it."""
+        with self._cond:
+            i = self._live.index(name)
+            self._live.remove(name)
+            if self._current == name:
+                self._current = self._live[i % len(self._live)] if self._live else None
+            self._cond.notify_all()
+
+
+_TURNS: Optional[Turns] = None
+
+
+@contextlib.contextmanager
+def taking_turns(turns: Turns):
+    """:func:`measure` and :func:`epoch_clock` take ``turns`` while inside (``run._child``)."""
+    global _TURNS
+    _TURNS = turns
+    try:
+        yield turns
+    finally:
+        _TURNS = None
+
+
+def _turn_wait() -> None:
+    name = threading.current_thread().name
+    if _TURNS is not None and _TURNS.holds(name):
+        _TURNS.wait(name)
+
+
+def _turn_pass() -> None:
+    name = threading.current_thread().name
+    if _TURNS is not None and _TURNS.holds(name):
+        _TURNS.passed(name)
 
 
 def summary(values: Sequence[float]) -> Dict[str, float]:
@@ -357,21 +427,24 @@ def device_summary(probe: Dict[str, Dict]) -> Dict[str, str]:
 
 
 def epoch_clock():
-    """A ``funcnet.fit`` callback whose ``stamps`` are the wall times at the train's start
-    and at each epoch's end, after the params are ready: their differences are whole
-    epochs, loop included."""
+    """A ``funcnet.fit`` callback whose ``epochs`` are the wall seconds of each epoch, loop
+    included, to its end with the params ready. Under :class:`Turns` each epoch is one
+    turn: at its end the peer passes the turn and waits for the next, unclocked."""
     from funcnet.callbacks import Callback
 
     class EpochClock(Callback):
         def __init__(self):
-            self.stamps = []
+            self.epochs, self._start = [], None
 
         def on_train_begin(self, ctx):
-            self.stamps.append(time.perf_counter())
+            self._start = time.perf_counter()
 
         def on_epoch_end(self, ctx, epoch, logs):
             block(ctx.train_state.params)
-            self.stamps.append(time.perf_counter())
+            self.epochs.append(time.perf_counter() - self._start)
+            _turn_pass()
+            _turn_wait()
+            self._start = time.perf_counter()
 
     return EpochClock()
 

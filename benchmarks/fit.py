@@ -127,7 +127,7 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
         options = FitOptions(log_every=10 if cfg["quick"] else 50, steps_per_dispatch=per_dispatch, prefetch=prefetch)
         fit(ts, loss_fn, tx, train_data, epochs=1 + reps, progress=bar, callbacks=[clock], options=options)
     assert not bar or "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
-    epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+    epochs = clock.epochs
     extra = {"first_epoch_s": epochs[0]}
     if not bar:
         extra["progress_bar"] = "none: tqdm is not installed"

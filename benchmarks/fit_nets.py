@@ -170,7 +170,7 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
                 ),
             ),
         )
-    epochs = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+    epochs = clock.epochs
     return epochs[1:], epochs[0]
 
 

@@ -45,6 +45,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Optional
 
@@ -99,6 +100,8 @@ def _child(spec: Dict) -> None:
     case = _child_case(workload, spec)
     cfg = {"quick": spec["quick"], "threads": len(cpus), "device": device}
     names = spec.get("peers") or [spec["peer"]]
+    if spec.get("interleave") and len(names) > 1:
+        return _child_interleaved(workload, names, cfg, case, spec)
     for i, name in enumerate(names):
         if i:
             # Each peer compiles its own programs, as in a process of its own: its first
@@ -118,6 +121,35 @@ def _child(spec: Dict) -> None:
             if steal is not None:
                 result["cpu_steal_pct"] = steal
         print(RESULT_TAG + json.dumps({"peer": name, **result}), flush=True)
+
+
+def _child_interleaved(workload: Workload, names: List[str], cfg: Dict, case: Dict, spec: Dict) -> None:
+    """``--interleave``: the peers in threads of their own, taking turns (``common.Turns``):
+    one timed repetition each, in ``names``' order, round and round. Each prints its result
+    line while it holds the turn; one that raises prints its traceback and leaves."""
+    import traceback
+
+    turns = common.Turns(names)
+    streams = sys.stdout, sys.stderr  # peers redirect them, and threads restore them out of order
+
+    def peer_thread(name: str) -> None:
+        turns.wait(name)
+        try:
+            peer = next(p for p in workload.peers if p.name == name)
+            result = _child_peer(peer, cfg, case, spec)
+            print(RESULT_TAG + json.dumps({"peer": name, "interleaved": True, **result}), file=streams[0], flush=True)
+        except BaseException:
+            print(f"peer {name} failed:\n{traceback.format_exc()}", file=streams[1], flush=True)
+        finally:
+            turns.leave(name)
+
+    threads = [threading.Thread(target=peer_thread, args=(name,), name=name, daemon=True) for name in names]
+    with common.taking_turns(turns):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    sys.stdout, sys.stderr = streams
 
 
 def _child_peer(peer, cfg: Dict, case: Dict, spec: Dict) -> Dict:
@@ -210,6 +242,7 @@ def _run_child(workload: Workload, case_index: int, peers, args, cpus: List[int]
         "platform": args.platform,
         "reps": args.reps,
         "f32_matmul": args.f32_matmul,
+        "interleave": getattr(args, "interleave", False),
     }
     env = _child_env(args, cpus)
     # Peers that share a process have no flags of their own (_shares_a_process).
@@ -437,6 +470,7 @@ def _header_info(args, cpus, command: str) -> Dict:
         "quick": args.quick,
         "rounds": args.rounds,
         "same_process": args.same_process,
+        "interleave": args.interleave,
         "reps_cap": args.reps,
         "machine": common.cpu_info(),
         "versions": common.package_versions(),
@@ -500,7 +534,12 @@ def _header(info: Dict) -> List[str]:
         + "  ",
         "",
         (
-            f"Each round, a case's JAX peers run one after another in one fresh process "
+            f"Each round, a case's JAX peers share one fresh process and take turns, one "
+            f"timed repetition each, round and round (torch peers and peers with XLA flags "
+            f"of their own in processes of their own), {info['rounds']} round(s), in "
+            f"alternating peer order"
+            if info.get("interleave")
+            else f"Each round, a case's JAX peers run one after another in one fresh process "
             f"(torch peers and peers with XLA flags of their own in processes of their own), "
             f"{info['rounds']} round(s), in alternating peer order"
             if info.get("same_process")
@@ -608,11 +647,19 @@ def main(argv=None) -> int:
         "peers and peers with XLA flags of their own still alone): the per-round ratios "
         "then compare peers that ran in the same process",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="--same-process, the peers taking turns: each round, one timed repetition "
+        "(an epoch) of each peer in turn, round and round, so that the machine's drift "
+        "falls on all of them alike",
+    )
     parser.add_argument("--list", action="store_true", help="list workloads and peers, then exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--probe-from", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.tier = args.tier or args.platform
+    args.same_process = args.same_process or args.interleave
 
     if args.child:
         _child(json.loads(args.child))

@@ -279,6 +279,69 @@ def test_one_child_process_reports_each_of_its_peers(tmp_path):
     assert "error" in results[0]
 
 
+def test_turns_alternate_the_timed_repetitions_and_leave_the_waits_unclocked():
+    """``--interleave``'s turns: peers in threads run their timed repetitions one by one in
+    turn (``measure``'s calls, ``epoch_clock``'s epochs), a finished peer leaves the
+    rotation, and the time a peer waits for its turn is in none of its figures."""
+    import threading
+    import time
+    import types
+
+    from benchmarks import common
+
+    log = []
+    ctx = types.SimpleNamespace(train_state=types.SimpleNamespace(params=jnp.zeros(1)))
+    clocks = {}
+
+    def timed(name, reps, sleep):
+        return lambda: common.measure(lambda: (log.append(name), time.sleep(sleep)), reps)
+
+    def fit_like():
+        clock = clocks["c"] = common.epoch_clock()
+        clock.on_train_begin(ctx)
+        for _ in range(3):
+            log.append("c")
+            clock.on_epoch_end(ctx, 0, {})
+
+    peers = {"a": timed("a", 3, 0.2), "b": timed("b", 1, 0.0), "c": fit_like}
+    turns = common.Turns(list(peers))
+    figures = {}
+
+    def thread(name):
+        turns.wait(name)
+        try:
+            figures[name] = peers[name]()
+        finally:
+            turns.leave(name)
+
+    threads = [threading.Thread(target=thread, args=(n,), name=n) for n in peers]
+    with common.taking_turns(turns):
+        for t in threads[::-1]:  # started in any order, they run in the rotation's
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    assert log == ["a", "b", "c", "a", "c", "a", "c"]
+    assert len(figures["a"]) == 3 and min(figures["a"]) >= 0.2
+    # each of c's epochs is its own turn: a's 0.2 s between them is not in them
+    assert len(clocks["c"].epochs) == 3 and max(clocks["c"].epochs) < 0.1
+    assert common._TURNS is None
+    # outside turns (the main thread, or no rotation) measure just times
+    assert len(common.measure(lambda: None, 2)) == 2
+
+
+def test_an_interleaved_child_reports_each_of_its_peers():
+    workload = by_name()["center_loss"]
+    args = bench_run.argparse.Namespace(
+        quick=True, platform="cpu", reps=2, f32_matmul="tf32", xla_flags="", child_timeout=300, interleave=True
+    )
+    cpus = sorted(os.sched_getaffinity(0))[:1]
+    results = bench_run._run_child(workload, 0, workload.peers, args, cpus)
+    assert [r.get("interleaved") for r in results] == [True, True]
+    for result in results:
+        _finite(result)
+    assert results[0]["extra"]["loss"] == pytest.approx(results[1]["extra"]["loss"], rel=1e-4)
+
+
 def test_gpu_bf16_peers_start_from_the_float32_loss():
     """The GPU tier's bfloat16 funcnet peers (run here on CPU) load the shared weights: their
     first loss is the float32 one to bfloat16 rounding."""
