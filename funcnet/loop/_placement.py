@@ -338,7 +338,9 @@ def _device_steps(raw_step, take, k: int, jit=jax.jit):
     ``metrics`` holds ``k`` rows, the first ``n`` written. ``n`` is traced (a
     ``fori_loop``), so every dispatch runs the same compiled program whatever its
     length, and a resumed run computes exactly what the uninterrupted one did. For
-    ``k == 1`` it is ``several(state, arrays, order, pos)``: one step, no loop.
+    ``k == 1`` it is ``several(state, arrays, order, pos)``: one step, no loop, and the
+    step's own metrics (a row each would be a device array per metric and step, each
+    read back on its own: ~40 us of host time a step on CPU, at the epoch's end).
     ``one(state, arrays, idx)`` is one step on the rows ``idx`` (the last, smaller batch).
     """
 
@@ -346,8 +348,7 @@ def _device_steps(raw_step, take, k: int, jit=jax.jit):
         return raw_step(state, take(arrays, idx))
 
     def single(state, arrays, order, pos):
-        state, metrics = one(state, arrays, order[pos])
-        return state, jax.tree.map(lambda m: m[None], metrics)
+        return one(state, arrays, order[pos])
 
     # The loop's metric rows need the step's output shapes before the loop traces its
     # body; one jitted function serves both, so jax traces the step once (its trace

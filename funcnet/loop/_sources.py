@@ -174,6 +174,7 @@ class _OnDevice(_Source):
         yield _Epoch(
             [(i, n, n * size, None) for i, n in cut(skip, len(full))],
             dispatch,
+            per_step=k == 1,  # one step per dispatch: the step's own metrics (_device_steps)
             last=None if tail is None else last,
             full=len(full),
         )
