@@ -329,17 +329,24 @@ def test_turns_alternate_the_timed_repetitions_and_leave_the_waits_unclocked():
     assert len(common.measure(lambda: None, 2)) == 2
 
 
-def test_an_interleaved_child_reports_each_of_its_peers():
+def test_an_interleaved_child_reports_each_of_its_peers(capsys):
+    """``--interleave``'s child side, in this process: both peers run in turns and each
+    reports its result line."""
+    import json
+
     workload = by_name()["center_loss"]
-    args = bench_run.argparse.Namespace(
-        quick=True, platform="cpu", reps=2, f32_matmul="tf32", xla_flags="", child_timeout=300, interleave=True
-    )
-    cpus = sorted(os.sched_getaffinity(0))[:1]
-    results = bench_run._run_child(workload, 0, workload.peers, args, cpus)
-    assert [r.get("interleaved") for r in results] == [True, True]
-    for result in results:
+    spec = {"case": 0, "quick": True, "reps": 2}
+    case = bench_run._child_case(workload, spec)
+    names = [p.name for p in workload.peers]
+    bench_run._child_interleaved(workload, names, dict(CFG, quick=True, device="cpu"), case, spec)
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith(bench_run.RESULT_TAG)]
+    results = {r.pop("peer"): r for r in (json.loads(l[len(bench_run.RESULT_TAG) :]) for l in lines)}
+    assert sorted(results) == sorted(names)
+    for result in results.values():
+        assert result["interleaved"] is True
         _finite(result)
-    assert results[0]["extra"]["loss"] == pytest.approx(results[1]["extra"]["loss"], rel=1e-4)
+    a, b = results.values()
+    assert a["extra"]["loss"] == pytest.approx(b["extra"]["loss"], rel=1e-4)
 
 
 def test_gpu_bf16_peers_start_from_the_float32_loss():
