@@ -651,8 +651,8 @@ def main(argv=None) -> int:
         "--interleave",
         action="store_true",
         help="--same-process, the peers taking turns: each round, one timed repetition "
-        "(an epoch) of each peer in turn, round and round, so that the machine's drift "
-        "falls on all of them alike",
+        "(an epoch, or a timed call) of each peer in turn, round and round, so that the "
+        "machine's drift falls on all of them alike",
     )
     parser.add_argument("--list", action="store_true", help="list workloads and peers, then exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
