@@ -169,7 +169,7 @@ def _dispatch_epoch(run, callbacks, plan, epoch, skip, bar, log_every, on_nonfin
 class _StepRecord:
     """An epoch's metrics one step per entry, as the steps return them (a host
     pipeline's): no device op per step; read back at the end by the placement
-    (``fetched``: on one device, one transfer per group of steps)."""
+    (``fetched``: on one device or a mesh, one transfer per group of steps)."""
 
     def __init__(self, run):
         self.run, self.entries = run, []
