@@ -87,8 +87,12 @@ def load_flax_params(params: PyTree, state: PyTree, variables: PyTree, *, order:
 
         # its weights and running statistics only: dropout's RNG state is no layer's weight
         variables = nnx.state(variables, nnx.Any(nnx.Param, nnx.BatchStat))
-    if hasattr(variables, "to_pure_dict"):  # an nnx.State
-        variables = variables.to_pure_dict()
+    if hasattr(variables, "to_pure_dict"):  # an nnx.State, so flax is installed
+        from flax import nnx
+
+        # flax 0.12 deprecates the method (State becomes a dict) for the function
+        pure = getattr(nnx, "to_pure_dict", None)
+        variables = pure(variables) if pure is not None else variables.to_pure_dict()
     tree = variables.get("params", variables)
     stats = _flat_modules(variables.get("batch_stats", {})) if "params" in variables else {}
     units = [(path, {**arrays, **stats.get(path, {})}) for path, arrays in _flat_modules(tree).items()]

@@ -3,6 +3,7 @@ framework needed), their errors, and — where the framework is installed (the b
 extra) — a model of each loaded into funcnet's port giving the original's outputs."""
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -213,7 +214,9 @@ def test_flax_nnx_module_loads_in_the_given_order():
     _, params, state = net.init(jax.random.key(0), (-1, 5, 5, 1))
     with pytest.raises(TypeError, match="order"):
         load_flax_params(params, state, model)  # no Flax tree keeps the layer order
-    params, state = load_flax_params(params, state, model, order=["conv", "bn", "dense", "ln"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # flax 0.12 deprecates State's methods
+        params, state = load_flax_params(params, state, model, order=["conv", "bn", "dense", "ln"])
     ours, _ = net.apply(params, state, x)
     # NNX's LayerNorm takes the variance as E[x^2] - E[x]^2 (use_fast_variance), which
     # rounds differently; a misloaded weight would be off by O(1)
