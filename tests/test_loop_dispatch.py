@@ -379,3 +379,23 @@ def test_a_mesh_reads_its_step_metrics_back_in_a_few_transfers(monkeypatch):
     assert len(leaves) >= 2 * 80
     assert [h["loss"] for h in stacked] == [h["loss"] for h in apart]
     np.testing.assert_allclose([h["loss"] for h in stacked], [h["loss"] for h in run()], rtol=1e-5)
+
+
+def test_a_checkpoint_mid_epoch_reads_the_steps_since_the_last_in_a_few_transfers(monkeypatch):
+    """What a checkpoint mid-epoch stores of the epoch's metrics (the steps since the
+    previous one) is read as the epoch's end reads them: stacked, a transfer per group
+    of steps, the same values as reading each step alone."""
+    import types
+
+    from funcnet.loop import _epoch, _placement
+
+    record = _epoch._StepRecord(types.SimpleNamespace(loop=_placement._OneDevice()))
+    for i in range(70):
+        record.add_step({"loss": jnp.float32(i), "acc": jnp.float32(-i)}, i + 1)
+    (rows, end), leaves = _transfers(monkeypatch, lambda: record.fetch(5))
+    assert end == 70 and len(rows) == 65
+    assert 0 < len(leaves) <= 4, len(leaves)  # 65 steps, 2 metrics: 2 groups of 64, an array per metric
+    alone = _placement.StepRows.of(jax.device_get(record.entries[5:]))
+    for key in ("loss", "acc"):
+        np.testing.assert_array_equal(rows.column(key), alone.column(key))
+    np.testing.assert_array_equal(rows.column("loss")[:, 0], np.arange(5, 70, dtype=np.float32))

@@ -183,8 +183,8 @@ class _StepRecord:
 
     def fetch(self, start):
         """``run.epoch_fetch``: the host metrics (:class:`StepRows`) of the entries from
-        ``start`` on, and the end."""
-        return StepRows.of(jax.device_get(self.entries[start:])), len(self.entries)
+        ``start`` on (read as the epoch's end reads them), and the end."""
+        return self.run.loop.fetched(self.entries[start:]), len(self.entries)
 
     def all(self) -> StepRows:
         return self.run.loop.fetched(self.entries)
