@@ -22,12 +22,21 @@ peers, alternated for ``--rounds`` rounds in one process (the order flipped ever
   so ``slices / scan`` is fit's loop against the fastest loop by hand on the same rows.
   Each fit value is the last epoch of a three-epoch ``fit`` call (the first compiles;
   from the second, fit's dispatches may grow past 50 steps); fit's epochs run all 1875
-  steps.
+  steps;
+- ``step``: the share of ``slices / scan`` that is the step itself: ``scan`` again, and
+  ``train_step``, ``funcnet.train.make_train_step`` (funcnet's layers, loss, TrainState
+  with its key split and step count, the metrics) in the same jitted ``lax.scan`` over
+  the same stacked batches, one dispatch an epoch. What ``fit``'s ``slices / scan``
+  has beyond ``train_step / scan`` is fit's loop (dispatches, the slice reads, the
+  metric rows) and its epoch's host work.
+
+``--cases`` picks some (default: all four).
 
 Prints the median ms per epoch of each and the per-round ratio (gather / slices; for
-``fit``, shuffled / in place, and in place / scan). The rows of one batch are 3 KB apart in place and anywhere
-in 188 MB shuffled, so the shuffled reads miss the caches at every row; BENCHMARKS.md
-(workload 6's run R notes) has the figures.
+``fit``, shuffled / in place, and in place / scan; for ``step``, train_step / scan).
+The rows of one batch are 3 KB apart in place and anywhere in 188 MB shuffled, so the
+shuffled reads miss the caches at every row; BENCHMARKS.md (workload 6's run R notes)
+has the figures.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import numpy as np
 
 N, FEATURES, BATCH, K = 60000, 784, 32, 50
 STEPS = N // BATCH // K * K  # the epoch's steps in full dispatches
+CASES = ("reads", "epoch", "fit", "step")
 
 
 def _loss(p, x, y):
@@ -94,15 +104,28 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def _fit_epochs(x, y):
-    """``{"gather": run, "slices": run, "scan": run}``: for the first two, ``run()``
-    returns the time of the last epoch of a three-epoch ``funcnet.fit`` on this MLP
-    (funcnet's layers, loss and step) over the rows shuffled, or in place; for ``scan``,
-    of one epoch of the hand-written step in one ``lax.scan`` over the rows in place."""
+def _scan_peer(x, y):
+    """``run()`` timing one fixed-order epoch of the hand-written SGD step in one jitted
+    ``lax.scan`` over all 1875 batches, stacked once (the harness's ``jax-scan``)."""
+    steps = N // BATCH
+    xs, ys = x[: steps * BATCH].reshape(steps, BATCH, FEATURES), y[: steps * BATCH].reshape(steps, BATCH)
+    scan = jax.jit(lambda p, xs, ys: jax.lax.scan(lambda p, b: _sgd(p, *b), p, (xs, ys)), donate_argnums=0)
+    carry = {"p": _params()}
+
+    def scan_epoch():
+        t = time.perf_counter()
+        carry["p"], _ = scan(carry["p"], xs, ys)
+        jax.block_until_ready(carry["p"])
+        return time.perf_counter() - t
+
+    return scan_epoch, (xs, ys)
+
+
+def _funcnet_mlp():
+    """The MLP as fit trains it here: ``(tx, loss_fn, start)``, funcnet's layers and loss."""
     import optax
 
-    from benchmarks import common
-    from funcnet import data, fit, losses
+    from funcnet import losses
     from funcnet.combinators import serial
     from funcnet.layers.activations import Relu
     from funcnet.layers.dense import Dense
@@ -115,7 +138,39 @@ def _fit_epochs(x, y):
         logits, state = net.apply(params, state, batch[0], rng=rng, train=True)
         return losses.cross_entropy(logits, batch[1]), Aux(state=state)
 
-    start = TrainState.create(net, tx, jax.random.key(0), (-1, FEATURES))
+    return tx, loss_fn, TrainState.create(net, tx, jax.random.key(0), (-1, FEATURES))
+
+
+def _step_epochs(x, y):
+    """``{"train_step": run, "scan": run}``: one fixed-order epoch of
+    ``make_train_step``'s step, and of the hand-written one, each in one jitted
+    ``lax.scan`` over the same stacked batches."""
+    from funcnet.train import make_train_step
+
+    tx, loss_fn, start = _funcnet_mlp()
+    scan_epoch, (xs, ys) = _scan_peer(x, y)
+    step = make_train_step(loss_fn, tx)
+    scan = jax.jit(lambda ts, xs, ys: jax.lax.scan(step, ts, (xs, ys)), donate_argnums=0)
+    carry = {"ts": jax.tree.map(jnp.copy, start)}
+
+    def step_epoch():
+        t = time.perf_counter()
+        carry["ts"], _ = scan(carry["ts"], xs, ys)
+        jax.block_until_ready(carry["ts"])
+        return time.perf_counter() - t
+
+    return {"train_step": step_epoch, "scan": scan_epoch}
+
+
+def _fit_epochs(x, y):
+    """``{"gather": run, "slices": run, "scan": run}``: for the first two, ``run()``
+    returns the time of the last epoch of a three-epoch ``funcnet.fit`` on this MLP
+    (funcnet's layers, loss and step) over the rows shuffled, or in place; for ``scan``,
+    of one epoch of the hand-written step in one ``lax.scan`` over the rows in place."""
+    from benchmarks import common
+    from funcnet import data, fit
+
+    tx, loss_fn, start = _funcnet_mlp()
     sources = {
         "gather": data.DeviceData((x, y), BATCH, shuffle=True, rng=0),
         "slices": data.DeviceData((x, y), BATCH, shuffle=False),
@@ -129,23 +184,14 @@ def _fit_epochs(x, y):
 
         return run
 
-    steps = N // BATCH
-    xs, ys = x[: steps * BATCH].reshape(steps, BATCH, FEATURES), y[: steps * BATCH].reshape(steps, BATCH)
-    scan = jax.jit(lambda p, xs, ys: jax.lax.scan(lambda p, b: _sgd(p, *b), p, (xs, ys)), donate_argnums=0)
-    carry = {"p": _params()}
-
-    def scan_epoch():
-        t = time.perf_counter()
-        carry["p"], _ = scan(carry["p"], xs, ys)
-        jax.block_until_ready(carry["p"])
-        return time.perf_counter() - t
-
+    scan_epoch, _ = _scan_peer(x, y)
     return {**{peer: epoch(source) for peer, source in sources.items()}, "scan": scan_epoch}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     x = jax.device_put(rng.standard_normal((N, FEATURES), dtype=np.float32))
@@ -163,18 +209,20 @@ def main(argv=None) -> None:
 
         return run
 
-    cases = {
-        "reads": {
+    builders = {
+        "reads": lambda: {
             "gather": lambda: reads_gathered(x, order.reshape(STEPS, BATCH)),
             "slices": lambda: reads_sliced(x, starts.reshape(STEPS)),
         },
-        "epoch": {"gather": epoch(dispatch_gathered, order), "slices": epoch(dispatch_sliced, starts)},
-        "fit": _fit_epochs(x, y),
+        "epoch": lambda: {"gather": epoch(dispatch_gathered, order), "slices": epoch(dispatch_sliced, starts)},
+        "fit": lambda: _fit_epochs(x, y),
+        "step": lambda: _step_epochs(x, y),
     }
+    cases = {name: builders[name]() for name in CASES if name in args.cases}
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; {STEPS} steps of {BATCH} rows per epoch")
     for name, peers in cases.items():
-        # a fit call times its own epoch (it compiles in the first); the others are timed here
-        timed = (lambda fn: fn()) if name == "fit" else _timed
+        # fit and step time their own epochs (fit compiles in its first); the others are timed here
+        timed = (lambda fn: fn()) if name in ("fit", "step") else _timed
         for fn in peers.values():
             timed(fn)  # compile and warm up
         times = {peer: [] for peer in peers}
@@ -182,7 +230,8 @@ def main(argv=None) -> None:
             for peer in list(peers) if r % 2 == 0 else list(peers)[::-1]:
                 times[peer].append(timed(peers[peer]))
         medians = ", ".join(f"{peer} {statistics.median(t) * 1e3:.1f} ms" for peer, t in times.items())
-        pairs = [("gather", "slices")] + ([("slices", "scan")] if "scan" in times else [])
+        pairs = {"fit": [("gather", "slices"), ("slices", "scan")], "step": [("train_step", "scan")]}
+        pairs = pairs.get(name, [("gather", "slices")])
         words = []
         for a, b in pairs:
             ratios = [x / y for x, y in zip(times[a], times[b])]

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import center_loss, cnn, fit_nets, gpt, mlp, pmap, sharding_memory, softmax_output
+from benchmarks import center_loss, cnn, fit_nets, gather_probe, gpt, mlp, pmap, sharding_memory, softmax_output
 from benchmarks import gpu as gpu_tier
 from benchmarks import run as bench_run
 from benchmarks.workloads import WORKLOADS, Peer, by_name, cases_on, peers_on
@@ -171,6 +171,24 @@ def test_sharding_memory_runs_its_three_layouts_on_tiny_models():
             assert r["ratio_to_replicated"] < 0.4, r
     table = sharding_memory._table(rows).splitlines()
     assert len(table) == 2 + len(rows) and table[2].startswith("| 4 | mlp (")
+
+
+def test_gather_probe_step_case_times_make_train_step_beside_the_hand_scan(monkeypatch, capsys):
+    """benchmarks/gather_probe.py's ``step`` case (BENCHMARKS.md, workload 6's run Z notes)
+    on 3,200 rows: both peers train in their one-dispatch scans, and the line names the
+    ratio of each round."""
+    monkeypatch.setattr(gather_probe, "N", 3200)
+    monkeypatch.setattr(gather_probe, "STEPS", 3200 // gather_probe.BATCH // gather_probe.K * gather_probe.K)
+    peers = gather_probe._step_epochs(
+        jnp.asarray(np.random.default_rng(0).standard_normal((3200, gather_probe.FEATURES), dtype=np.float32)),
+        jnp.asarray(np.arange(3200, dtype=np.int32) % 10),
+    )
+    assert sorted(peers) == ["scan", "train_step"]
+    assert all(peers[p]() > 0 for p in peers)
+    gather_probe.main(["--rounds", "2", "--cases", "step"])
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("step: train_step ") and "train_step / scan per round" in line, line
+    assert len(line.split("per round ")[1].split(",")[0].split()) == 2, line
 
 
 # --------------------------------------------------------------------------- #
