@@ -175,7 +175,7 @@ def test_sharding_memory_runs_its_three_layouts_on_tiny_models():
 
 def test_gather_probe_step_case_times_make_train_step_beside_the_hand_scan(monkeypatch, capsys):
     """benchmarks/gather_probe.py's ``step`` case (BENCHMARKS.md, workload 6's run Z notes)
-    on 3,200 rows: both peers train in their one-dispatch scans, and the line names the
+    on 3,200 rows: both peers run their one-dispatch scans, and the line gives the
     ratio of each round."""
     monkeypatch.setattr(gather_probe, "N", 3200)
     monkeypatch.setattr(gather_probe, "STEPS", 3200 // gather_probe.BATCH // gather_probe.K * gather_probe.K)
