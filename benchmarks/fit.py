@@ -173,9 +173,10 @@ def _hand_update(tx):
     return hand_update
 
 
-def _scan_epoch(hand_update, carry, x, y, steps, batch, n):
+def _scan_epoch(hand_update, carry, x, y, steps, batch, n, compiler_options=None):
     """``jax-scan``: one jitted lax.scan over epoch 0's order, pre-shuffled and stacked on the
-    device; the same order every epoch."""
+    device; the same order every epoch (``jax-scan-unsplit``: compiled with
+    ``compiler_options``)."""
     import jax
     import jax.numpy as jnp
 
@@ -186,7 +187,7 @@ def _scan_epoch(hand_update, carry, x, y, steps, batch, n):
     ys = jnp.asarray(y[order].reshape(steps, batch))
     common.block((xs, ys))
 
-    @functools.partial(jax.jit, donate_argnums=0)
+    @functools.partial(jax.jit, donate_argnums=0, compiler_options=compiler_options)
     def scan_epoch(carry, xs, ys):
         return jax.lax.scan(lambda c, b: hand_update(c, *b), carry, (xs, ys))
 
@@ -261,7 +262,7 @@ def run(peer, cfg, case):
     import numpy as np
     import optax
 
-    from funcnet import losses
+    from funcnet import losses, xla
     from funcnet.train import Aux, TrainState, make_train_step
 
     weights = common.mlp_weights(case["sizes"], seed=0)
@@ -291,8 +292,9 @@ def run(peer, cfg, case):
     ]
     common.block(batches)
     hand_update = _hand_update(tx)
-    if peer == "jax-scan":
-        return _timed(_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n), reps)
+    if peer in ("jax-scan", "jax-scan-unsplit"):
+        options = xla.unsplit_fusions() if peer == "jax-scan-unsplit" else None
+        return _timed(_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n, options), reps)
     if peer == "jax-scan-shuffle":
         one_epoch = _shuffled_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n)
         return _timed(one_epoch, reps)

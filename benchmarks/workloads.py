@@ -290,6 +290,12 @@ WORKLOADS: List[Workload] = [
                 "pre-shuffled batches, stacked on the device: one dispatch per epoch",
             ),
             Peer(
+                "jax-scan-unsplit",
+                "benchmarks.fit:run",
+                note="jax-scan compiled with funcnet.xla.unsplit_fusions(): XLA:CPU's loop "
+                "fusions on one thread each, the program fit's race may choose (added 2026-12-02)",
+            ),
+            Peer(
                 "fit-device-fixed",
                 "benchmarks.fit:run",
                 note="fit-device over the rows in jax-scan's order, DeviceData(shuffle=False): "
@@ -310,7 +316,9 @@ WORKLOADS: List[Workload] = [
         ],
         cases=[
             dict(MLP_CASE, name="784-400-100-10, b128, Adam"),
-            dict(DISPATCH_CASE, name="784-64-10, b32, SGD (dispatch-bound)"),
+            # 41 epochs (workload 2's case has 8): a run long enough for fit's race of split
+            # against unsplit loop fusions (funcnet.loop._race.PAYS) on this MLP
+            dict(DISPATCH_CASE, name="784-64-10, b32, SGD (dispatch-bound)", reps=40),
         ],
         reference="fit-device",
         columns=(("first_epoch_s", "1st epoch incl. compile (s)", "{:.2f}"),),

@@ -24,6 +24,11 @@ positions 7-12x its plain time): that made BatchNorm networks slower with the op
 Whole train steps are in ``BENCHMARKS.md`` (workload 6b). A program without a
 convolution compiles to the same kernels with or without it.
 
+:func:`unsplit_fusions` is another CPU option, for small steps: XLA:CPU splits loop
+fusions over the cores, which costs a step of ~0.1 ms more than it saves; it keeps each
+whole, with the same bits, and :func:`split_fusions` lists what XLA split. ``fit`` races
+the two compilations where it may pay (:class:`funcnet.loop.FitOptions`).
+
 Under these options ``Conv``'s ``implementation="auto"`` takes XLA's own convolution on
 CPU (its batch pieces and patch gradients are workarounds for the one-thread kernels).
 Results differ from the plain programs' by float rounding (other convolution kernels),
@@ -40,12 +45,13 @@ from __future__ import annotations
 import contextvars
 import functools
 import os
-from typing import Callable, Optional
+import re
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 
-__all__ = ["compiler_options", "jit", "traced_with_options"]
+__all__ = ["compiler_options", "jit", "split_fusions", "traced_with_options", "unsplit_fusions"]
 
 _YNN = "xla_cpu_experimental_ynn_fusion_type"
 # YNNPACK keeps matrix products and reductions; convolutions go to XLA's Eigen kernels.
@@ -89,6 +95,103 @@ def _compiles_with(options: tuple) -> bool:
     except Exception:  # an unknown option or value: XLA's errors have no common type
         return False
     return True
+
+
+# XLA:CPU's pass that splits a loop fusion (elementwise work, gathers, slices) over the
+# cores, and the DebugOptions field that lists passes to skip.
+_SPLITTER = "cpu-parallel-task-assigner"
+_DISABLED = "xla_disable_hlo_passes"
+
+
+def unsplit_fusions(options: Optional[dict] = None, backend: str | None = None) -> dict:
+    """``options`` plus the XLA:CPU option that runs each loop fusion on one thread.
+
+    XLA:CPU splits a loop fusion (elementwise work, a gather, a slice, a reduction's
+    outputs) into as many parts as the process has CPUs when its cost model says the
+    work is large enough, and runs the parts on its thread pool; the program's dumped
+    HLO marks those fusions ``outer_dimension_partitions``. The cost model counts a
+    gather's whole operand as read: the 32 rows a shuffled :class:`funcnet.data.DeviceData`
+    batch gathers from MNIST's 60,000 count as 188 MB, so such a gather is always
+    split, and so is a small network's weight update. At a tenth of a millisecond a
+    step, handing half of each to another core costs more than it saves. This option
+    skips the pass that splits them (``xla_disable_hlo_passes`` gets
+    ``cpu-parallel-task-assigner``, added to any passes ``options`` or ``XLA_FLAGS``
+    already list, which stay skipped). Matrix products and convolutions keep their own
+    threads.
+
+    Each output element is computed by the same code either way, so the results are
+    the same bit for bit (the tests compare them); only the speed differs, and in both
+    directions: a ``lax.scan`` epoch of the dispatch-bound MLP (784-64-10, batch 32,
+    SGD, shuffled rows) 0.65x its split time on jax 0.12.0.1 and 0.92x on 0.10.2, of the
+    784-400-100-10 MLP (batch 128, Adam) 1.13x on both (2-core VM, 2026-12-02). So
+    :func:`funcnet.loop.fit` does not set it blindly: with ``compiler_options="auto"`` it
+    times its dispatches compiled both ways and keeps the faster (``FitOptions``).
+
+    Args:
+      options: the options to add to (default: none); not changed.
+      backend: ``"cpu"``, ``"gpu"``, ``"tpu"``; default ``jax.default_backend()``. Off
+        CPU the pass does not exist and ``options`` come back as they are.
+
+    Returns:
+      A new dict for ``jax.jit(..., compiler_options=...)`` or :func:`jit`'s ``options``.
+
+    Examples:
+      >>> unsplit_fusions(backend="cpu")
+      {'xla_disable_hlo_passes': 'cpu-parallel-task-assigner'}
+      >>> unsplit_fusions({"xla_disable_hlo_passes": "a,b"}, backend="cpu")
+      {'xla_disable_hlo_passes': 'a,b,cpu-parallel-task-assigner'}
+      >>> unsplit_fusions(backend="gpu")
+      {}
+      >>> f = jax.jit(lambda x: x * 2, compiler_options=unsplit_fusions())
+      >>> f(jnp.ones(2)).tolist()
+      [2.0, 2.0]
+    """
+    options = dict(options or {})
+    if (jax.default_backend() if backend is None else backend) != "cpu":
+        return options
+    listed = options.get(_DISABLED) or _flag(_DISABLED) or ""
+    passes = [p.strip() for p in str(listed).split(",") if p.strip()]
+    options[_DISABLED] = ",".join(passes + [_SPLITTER] * (_SPLITTER not in passes))
+    return options
+
+
+_SPLIT = re.compile(r'%([^\s=]+) = (\w+)\[([\d,]*)\][^\n]*"outer_dimension_partitions":\["')
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "u16": 2, "f64": 8, "s64": 8, "u64": 8}
+
+
+def split_fusions(compiled: Any) -> dict:
+    """The loop fusions XLA:CPU split over the cores in ``compiled``, and their output sizes.
+
+    Args:
+      compiled: a compiled program (``jax.jit(f).lower(...).compile()``), or its
+        ``as_text()``.
+
+    Returns:
+      ``{fusion name: output bytes}`` of each fusion the optimized HLO marks
+      ``outer_dimension_partitions`` (empty off CPU, under :func:`unsplit_fusions`, or
+      on one CPU). What :func:`funcnet.loop.fit` reads before it races the two
+      compilations: it races only where the largest is small.
+
+    Examples:
+      >>> x = jnp.ones((1024, 1024))
+      >>> split = split_fusions(jax.jit(lambda x: x * 2 + 1).lower(x).compile())
+      >>> sorted(split.values()) in ([], [4 * 1024 * 1024])  # [] on one CPU
+      True
+      >>> split_fusions(jax.jit(lambda x: x * 2 + 1, compiler_options=unsplit_fusions()).lower(x).compile())
+      {}
+    """
+    text = compiled if isinstance(compiled, str) else compiled.as_text()
+    return {
+        name: _BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.split(",") if d], dtype=np.int64))
+        for name, dtype, dims in _SPLIT.findall(text)
+    }
+
+
+def _flag(name: str) -> Optional[str]:
+    """The value ``XLA_FLAGS`` gives ``--name`` (the last one given), else None: a
+    compiler option replaces the flag's value, so one that adds to it starts from it."""
+    values = [f.split("=", 1)[1] for f in os.environ.get("XLA_FLAGS", "").split() if f.startswith(f"--{name}=")]
+    return values[-1] if values else None
 
 
 _TRACING: contextvars.ContextVar = contextvars.ContextVar("funcnet_xla_options", default=False)

@@ -1,6 +1,6 @@
 """benchmarks/fit.py (workload 6): every peer runs on a tiny MLP, and the hand-written scan
-peers train as one another (the same epoch-0 order, the same losses), with fit-device-fixed
-on jax-scan's batches."""
+peers train as one another (the same epoch-0 order, the same losses; jax-scan-unsplit the
+same bits), with fit-device-fixed on jax-scan's batches."""
 
 import numpy as np
 import pytest
@@ -24,7 +24,7 @@ def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
     import jax.numpy as jnp
     import optax
 
-    from funcnet import data
+    from funcnet import data, xla
 
     steps, batch = CASE["quick_steps"], CASE["batch"]
     n = steps * batch
@@ -36,6 +36,8 @@ def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
     update = fit._hand_update(tx)
     start = lambda: (jax.tree.map(jnp.copy, params), tx.init(params))  # the scans donate it
     scan = np.asarray(fit._scan_epoch(update, start(), x, y, steps, batch, n)())
+    unsplit = fit._scan_epoch(update, start(), x, y, steps, batch, n, xla.unsplit_fusions())()
+    np.testing.assert_array_equal(unsplit, scan)  # jax-scan-unsplit: the same bits
     shuffled = np.asarray(fit._shuffled_scan_epoch(update, start(), x, y, steps, batch, n)())
     order = data.epoch_order(n, 0, 0)
     batches = [

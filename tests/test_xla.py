@@ -1,6 +1,7 @@
 """funcnet.xla: the compiler options funcnet compiles its steps with, the jit that applies
 them, and what layers choose under it (Conv: one XLA convolution on CPU)."""
 
+import os
 import re
 
 import jax
@@ -164,3 +165,44 @@ def test_fit_compiles_with_the_options_asked_for_but_not_under_pmap():
         options=FitOptions(compiler_options=xla.compiler_options()),
     )
     assert seen and not any(seen)
+
+
+def test_unsplit_fusions_adds_its_pass_to_those_already_skipped(monkeypatch):
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    skip = "xla_disable_hlo_passes"
+    assert xla.unsplit_fusions(backend="cpu") == {skip: "cpu-parallel-task-assigner"}
+    given = {skip: "a, b", "other": 1}
+    assert xla.unsplit_fusions(given, backend="cpu") == {skip: "a,b,cpu-parallel-task-assigner", "other": 1}
+    assert given == {skip: "a, b", "other": 1}  # not changed
+    assert xla.unsplit_fusions({skip: "cpu-parallel-task-assigner"}, backend="cpu") == {
+        skip: "cpu-parallel-task-assigner"
+    }
+    # a compiler option replaces the flag's list, so the one added to starts from it
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_disable_hlo_passes=mine")
+    assert xla.unsplit_fusions(backend="cpu") == {skip: "mine,cpu-parallel-task-assigner"}
+    assert xla.unsplit_fusions({"other": 1}, backend="gpu") == {"other": 1}  # no such pass there
+
+
+@needs_cpu
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="XLA:CPU splits fusions over 2 or more CPUs only")
+def test_unsplit_fusions_keeps_each_loop_fusion_whole_with_the_same_bits():
+    """The shuffled batch's gather and the weight update of a small MLP's SGD step, in a
+    scan as fit's device loop runs them: XLA:CPU splits both over the cores (its cost
+    model counts the gather's whole operand), and with the option neither."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((20_000, 784), dtype=np.float32))
+    w = jnp.asarray(rng.standard_normal((784, 64), dtype=np.float32) * 0.01)
+    order = jnp.asarray(rng.permutation(20_000)[:640].reshape(20, 32).astype(np.int32))
+
+    def epoch(w, order):
+        def body(w, idx):
+            g = jax.grad(lambda w: jnp.mean(jnp.tanh(x[idx] @ w) ** 2))(w)
+            return w - 0.1 * g, None
+
+        return jax.lax.scan(body, w, order)[0]
+
+    split = jax.jit(epoch).lower(w, order).compile()
+    whole = jax.jit(epoch, compiler_options=xla.unsplit_fusions()).lower(w, order).compile()
+    parts = re.compile(r'"outer_dimension_partitions":\["')
+    assert parts.search(split.as_text()) and not parts.search(whole.as_text())
+    np.testing.assert_array_equal(split(w, order), whole(w, order))

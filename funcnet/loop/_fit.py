@@ -215,6 +215,7 @@ def fit(
         several_asked,
         _compiler_options(options.compiler_options, conv_on_cpu),
         _dispatch_bound(options.steps_per_dispatch, steps_per_dispatch),
+        _race_steps(options.compiler_options, source, epochs, position),
     )
     run, resumed_sums = _run_record(
         loop, train_state, loss_fn, source, callbacks, layout, run_id, resumed, position, epochs
@@ -398,6 +399,16 @@ def _convolves_on_cpu(train_state, loss_fn, train_data) -> bool:
         return False
     jaxpr = loss_jaxpr(train_state, loss_fn, first_batch(train_data))
     return jaxpr is not None and any_eqn(jaxpr, lambda eqn: eqn.primitive.name == "conv_general_dilated")
+
+
+def _race_steps(options, source, epochs: int, position) -> Optional[int]:
+    """The steps left to train where fit races XLA:CPU's loop fusions split against
+    unsplit (``compiler_options="auto"`` on CPU, the epochs' steps known ahead: a
+    ``DeviceData``), else None: XLA's default."""
+    per_epoch = source.steps_per_epoch
+    if not isinstance(options, str) or jax.default_backend() != "cpu" or per_epoch is None:
+        return None
+    return per_epoch * (epochs - position.epoch) - position.batch_in_epoch
 
 
 def _compiler_options(options, conv_on_cpu: Callable[[], bool]) -> dict:

@@ -96,9 +96,17 @@ class FitOptions:
         ``compiler_options``). Default ``"auto"``: on CPU, for a step with a
         convolution, :func:`funcnet.xla.compiler_options` (convolutions on XLA's
         multi-threaded kernels; the Flax MNIST CNN's and LeNet's steps 0.83x and 0.79x
-        their plain-``jax.jit`` time, workload 6b, jax 0.10.2), otherwise none. None:
-        plain ``jax.jit`` always; a dict: these options. Options change results by float
-        rounding (other kernels), not more.
+        their plain-``jax.jit`` time, workload 6b, jax 0.10.2), otherwise none; and on
+        one CPU device, over a ``DeviceData``, a race: the first dispatches run the
+        device loop compiled as XLA splits its loop fusions over the cores and with
+        them unsplit (:func:`funcnet.xla.unsplit_fusions`), in turns and timed, and the
+        rest the faster (unsplit must be 3% faster). The two compute the same bits, so
+        the race changes speed only (a small MLP's epoch 0.65x on jax 0.12, a larger
+        one's 1.13x: it depends on the network); it runs only where the steps left
+        would take 20 times the second compilation, and logs its verdict at INFO on the
+        ``funcnet.loop`` logger. None: plain ``jax.jit`` always; a dict: these options
+        (neither races). Options change results by float rounding (other kernels), not
+        more.
 
     Raises:
       funcnet.errors.ArgumentError: a value of the wrong type or out of range, naming

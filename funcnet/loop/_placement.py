@@ -24,6 +24,7 @@ from funcnet import data as data_lib
 from funcnet import distributed
 from funcnet import sharding
 from funcnet import xla
+from funcnet.loop._race import Raced
 from funcnet.loop._rows import StepRows
 from funcnet.train import make_eval_step, make_train_step
 
@@ -46,11 +47,14 @@ class _OneDevice:
       stacks_host_batches: a host pipeline of :func:`funcnet.data.batches` may run several
         steps per dispatch (pmap and mesh placements split each batch on the host).
       multi: several devices take part in each step.
+      races: fit may compile a train step both with XLA's loop fusions split over the
+        cores and unsplit, and keep the faster (``_race.Raced``): one device only.
     """
 
     axis_name: Optional[str] = None
     gathers_device_data = True
     stacks_host_batches = True
+    races = True
     n: Optional[int] = None  # pmap replicas
     mesh = None
 
@@ -138,6 +142,7 @@ class _Replicas(_OneDevice):
     axis_name = "batch"
     gathers_device_data = False
     stacks_host_batches = False
+    races = False
 
     def __init__(self, n: int):
         self.n = n
@@ -182,6 +187,7 @@ class _OnMesh(_OneDevice):
     shardings make XLA partition, run with the mesh set (``jax.set_mesh``)."""
 
     stacks_host_batches = False
+    races = False
 
     def __init__(self, mesh):
         self.mesh = mesh
@@ -279,6 +285,7 @@ def _compile(
     several_asked=False,
     compiler_options=None,
     dispatch_bound=None,
+    race_steps=None,
 ) -> _Steps:
     """The train and eval steps, compiled by ``placement`` (``jax.jit`` on one device or a
     mesh, ``jax.pmap`` over replicas).
@@ -294,6 +301,10 @@ def _compile(
     ``dispatch_bound``: the most steps the device loop over a ``DeviceData`` may run in
     one dispatch (default ``steps_per_dispatch``); its program is the same for any count
     up to it.
+    ``race_steps``: the steps the run has left, where fit may choose between XLA's loop
+    fusions split over the cores and unsplit (:func:`funcnet.xla.unsplit_fusions`) by
+    timing both (``_race.Raced``; one device only, whose programs compute the same bits
+    either way); None: XLA's default.
     """
     bound = dispatch_bound or steps_per_dispatch
     axis = placement.axis_name
@@ -308,21 +319,69 @@ def _compile(
             state = jax.lax.with_sharding_constraint(state, state_shardings)
         return state, metrics
 
+    # Where fit races: XLA:CPU's loop fusions unsplit, compiled from the default's own
+    # lowering (the same trace, so the same program but for that pass).
+    unsplit = xla.unsplit_fusions() if race_steps and placement.races else None
+
+    def raced(fn, steps_of):
+        """``fn`` (jitted); where fit races, it raced against its unsplit compilation."""
+        if unsplit is None:
+            return fn
+        return Raced(fn, functools.partial(_unsplit_prospect, fn, unsplit), steps_of, race_steps, ("split", "unsplit"))
+
+    device_loop = take is not None and placement.gathers_device_data
+    stacked = not device_loop and placement.stacks_host_batches and steps_per_dispatch > 1
     train = placement.compile(raw_step, jit, donate=True)
+    if not (device_loop or stacked):  # else it runs an epoch's last, smaller batch only
+        train = raced(train, _one)
     evaluate = None
     if eval_fn is not None:
         raw_eval = make_eval_step(eval_fn, axis_name=axis, ema=eval_on_ema)
         evaluate = placement.compile(raw_eval, jit, donate=False)
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
     on_device = on_device_one = on_stacked = None
-    if take is not None and placement.gathers_device_data:
+    if device_loop:
         on_device, on_device_one = _device_steps(raw_step, take, bound, jit)
-    elif placement.stacks_host_batches and steps_per_dispatch > 1:
-        on_stacked = _device_steps(raw_step, _take_stacked, steps_per_dispatch, jit)[0]
+        # the dispatch program of every step but an epoch's last, smaller batch
+        on_device = raced(on_device, _steps_of if bound > 1 else _one)
+    elif stacked:
+        on_stacked = raced(_device_steps(raw_step, _take_stacked, steps_per_dispatch, jit)[0], _steps_of)
     train, evaluate, add, on_device, on_device_one = (
         None if f is None else placement.wrap(f) for f in (train, evaluate, add, on_device, on_device_one)
     )
     return _Steps(train, evaluate, add, on_device, on_device_one, steps_per_dispatch, on_stacked, several_asked, bound)
+
+
+# fit races split against unsplit only where no loop fusion XLA:CPU splits is larger:
+# above it the halves have paid for their hand-off in every program measured (the
+# 784-400-100-10 MLP's 1.25 MB weight update: its epoch 1.13x slower unsplit; the CNNs'
+# and the GPT's activations, 1.06-1.31x), at or below it the race decides (784-64-10:
+# 0.65x on jax 0.12, its largest 200 KB).
+SPLIT_BYTES = 1 << 19
+
+
+def _unsplit_prospect(fn, unsplit: dict, args):
+    """``Raced``'s prospect for ``fn`` called on ``args``: XLA's program compiled (which
+    the call then runs), and ``(build, None)``, ``build()`` compiling it under ``unsplit``
+    from the same lowering, where its split fusions are all at most ``SPLIT_BYTES``;
+    else ``(None, why not)``."""
+    lowered = fn.lower(*args)
+    split = xla.split_fusions(lowered.compile())
+    if not split:
+        return None, "XLA:CPU splits none of its loop fusions"
+    name, size = max(split.items(), key=lambda kv: kv[1])
+    if size > SPLIT_BYTES:
+        return None, f"XLA:CPU splits a loop fusion of {size:,} bytes ({name}), too large to keep whole"
+    return (lambda: lowered.compile(unsplit)), None
+
+
+def _steps_of(args) -> int:
+    """The steps one call of the device loop runs: its ``n`` (``_device_steps``)."""
+    return int(args[4])
+
+
+def _one(args) -> int:
+    return 1
 
 
 def _take_stacked(arrays, j):
