@@ -102,11 +102,11 @@ class FitOptions:
         them unsplit (:func:`funcnet.xla.unsplit_fusions`), in turns and timed, and the
         rest the faster (unsplit must be 3% faster). The two compute the same bits, so
         the race changes speed only (a small MLP's epoch 0.65x on jax 0.12, a larger
-        one's 1.13x: it depends on the network); it runs only where the steps left
-        would take 20 times the second compilation, and logs its verdict at INFO on the
-        ``funcnet.loop`` logger. None: plain ``jax.jit`` always; a dict: these options
-        (neither races). Options change results by float rounding (other kernels), not
-        more.
+        one's 1.13x: it depends on the network); it runs only where every loop fusion
+        XLA splits is at most 512 KiB and the steps left would take 8 times the first
+        compilation, and logs its verdict at INFO on the ``funcnet.loop`` logger. None:
+        plain ``jax.jit`` always; a dict: these options (neither races). Options change
+        results by float rounding (other kernels), not more.
 
     Raises:
       funcnet.errors.ArgumentError: a value of the wrong type or out of range, naming

@@ -329,23 +329,20 @@ def _compile(
             return fn
         return Raced(fn, functools.partial(_unsplit_prospect, fn, unsplit), steps_of, race_steps, ("split", "unsplit"))
 
-    device_loop = take is not None and placement.gathers_device_data
-    stacked = not device_loop and placement.stacks_host_batches and steps_per_dispatch > 1
     train = placement.compile(raw_step, jit, donate=True)
-    if not (device_loop or stacked):  # else it runs an epoch's last, smaller batch only
-        train = raced(train, _one)
     evaluate = None
     if eval_fn is not None:
         raw_eval = make_eval_step(eval_fn, axis_name=axis, ema=eval_on_ema)
         evaluate = placement.compile(raw_eval, jit, donate=False)
     add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
     on_device = on_device_one = on_stacked = None
-    if device_loop:
+    if take is not None and placement.gathers_device_data:
         on_device, on_device_one = _device_steps(raw_step, take, bound, jit)
-        # the dispatch program of every step but an epoch's last, smaller batch
+        # the dispatch program of every step but an epoch's last, smaller batch; only a
+        # DeviceData knows its steps ahead (race_steps), so only this program races
         on_device = raced(on_device, _steps_of if bound > 1 else _one)
-    elif stacked:
-        on_stacked = raced(_device_steps(raw_step, _take_stacked, steps_per_dispatch, jit)[0], _steps_of)
+    elif placement.stacks_host_batches and steps_per_dispatch > 1:
+        on_stacked = _device_steps(raw_step, _take_stacked, steps_per_dispatch, jit)[0]
     train, evaluate, add, on_device, on_device_one = (
         None if f is None else placement.wrap(f) for f in (train, evaluate, add, on_device, on_device_one)
     )

@@ -21,8 +21,8 @@ __all__: list = []
 
 logger = logging.getLogger("funcnet.loop")
 
-# Timed dispatches of each program before the choice (after each one's first, which
-# compiles it).
+# Timed dispatches of each program before the choice, after each one's first (a warm-up;
+# the second's also compiles it).
 TIMED = 3
 # The second program is compiled only where the steps left would take at least this
 # many times as long as compiling the first did: the race then costs at most ~1/PAYS of
@@ -45,10 +45,10 @@ class Raced:
     ``first`` (the prospect's compilation is timed apart; the first run warms up); then,
     only where the steps left (``steps_left``, less those run since) would take ``PAYS``
     times as long as the prospect took, two on the second (built in the first of them)
-    and turns until each has ``TIMED`` calls besides its first. ``steps_of(args)`` is the steps one call
-    runs (a dispatch's count), so calls of different lengths compare per step; a call
-    whose argument shapes differ from the first's (another program) goes to ``first``,
-    untimed. ``names`` label the two in ``verdict``, which says what was chosen and why
+    and turns until each has ``TIMED`` calls besides its first. ``steps_of(args)`` is
+    the steps one call runs (a dispatch's count), so calls of different lengths compare
+    per step; a call whose argument shapes differ from the first's (another program)
+    goes to ``first``, untimed. ``names`` label the two in ``verdict``, which says what was chosen and why
     (also logged at INFO on the ``funcnet.loop`` logger).
     """
 
@@ -115,7 +115,7 @@ class Raced:
                     f"not raced: {self.left} steps left at {step_s * 1e3:.3g} ms would not repay "
                     f"a second compilation (~{self.compile_s:.2g} s)",
                 )
-        elif len(a) > TIMED and len(b) > TIMED:  # each one's first call compiled it
+        elif len(a) > TIMED and len(b) > TIMED:  # each one's first call left out
             fa, fb = (statistics.median(t / n for t, n in calls[1:]) for calls in (a, b))
             keep = fb < MARGIN * fa
             self._choose(
@@ -125,9 +125,9 @@ class Raced:
             )
 
     def _choose(self, fn, verdict: str) -> None:
-        self.chosen, self.verdict = fn, verdict
+        self.chosen, self.verdict, self.build = fn, verdict, None
         if fn is not self.second:
-            self.second = self.build = None  # a program not kept is not held either
+            self.second = None  # a program not kept is not held either
         logger.info("fit: the train step's program: %s", verdict)
 
 
