@@ -35,9 +35,14 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
   order each epoch (random rows gathered from the whole data set, not one block).
 * ``jax-scan-shuffle``: ``jax-scan`` that shuffles as ``fit`` does: each epoch's order
   (``data.epoch_order(n, 0, epoch)``, computed on the host as ``DeviceData``'s) is sent to
-  the device, and one jitted function gathers the epoch's batches from the device-resident
-  data in that order (one gather of the whole epoch) and runs the ``lax.scan``: the same
-  batches as ``fit-device``, as an expert would write it.
+  the device, and one jitted ``lax.scan`` over the order's batches of indices gathers each
+  step's rows from the device-resident data (``x[idx]`` in the scanned step): the same
+  batches as ``fit-device``, as an expert would write it. (Until 2026-12-03 it gathered the
+  whole epoch's rows in one gather before the scan, a slower program on XLA:CPU; runs AA
+  and AB in BENCHMARKS.md used that form, and the harness has not been rerun since.)
+  ``jax-scan-shuffle-unsplit``: the same compiled with ``funcnet.xla.unsplit_fusions()``,
+  one of the two programs fit's race chooses between. ``fit-device`` ÷ the faster of the
+  two is fit against the fastest hand loop that does fit's work.
 * ``pipeline``: no training, only fit's data work for an epoch: ``funcnet.data.batches``
   shuffling and gathering the host arrays, and ``jax.device_put`` of every batch.
 
@@ -202,9 +207,10 @@ def _scan_epoch(hand_update, carry, x, y, steps, batch, n, compiler_options=None
     return one_epoch
 
 
-def _shuffled_scan_epoch(hand_update, carry, x, y, steps, batch, n):
-    """``jax-scan-shuffle``: each epoch's order (fit's) sent to the device, the epoch's batches
-    gathered there from the device-resident data, then the lax.scan."""
+def _shuffled_scan_epoch(hand_update, carry, x, y, steps, batch, n, compiler_options=None):
+    """``jax-scan-shuffle``: each epoch's order (fit's) sent to the device, and one jitted
+    lax.scan over its batches of indices, each step gathering its rows from the
+    device-resident data (``jax-scan-shuffle-unsplit``: compiled with ``compiler_options``)."""
     import jax
     import jax.numpy as jnp
 
@@ -213,11 +219,11 @@ def _shuffled_scan_epoch(hand_update, carry, x, y, steps, batch, n):
     x_dev, y_dev = jnp.asarray(x), jnp.asarray(y)
     common.block((x_dev, y_dev))
 
-    @functools.partial(jax.jit, donate_argnums=0)
+    @functools.partial(jax.jit, donate_argnums=0, compiler_options=compiler_options)
     def shuffled_epoch(carry, x_all, y_all, order):
-        xs = x_all[order].reshape(steps, batch, -1)
-        ys = y_all[order].reshape(steps, batch)
-        return jax.lax.scan(lambda c, b: hand_update(c, *b), carry, (xs, ys))
+        # one gather per step, not one for the epoch: on XLA:CPU a shuffled copy of the whole
+        # data set costs more than the steps' reads of their rows
+        return jax.lax.scan(lambda c, i: hand_update(c, x_all[i], y_all[i]), carry, order.reshape(steps, batch))
 
     state = {"carry": carry, "epoch": 0}
 
@@ -295,8 +301,9 @@ def run(peer, cfg, case):
     if peer in ("jax-scan", "jax-scan-unsplit"):
         options = xla.unsplit_fusions() if peer == "jax-scan-unsplit" else None
         return _timed(_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n, options), reps)
-    if peer == "jax-scan-shuffle":
-        one_epoch = _shuffled_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n)
+    if peer in ("jax-scan-shuffle", "jax-scan-shuffle-unsplit"):
+        options = xla.unsplit_fusions() if peer == "jax-scan-shuffle-unsplit" else None
+        one_epoch = _shuffled_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n, options)
         return _timed(one_epoch, reps)
     if peer == "train-step":
         step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0)

@@ -305,8 +305,15 @@ WORKLOADS: List[Workload] = [
                 "jax-scan-shuffle",
                 "benchmarks.fit:run",
                 note="jax-scan that reshuffles as fit does: each epoch's order sent to the "
-                "device, the epoch's batches gathered there in one gather, then the "
-                "lax.scan; one dispatch per epoch",
+                "device, one lax.scan over its batches of indices, each step gathering "
+                "its rows there; one dispatch per epoch (one gather per step since "
+                "2026-12-03, one for the whole epoch before)",
+            ),
+            Peer(
+                "jax-scan-shuffle-unsplit",
+                "benchmarks.fit:run",
+                note="jax-scan-shuffle compiled with funcnet.xla.unsplit_fusions(), the other "
+                "program of fit's race (added 2026-12-03)",
             ),
             Peer(
                 "pipeline",

@@ -38,7 +38,11 @@ def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
     scan = np.asarray(fit._scan_epoch(update, start(), x, y, steps, batch, n)())
     unsplit = fit._scan_epoch(update, start(), x, y, steps, batch, n, xla.unsplit_fusions())()
     np.testing.assert_array_equal(unsplit, scan)  # jax-scan-unsplit: the same bits
-    shuffled = np.asarray(fit._shuffled_scan_epoch(update, start(), x, y, steps, batch, n)())
+    shuffled_epoch = fit._shuffled_scan_epoch(update, start(), x, y, steps, batch, n)
+    shuffled, shuffled_1 = np.asarray(shuffled_epoch()), np.asarray(shuffled_epoch())
+    unsplit_epoch = fit._shuffled_scan_epoch(update, start(), x, y, steps, batch, n, xla.unsplit_fusions())
+    np.testing.assert_array_equal(unsplit_epoch(), shuffled)  # jax-scan-shuffle-unsplit: the same bits
+    np.testing.assert_array_equal(unsplit_epoch(), shuffled_1)
     order = data.epoch_order(n, 0, 0)
     batches = [
         (jnp.asarray(x[order][i * batch : (i + 1) * batch]), jnp.asarray(y[order][i * batch : (i + 1) * batch]))
@@ -64,5 +68,15 @@ def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
     assert not all(np.array_equal(a[0], b[0]) for a, b in zip(shuffled_data(1), batches))
     assert scan.shape == (steps,) and len(set(np.round(scan, 6))) > 1  # it trains
     np.testing.assert_allclose(shuffled, scan, rtol=1e-6)
+    # jax-scan-shuffle's second epoch reads fit's epoch-1 order, from where its first ended
+    hand_step, carry, hand = jax.jit(update), start(), []
+    for epoch in (0, 1):
+        order_e = data.epoch_order(n, 0, epoch)
+        for i in range(steps):
+            rows = order_e[i * batch : (i + 1) * batch]
+            carry, loss = hand_step(carry, jnp.asarray(x[rows]), jnp.asarray(y[rows]))
+            hand.append(float(loss))
+    np.testing.assert_allclose(np.concatenate([shuffled, shuffled_1]), hand, rtol=1e-5)
+    assert not np.allclose(shuffled_1, hand[:steps])  # epoch 1 is not epoch 0 again
     np.testing.assert_allclose(losses, scan, rtol=1e-5)
     assert float(last) == losses[-1]
