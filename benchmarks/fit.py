@@ -298,11 +298,10 @@ def run(peer, cfg, case):
     ]
     common.block(batches)
     hand_update = _hand_update(tx)
+    options = xla.unsplit_fusions() if peer.endswith("-unsplit") else None  # the scans' two programs
     if peer in ("jax-scan", "jax-scan-unsplit"):
-        options = xla.unsplit_fusions() if peer == "jax-scan-unsplit" else None
         return _timed(_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n, options), reps)
     if peer in ("jax-scan-shuffle", "jax-scan-shuffle-unsplit"):
-        options = xla.unsplit_fusions() if peer == "jax-scan-shuffle-unsplit" else None
         one_epoch = _shuffled_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n, options)
         return _timed(one_epoch, reps)
     if peer == "train-step":
