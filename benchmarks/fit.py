@@ -39,10 +39,18 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
   step's rows from the device-resident data (``x[idx]`` in the scanned step): the same
   batches as ``fit-device``, as an expert would write it. (Until 2026-12-03 it gathered the
   whole epoch's rows in one gather before the scan, a slower program on XLA:CPU; runs AA
-  and AB in BENCHMARKS.md used that form, and the harness has not been rerun since.)
+  and AB in BENCHMARKS.md used that form; runs AC and AD the one here.)
   ``jax-scan-shuffle-unsplit``: the same compiled with ``funcnet.xla.unsplit_fusions()``,
   one of the two programs fit's race chooses between. ``fit-device`` ÷ the faster of the
   two is fit against the fastest hand loop that does fit's work.
+* ``step-scan-shuffle`` / ``step-scan-shuffle-unsplit``: ``jax-scan-shuffle`` (and its
+  unsplit compilation) with funcnet's step in place of the hand-written one: the
+  ``make_train_step`` of fit's ``loss_fn`` (``funcnet.losses.cross_entropy``, torch's
+  semantics: ``ignore_index`` and out-of-range labels checked) on the ``TrainState``, whose
+  step count and key it advances each step. The same steps on the same batches as
+  ``fit-device``, in one ``lax.scan`` an epoch: ``fit-device`` ÷ these is the price of
+  fit's loop alone, and these ÷ ``jax-scan-shuffle`` that of funcnet's step against the
+  hand-written one (optax's cross-entropy, no step count or key carried).
 * ``pipeline``: no training, only fit's data work for an epoch: ``funcnet.data.batches``
   shuffling and gathering the host arrays, and ``jax.device_put`` of every batch.
 
@@ -178,6 +186,20 @@ def _hand_update(tx):
     return hand_update
 
 
+def _funcnet_update(loss_fn, tx):
+    """fit's step as the scans call theirs: ``update(train_state, xb, yb) -> (train_state,
+    loss)``, ``make_train_step(loss_fn, tx)`` on the batch ``(xb, yb)``."""
+    from funcnet.train import make_train_step
+
+    step = make_train_step(loss_fn, tx)
+
+    def update(ts, xb, yb):
+        ts, metrics = step(ts, (xb, yb))
+        return ts, metrics["loss"]
+
+    return update
+
+
 def _scan_epoch(hand_update, carry, x, y, steps, batch, n, compiler_options=None):
     """``jax-scan``: one jitted lax.scan over epoch 0's order, pre-shuffled and stacked on the
     device; the same order every epoch (``jax-scan-unsplit``: compiled with
@@ -210,7 +232,8 @@ def _scan_epoch(hand_update, carry, x, y, steps, batch, n, compiler_options=None
 def _shuffled_scan_epoch(hand_update, carry, x, y, steps, batch, n, compiler_options=None):
     """``jax-scan-shuffle``: each epoch's order (fit's) sent to the device, and one jitted
     lax.scan over its batches of indices, each step gathering its rows from the
-    device-resident data (``jax-scan-shuffle-unsplit``: compiled with ``compiler_options``)."""
+    device-resident data (``jax-scan-shuffle-unsplit``: compiled with ``compiler_options``;
+    ``step-scan-shuffle``: ``hand_update`` is funcnet's step, ``carry`` a ``TrainState``)."""
     import jax
     import jax.numpy as jnp
 
@@ -234,6 +257,7 @@ def _shuffled_scan_epoch(hand_update, carry, x, y, steps, batch, n, compiler_opt
         state["carry"], state["epoch"] = c, state["epoch"] + 1
         return losses_
 
+    one_epoch.carry = lambda: state["carry"]  # for the tests: where the epochs have got to
     return one_epoch
 
 
@@ -303,6 +327,9 @@ def run(peer, cfg, case):
         return _timed(_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n, options), reps)
     if peer in ("jax-scan-shuffle", "jax-scan-shuffle-unsplit"):
         one_epoch = _shuffled_scan_epoch(hand_update, (params, tx.init(params)), x, y, steps, batch, n, options)
+        return _timed(one_epoch, reps)
+    if peer in ("step-scan-shuffle", "step-scan-shuffle-unsplit"):
+        one_epoch = _shuffled_scan_epoch(_funcnet_update(loss_fn, tx), ts, x, y, steps, batch, n, options)
         return _timed(one_epoch, reps)
     if peer == "train-step":
         step = jax.jit(make_train_step(loss_fn, tx), donate_argnums=0)

@@ -316,6 +316,17 @@ WORKLOADS: List[Workload] = [
                 "program of fit's race (added 2026-12-03)",
             ),
             Peer(
+                "step-scan-shuffle",
+                "benchmarks.fit:run",
+                note="jax-scan-shuffle with fit's own step (make_train_step of fit's loss_fn, "
+                "on the TrainState): fit's steps on fit's batches, without fit's loop (added 2026-12-03)",
+            ),
+            Peer(
+                "step-scan-shuffle-unsplit",
+                "benchmarks.fit:run",
+                note="step-scan-shuffle compiled with funcnet.xla.unsplit_fusions() (added 2026-12-03)",
+            ),
+            Peer(
                 "pipeline",
                 "benchmarks.fit:run",
                 note="no step: data.batches shuffle-gather + device_put of every batch",

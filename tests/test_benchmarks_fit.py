@@ -80,3 +80,44 @@ def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
     assert not np.allclose(shuffled_1, hand[:steps])  # epoch 1 is not epoch 0 again
     np.testing.assert_allclose(losses, scan, rtol=1e-5)
     assert float(last) == losses[-1]
+
+
+@pytest.mark.parametrize("peer", ["step-scan-shuffle", "step-scan-shuffle-unsplit"])
+def test_step_scan_shuffle_takes_fits_steps(peer):
+    """step-scan-shuffle is fit-device without fit's loop: after two epochs (the second on
+    fit's epoch-1 order) its TrainState is the one fit's defaults (a loop on the device)
+    return, step count and key included."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from funcnet import fit as funcnet_fit
+    from funcnet import losses, xla
+    from funcnet.train import Aux, TrainState
+
+    steps, batch = CASE["quick_steps"], CASE["batch"]
+    n = steps * batch
+    rng = np.random.default_rng(1)
+    x = rng.random((n, 8), dtype=np.float32)
+    y = rng.integers(0, 3, size=n, dtype=np.int32)
+    net, params = fit._model(fit.common.mlp_weights(CASE["sizes"], seed=0))
+    tx = optax.sgd(0.1)
+
+    def loss_fn(p, s, b, key):
+        logits, s = net.apply(p, s, b[0], rng=key, train=True)
+        return losses.cross_entropy(logits, b[1]), Aux(state=s)
+
+    def start():
+        p = jax.tree.map(jnp.copy, params)
+        return TrainState(p, ((),) * len(p), tx.init(p), jnp.zeros((), jnp.int32), jax.random.key(0))
+
+    options = xla.unsplit_fusions() if peer.endswith("-unsplit") else None
+    one_epoch = fit._shuffled_scan_epoch(fit._funcnet_update(loss_fn, tx), start(), x, y, steps, batch, n, options)
+    first, second = np.asarray(one_epoch()), np.asarray(one_epoch())
+    assert first.shape == (steps,) and not np.allclose(first, second)  # it trains, on another order
+    fitted, _ = funcnet_fit(start(), loss_fn, tx, fit._fit_data("fit-device", x, y, batch), epochs=2, progress=False)
+    scanned = one_epoch.carry()
+    assert int(fitted.step) == int(scanned.step) == 2 * steps
+    np.testing.assert_array_equal(jax.random.key_data(fitted.rng), jax.random.key_data(scanned.rng))
+    for got, want in zip(jax.tree.leaves(scanned.params), jax.tree.leaves(fitted.params), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
