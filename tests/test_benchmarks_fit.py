@@ -19,6 +19,14 @@ def test_every_peer_times_its_epochs(peer):
     assert row["extra"]["first_epoch_s"] > 0
 
 
+def _tiny_run(seed):
+    """CASE's epoch: ``(steps, batch, n, x, y)``, random rows and labels from ``seed``."""
+    steps, batch = CASE["quick_steps"], CASE["batch"]
+    n = steps * batch
+    rng = np.random.default_rng(seed)
+    return steps, batch, n, rng.random((n, 8), dtype=np.float32), rng.integers(0, 3, size=n, dtype=np.int32)
+
+
 def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
     import jax
     import jax.numpy as jnp
@@ -26,11 +34,7 @@ def test_the_scan_peers_and_the_hand_loop_take_the_same_steps():
 
     from funcnet import data, xla
 
-    steps, batch = CASE["quick_steps"], CASE["batch"]
-    n = steps * batch
-    rng = np.random.default_rng(0)
-    x = rng.random((n, 8), dtype=np.float32)
-    y = rng.integers(0, 3, size=n, dtype=np.int32)
+    steps, batch, n, x, y = _tiny_run(0)
     _, params = fit._model(fit.common.mlp_weights(CASE["sizes"], seed=0))
     tx = optax.sgd(0.1)
     update = fit._hand_update(tx)
@@ -95,11 +99,7 @@ def test_step_scan_shuffle_takes_fits_steps(peer):
     from funcnet import losses, xla
     from funcnet.train import Aux, TrainState
 
-    steps, batch = CASE["quick_steps"], CASE["batch"]
-    n = steps * batch
-    rng = np.random.default_rng(1)
-    x = rng.random((n, 8), dtype=np.float32)
-    y = rng.integers(0, 3, size=n, dtype=np.int32)
+    steps, batch, n, x, y = _tiny_run(1)
     net, params = fit._model(fit.common.mlp_weights(CASE["sizes"], seed=0))
     tx = optax.sgd(0.1)
 
