@@ -40,15 +40,21 @@ def test_step_equals_the_same_step_written_by_hand():
     assert int(ts.step) == 5 and set(m) == {"loss", "acc"}
 
 
-def test_step_advances_rng_and_dropout_sees_fresh_keys():
+def test_step_n_draws_from_fold_in_of_the_runs_key_and_n_so_dropout_sees_fresh_keys():
     net = mlp(dropout=0.5)
-    opt = optax.sgd(0.0)  # params frozen: only the rng changes the loss
+    opt = optax.sgd(0.0)  # params frozen: only the key changes the loss
     ts = TrainState.create(net, opt, KEY, (-1, 8))
-    step = jax.jit(make_train_step(make_loss(net), opt))
+    loss_fn = make_loss(net)
+    step = jax.jit(make_train_step(loss_fn, opt))
     batch = (X[:32], Y[:32])
     ts1, m1 = step(ts, batch)
     ts2, m2 = step(ts1, batch)
-    assert not np.array_equal(jax.random.key_data(ts1.rng), jax.random.key_data(ts2.rng))
+    assert (int(ts1.step), int(ts2.step)) == (1, 2)
+    for t in (ts1, ts2):  # the run's key is kept; the step count moves the draws on
+        np.testing.assert_array_equal(jax.random.key_data(t.rng), jax.random.key_data(ts.rng))
+    for n, m in enumerate((m1, m2)):
+        by_hand = jax.jit(loss_fn)(ts.params, ts.state, batch, jax.random.fold_in(ts.rng, n))[0]
+        assert float(m["loss"]) == float(by_hand)
     assert float(m1["loss"]) != float(m2["loss"])
     _, m1_again = step(ts, batch)
     assert float(m1_again["loss"]) == float(m1["loss"])  # pure: same input, same output
