@@ -25,7 +25,7 @@ peers, alternated for ``--rounds`` rounds in one process (the order flipped ever
   steps;
 - ``step``: the share of ``slices / scan`` that is the step itself: ``scan`` again, and
   ``train_step``, ``funcnet.train.make_train_step`` (funcnet's layers, loss, TrainState
-  with its key split and step count, the metrics) in the same jitted ``lax.scan`` over
+  with its step count, the step's key a ``fold_in`` of it, the metrics) in the same jitted ``lax.scan`` over
   the same stacked batches, one dispatch an epoch. What ``fit``'s ``slices / scan``
   has beyond ``train_step / scan`` is fit's loop (dispatches, the slice reads, the
   metric rows) and its epoch's host work.

@@ -13,7 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import center_loss, cnn, fit_nets, gather_probe, gpt, mlp, pmap, sharding_memory, softmax_output
+from benchmarks import (
+    center_loss,
+    cnn,
+    fit_nets,
+    gather_probe,
+    gpt,
+    key_probe,
+    mlp,
+    pmap,
+    sharding_memory,
+    softmax_output,
+)
 from benchmarks import gpu as gpu_tier
 from benchmarks import run as bench_run
 from benchmarks.workloads import WORKLOADS, Peer, by_name, cases_on, peers_on
@@ -189,6 +200,20 @@ def test_gather_probe_step_case_times_make_train_step_beside_the_hand_scan(monke
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith("step: train_step ") and "train_step / scan per round" in line, line
     assert len(line.split("per round ")[1].split(",")[0].split()) == 2, line
+
+
+def test_key_probe_drops_an_unused_fold_in_and_keeps_an_unused_split(monkeypatch, capsys):
+    """benchmarks/key_probe.py (BENCHMARKS.md, workload 6's runs AF-AH) on 3,200 rows: each
+    peer's line, and the programs behind its claim: the unused ``fold_in`` compiles to the
+    count's program, the unused split and the drawn keys to more fusions."""
+    monkeypatch.setattr(key_probe, "N", 3200)
+    key_probe.main(["--rounds", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    fusions = {tuple(ln.split()[:2]): int(ln.split()[-1]) for ln in lines}
+    assert len(lines) == 12 and set(fusions) == {(c, p) for c in ("split", "unsplit") for p in key_probe.PEERS}
+    for c in ("split", "unsplit"):
+        assert fusions[c, "fold"] == fusions[c, "count"]
+        assert fusions[c, "split"] > fusions[c, "count"] and fusions[c, "fold-drawn"] > fusions[c, "count"]
 
 
 # --------------------------------------------------------------------------- #

@@ -60,6 +60,21 @@ def test_step_n_draws_from_fold_in_of_the_runs_key_and_n_so_dropout_sees_fresh_k
     assert float(m1_again["loss"]) == float(m1["loss"])  # pure: same input, same output
 
 
+def test_a_network_that_draws_nothing_computes_no_key():
+    """The compiled step of a network without dropout holds no threefry hash (on CPU jax
+    lowers one as a loop: inside fit's device loop, a loop in the loop); the same step
+    with dropout does (the ops keep their jax names in the compiled program)."""
+
+    def compiled(dropout):
+        net, opt = mlp(dropout=dropout), optax.sgd(0.1)
+        ts = TrainState.create(net, opt, KEY, (-1, 8))
+        step = jax.jit(make_train_step(make_loss(net), opt))
+        return step.lower(ts, (X[:32], Y[:32])).compile().as_text()
+
+    assert "threefry" not in compiled(0.0)
+    assert "threefry" in compiled(0.5)
+
+
 def test_loss_state_is_threaded_for_center_loss():
     net = Dense(2)
     opt = optax.sgd(0.1)

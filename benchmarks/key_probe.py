@@ -1,0 +1,135 @@
+"""What a training step's PRNG key costs inside a device loop on XLA:CPU.
+
+    python -m benchmarks.key_probe [--rounds 10]
+
+Workload 6's dispatch-bound MLP (784-64-10, batch 32, SGD) on 60000 MNIST-shaped rows on
+the device, one jitted ``lax.scan`` an epoch, each step gathering its shuffled rows (the
+``jax-scan-shuffle`` peer's program), with the hand-written step and five ways of carrying
+a key beside it:
+
+- ``none``: no key (the harness's hand step);
+- ``count``: a step count carried, no key;
+- ``split``: the key split every step and the half carried on, the other half unused
+  (``make_train_step`` until 2026-12-04);
+- ``fold``: step ``n``'s key ``jax.random.fold_in(key, n)``, unused (``make_train_step``
+  since then): XLA drops it;
+- ``split-drawn`` / ``fold-drawn``: the same with the step's key drawn from (one uniform
+  number added to the loss times zero), so that neither is dropped: what a network with
+  dropout pays for its key either way.
+
+jax lowers threefry on CPU as a ``fori_loop`` of five trips (``jax._src.random``'s CPU
+lowering rule), so a key made inside the step is a loop inside the device loop. Each peer
+is compiled as XLA:CPU does by default and with :func:`funcnet.xla.unsplit_fusions`;
+epochs of all peers alternate for ``--rounds`` rounds in one process. Prints, per
+compilation and peer, the median ms per epoch and the fusions in the compiled program.
+BENCHMARKS.md (workload 6, runs AF-AH) has the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from funcnet import data, xla
+
+N, FEATURES, BATCH = 60000, 784, 32
+PEERS = ("none", "count", "split", "fold", "split-drawn", "fold-drawn")
+TX = optax.sgd(0.01)
+
+
+def _loss(p, x, y):
+    h = jax.nn.relu(x @ p["w1"] + p["b1"])
+    return optax.softmax_cross_entropy_with_integer_labels(h @ p["w2"] + p["b2"], y).mean()
+
+
+def _sgd(p, o, x, y):
+    loss, g = jax.value_and_grad(_loss)(p, x, y)
+    u, o = TX.update(g, o, p)
+    return optax.apply_updates(p, u), o, loss
+
+
+def _step(peer):
+    """``step((params, opt_state, key, count), x, y) -> (carry, loss)`` for ``peer``."""
+
+    def step(carry, x, y):
+        p, o, key, count = carry
+        p, o, loss = _sgd(p, o, x, y)
+        drawn = None
+        if peer.startswith("split"):
+            key, drawn = jax.random.split(key)
+        elif peer.startswith("fold"):
+            drawn = jax.random.fold_in(key, count)
+        if peer.endswith("-drawn"):
+            loss = loss + 0.0 * jax.random.uniform(drawn)
+        return (p, o, key, count if peer == "none" else count + 1), loss
+
+    return step
+
+
+def _epochs(x, y, peers, options):
+    """``{peer: one_epoch()}``: each a jitted scan over an epoch's shuffled batches, the
+    carry kept across calls; ``one_epoch.fusions``: the fusions of its compiled program."""
+    n = x.shape[0]
+    steps = n // BATCH
+    k = jax.random.split(jax.random.key(1))
+    params = {
+        "w1": jax.random.normal(k[0], (FEATURES, 64)) * 0.03,
+        "b1": jnp.zeros(64),
+        "w2": jax.random.normal(k[1], (64, 10)) * 0.1,
+        "b2": jnp.zeros(10),
+    }
+    out = {}
+    for peer in peers:
+        step = _step(peer)
+
+        @functools.partial(jax.jit, donate_argnums=0, compiler_options=options)
+        def epoch(carry, x, y, order, step=step):
+            return jax.lax.scan(lambda c, i: step(c, x[i], y[i]), carry, order.reshape(steps, BATCH))
+
+        own = jax.tree.map(jnp.copy, params)  # each peer donates its own carry
+        state = {"carry": (own, TX.init(own), jax.random.key(0), jnp.zeros((), jnp.int32)), "epoch": 0}
+
+        def one_epoch(epoch=epoch, state=state):
+            order = jnp.asarray(data.epoch_order(n, 0, state["epoch"]), jnp.int32)
+            t = time.perf_counter()
+            state["carry"], _ = epoch(state["carry"], x, y, order)
+            jax.block_until_ready(state["carry"])
+            state["epoch"] += 1
+            return time.perf_counter() - t
+
+        text = epoch.lower(state["carry"], x, y, jnp.zeros(n, jnp.int32)).compile().as_text()
+        one_epoch.fusions = len(re.findall(r"= \S+ fusion\(", text))
+        out[peer] = one_epoch
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.random((N, FEATURES), dtype=np.float32))
+    y = jnp.asarray(rng.integers(0, 10, N, dtype=np.int32))
+    for name, options in (("split", None), ("unsplit", xla.unsplit_fusions())):
+        epochs = _epochs(x, y, PEERS, options)
+        for one_epoch in epochs.values():
+            one_epoch()  # compiles
+        times = {peer: [] for peer in PEERS}
+        for _ in range(args.rounds):
+            for peer, one_epoch in epochs.items():
+                times[peer].append(one_epoch())
+        for peer in PEERS:
+            median = statistics.median(times[peer]) * 1e3
+            print(f"{name:7s} {peer:11s} {median:7.1f} ms/epoch  fusions {epochs[peer].fusions}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
