@@ -47,8 +47,8 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
   unsplit compilation) with funcnet's step in place of the hand-written one: the
   ``make_train_step`` of fit's ``loss_fn`` (``funcnet.losses.cross_entropy``, torch's
   semantics: ``ignore_index`` and out-of-range labels checked) on the ``TrainState``, whose
-  step count it advances each step (until 2026-12-04 its key too: runs AE and AF). The same steps on the same batches as
-  ``fit-device``, in one ``lax.scan`` an epoch: ``fit-device`` ÷ these is the price of
+  step count it advances each step (until 2026-12-04 its key too: runs AE and AF). The
+  same steps on the same batches as ``fit-device``, in one ``lax.scan`` an epoch: ``fit-device`` ÷ these is the price of
   fit's loop alone, and these ÷ ``jax-scan-shuffle`` that of funcnet's step against the
   hand-written one (optax's cross-entropy, no step count or key carried).
 * ``pipeline``: no training, only fit's data work for an epoch: ``funcnet.data.batches``

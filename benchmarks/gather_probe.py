@@ -25,8 +25,8 @@ peers, alternated for ``--rounds`` rounds in one process (the order flipped ever
   steps;
 - ``step``: the share of ``slices / scan`` that is the step itself: ``scan`` again, and
   ``train_step``, ``funcnet.train.make_train_step`` (funcnet's layers, loss, TrainState
-  with its step count, the step's key a ``fold_in`` of it, the metrics) in the same jitted ``lax.scan`` over
-  the same stacked batches, one dispatch an epoch. What ``fit``'s ``slices / scan``
+  with its step count, the step's key a ``fold_in`` of it, the metrics) in the same
+  jitted ``lax.scan`` over the same stacked batches, one dispatch an epoch. What ``fit``'s ``slices / scan``
   has beyond ``train_step / scan`` is fit's loop (dispatches, the slice reads, the
   metric rows) and its epoch's host work.
 

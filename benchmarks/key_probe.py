@@ -4,8 +4,8 @@
 
 Workload 6's dispatch-bound MLP (784-64-10, batch 32, SGD) on 60000 MNIST-shaped rows on
 the device, one jitted ``lax.scan`` an epoch, each step gathering its shuffled rows (the
-``jax-scan-shuffle`` peer's program), with the hand-written step and five ways of carrying
-a key beside it:
+``jax-scan-shuffle`` peer's program), with the hand-written step alone and with a key
+carried beside it five ways:
 
 - ``none``: no key (the harness's hand step);
 - ``count``: a step count carried, no key;
@@ -22,7 +22,7 @@ lowering rule), so a key made inside the step is a loop inside the device loop. 
 is compiled as XLA:CPU does by default and with :func:`funcnet.xla.unsplit_fusions`;
 epochs of all peers alternate for ``--rounds`` rounds in one process. Prints, per
 compilation and peer, the median ms per epoch and the fusions in the compiled program.
-BENCHMARKS.md (workload 6, runs AF-AH) has the figures.
+BENCHMARKS.md (workload 6, runs AF-AI) has the figures.
 """
 
 from __future__ import annotations

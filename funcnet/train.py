@@ -504,16 +504,16 @@ def make_train_step(
     """Builds ``step(train_state, batch) -> (train_state, metrics)``, pure and unjitted.
 
     Per step: take the step's key, ``jax.random.fold_in(train_state.rng,
-    train_state.step)`` (Flax's idiom; ``rng`` itself is never changed); compute ``value_and_grad`` of ``loss_fn``;
-    under ``axis_name`` (inside ``jax.pmap`` or ``jax.shard_map``) average the gradients
-    over devices (a ``lax.pmean``; under ``shard_map``'s default ``check_vma=True`` a
-    replicated parameter's gradient arrives already summed and is divided by the
-    device count instead), ``lax.pmean`` the
+    train_state.step)`` (Flax's idiom; ``rng`` itself is never changed); compute
+    ``value_and_grad`` of ``loss_fn``; under ``axis_name`` (inside ``jax.pmap`` or
+    ``jax.shard_map``) average the gradients over devices (a ``lax.pmean``; under
+    ``shard_map``'s default ``check_vma=True`` a replicated parameter's gradient arrives
+    already summed and is divided by the device count instead), ``lax.pmean`` the
     metrics and the floating layer state, and give each device its own dropout key
     (``fold_in`` of the device index); apply the optax update. ``metrics`` is
     ``{"loss": loss, **aux.metrics}``, plus ``"grad_norm"`` (see the option) when it is
-    asked for or clipping computes it anyway. When the loss_fn
-    returns ``Aux(outputs=...)`` with any array in it, the step returns
+    asked for or clipping computes it anyway. When the loss_fn returns
+    ``Aux(outputs=...)`` with any array in it, the step returns
     ``(train_state, metrics, outputs)``.
 
     Args:

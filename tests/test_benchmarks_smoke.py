@@ -203,7 +203,7 @@ def test_gather_probe_step_case_times_make_train_step_beside_the_hand_scan(monke
 
 
 def test_key_probe_drops_an_unused_fold_in_and_keeps_an_unused_split(monkeypatch, capsys):
-    """benchmarks/key_probe.py (BENCHMARKS.md, workload 6's runs AF-AH) on 3,200 rows: each
+    """benchmarks/key_probe.py (BENCHMARKS.md, workload 6's runs AF-AI) on 3,200 rows: each
     peer's line, and the programs behind its claim: the unused ``fold_in`` compiles to the
     count's program, the unused split and the drawn keys to more fusions."""
     monkeypatch.setattr(key_probe, "N", 3200)
