@@ -68,14 +68,15 @@ def _raced(costs, steps_left=10_000):
 
 def test_races_both_in_turns_then_keeps_the_faster():
     raced, calls = _raced({"split": (1.0, 0.010), "unsplit": (1.0, 0.006)})
-    outs = [raced(i, 50) for i in range(12)]
+    calls_made = 2 + 2 * _race.TIMED + 2
+    outs = [raced(i, 50) for i in range(calls_made)]
     order = [name for name, _ in calls]
     # split compiles and runs, unsplit the same, then turns until each has TIMED timed calls
     assert order[: 2 + 2 * _race.TIMED] == ["split", "split", "unsplit", "unsplit"] + ["split", "unsplit"] * (
         _race.TIMED - 1
     )
-    assert order[2 + 2 * _race.TIMED :] == ["unsplit"] * (12 - 2 - 2 * _race.TIMED)
-    assert [x for _, x in outs] == list(range(12))  # every call's result passed through
+    assert order[2 + 2 * _race.TIMED :] == ["unsplit"] * (calls_made - 2 - 2 * _race.TIMED)
+    assert [x for _, x in outs] == list(range(calls_made))  # every call's result passed through
     assert raced.verdict == "unsplit: 6 ms a step (unsplit) against 10 ms (split)"
 
 
@@ -84,7 +85,7 @@ def test_races_both_in_turns_then_keeps_the_faster():
 )
 def test_keeps_xlas_default_unless_the_other_is_clearly_faster(unsplit_per_step, kept):
     raced, calls = _raced({"split": (1.0, 0.010), "unsplit": (1.0, unsplit_per_step)})
-    for i in range(20):
+    for i in range(2 + 2 * _race.TIMED + 4):
         raced(i, 50)
     assert calls[-1][0] == kept and raced.verdict.startswith(kept)
 
