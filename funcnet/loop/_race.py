@@ -23,7 +23,7 @@ logger = logging.getLogger("funcnet.loop")
 
 # Timed dispatches of each program before the choice, after each one's first (a warm-up;
 # the second's also compiles it). Ten, not three: XLA:CPU's split program runs its first
-# few dispatches up to 2x slower than it settles (its thread pool warming), so on the
+# few dispatches up to 2x slower than it settles (a warm-up, cause unknown), so on the
 # dispatch-bound MLP (jax 0.10.2, where split is ~20% faster) the median of three kept
 # the slower program in 2 of 12 runs, of ten in none, on the same timings (BENCHMARKS.md,
 # workload 6, run AJ). Twenty 50-step dispatches of ~3 ms: ~0.1 s of a long run.
