@@ -28,7 +28,6 @@ BENCHMARKS.md (workload 6, runs AF-AI) has the figures.
 from __future__ import annotations
 
 import argparse
-import functools
 import re
 import statistics
 import time
@@ -38,30 +37,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from funcnet import data, xla
+from benchmarks import common
+from benchmarks.fit import _hand_update, _model, _shuffled_scan_epoch
+from funcnet import xla
 
 N, FEATURES, BATCH = 60000, 784, 32
 PEERS = ("none", "count", "split", "fold", "split-drawn", "fold-drawn")
-TX = optax.sgd(0.01)
 
 
-def _loss(p, x, y):
-    h = jax.nn.relu(x @ p["w1"] + p["b1"])
-    return optax.softmax_cross_entropy_with_integer_labels(h @ p["w2"] + p["b2"], y).mean()
-
-
-def _sgd(p, o, x, y):
-    loss, g = jax.value_and_grad(_loss)(p, x, y)
-    u, o = TX.update(g, o, p)
-    return optax.apply_updates(p, u), o, loss
-
-
-def _step(peer):
-    """``step((params, opt_state, key, count), x, y) -> (carry, loss)`` for ``peer``."""
+def _step(peer, hand_update):
+    """``step((params, opt_state, key, count), x, y) -> (carry, loss)``: the harness's hand
+    step, ``hand_update``, with ``peer``'s key beside it."""
 
     def step(carry, x, y):
         p, o, key, count = carry
-        p, o, loss = _sgd(p, o, x, y)
+        (p, o), loss = hand_update((p, o), x, y)
         drawn = None
         if peer.startswith("split"):
             key, drawn = jax.random.split(key)
@@ -75,38 +65,24 @@ def _step(peer):
 
 
 def _epochs(x, y, peers, options):
-    """``{peer: one_epoch()}``: each a jitted scan over an epoch's shuffled batches, the
-    carry kept across calls; ``one_epoch.fusions``: the fusions of its compiled program."""
+    """``{peer: one_epoch() -> seconds}``: the harness's ``jax-scan-shuffle`` epoch of each
+    peer's step (compiled with ``options``), the carry kept across calls;
+    ``one_epoch.fusions``: the fusions of its compiled program."""
     n = x.shape[0]
-    steps = n // BATCH
-    k = jax.random.split(jax.random.key(1))
-    params = {
-        "w1": jax.random.normal(k[0], (FEATURES, 64)) * 0.03,
-        "b1": jnp.zeros(64),
-        "w2": jax.random.normal(k[1], (64, 10)) * 0.1,
-        "b2": jnp.zeros(10),
-    }
+    tx = optax.sgd(0.01)
+    hand_update = _hand_update(tx)
     out = {}
     for peer in peers:
-        step = _step(peer)
+        _, params = _model(common.mlp_weights((FEATURES, 64, 10), seed=0))  # each peer donates its own
+        carry = (params, tx.init(params), jax.random.key(0), jnp.zeros((), jnp.int32))
+        scan = _shuffled_scan_epoch(_step(peer, hand_update), carry, x, y, n // BATCH, BATCH, n, options)
 
-        @functools.partial(jax.jit, donate_argnums=0, compiler_options=options)
-        def epoch(carry, x, y, order, step=step):
-            return jax.lax.scan(lambda c, i: step(c, x[i], y[i]), carry, order.reshape(steps, BATCH))
-
-        own = jax.tree.map(jnp.copy, params)  # each peer donates its own carry
-        state = {"carry": (own, TX.init(own), jax.random.key(0), jnp.zeros((), jnp.int32)), "epoch": 0}
-
-        def one_epoch(epoch=epoch, state=state):
-            order = jnp.asarray(data.epoch_order(n, 0, state["epoch"]), jnp.int32)
+        def one_epoch(scan=scan):
             t = time.perf_counter()
-            state["carry"], _ = epoch(state["carry"], x, y, order)
-            jax.block_until_ready(state["carry"])
-            state["epoch"] += 1
+            scan()
             return time.perf_counter() - t
 
-        text = epoch.lower(state["carry"], x, y, jnp.zeros(n, jnp.int32)).compile().as_text()
-        one_epoch.fusions = len(re.findall(r"= \S+ fusion\(", text))
+        one_epoch.fusions = len(re.findall(r"= \S+ fusion\(", scan.compiled().as_text()))
         out[peer] = one_epoch
     return out
 
@@ -116,8 +92,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.random((N, FEATURES), dtype=np.float32))
-    y = jnp.asarray(rng.integers(0, 10, N, dtype=np.int32))
+    x = rng.random((N, FEATURES), dtype=np.float32)
+    y = rng.integers(0, 10, N, dtype=np.int32)
     for name, options in (("split", None), ("unsplit", xla.unsplit_fusions())):
         epochs = _epochs(x, y, PEERS, options)
         for one_epoch in epochs.values():
