@@ -463,3 +463,38 @@ def test_host_pipeline_in_a_background_thread_is_bit_identical_and_stops_with_fi
     assert len(history) == 2 and _background_threads() == []
     with pytest.raises(ValueError, match="prefetch"):
         fit(ts, loss_fn, opt, train_data, options=FitOptions(prefetch=-1), **kw)
+
+
+class _KeepsStates(callbacks.Callback):
+    """Keeps ``ctx.train_state`` at each epoch's end, as a user's callback may."""
+
+    def __init__(self):
+        self.kept = []
+
+    def on_epoch_end(self, ctx, epoch, logs):
+        self.kept.append(ctx.train_state)
+
+
+@pytest.mark.parametrize("on_mesh", [False, True], ids=["one-device", "mesh"])
+@pytest.mark.devices(4)
+def test_ctx_train_state_is_a_copy_that_outlives_the_donating_steps(on_mesh):
+    """``ctx.train_state`` is a copy in new buffers (the next step donates the loop's), on
+    a mesh laid out as the loop's state; the copy at the last epoch's end is what fit
+    returns, and each earlier one is that epoch's state, still readable after the steps."""
+    ts, loss_fn, opt, train_data, kw = fit_setup(dropout=0.0)
+    kw = {k: v for k, v in kw.items() if not k.startswith("eval") and k != "metric"}
+    mesh = distributed.data_mesh() if on_mesh else None
+    keep = _KeepsStates()
+    fitted, _ = fit(ts, loss_fn, opt, train_data, epochs=3, mesh=mesh, callbacks=[keep], **kw)
+    assert [int(s.step) for s in keep.kept] == [int(fitted.step) // 3 * (e + 1) for e in range(3)]
+    params_equal(keep.kept[-1].params, fitted.params)
+    first, last = jax.tree.leaves(keep.kept[0].params), jax.tree.leaves(fitted.params)
+    assert not all(np.array_equal(a, b) for a, b in zip(first, last))
+    for state in keep.kept:
+        assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+    if on_mesh:
+        for a, b in zip(jax.tree.leaves(keep.kept[-1]), jax.tree.leaves(fitted)):
+            assert a.sharding == b.sharding
+    pointer = lambda leaf: leaf.addressable_shards[0].data.unsafe_buffer_pointer()  # noqa: E731
+    for a, b in zip(jax.tree.leaves(keep.kept[0].params), jax.tree.leaves(keep.kept[1].params)):
+        assert pointer(a) != pointer(b)

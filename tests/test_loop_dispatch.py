@@ -399,3 +399,37 @@ def test_a_checkpoint_mid_epoch_reads_the_steps_since_the_last_in_a_few_transfer
     for key in ("loss", "acc"):
         np.testing.assert_array_equal(rows.column(key), alone.column(key))
     np.testing.assert_array_equal(rows.column("loss")[:, 0], np.arange(5, 70, dtype=np.float32))
+
+
+def test_the_next_epochs_order_is_placed_while_this_epochs_steps_run_and_none_past_the_last(monkeypatch):
+    """Over a DeviceData fit computes and places epoch e + 1's order once epoch e's
+    dispatches are queued, before it waits for their metrics (host work the device would
+    otherwise idle through between epochs), and uses that order: the same batches as
+    the host iterating the same DeviceData (epoch -> its batches), bit for bit. No order
+    is drawn for an epoch that never runs."""
+    asked = []
+    order = data.DeviceData.order
+
+    def recorded(self, epoch):
+        asked.append(epoch)
+        return order(self, epoch)
+
+    monkeypatch.setattr(data.DeviceData, "order", recorded)
+    seen_at_end = []
+
+    class AtEnd(funcnet.callbacks.Callback):
+        def on_epoch_end(self, ctx, epoch, logs):
+            seen_at_end.append((epoch, sorted(set(asked))))
+
+    ts, loss_fn, opt, _ = _setup(*MLP)
+    rng = np.random.default_rng(4)
+    x = (0.3 * rng.standard_normal((66, 6, 6, 1))).astype(np.float32)
+    y = (0.3 * rng.standard_normal((66, 2))).astype(np.float32)
+    source = data.DeviceData((x, y), 4, shuffle=True, rng=0)  # 16 steps and a batch of 2
+    fitted, _ = funcnet.fit(ts, loss_fn, opt, source, epochs=3, progress=False, callbacks=[AtEnd()])
+    assert [s for e, s in seen_at_end] == [[0, 1], [0, 1, 2], [0, 1, 2]]
+    assert set(asked) == {0, 1, 2}  # steps_per_epoch asks for epoch 0's too
+    monkeypatch.setattr(data.DeviceData, "order", order)
+    hosted, _ = funcnet.fit(ts, loss_fn, opt, lambda epoch: source(epoch), epochs=3, progress=False)
+    for a, b in zip(jax.tree.leaves(fitted.params), jax.tree.leaves(hosted.params)):
+        np.testing.assert_array_equal(a, b)

@@ -148,6 +148,9 @@ def _dispatch_epoch(run, callbacks, plan, epoch, skip, bar, log_every, on_nonfin
             cb.on_step_end(ctx, ctx.host_step)
         if shown is not None:
             shown.after(i + n, seen)
+    steps_left = None if ctx.planned_steps is None else ctx.planned_steps - ctx.host_step - (plan.last is not None)
+    if plan.ahead is not None and steps_left != 0:
+        plan.ahead()  # another epoch follows (unless a callback stops the run)
     if plan.last is not None and skip <= plan.full:
         for cb in starters:
             cb.on_step_begin(ctx, ctx.host_step + 1)

@@ -80,7 +80,9 @@ class _OneDevice:
 
     def host_state(self):
         # A copy: the next step donates self.state's buffers, and a callback may keep this.
-        return jax.tree.map(jnp.copy, self.state)
+        # One compiled copy of the whole tree, not a dispatch per leaf: ~0.1 ms a leaf on
+        # CPU, which a callback reading ctx.train_state every epoch would pay each time.
+        return _copied(self.state)
 
     def put_batch(self, batch):
         # jit would store int64 values int32 cannot hold (x64 off) wrapped, without a
@@ -218,6 +220,9 @@ class _OnMesh(_OneDevice):
         whole = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         return jax.make_array_from_callback(order.shape, whole, lambda index: order[index])
 
+    def host_state(self):
+        return _copy_placed(self.state)  # the layout kept, as the steps keep it
+
     def state_shardings(self):
         return sharding.state_shardings(self.state)
 
@@ -253,6 +258,12 @@ def _lies_on(tree, mesh) -> bool:
         and x.sharding.mesh.axis_names == mesh.axis_names
         for x in leaves
     )
+
+
+@jax.jit
+def _copied(tree):
+    """A copy of ``tree`` (new buffers, as ``jnp.copy`` of each leaf makes) in one dispatch."""
+    return jax.tree.map(jnp.copy, tree)
 
 
 def _copy_placed(tree):
