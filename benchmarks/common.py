@@ -117,6 +117,38 @@ def summary(values: Sequence[float]) -> Dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def median_ci(values: Sequence[float], confidence: float = 0.95):
+    """``(median, low, high)``: the median of ``values`` and a distribution-free confidence
+    interval for it, the order statistics ``x_(j)`` and ``x_(n+1-j)`` of the sorted values
+    with the largest ``j`` for which ``P(Binomial(n, 1/2) < j) <= (1 - confidence) / 2``
+    (the sign-test interval: each value falls below the true median with probability 1/2,
+    whatever the distribution). ``low``/``high`` are None where ``n`` is too small for the
+    confidence (fewer than 6 values at 95%)."""
+    xs = sorted(values)
+    n = len(xs)
+    tail, below, j = (1 - confidence) / 2, 0.0, 0
+    while j < n and below + math.comb(n, j) / 2**n <= tail:
+        below += math.comb(n, j) / 2**n
+        j += 1
+    if j == 0:
+        return statistics.median(xs), None, None
+    return statistics.median(xs), xs[j - 1], xs[n - j]
+
+
+def paired_ratios(ref_rounds: Sequence[Sequence[float]], peer_rounds: Sequence[Sequence[float]]) -> List[float]:
+    """``ref ÷ peer`` turn by turn: each round's ``i``-th repetition of the one against the
+    other's (``--interleave``, where the two ran one after the other, seconds apart), over
+    the rounds both completed. Pairing takes out the machine's drift between turns, which
+    pooled medians keep; a round where either failed (None) is left out."""
+    return [
+        a / b
+        for ref, peer in zip(ref_rounds, peer_rounds)
+        if ref is not None and peer is not None
+        for a, b in zip(ref, peer)
+        if b > 0
+    ]
+
+
 def block(tree):
     """``jax.block_until_ready`` on a pytree (imported lazily: children only)."""
     import jax

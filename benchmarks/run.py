@@ -324,7 +324,11 @@ def _merge(previous: Optional[Dict], new: Dict) -> Dict:
 
 def _round(result: Dict) -> Dict:
     median = common.summary(result["values"])["median"] if "values" in result else None
-    return {"median": median, "cpu_steal_pct": result.get("cpu_steal_pct")}
+    return {
+        "median": median,
+        "cpu_steal_pct": result.get("cpu_steal_pct"),
+        "values": result.get("values") if result.get("interleaved") else None,  # for the turn-by-turn pairs
+    }
 
 
 def _print_result(case, peer, r, workload) -> None:
@@ -373,6 +377,11 @@ def _table(workload: Workload, case: Dict, results: Dict[str, Dict], matmul: boo
     per_round = len(ref.get("rounds", [])) > 1
     if per_round:
         head.append(f"{workload.reference} ÷ peer per round")
+    # Interleaved: the ratio turn by turn, its median and 95% interval (common.median_ci),
+    # which says whether a difference of a few percent is the peers' or the machine's.
+    paired = any(rd.get("values") for rd in ref.get("rounds", []))
+    if paired:
+        head.append(f"{workload.reference} ÷ peer, turn by turn: median [95% CI] (pairs)")
     steals = [rd["cpu_steal_pct"] or 0 for r in results.values() for rd in r.get("rounds", [])]
     steal = max(steals, default=0) >= STEAL_SHOWN
     if steal:
@@ -399,6 +408,8 @@ def _table(workload: Workload, case: Dict, results: Dict[str, Dict], matmul: boo
         if per_round:
             pairs = zip(ref["rounds"], r.get("rounds", []))
             cells.append(", ".join(f"{a['median'] / b['median']:.2f}" for a, b in pairs if a["median"] and b["median"]))
+        if paired:
+            cells.append(_paired_cell(ref, r) if r is not ref else "")
         if steal:
             cells.append(", ".join(_steal_cell(rd["cpu_steal_pct"]) for rd in r.get("rounds", [])))
         rows.append("| " + " | ".join(cells) + " |")
@@ -407,6 +418,18 @@ def _table(workload: Workload, case: Dict, results: Dict[str, Dict], matmul: boo
         rows.append("")
         rows.append(check)
     return rows
+
+
+def _paired_cell(ref: Dict, r: Dict) -> str:
+    """``median [low, high] (n)`` of the turn-by-turn ratios of ``ref`` to ``r``."""
+    ratios = common.paired_ratios(
+        [rd.get("values") for rd in ref.get("rounds", [])], [rd.get("values") for rd in r.get("rounds", [])]
+    )
+    if not ratios:
+        return ""
+    median, low, high = common.median_ci(ratios)
+    interval = f"[{low:.3f}, {high:.3f}]" if low is not None else "[too few pairs]"
+    return f"{median:.3f} {interval} ({len(ratios)})"
 
 
 def _check(workload: Workload, results: Dict[str, Dict]) -> Optional[str]:

@@ -279,7 +279,10 @@ def test_cpu_steal_is_read_from_proc_stat_and_shown_per_round(tmp_path):
 
     fit_device = merged(([1.0, 3.0], 0.4), ([4.0], 31.0))
     assert fit_device["values"] == [1.0, 3.0, 4.0]
-    assert fit_device["rounds"] == [{"median": 2.0, "cpu_steal_pct": 0.4}, {"median": 4.0, "cpu_steal_pct": 31.0}]
+    assert fit_device["rounds"] == [
+        {"median": 2.0, "cpu_steal_pct": 0.4, "values": None},  # not interleaved: no pairs
+        {"median": 4.0, "cpu_steal_pct": 31.0, "values": None},
+    ]
     jax_ = merged(([1.0], 1.0), (None, None))  # its second round failed
     table = bench_run._table(workload, case, {"fit-device": fit_device, "jax": jax_})
     assert table[0].endswith(
@@ -291,6 +294,44 @@ def test_cpu_steal_is_read_from_proc_stat_and_shown_per_round(tmp_path):
     # one round, no steal worth showing: neither column
     table = bench_run._table(workload, case, {"fit-device": merged(([1.0], 0.4)), "jax": merged(([2.0], 4.9))})
     assert "per round" not in table[0]
+
+
+def test_median_ci_is_the_sign_test_interval():
+    median_ci = bench_run.common.median_ci
+    # n = 9: P(Binomial(9, 1/2) < 2) = 10/512 <= 2.5% < P(< 3) = 46/512, so x_(2) .. x_(8)
+    assert median_ci([9, 1, 8, 2, 7, 3, 6, 4, 5]) == (5, 2, 8)
+    # n = 5 cannot reach 95% (the widest interval, x_(1) .. x_(5), covers 1 - 2/32)
+    assert median_ci([1, 2, 3, 4, 5]) == (3, None, None)
+    # n = 6: 1/64 <= 2.5%, so x_(1) .. x_(6)
+    assert median_ci([6, 5, 4, 3, 2, 1]) == (3.5, 1, 6)
+    # n = 120: P(B < 49) = 1.8% <= 2.5% < P(B < 50), so x_(49) .. x_(72), here 48 .. 71
+    assert median_ci(range(120))[1:] == (48, 71)
+
+
+def test_interleaved_tables_pair_the_peers_turn_by_turn():
+    workload = by_name()["fit"]
+    case = workload.cases[0]
+
+    def merged(*rounds, interleaved=True):
+        out = None
+        for values in rounds:
+            r = {"values": values, "extra": {}, "interleaved": interleaved} if values else {"error": "crashed"}
+            out = bench_run._merge(out, r)
+        return out
+
+    # the machine drifts 2x between turns, the same for both: each pair's ratio is 0.9
+    drift = [1.0, 2.0, 1.5, 1.0, 2.0, 1.5, 1.0, 2.0, 1.5]
+    fit_device = merged([0.9 * d for d in drift[:5]], [0.9 * d for d in drift[5:]], [0.9])
+    peer = merged(drift[:5], drift[5:], None)  # its third round failed: that round has no pairs
+    table = bench_run._table(workload, case, {"fit-device": fit_device, "jax": peer})
+    assert table[0].endswith("| fit-device ÷ peer, turn by turn: median [95% CI] (pairs) |")
+    assert table[3].startswith("| jax |") and table[3].endswith("| 0.900 [0.900, 0.900] (9) |"), table[3]
+    assert table[2].endswith("|  |")  # fit-device against itself: no cell
+    few = bench_run._table(workload, case, {"fit-device": merged([0.9, 1.8]), "jax": merged([1.0, 2.0])})
+    assert few[3].endswith("| 0.900 [too few pairs] (2) |"), few[3]
+    alone = {"fit-device": merged([1.0], [1.0], interleaved=False), "jax": merged([2.0], [2.0], interleaved=False)}
+    apart = bench_run._table(workload, case, alone)
+    assert "turn by turn" not in apart[0]  # peers in processes of their own: nothing to pair
 
 
 def test_same_process_groups_the_jax_peers_and_keeps_the_rest_alone():
