@@ -397,12 +397,15 @@ WORKLOADS: List[Workload] = [
             ),
         ],
         cases=[
+            # 8 timed epochs a round, not 3: interleaved, 3 rounds then give 24 turn-by-turn
+            # pairs, whose 95% interval spans x_(7)..x_(18); with 9 pairs (x_(2)..x_(8)) it
+            # spanned 0.92-1.18 on LeNet (runs AH, AJ), too wide to tell 1.0x from 1.05x.
             dict(
                 name="flax-cnn: Flax NNX's MNIST CNN, b128, SGD+momentum",
                 net="flax-cnn",
                 batch=128,
                 steps=20,
-                reps=3,
+                reps=8,
                 quick_steps=10,
                 quick_reps=1,
             ),
@@ -411,7 +414,7 @@ WORKLOADS: List[Workload] = [
                 net="lenet",
                 batch=128,
                 steps=30,
-                reps=3,
+                reps=8,
                 quick_steps=10,
                 quick_reps=1,
                 skip_peers=("flax",),
@@ -421,7 +424,7 @@ WORKLOADS: List[Workload] = [
                 net="gpt",
                 batch=12,
                 steps=100,
-                reps=3,
+                reps=8,
                 quick_steps=20,
                 quick_reps=1,
                 skip_peers=("flax",),
