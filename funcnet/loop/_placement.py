@@ -220,9 +220,6 @@ class _OnMesh(_OneDevice):
         whole = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         return jax.make_array_from_callback(order.shape, whole, lambda index: order[index])
 
-    def host_state(self):
-        return _copy_placed(self.state)  # the layout kept, as the steps keep it
-
     def state_shardings(self):
         return sharding.state_shardings(self.state)
 
