@@ -615,3 +615,26 @@ def test_gpu_suite_stage_runs_without_pytest_xdist():
     )
     summary = gpu_tier.parse_pytest_summary(proc.stdout)
     assert proc.returncode == 0 and summary["counts"]["passed"] >= 1, proc.stdout[-2000:]
+
+
+def test_paired_reads_the_turns_of_an_interleaved_json(tmp_path, capsys):
+    import json
+
+    from benchmarks import paired
+
+    case = by_name()["fit"].cases[1]["name"]
+
+    def entry(peer, rnd, values, interleaved=True):
+        where = {"workload": "fit", "case": case, "peer": peer, "round": rnd}
+        return {**where, "values": values, "interleaved": interleaved}
+
+    drift = [1.0, 2.0, 1.5, 1.2, 1.8, 1.1, 1.3]
+    results = [entry("fit-device", 0, drift), entry("jax", 0, [d / 0.95 for d in drift])]
+    results += [entry("fit-device", 1, drift[:3]), entry("jax", 1, [d / 0.95 for d in drift[:3]])]
+    results += [entry("jax-scan", 0, drift, interleaved=False)]  # in a process of its own: no pairs
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"header": {}, "results": results}))
+    paired.main([str(path)])
+    out = capsys.readouterr().out
+    assert "fit-device ÷ jax" in out and "0.950 [0.950, 0.950] (10 pairs)" in out, out
+    assert "jax-scan" not in out
