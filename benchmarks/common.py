@@ -36,15 +36,37 @@ BATCH_POOL = 32
 
 def measure(run_once: Callable[[], object], reps: int) -> List[float]:
     """Wall-clock seconds of ``reps`` calls of ``run_once``; it must block until its work is
-    done. Under :class:`Turns` each call is one turn: the peer waits for it, then passes it on."""
+    done. Under :class:`Turns` each call is one turn: the peer waits for it, then passes it on.
+    Each call's CPU time on this thread is kept too (:func:`host_cpu_taken`)."""
     out = []
     for _ in range(reps):
         _turn_wait()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         run_once()
         out.append(time.perf_counter() - t0)
+        _host_cpu_add(time.thread_time() - c0)
         _turn_pass()
     return out
+
+
+# The CPU seconds the calling thread (the peer's, which dispatches its work) spent in each
+# timed repetition: what of the machine's cores the host's Python took beside XLA's
+# threads. On a 2-core CPU whose XLA program splits its fusions over both cores that
+# time is taken from the steps; on a GPU it runs beside them. A peer's thread keeps its own.
+_HOST_CPU = threading.local()
+
+
+def _host_cpu_add(seconds: float) -> None:
+    if not hasattr(_HOST_CPU, "times"):
+        _HOST_CPU.times = []
+    _HOST_CPU.times.append(seconds)
+
+
+def host_cpu_taken() -> List[float]:
+    """The CPU seconds of this thread in each timed repetition since the last call
+    (:func:`measure`'s calls, :func:`epoch_clock`'s epochs after the first), and forgets them."""
+    times, _HOST_CPU.times = getattr(_HOST_CPU, "times", []), []
+    return times
 
 
 class Turns:
@@ -460,23 +482,26 @@ def device_summary(probe: Dict[str, Dict]) -> Dict[str, str]:
 
 def epoch_clock():
     """A ``funcnet.fit`` callback whose ``epochs`` are the wall seconds of each epoch, loop
-    included, to its end with the params ready. Under :class:`Turns` each epoch is one
+    included, to its end with the params ready (and whose epochs after the first keep this
+    thread's CPU time, :func:`host_cpu_taken`). Under :class:`Turns` each epoch is one
     turn: at its end the peer passes the turn and waits for the next, unclocked."""
     from funcnet.callbacks import Callback
 
     class EpochClock(Callback):
         def __init__(self):
-            self.epochs, self._start = [], None
+            self.epochs, self._start, self._cpu = [], None, None
 
         def on_train_begin(self, ctx):
-            self._start = time.perf_counter()
+            self._start, self._cpu = time.perf_counter(), time.thread_time()
 
         def on_epoch_end(self, ctx, epoch, logs):
             block(ctx.train_state.params)
             self.epochs.append(time.perf_counter() - self._start)
+            if len(self.epochs) > 1:  # the first, with the compilation, is reported apart
+                _host_cpu_add(time.thread_time() - self._cpu)
             _turn_pass()
             _turn_wait()
-            self._start = time.perf_counter()
+            self._start, self._cpu = time.perf_counter(), time.thread_time()
 
     return EpochClock()
 

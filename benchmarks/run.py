@@ -43,6 +43,7 @@ import math
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -163,7 +164,11 @@ def _child_peer(peer, cfg: Dict, case: Dict, spec: Dict) -> Dict:
         if device == "gpu":
             torch.set_float32_matmul_precision(TORCH_F32[spec.get("f32_matmul", "tf32")])
     module, fn = peer.target.split(":")
+    common.host_cpu_taken()  # this thread's, from the peer's own repetitions only
     result = getattr(importlib.import_module(module), fn)(peer.name, cfg, case)
+    cpu = common.host_cpu_taken()
+    if cpu and "values" in result:
+        result.setdefault("extra", {})["host_cpu_ms"] = 1e3 * statistics.median(cpu)
     if not is_torch and "torch" in sys.modules:
         result.setdefault("extra", {})["warning"] = "torch was imported by a JAX peer"
     if device == "gpu":  # TF32 or not: the GPU tables show it per row

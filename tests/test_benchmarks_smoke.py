@@ -286,7 +286,7 @@ def test_cpu_steal_is_read_from_proc_stat_and_shown_per_round(tmp_path):
     jax_ = merged(([1.0], 1.0), (None, None))  # its second round failed
     table = bench_run._table(workload, case, {"fit-device": fit_device, "jax": jax_})
     assert table[0].endswith(
-        "| fit-device ÷ peer (time) | 1st epoch incl. compile (s) "
+        "| fit-device ÷ peer (time) | 1st epoch incl. compile (s) | host thread CPU an epoch (ms) "
         "| fit-device ÷ peer per round | CPU steal per round (%) |"
     )
     assert table[2].startswith("| fit-device | 3.000 s |") and table[2].endswith("| 1.00, 1.00 | 0, 31 |")
@@ -638,3 +638,22 @@ def test_paired_reads_the_turns_of_an_interleaved_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "fit-device ÷ jax" in out and "0.950 [0.950, 0.950] (10 pairs)" in out, out
     assert "jax-scan" not in out
+
+
+def test_measure_keeps_each_repetitions_cpu_time_on_its_own_thread():
+    import threading
+    import time
+
+    common = bench_run.common
+    common.host_cpu_taken()
+    common.measure(lambda: sum(range(300_000)), 3)  # ~5-10 ms of this thread's CPU each
+    busy = common.host_cpu_taken()
+    common.measure(lambda: time.sleep(0.03), 3)  # waiting, as a peer blocked on its device
+    idle = common.host_cpu_taken()
+    assert len(busy) == 3 and min(busy) > 1e-3, busy
+    assert len(idle) == 3 and max(idle) < 0.01, idle
+    assert common.host_cpu_taken() == []  # taken once
+    other = threading.Thread(target=common.measure, args=(lambda: sum(range(300_000)), 2))
+    other.start()
+    other.join()
+    assert common.host_cpu_taken() == []  # another peer's thread keeps its own
