@@ -157,6 +157,13 @@ def median_ci(values: Sequence[float], confidence: float = 0.95):
     return statistics.median(xs), xs[j - 1], xs[n - j]
 
 
+def median_ci_text(ratios: Sequence[float]) -> str:
+    """``median [low, high] (n)`` of ``ratios`` (:func:`median_ci`), as the tables print it."""
+    median, low, high = median_ci(ratios)
+    interval = f"[{low:.3f}, {high:.3f}]" if low is not None else "[too few pairs]"
+    return f"{median:.3f} {interval} ({len(ratios)})"
+
+
 def paired_ratios(ref_rounds: Sequence[Sequence[float]], peer_rounds: Sequence[Sequence[float]]) -> List[float]:
     """``ref ÷ peer`` turn by turn: each round's ``i``-th repetition of the one against the
     other's (``--interleave``, where the two ran one after the other, seconds apart), over

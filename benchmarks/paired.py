@@ -52,13 +52,10 @@ def main(argv=None) -> None:
         print(path)
         for (workload, case), peers in pairs(results).items():
             reference = by_name()[workload].reference
-            print(f"  {case}")
+            print(f"  {case}: {reference} ÷ peer, turn by turn: median [95% CI] (pairs)")
             for peer, ratios in peers.items():
-                if not ratios:
-                    continue
-                median, low, high = common.median_ci(ratios)
-                interval = f"[{low:.3f}, {high:.3f}]" if low is not None else "[too few pairs]"
-                print(f"    {reference} ÷ {peer:26s} {median:.3f} {interval} ({len(ratios)} pairs)")
+                if ratios:
+                    print(f"    {peer:26s} {common.median_ci_text(ratios)}")
 
 
 if __name__ == "__main__":

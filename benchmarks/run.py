@@ -430,11 +430,7 @@ def _paired_cell(ref: Dict, r: Dict) -> str:
     ratios = common.paired_ratios(
         [rd.get("values") for rd in ref.get("rounds", [])], [rd.get("values") for rd in r.get("rounds", [])]
     )
-    if not ratios:
-        return ""
-    median, low, high = common.median_ci(ratios)
-    interval = f"[{low:.3f}, {high:.3f}]" if low is not None else "[too few pairs]"
-    return f"{median:.3f} {interval} ({len(ratios)})"
+    return common.median_ci_text(ratios) if ratios else ""
 
 
 def _check(workload: Workload, results: Dict[str, Dict]) -> Optional[str]:

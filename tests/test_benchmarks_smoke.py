@@ -636,7 +636,7 @@ def test_paired_reads_the_turns_of_an_interleaved_json(tmp_path, capsys):
     path.write_text(json.dumps({"header": {}, "results": results}))
     paired.main([str(path)])
     out = capsys.readouterr().out
-    assert "fit-device ÷ jax" in out and "0.950 [0.950, 0.950] (10 pairs)" in out, out
+    assert "fit-device ÷ peer, turn by turn" in out and "jax" in out and "0.950 [0.950, 0.950] (10)" in out, out
     assert "jax-scan" not in out
 
 
