@@ -14,6 +14,8 @@ Peers, all on the same weights and the same 60000 synthetic MNIST-shaped example
   jitted step (same seed, same batches as ``fit``), with fit's default
   ``steps_per_dispatch`` (``log_every`` = 50 steps per dispatch, a loop on the device)
   or one step per dispatch; progress bar and metrics as in ``fit``.
+* ``fit-device-quiet``: ``fit-device`` with ``progress=False``: no bar, so no loss read
+  between dispatches; ``fit-device`` ÷ this is what the bar costs.
 * ``fit-thread``: ``fit`` as above with ``prefetch=2``: each dispatch's batches
   assembled by a background thread (``funcnet.data.background``; not fit's default on
   CPU).
@@ -125,9 +127,10 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     from funcnet import fit
     from funcnet.loop import FitOptions
 
-    # The bar is part of what fit costs a user, so it is drawn; a machine without tqdm
-    # (the GPU machines here may lack it) times fit without it, and the row says so.
-    bar = importlib.util.find_spec("tqdm") is not None
+    # The bar is part of what fit costs a user, so it is drawn (but for fit-device-quiet,
+    # which prices it); a machine without tqdm (the GPU machines here may lack it) times
+    # fit without it, and the row says so.
+    bar = importlib.util.find_spec("tqdm") is not None and peer != "fit-device-quiet"
 
     clock, sink = common.epoch_clock(), io.StringIO()
     # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
@@ -142,7 +145,7 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     assert not bar or "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
     epochs = clock.epochs
     extra = {"first_epoch_s": epochs[0]}
-    if not bar:
+    if not bar and peer != "fit-device-quiet":
         extra["progress_bar"] = "none: tqdm is not installed"
     return {"values": epochs[1:], "extra": extra}
 

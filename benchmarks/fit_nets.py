@@ -11,10 +11,13 @@ Networks (cases), each on synthetic data of its shape (timing only):
 * ``gpt``: nanoGPT's character GPT in its CPU configuration (4 layers, 4 heads, 128 wide,
   block 64, batch 12; ``funcnet.models.GPT``), AdamW(1e-3), on 64-token windows.
 
-Peers (every fit peer draws its tqdm bar into a null stream and collects its metrics):
+Peers (every fit peer but ``fit-device-quiet`` draws its tqdm bar into a null stream;
+every one collects its metrics):
 
 * ``fit``: ``fit`` with its defaults over the host pipeline ``data.batches``.
 * ``fit-device``: ``fit`` with its defaults over ``data.DeviceData`` (data on the device once).
+* ``fit-device-quiet``: ``fit-device`` with ``progress=False``: no bar, so no loss read
+  every ``log_every`` steps; ``fit-device`` ÷ this is what the bar costs.
 * ``fit-device-loop``: the same with ``steps_per_dispatch=10`` (a loop on the device: fit's
   default before 2026-11-27 for every network; now only where no convolution runs on CPU).
 * ``fit-device-plain``: ``fit-device`` with ``compiler_options=None`` (plain ``jax.jit``;
@@ -161,7 +164,7 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
             train_data,
             epochs=1 + reps,
             callbacks=[clock],
-            progress=importlib.util.find_spec("tqdm") is not None,
+            progress=importlib.util.find_spec("tqdm") is not None and peer != "fit-device-quiet",
             options=FitOptions(
                 log_every=LOOP_K,
                 steps_per_dispatch=LOOP_K if peer == "fit-device-loop" else None,

@@ -268,6 +268,11 @@ WORKLOADS: List[Workload] = [
                 "fit-device-k1", "benchmarks.fit:run", note="the same with steps_per_dispatch=1 (one dispatch per step)"
             ),
             Peer(
+                "fit-device-quiet",
+                "benchmarks.fit:run",
+                note="fit-device with progress=False: no bar, so no loss read between dispatches (added 2026-12-04)",
+            ),
+            Peer(
                 "fit",
                 "benchmarks.fit:run",
                 note="fit() on the host pipeline (data.batches): numpy shuffling, 50 "
@@ -363,6 +368,11 @@ WORKLOADS: List[Workload] = [
                 note="fit's defaults over DeviceData: on CPU one step per dispatch and "
                 "funcnet.xla's compiler options for the CNNs (they have convolutions), "
                 "10 steps (log_every) per dispatch and plain jax.jit for the GPT",
+            ),
+            Peer(
+                "fit-device-quiet",
+                "benchmarks.fit_nets:run",
+                note="fit-device with progress=False: no bar, so no loss read every log_every steps (added 2026-12-04)",
             ),
             Peer(
                 "fit-device-loop",

@@ -99,7 +99,7 @@ def test_cnn_funcnet_one_step():
         # The device loop runs on the GPT: around a convolution, at the suite's LLVM
         # optimisation level 0 (conftest.py), LeNet's 20 looped steps took ~30 s.
         ("lenet", ("fit-device-options", "jit-loop")),
-        ("gpt", ("fit", "fit-device-loop")),
+        ("gpt", ("fit", "fit-device-loop", "fit-device-quiet")),
     ],
 )
 def test_fit_nets_peers_train_each_network(net, peers):
