@@ -122,7 +122,8 @@ def _dispatch_epoch(run, callbacks, plan, epoch, skip, bar, log_every, on_nonfin
     bar reads what ``plan.lag`` says (:class:`_Bar`). ``plan.max_in_flight`` bounds the
     dispatches queued and unfinished (:class:`funcnet.distributed.InFlight`; 2 for
     multi-device steps on CPU, where many queued executions can stall XLA:CPU's
-    collectives).
+    collectives). Once the dispatches are queued, ``plan.ahead`` (if any) does the next
+    epoch's host work while the device runs them, unless this was the run's last epoch.
     """
     loop, ctx = run.loop, run.ctx
     seen = 0
