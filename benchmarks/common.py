@@ -8,6 +8,7 @@ imports this module, and it must not start an XLA or a PyTorch thread pool of it
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -176,6 +177,13 @@ def paired_ratios(ref_rounds: Sequence[Sequence[float]], peer_rounds: Sequence[S
         for a, b in zip(ref, peer)
         if b > 0
     ]
+
+
+def draws_bar(peer: str) -> bool:
+    """Whether a ``fit`` peer draws its tqdm bar: the bar is part of what fit costs a user,
+    so every one does but ``fit-device-quiet`` (which prices it), where tqdm is installed
+    (the GPU machines here may lack it)."""
+    return peer != "fit-device-quiet" and importlib.util.find_spec("tqdm") is not None
 
 
 def block(tree):

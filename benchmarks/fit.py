@@ -127,10 +127,8 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     from funcnet import fit
     from funcnet.loop import FitOptions
 
-    # The bar is part of what fit costs a user, so it is drawn (but for fit-device-quiet,
-    # which prices it); a machine without tqdm (the GPU machines here may lack it) times
-    # fit without it, and the row says so.
-    bar = importlib.util.find_spec("tqdm") is not None and peer != "fit-device-quiet"
+    # a machine without tqdm times fit without the bar, and the row says so
+    bar = common.draws_bar(peer)
 
     clock, sink = common.epoch_clock(), io.StringIO()
     # One fit call of 1 + reps epochs: fit compiles its step once per call, as a
@@ -145,7 +143,7 @@ def _run_fit(peer, cfg, ts, loss_fn, tx, x, y, batch, reps):
     assert not bar or "samples_s=" in sink.getvalue(), "the progress bar was not drawn"
     epochs = clock.epochs
     extra = {"first_epoch_s": epochs[0]}
-    if not bar and peer != "fit-device-quiet":
+    if importlib.util.find_spec("tqdm") is None:
         extra["progress_bar"] = "none: tqdm is not installed"
     return {"values": epochs[1:], "extra": extra}
 

@@ -146,8 +146,6 @@ def run(peer, cfg, case):
 
 def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
     """Seconds of each of ``reps`` epochs of ``fit`` after the first, and the first's."""
-    import importlib.util
-
     from funcnet import data, fit, xla
     from funcnet.loop import FitOptions
 
@@ -164,7 +162,7 @@ def _fit(peer, ts, loss_fn, opt, x, y, batch, reps):
             train_data,
             epochs=1 + reps,
             callbacks=[clock],
-            progress=importlib.util.find_spec("tqdm") is not None and peer != "fit-device-quiet",
+            progress=common.draws_bar(peer),
             options=FitOptions(
                 log_every=LOOP_K,
                 steps_per_dispatch=LOOP_K if peer == "fit-device-loop" else None,

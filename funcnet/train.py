@@ -616,8 +616,8 @@ def make_train_step(
         # the step's key from the run's key and the step count, not a split carried from
         # step to step: a network that draws nothing (no dropout) then computes no key at
         # all, where a carried split costs each step a threefry hash, on XLA:CPU a loop of
-        # its own inside the device loop (11.7 us a step on jax 0.12, a quarter of a small
-        # MLP's step: benchmarks/key_probe.py)
+        # its own inside the device loop (11.7-14.5 us a step on jax 0.12, a quarter of a
+        # small MLP's step: benchmarks/key_probe.py)
         key = jax.random.fold_in(train_state.rng, train_state.step)
         _check_state_fits(train_state, not _is_empty(train_state.loss_state), takes_loss_state, loss_fn, ema_decay)
         out = gradient(train_state, batch, key)
